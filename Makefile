@@ -1,0 +1,17 @@
+# The two entry points of the project (see README.md). Both set up the environment first.
+VENV ?= $(CURDIR)/.venv
+export TPP_VENV := $(VENV)
+export PATH := $(VENV)/bin:$(PATH)
+
+.PHONY: env demo test bench
+env:
+	@bash scripts/setup_env.sh
+
+demo: env
+	@bash scripts/run_demo.sh
+
+test: env
+	@$(VENV)/bin/python -m pytest -q tests
+
+bench: env
+	@$(VENV)/bin/python benchmarks/bench_model.py

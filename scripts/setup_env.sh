@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Creates (or refreshes) the project's virtual environment: torch 2.13.0 (CPU build),
+# fairseq-fixed 0.12.3.1 built against it, the pipeline's tools and this package.
+#
+#   scripts/setup_env.sh            # venv in ./.venv (or $TPP_VENV)
+#
+# Re-running is cheap: a stamp holding the hash of every install input is compared first.
+# torch is pinned for *every* pip call, including packages' isolated build environments
+# (PIP_CONSTRAINT), so no step can replace it with a CUDA build.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv=${TPP_VENV:-$root/.venv}
+python=${PYTHON:-python3}
+TORCH_VERSION=2.13.0
+FAIRSEQ_SPEC="fairseq-fixed==0.12.3.1"
+
+stamp_inputs() {
+  cat "$root/constraints.txt" "$root/requirements.txt" "$root/setup.cfg" "$root/pyproject.toml" \
+      "$root/scripts/setup_env.sh"
+}
+want=$(stamp_inputs | sha256sum | cut -d' ' -f1)
+stamp="$venv/.tpp-env-stamp"
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] && "$venv/bin/python" -c "import fairseq, tpp_plugin" 2>/dev/null; then
+  echo "[setup] environment $venv is up to date"
+  exit 0
+fi
+
+echo "[setup] building environment in $venv"
+[[ -x "$venv/bin/python" ]] || "$python" -m venv "$venv"
+export PIP_CONSTRAINT="$root/constraints.txt"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+pip=("$venv/bin/python" -m pip install --quiet)
+
+# 1. torch first (a CPU wheel), plus what fairseq's C extensions build with.
+"${pip[@]}" "torch==$TORCH_VERSION" cython numpy setuptools wheel
+# 2. fairseq against that torch, without its torchaudio requirement (cannot load on this
+#    build, never imported by text tasks). pip caches the built wheel, so a fresh venv
+#    reuses it.
+if ! "$venv/bin/python" -c "import fairseq" 2>/dev/null; then
+  "${pip[@]}" --no-build-isolation --no-deps "$FAIRSEQ_SPEC"
+fi
+# 3. everything else, then this package (editable: --user-dir tpp_plugin and imports agree).
+"${pip[@]}" -r "$root/requirements.txt"
+"${pip[@]}" --no-build-isolation --no-deps -e "$root"
+
+"$venv/bin/python" - <<PY
+import torch, fairseq, spacy, tpp_plugin
+assert torch.__version__.startswith("$TORCH_VERSION"), torch.__version__
+print(f"[setup] torch {torch.__version__}, fairseq {fairseq.__version__}, spacy {spacy.__version__}")
+PY
+echo "$want" > "$stamp"

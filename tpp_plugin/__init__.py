@@ -1,0 +1,14 @@
+"""Transformer++ for fairseq: load with ``--user-dir tpp_plugin``.
+
+Registers the ``transformer_pp`` model family (and its presets), the
+``translation_with_tags`` task and the ``label_smoothed_cross_entropy_with_tags``
+criterion, and allow-lists fairseq's checkpoint contents for torch's safe loading.
+"""
+
+from .serialization import allow_fairseq_checkpoints
+
+allow_fairseq_checkpoints()
+
+from . import models  # noqa: E402,F401  (registration side effects)
+
+__version__ = "0.1.0"

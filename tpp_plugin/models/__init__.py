@@ -1,0 +1,1 @@
+from .transformer_pp import TransformerPPModel  # noqa: F401 (registers the model and presets)
