@@ -75,11 +75,11 @@ def default_kernel_sizes(num_layers: int) -> str:
     return ",".join(map(str, widths))
 
 
-def default_dilations(kernel_sizes: str) -> str:
+def default_dilations(kernel_sizes: str, option: str) -> str:
     """Our default (the paper gives no values): dilation 1 for the narrow kernels
     (F <= 5, where the lower, POS/NER-trained layers look at dense local context) and 2
     for the wide ones, so the five paper layers look back 2, 4, 12, 20 and 28 positions."""
-    widths = parse_int_list(kernel_sizes, "kernel-sizes")
+    widths = parse_int_list(kernel_sizes, option)
     return ",".join("1" if f <= 5 else "2" for f in widths)
 
 
@@ -355,10 +355,10 @@ def transformer_pp_base_architecture(args):
         args, "decoder_conv_kernel_sizes", default_kernel_sizes(args.decoder_layers)
     )
     args.encoder_conv_dilations = getattr(
-        args, "encoder_conv_dilations", default_dilations(args.encoder_conv_kernel_sizes)
+        args, "encoder_conv_dilations", default_dilations(args.encoder_conv_kernel_sizes, "encoder-conv-kernel-sizes")
     )
     args.decoder_conv_dilations = getattr(
-        args, "decoder_conv_dilations", default_dilations(args.decoder_conv_kernel_sizes)
+        args, "decoder_conv_dilations", default_dilations(args.decoder_conv_kernel_sizes, "decoder-conv-kernel-sizes")
     )
     args.conv_weight_dropout = getattr(args, "conv_weight_dropout", 0.1)
     args.encoder_tag_layers = getattr(args, "encoder_tag_layers", "pos:1,ner:2")

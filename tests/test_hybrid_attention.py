@@ -1,0 +1,180 @@
+"""The hybrid attention module against a direct, loop-based implementation of its
+equations, and its incremental (step-by-step) decoding against the parallel forward."""
+
+import math
+
+import pytest
+import torch
+
+from tpp_plugin.modules import HybridMultiheadAttention, LocalConv
+
+
+def reference_hybrid(m: HybridMultiheadAttention, x: torch.Tensor, pad: torch.Tensor):
+    """Loop-by-loop evaluation of the module's equations for ``x`` (``T x B x d``) with
+    padding mask ``pad`` (``B x T``). Returns the output ``T x B x d`` and the per-head
+    maps ``H x B x T x T``."""
+    T, B, d = x.shape
+    dh, Ha, Hc = m.head_dim, m.dot_heads, m.conv_heads
+    F_, dil = m.local_conv.kernel_size, m.local_conv.dilation
+    out = torch.zeros(T, B, d, dtype=torch.float64)
+    maps = torch.zeros(m.num_heads, B, T, T, dtype=torch.float64)
+    lin = lambda layer, v: v @ layer.weight.double().t() + layer.bias.double()  # noqa: E731
+    kernel = torch.softmax(m.local_conv.weight.double(), dim=-1)  # C x F
+    for b in range(B):
+        xb = x[:, b].double()
+        allowed = lambda t, tau: (not pad[b, tau]) and (tau <= t or not m.causal)  # noqa: E731
+        heads = []
+        for h in range(Ha):
+            sl = slice(h * dh, (h + 1) * dh)
+            q, k, v = (lin(p, xb)[:, sl] for p in (m.q_proj, m.k_proj, m.v_proj))
+            head = torch.zeros(T, dh, dtype=torch.float64)
+            for t in range(T):
+                scores = [q[t] @ k[tau] / math.sqrt(dh) if allowed(t, tau) else -math.inf for tau in range(T)]
+                w = torch.softmax(torch.tensor(scores, dtype=torch.float64), dim=0)
+                maps[h, b, t] = w
+                head[t] = sum(w[tau] * v[tau] for tau in range(T))
+            heads.append(head)
+        u = lin(m.local_conv.pointwise, xb)
+        u[pad[b]] = 0.0
+        s = lin(m.context_query.score_proj, xb)  # T x Hc
+        vals = lin(m.context_query.value_proj, xb)  # T x (Hc*dh)
+        for h in range(Hc):
+            sl = slice(h * dh, (h + 1) * dh)
+            head = torch.zeros(T, dh, dtype=torch.float64)
+            for t in range(T):
+                local = torch.zeros(dh, dtype=torch.float64)
+                for c in range(dh):
+                    ch = h * dh + c
+                    for k_ in range(F_):
+                        src = t - (F_ - 1 - k_) * dil
+                        if src >= 0:
+                            local[c] += kernel[ch, k_] * u[src, ch]
+                pool = [tau for tau in range(T) if allowed(t, tau)] or [t]
+                w = torch.softmax(torch.stack([s[tau, h] for tau in pool]), dim=0)
+                query = sum(wi * vals[tau, sl] for wi, tau in zip(w, pool))
+                maps[Ha + h, b, t, pool] = w
+                head[t] = local * query
+            heads.append(head)
+        out[:, b] = lin(m.out_proj, torch.cat(heads, dim=-1))
+    return out, maps
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("conv_heads", [2, 4])
+def test_module_matches_loop_reference(causal, conv_heads):
+    torch.manual_seed(0)
+    m = HybridMultiheadAttention(12, 4, conv_heads, kernel_size=3, dilation=2, causal=causal).eval()
+    with torch.no_grad():  # non-trivial biases, so that padding handling is visible
+        for p in m.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    T, B = 7, 3
+    x = torch.randn(T, B, 12)
+    pad = torch.zeros(B, T, dtype=torch.bool)
+    pad[1, :2] = True  # left-padded sentence (encoder style)
+    if causal:
+        pad[2, -2:] = True  # right-padded sentence (decoder style)
+    out, maps = m(x, x, x, key_padding_mask=pad, need_weights=True, need_head_weights=True)
+    with torch.no_grad():
+        ref_out, ref_maps = reference_hybrid(m, x, pad)
+    real = ~pad.t()  # outputs at padding positions are not used by anyone
+    assert torch.allclose(out[real].double(), ref_out[real], atol=1e-5)
+    rows = ~pad  # B x T
+    for h in range(4):
+        assert torch.allclose(maps[h][rows].double(), ref_maps[h][rows], atol=1e-5), f"head {h}"
+
+
+def test_need_weights_averages_heads_and_rows_sum_to_one():
+    torch.manual_seed(0)
+    m = HybridMultiheadAttention(16, 4, 2, kernel_size=3, causal=True).eval()
+    x = torch.randn(5, 2, 16)
+    _, per_head = m(x, x, x, need_head_weights=True)
+    _, mean = m(x, x, x, need_weights=True)
+    assert per_head.shape == (4, 2, 5, 5)
+    assert torch.allclose(mean, per_head.mean(0))
+    assert torch.allclose(per_head.sum(-1), torch.ones(4, 2, 5), atol=1e-6)
+    assert torch.all(per_head.triu(1) == 0), "decoder maps must not look at the future"
+
+
+def test_local_conv_is_a_weighted_average_of_past_positions():
+    conv = LocalConv(4, 4, kernel_size=3, dilation=2).eval()
+    with torch.no_grad():
+        conv.pointwise.weight.copy_(torch.eye(4))
+        conv.pointwise.bias.zero_()
+    x = torch.ones(9, 1, 4)
+    y = conv(x)
+    # positions >= (F-1)*dilation see three real inputs of value 1: an average is 1
+    assert torch.allclose(y[4:], torch.ones(5, 1, 4), atol=1e-6)
+    assert torch.all(y[:4] < 1.0), "the first positions see the zero history"
+    assert conv.receptive_field == 4
+
+
+def test_drop_connect_only_in_training():
+    conv = LocalConv(8, 8, kernel_size=5, weight_dropout=0.5)
+    conv.train()
+    kernels = {tuple(conv.normalized_kernel().flatten().tolist()) for _ in range(5)}
+    assert len(kernels) > 1, "DropConnect should resample the kernel in training"
+    conv.eval()
+    k = conv.normalized_kernel()
+    assert torch.allclose(k.sum(0), torch.ones(8)), "eval kernel is the plain softmax"
+
+
+def _incremental_outputs(m, x, chunks, reorder_at=None, new_order=None):
+    """Feed ``x`` to ``m`` in chunks through fairseq's incremental state; optionally
+    reorder the state (as beam search does) before chunk ``reorder_at``."""
+    state = {}
+    outs = []
+    pos = 0
+    for i, n in enumerate(chunks):
+        if reorder_at is not None and i == reorder_at:
+            for module in m.modules():  # what FairseqIncrementalDecoder does
+                if hasattr(module, "reorder_incremental_state"):
+                    module.reorder_incremental_state(state, new_order)
+        chunk = x[pos : pos + n]
+        y, _ = m(chunk, chunk, chunk, incremental_state=state, need_weights=False)
+        outs.append(y)
+        pos += n
+    return torch.cat(outs, dim=0)
+
+
+def test_module_incremental_equals_full_multi_step_chunks():
+    torch.manual_seed(0)
+    m = HybridMultiheadAttention(16, 4, 2, kernel_size=5, dilation=2, causal=True).eval()
+    x = torch.randn(23, 3, 16)
+    full, _ = m(x, x, x)
+    # single steps, then several positions at once (fairseq's own lightconv gets this wrong)
+    inc = _incremental_outputs(m, x, [1] * 10 + [3, 1, 5, 4])
+    assert (inc - full).abs().max() <= 1e-5
+
+
+def test_module_incremental_reorder_follows_history():
+    torch.manual_seed(0)
+    m = HybridMultiheadAttention(16, 4, 2, kernel_size=3, dilation=3, causal=True).eval()
+    x = torch.randn(22, 4, 16)
+    new_order = torch.tensor([2, 2, 0, 3])
+    inc = _incremental_outputs(m, x, [1] * 22, reorder_at=11, new_order=new_order)
+    # the history after the reorder: rows take the first 11 positions of the rows they copy
+    hist = torch.cat([x[:11, new_order], x[11:]], dim=0)
+    full, _ = m(hist, hist, hist)
+    assert (inc[11:] - full[11:]).abs().max() <= 1e-5
+    assert (inc[:11][:, new_order] - full[:11]).abs().max() <= 1e-5
+
+
+def test_self_attention_only():
+    m = HybridMultiheadAttention(8, 2, 1, kernel_size=3)
+    x, y = torch.randn(4, 1, 8), torch.randn(4, 1, 8)
+    with pytest.raises(ValueError, match="self-attention only"):
+        m(x, y, y)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(embed_dim=10, num_heads=4, conv_heads=2, kernel_size=3), "divisible"),
+        (dict(embed_dim=8, num_heads=4, conv_heads=5, kernel_size=3), "conv_heads"),
+        (dict(embed_dim=8, num_heads=4, conv_heads=2, kernel_size=0), "kernel_size"),
+        (dict(embed_dim=8, num_heads=4, conv_heads=2, kernel_size=3, dilation=0), "dilation"),
+    ],
+)
+def test_module_rejects_bad_sizes(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        HybridMultiheadAttention(**kwargs)
