@@ -1,0 +1,254 @@
+#!/usr/bin/env python3
+"""Average the parameters of several fairseq checkpoints into one checkpoint.
+
+The Transformer++ paper calls this step "stochastic weight averaging (SWA) of the last
+10 checkpoints". What it is, here as in the Transformer recipe it follows, is a plain
+element-wise arithmetic mean of the model parameters stored in the last N checkpoints
+of one training run (no SWA learning-rate schedule, no running average during
+training, no batch-norm update).
+
+Which checkpoints:
+
+    # the last 10 written with --save-interval-updates (checkpoint_<epoch>_<update>.pt)
+    average_checkpoints.py --inputs checkpoints/en_de --num-update-checkpoints 10 \\
+        --output checkpoints/en_de/checkpoint_avg10.pt
+    # the last 5 epoch checkpoints (checkpoint<epoch>.pt) up to epoch 30
+    average_checkpoints.py --inputs checkpoints/en_de --num-epoch-checkpoints 5 \\
+        --checkpoint-upper-bound 30 --output avg.pt
+    # an explicit list of files
+    average_checkpoints.py --inputs a.pt b.pt c.pt --output avg.pt
+
+How: checkpoints are loaded one at a time (torch's safe ``weights_only`` loading, with
+fairseq's checkpoint contents allow-listed by ``tpp_plugin``), added into a running sum
+and freed, so peak memory is about two checkpoints whatever N is. Floating-point
+tensors are summed in at least float32 (so float16/bfloat16 checkpoints do not lose
+precision) and cast back to their own dtype at the end. Non-floating tensors (integer
+buffers; fairseq's Transformer has none that train) are taken from the last input.
+The output keeps the last input's metadata (configuration, update count), drops the
+optimizer state (an average of Adam moments means nothing, and generation does not
+need it) and is written to a temporary name and renamed, so a failed run never leaves
+a truncated file; an existing output is only replaced with ``--force``.
+"""
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+from collections import OrderedDict
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:  # run from anywhere, also without an installed package
+    sys.path.insert(0, str(REPO_ROOT))
+
+from tpp_plugin.serialization import allow_fairseq_checkpoints  # noqa: E402
+
+# fairseq's file names: checkpoint<epoch>.pt and checkpoint_<epoch>_<update>.pt
+EPOCH_PATTERN = re.compile(r"^checkpoint(\d+)\.pt$")
+UPDATE_PATTERN = re.compile(r"^checkpoint_\d+_(\d+)\.pt$")
+
+
+class AveragingError(Exception):
+    """A problem with the inputs, reported without a traceback."""
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description="Average the parameters of fairseq checkpoints (streaming, one "
+        "checkpoint in memory at a time besides the running sum).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    parser.add_argument("--inputs", nargs="+", required=True, metavar="PATH",
+                        help="checkpoint files, or one directory together with "
+                        "--num-epoch-checkpoints or --num-update-checkpoints")
+    parser.add_argument("--output", required=True, metavar="FILE",
+                        help="where to write the averaged checkpoint")
+    select = parser.add_mutually_exclusive_group()
+    select.add_argument("--num-epoch-checkpoints", type=int, metavar="N",
+                        help="average the last N checkpoint<epoch>.pt files of the directory")
+    select.add_argument("--num-update-checkpoints", type=int, metavar="N",
+                        help="average the last N checkpoint_<epoch>_<update>.pt files")
+    parser.add_argument("--checkpoint-upper-bound", type=int, metavar="K",
+                        help="ignore checkpoints after epoch K (with --num-epoch-checkpoints) "
+                        "or after update K (with --num-update-checkpoints)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace --output if it exists")
+    args = parser.parse_args(argv)
+
+    count = args.num_epoch_checkpoints or args.num_update_checkpoints
+    if args.num_epoch_checkpoints is not None or args.num_update_checkpoints is not None:
+        if count is None or count < 1:
+            parser.error("the number of checkpoints to average must be at least 1")
+        if len(args.inputs) != 1 or not os.path.isdir(args.inputs[0]):
+            parser.error("--num-epoch-checkpoints/--num-update-checkpoints need exactly one "
+                         f"directory in --inputs, got: {' '.join(args.inputs)}")
+    elif args.checkpoint_upper_bound is not None:
+        parser.error("--checkpoint-upper-bound only applies with --num-epoch-checkpoints "
+                     "or --num-update-checkpoints")
+    return args
+
+
+def last_checkpoints(directory, count, by_update, upper_bound=None):
+    """The ``count`` newest checkpoints of ``directory``, oldest first.
+
+    ``by_update`` selects checkpoint_<epoch>_<update>.pt files ordered by update number,
+    otherwise checkpoint<epoch>.pt files ordered by epoch.
+    """
+    pattern = UPDATE_PATTERN if by_update else EPOCH_PATTERN
+    numbered = []
+    for name in os.listdir(directory):
+        match = pattern.match(name)
+        if match is None:
+            continue
+        number = int(match.group(1))
+        if upper_bound is None or number <= upper_bound:
+            numbered.append((number, os.path.join(directory, name)))
+    numbered.sort()
+    kind = "update" if by_update else "epoch"
+    if len(numbered) < count:
+        bound = f" up to {kind} {upper_bound}" if upper_bound is not None else ""
+        raise AveragingError(
+            f"{directory}: asked for the last {count} {kind} checkpoints{bound}, found "
+            f"{len(numbered)} ({', '.join(os.path.basename(p) for _, p in numbered) or 'none'})"
+        )
+    return [path for _, path in numbered[-count:]]
+
+
+def load_checkpoint(path):
+    """Load one checkpoint on the CPU with torch's safe unpickler."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise AveragingError(f"{path}: no such checkpoint") from None
+    except Exception as error:  # corrupt, truncated, or holding objects we do not allow
+        raise AveragingError(f"{path}: cannot load checkpoint: {error}") from None
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+        raise AveragingError(f"{path}: not a fairseq checkpoint (no 'model' state dict)")
+    return state
+
+
+def accumulation_dtype(dtype):
+    """At least float32 for the running sum; float64 stays float64."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def average_checkpoints(paths):
+    """Return a checkpoint whose model parameters are the mean of those in ``paths``."""
+    if not paths:
+        raise AveragingError("no checkpoints to average")
+    sums = None            # name -> running sum (floating) or last value (other dtypes)
+    reference = None       # name -> (shape, dtype) of the first checkpoint
+    first_path = paths[0]
+    metadata = None
+    for index, path in enumerate(paths):
+        state = load_checkpoint(path)
+        model = state.pop("model")
+        if sums is None:
+            reference = OrderedDict((name, (tuple(t.shape), t.dtype)) for name, t in model.items())
+            sums = OrderedDict()
+        else:
+            check_same_parameters(reference, model, path, first_path)
+        for name, tensor in model.items():
+            if tensor.is_floating_point():
+                if name in sums:
+                    sums[name].add_(tensor.to(sums[name].dtype))
+                else:
+                    sums[name] = tensor.to(accumulation_dtype(tensor.dtype), copy=True)
+            else:
+                sums[name] = tensor.clone()
+        if index == len(paths) - 1:
+            metadata = state  # keep the newest checkpoint's configuration and counters
+        # free this checkpoint before the next one is read: peak memory stays ~2 checkpoints
+        del model, state
+
+    averaged = OrderedDict()
+    for name, total in sums.items():
+        _, dtype = reference[name]
+        averaged[name] = total.div_(len(paths)).to(dtype) if total.is_floating_point() else total
+    # The optimizer state of one input does not belong to the average; generation and
+    # fine-tuning with --reset-optimizer do not need it.
+    metadata.pop("last_optimizer_state", None)
+    metadata["model"] = averaged
+    metadata["averaged_checkpoints"] = [os.path.basename(p) for p in paths]
+    return metadata
+
+
+def check_same_parameters(reference, model, path, first_path):
+    """Raise an error naming ``path`` if its parameters differ from the first checkpoint's."""
+    missing = [name for name in reference if name not in model]
+    extra = [name for name in model if name not in reference]
+    if missing or extra:
+        details = []
+        if missing:
+            details.append(f"missing {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+        if extra:
+            details.append(f"unexpected {', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}")
+        raise AveragingError(
+            f"{path}: parameter names differ from {first_path} ({'; '.join(details)})"
+        )
+    for name, tensor in model.items():
+        shape, _ = reference[name]
+        if tuple(tensor.shape) != shape:
+            raise AveragingError(
+                f"{path}: parameter {name} has shape {tuple(tensor.shape)}, "
+                f"but {shape} in {first_path}"
+            )
+
+
+def save_atomically(state, output, force):
+    """Write ``state`` to a temporary file next to ``output``, then rename it."""
+    output = os.path.abspath(output)
+    if os.path.exists(output) and not force:
+        raise AveragingError(f"{output}: already exists (use --force to replace it)")
+    directory = os.path.dirname(output)
+    os.makedirs(directory, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=".averaging-", suffix=".pt.tmp", dir=directory)
+    os.close(handle)
+    try:
+        torch.save(state, temporary)
+        # mkstemp creates the file private (0600); give it the usual umask permissions
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)
+        os.replace(temporary, output)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    allow_fairseq_checkpoints()
+    try:
+        if args.num_update_checkpoints or args.num_epoch_checkpoints:
+            by_update = args.num_update_checkpoints is not None
+            count = args.num_update_checkpoints if by_update else args.num_epoch_checkpoints
+            paths = last_checkpoints(args.inputs[0], count, by_update, args.checkpoint_upper_bound)
+        else:
+            paths = args.inputs
+            for path in paths:
+                if not os.path.isfile(path):
+                    raise AveragingError(f"{path}: no such checkpoint file")
+        output = os.path.abspath(args.output)
+        if any(os.path.abspath(p) == output for p in paths):
+            raise AveragingError(f"{args.output}: the output is one of the inputs")
+        if os.path.exists(output) and not args.force:  # fail before the long part
+            raise AveragingError(f"{output}: already exists (use --force to replace it)")
+        print(f"averaging {len(paths)} checkpoints:", file=sys.stderr)
+        for path in paths:
+            print(f"  {path}", file=sys.stderr)
+        state = average_checkpoints(paths)
+        save_atomically(state, args.output, args.force)
+    except AveragingError as error:
+        print(f"average_checkpoints.py: error: {error}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

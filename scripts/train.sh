@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# Train Transformer++ with fairseq-train using the paper's recipe (Thapak & Hore 2020, IV).
+#
+# Usage:
+#   scripts/train.sh [options] [-- extra fairseq-train options]
+#
+#   scripts/train.sh --preset en-de --data data-bin/wmt14_en_de --save-dir checkpoints/en_de
+#   scripts/train.sh --preset en-fr --data data-bin/wmt14_en_fr -- --fp16 --num-workers 4
+#   MAX_TOKENS=2048 UPDATE_FREQ=20 scripts/train.sh --preset en-de      # same, via variables
+#
+# Every setting is a variable (default in brackets) and a flag; a flag beats the variable,
+# and anything after `--` is appended to the fairseq-train command line as is (fairseq
+# keeps the last value of a repeated option, so `-- --lr 1e-3` overrides too).
+#
+#   --preset NAME              PRESET [en-de]   en-de | en-fr | base | tiny: picks ARCH, LR
+#   --data DIR                 DATA_BIN [data-bin/wmt14_en_de or wmt14_en_fr]
+#   --save-dir DIR             SAVE_DIR [checkpoints/<preset>]
+#   --arch NAME                ARCH [transformer_pp_wmt_en_de_big | ..._en_fr_big | transformer_pp | transformer_pp_tiny]
+#   --task NAME                TASK [translation_with_tags]
+#   --criterion NAME           CRITERION [label_smoothed_cross_entropy_with_tags]
+#   --user-dir DIR             USER_DIR [<repo>/tpp_plugin]
+#   --lr LR                    LR [5e-4 big presets, 7e-4 base/tiny]: peak learning rate
+#   --warmup-updates N         WARMUP_UPDATES [4000]
+#   --label-smoothing EPS      LABEL_SMOOTHING [0.1]
+#   --max-tokens N             MAX_TOKENS [4096]: tokens per GPU per forward/backward
+#   --update-freq N            UPDATE_FREQ [10]: batches accumulated per update
+#   --max-update N             MAX_UPDATE [320000]
+#   --save-interval-updates N  SAVE_INTERVAL_UPDATES [1000]: write checkpoint_<epoch>_<update>.pt
+#   --keep-interval-updates N  KEEP_INTERVAL_UPDATES [10]: how many of those to keep (>= the
+#                              number you will average)
+#   --seed N                   SEED [1]
+#   --log-interval N           LOG_INTERVAL [100]
+#   --cpu                      CPU [0]: train on the CPU (tests, laptops)
+#   --fp16 | --no-fp16         FP16 [auto]: on when a GPU is visible and CPU=0
+#   --dry-run                  print the command instead of running it
+#
+# The recipe: Adam (betas 0.9, 0.98, eps 1e-9) with the Transformer's learning-rate
+# schedule, i.e. fairseq's inverse_sqrt (linear warm-up over 4000 updates to the peak
+# LR, then decay with 1/sqrt(update)); the peak 5e-4 is d^-0.5 * warmup^-0.5 for d=1024
+# (4.9e-4), as in "Attention is all you need". Label smoothing 0.1. Dropouts come from
+# the --arch preset (see tpp_plugin/models/transformer_pp.py). 320K updates, each
+# accumulating 10 batches (--update-freq 10). The paper gives no batch size; 4096
+# tokens per GPU is fairseq's usual choice for big Transformers.
+#
+# Checkpoints: one every SAVE_INTERVAL_UPDATES updates, the last KEEP_INTERVAL_UPDATES
+# of them kept (no per-epoch files), so scripts/average_checkpoints.py can average the
+# last 10. Resume: fairseq restores <save-dir>/checkpoint_last.pt (model, optimizer,
+# LR schedule, update count and position in the epoch) whenever it exists, so running
+# the same command again continues the run where the last checkpoint left it.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
+die() { echo "train.sh: error: $*" >&2; exit 2; }
+
+PRESET=${PRESET:-en-de}
+dry_run=0
+extra=()
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --preset) PRESET=$2; shift 2 ;;
+    --data) DATA_BIN=$2; shift 2 ;;
+    --save-dir) SAVE_DIR=$2; shift 2 ;;
+    --arch) ARCH=$2; shift 2 ;;
+    --task) TASK=$2; shift 2 ;;
+    --criterion) CRITERION=$2; shift 2 ;;
+    --user-dir) USER_DIR=$2; shift 2 ;;
+    --lr) LR=$2; shift 2 ;;
+    --warmup-updates) WARMUP_UPDATES=$2; shift 2 ;;
+    --label-smoothing) LABEL_SMOOTHING=$2; shift 2 ;;
+    --max-tokens) MAX_TOKENS=$2; shift 2 ;;
+    --update-freq) UPDATE_FREQ=$2; shift 2 ;;
+    --max-update) MAX_UPDATE=$2; shift 2 ;;
+    --save-interval-updates) SAVE_INTERVAL_UPDATES=$2; shift 2 ;;
+    --keep-interval-updates) KEEP_INTERVAL_UPDATES=$2; shift 2 ;;
+    --seed) SEED=$2; shift 2 ;;
+    --log-interval) LOG_INTERVAL=$2; shift 2 ;;
+    --cpu) CPU=1; shift ;;
+    --fp16) FP16=1; shift ;;
+    --no-fp16) FP16=0; shift ;;
+    --dry-run) dry_run=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    --) shift; extra=("$@"); break ;;
+    *) die "unknown option '$1' (fairseq-train options go after '--'; see --help)" ;;
+  esac
+done
+
+# Per-preset defaults: the paper's two WMT'14 models, plus base and tiny for small runs.
+case $PRESET in
+  en-de) arch=transformer_pp_wmt_en_de_big; lr=5e-4; data=data-bin/wmt14_en_de ;;
+  en-fr) arch=transformer_pp_wmt_en_fr_big; lr=5e-4; data=data-bin/wmt14_en_fr ;;
+  base)  arch=transformer_pp;               lr=7e-4; data=data-bin/wmt14_en_de ;;
+  tiny)  arch=transformer_pp_tiny;          lr=7e-4; data=data-bin/sample ;;
+  *) die "unknown --preset '$PRESET' (en-de, en-fr, base or tiny)" ;;
+esac
+ARCH=${ARCH:-$arch}
+LR=${LR:-$lr}
+DATA_BIN=${DATA_BIN:-$repo/$data}
+SAVE_DIR=${SAVE_DIR:-$repo/checkpoints/$PRESET}
+TASK=${TASK:-translation_with_tags}
+CRITERION=${CRITERION:-label_smoothed_cross_entropy_with_tags}
+USER_DIR=${USER_DIR:-$repo/tpp_plugin}
+WARMUP_UPDATES=${WARMUP_UPDATES:-4000}
+LABEL_SMOOTHING=${LABEL_SMOOTHING:-0.1}
+MAX_TOKENS=${MAX_TOKENS:-4096}
+UPDATE_FREQ=${UPDATE_FREQ:-10}
+MAX_UPDATE=${MAX_UPDATE:-320000}
+SAVE_INTERVAL_UPDATES=${SAVE_INTERVAL_UPDATES:-1000}
+KEEP_INTERVAL_UPDATES=${KEEP_INTERVAL_UPDATES:-10}
+SEED=${SEED:-1}
+LOG_INTERVAL=${LOG_INTERVAL:-100}
+CPU=${CPU:-0}
+FP16=${FP16:-auto}
+FAIRSEQ_TRAIN=${FAIRSEQ_TRAIN:-fairseq-train}
+
+[[ $dry_run == 1 || -d $DATA_BIN ]] || die "data folder '$DATA_BIN' does not exist (set --data or DATA_BIN)"
+[[ $dry_run == 1 || -d $USER_DIR ]] || die "plugin folder '$USER_DIR' does not exist (set --user-dir or USER_DIR)"
+
+device=()
+if [[ $CPU == 1 ]]; then
+  device=(--cpu)
+  [[ $FP16 == 1 ]] && die "--fp16 needs a GPU (drop --cpu or --fp16)"
+elif [[ $FP16 == 1 ]] || { [[ $FP16 == auto ]] && command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }; then
+  device=(--fp16)
+fi
+
+cmd=(
+  "$FAIRSEQ_TRAIN" "$DATA_BIN"
+  --user-dir "$USER_DIR"
+  --task "$TASK" --arch "$ARCH"
+  --criterion "$CRITERION" --label-smoothing "$LABEL_SMOOTHING"
+  --optimizer adam --adam-betas "(0.9, 0.98)" --adam-eps 1e-9 --clip-norm 0.0 --weight-decay 0.0
+  --lr-scheduler inverse_sqrt --lr "$LR" --warmup-updates "$WARMUP_UPDATES" --warmup-init-lr 1e-07
+  --max-tokens "$MAX_TOKENS" --update-freq "$UPDATE_FREQ" --max-update "$MAX_UPDATE"
+  --save-dir "$SAVE_DIR"
+  --save-interval-updates "$SAVE_INTERVAL_UPDATES" --keep-interval-updates "$KEEP_INTERVAL_UPDATES"
+  --no-epoch-checkpoints
+  --seed "$SEED" --log-format simple --log-interval "$LOG_INTERVAL"
+  "${device[@]}"
+  "${extra[@]}"
+)
+
+if [[ $dry_run == 1 ]]; then
+  printf '%q ' "${cmd[@]}"; echo
+  exit 0
+fi
+mkdir -p "$SAVE_DIR"
+if [[ -f $SAVE_DIR/checkpoint_last.pt ]]; then
+  echo "train.sh: resuming from $SAVE_DIR/checkpoint_last.pt" >&2
+fi
+# exec: signals sent to this script (SLURM, Ctrl-C) reach fairseq-train directly
+exec "${cmd[@]}"
