@@ -93,3 +93,47 @@ def write_toy_corpus(folder: Path, n_train: int = 400, n_valid: int = 40, n_test
         (folder / f"{split}.tgt").write_text("\n".join(tgt_lines) + "\n")
         prefixes[split] = folder / split
     return prefixes
+
+
+def toy_tags(line: str):
+    """Labels derived from the tokens, so that tests can check alignment: a "POS" tag
+    that depends on the word, and an IOB "NER" tag that marks runs of words s0..s3."""
+    words = line.split()
+    pos = [f"P{int(w[1:]) % 5}" for w in words]
+    ner, prev_entity = [], False
+    for w in words:
+        entity = int(w[1:]) < 4
+        ner.append(("I-ENT" if prev_entity else "B-ENT") if entity else "O")
+        prev_entity = entity
+    return pos, ner
+
+
+def binarize_tagged(work: Path, dest: Path, n_train: int = 400, seed: int = 1, tags=True) -> Path:
+    """Toy corpus -> data-bin with joint dictionary and (optionally) POS/NER label
+    streams in the layout of ``translation_with_tags``."""
+    prefixes = write_toy_corpus(work, n_train=n_train, seed=seed)
+    run_cli([
+        "fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
+        "--trainpref", prefixes["train"], "--validpref", prefixes["valid"],
+        "--testpref", prefixes["test"], "--destdir", dest, "--joined-dictionary",
+        "--workers", "1",
+    ])
+    if not tags:
+        return dest
+    for split, prefix in prefixes.items():
+        lines = Path(f"{prefix}.src").read_text().splitlines()
+        labels = [toy_tags(line) for line in lines]
+        for i, name in enumerate(("pos", "ner")):
+            Path(f"{prefix}.{name}").write_text("\n".join(" ".join(l[i]) for l in labels) + "\n")
+    for name in ("pos", "ner"):
+        tmp = work / f"bin-{name}"
+        run_cli([
+            "fairseq-preprocess", "--only-source", "--source-lang", name,
+            "--trainpref", prefixes["train"], "--validpref", prefixes["valid"],
+            "--testpref", prefixes["test"], "--destdir", tmp, "--workers", "1",
+        ])
+        (tmp / f"dict.{name}.txt").rename(dest / f"dict.{name}.txt")
+        for split in prefixes:
+            for ext in ("bin", "idx"):
+                (tmp / f"{split}.{name}-None.{name}.{ext}").rename(dest / f"{split}.src-tgt.{name}.{ext}")
+    return dest

@@ -9,6 +9,6 @@ from .serialization import allow_fairseq_checkpoints
 
 allow_fairseq_checkpoints()
 
-from . import models  # noqa: E402,F401  (registration side effects)
+from . import criterions, models, tasks  # noqa: E402,F401  (registration side effects)
 
 __version__ = "0.1.0"

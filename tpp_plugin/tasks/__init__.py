@@ -1,0 +1,1 @@
+from .translation_with_tags import TranslationWithTagsTask  # noqa: F401 (registers the task)

@@ -1,0 +1,146 @@
+"""Label-smoothed cross-entropy on the translation plus weighted tagging losses.
+
+.. math::
+
+    \\mathcal{L} = \\mathcal{L}_{\\text{LS-CE}}(y \\mid x)
+        + \\lambda_{\\text{pos}} \\sum_{t} -\\log p(\\text{pos}_t \\mid x)
+        + \\lambda_{\\text{ner}} \\sum_{t} -\\log p(\\text{ner}_t \\mid x)
+
+with the tag sums over real source tokens only (no padding, no end-of-sentence slot).
+Like fairseq's translation loss, the tag losses are sums; the trainer divides the
+total by the sample size (target tokens). On a batch without tags this is exactly
+fairseq's ``label_smoothed_cross_entropy``.
+
+Logged besides fairseq's usual figures: ``pos_loss``/``ner_loss`` (per labelled token,
+base 2 like ``loss``) and ``pos_acc``/``ner_acc`` (percent). Every logged quantity is a
+sum (loss, correct, count), so the figures aggregate exactly over workers and
+accumulated batches.
+"""
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from fairseq import metrics, utils
+from fairseq.criterions import register_criterion
+from fairseq.criterions.label_smoothed_cross_entropy import (
+    LabelSmoothedCrossEntropyCriterion,
+    LabelSmoothedCrossEntropyCriterionConfig,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LabelSmoothedCrossEntropyWithTagsConfig(LabelSmoothedCrossEntropyCriterionConfig):
+    pos_loss_weight: float = field(default=1.0, metadata={"help": "weight of the POS tagging loss"})
+    ner_loss_weight: float = field(default=1.0, metadata={"help": "weight of the NER tagging loss"})
+
+
+@register_criterion(
+    "label_smoothed_cross_entropy_with_tags", dataclass=LabelSmoothedCrossEntropyWithTagsConfig
+)
+class LabelSmoothedCrossEntropyWithTagsCriterion(LabelSmoothedCrossEntropyCriterion):
+    def __init__(
+        self,
+        task,
+        sentence_avg,
+        label_smoothing,
+        ignore_prefix_size=0,
+        report_accuracy=False,
+        pos_loss_weight=1.0,
+        ner_loss_weight=1.0,
+    ):
+        super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
+        self.tag_weights = {"pos": pos_loss_weight, "ner": ner_loss_weight}
+        self._warned_no_head = set()
+
+    def tag_weight(self, name: str) -> float:
+        # other label streams than POS and NER count with weight 1
+        return self.tag_weights.get(name, 1.0)
+
+    def forward(self, model, sample, reduce=True):
+        tags = sample.get("source_tags") or {}
+        tag_heads = getattr(getattr(model, "encoder", None), "tag_heads", None)
+        # Run the tag heads when there are labels, and also in training when the model
+        # has heads but the batch has no labels: their output is then added with weight
+        # 0, so that data-parallel training never sees parameters without gradients.
+        want_tags = tag_heads is not None and len(tag_heads) > 0 and (bool(tags) or model.training)
+        if want_tags:
+            net_output = model(**sample["net_input"], return_tag_logits=True)
+        else:
+            net_output = model(**sample["net_input"])
+        loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
+        sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
+        logging_output = {
+            "loss": loss.data,
+            "nll_loss": nll_loss.data,
+            "ntokens": sample["ntokens"],
+            "nsentences": sample["target"].size(0),
+            "sample_size": sample_size,
+        }
+        if self.report_accuracy:
+            n_correct, total = self.compute_accuracy(model, net_output, sample)
+            logging_output["n_correct"] = utils.item(n_correct.data)
+            logging_output["total"] = utils.item(total.data)
+
+        tag_logits = net_output[1].get("tag_logits", {}) if want_tags else {}
+        for name, labels in tags.items():
+            if name not in tag_logits:
+                if name not in self._warned_no_head:
+                    logger.warning(f"the model has no '{name}' head (--encoder-tag-layers): its labels are ignored")
+                    self._warned_no_head.add(name)
+                continue
+            tag_loss, n_correct, count = self.compute_tag_loss(
+                tag_logits[name], labels, self.task.tag_dictionaries[name]
+            )
+            loss = loss + self.tag_weight(name) * tag_loss
+            logging_output[f"{name}_loss"] = tag_loss.data
+            logging_output[f"{name}_tag_correct"] = utils.item(n_correct.data)
+            logging_output[f"{name}_tag_count"] = utils.item(count.data)
+        for name, logits in tag_logits.items():
+            if name not in tags:
+                loss = loss + 0.0 * logits.sum()
+        return loss, sample_size, logging_output
+
+    @staticmethod
+    def compute_tag_loss(logits, labels, dictionary):
+        """Cross-entropy of ``logits`` (``B x T x C``) against ``labels`` (``B x T``)
+        summed over real tokens (not padding, not the end-of-sentence slot). Returns the
+        loss, the number of correct predictions and the number of tokens."""
+        mask = labels.ne(dictionary.pad()) & labels.ne(dictionary.eos())
+        lprobs = F.log_softmax(logits[mask].float(), dim=-1)
+        target = labels[mask]
+        loss = F.nll_loss(lprobs, target, reduction="sum")
+        n_correct = lprobs.argmax(-1).eq(target).sum()
+        return loss, n_correct, mask.sum()
+
+    @classmethod
+    def reduce_metrics(cls, logging_outputs) -> None:
+        super().reduce_metrics(logging_outputs)
+        names = sorted(
+            {key[: -len("_tag_count")] for log in logging_outputs for key in log if key.endswith("_tag_count")}
+        )
+        for name in names:
+            count = utils.item(sum(log.get(f"{name}_tag_count", 0) for log in logging_outputs))
+            if count == 0:
+                continue
+            loss_sum = utils.item(sum(log.get(f"{name}_loss", 0) for log in logging_outputs))
+            correct = utils.item(sum(log.get(f"{name}_tag_correct", 0) for log in logging_outputs))
+            metrics.log_scalar(f"{name}_loss", loss_sum / count / math.log(2), count, round=3)
+            metrics.log_scalar(f"_{name}_tag_correct", correct)
+            metrics.log_scalar(f"_{name}_tag_count", count)
+            metrics.log_derived(
+                f"{name}_acc",
+                lambda meters, n=name: round(
+                    meters[f"_{n}_tag_correct"].sum * 100.0 / meters[f"_{n}_tag_count"].sum, 3
+                )
+                if meters[f"_{n}_tag_count"].sum > 0
+                else float("nan"),
+            )
+
+    @staticmethod
+    def logging_outputs_can_be_summed() -> bool:
+        return True

@@ -1,0 +1,121 @@
+"""``translation_with_tags``: fairseq's translation task plus per-token source labels.
+
+Data layout (what ``scripts/`` produces), in each data directory::
+
+    dict.{src}.txt  dict.{tgt}.txt                  # as for --task translation
+    {split}.{src}-{tgt}.{src}.bin/.idx  ...{tgt}.bin/.idx
+    dict.{tag}.txt                                  # one per tag type, e.g. pos, ner
+    {split}.{src}-{tgt}.{tag}.bin/.idx              # one label per source subword
+
+The labels are training targets only: a model trained with this task translates with
+``--task translation`` (and ``fairseq-interactive``) on data without any tag files.
+"""
+
+import itertools
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List
+
+from fairseq import utils
+from fairseq.data import ConcatDataset, Dictionary, data_utils, indexed_dataset
+from fairseq.tasks import register_task
+from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+from .tagged_dataset import TaggedLanguagePairDataset, check_tag_alignment
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TranslationWithTagsConfig(TranslationConfig):
+    tags: str = field(
+        default="pos,ner",
+        metadata={
+            "help": "comma-separated source label streams to load (dict.TAG.txt and "
+            "SPLIT.SRC-TGT.TAG.bin/.idx in the data directory); empty to train without tags"
+        },
+    )
+
+
+def parse_tag_names(value: str) -> List[str]:
+    names = [t for t in (value or "").replace(" ", "").split(",") if t]
+    if len(set(names)) != len(names):
+        raise ValueError(f"--tags: a tag type is listed twice in {value!r}")
+    return names
+
+
+@register_task("translation_with_tags", dataclass=TranslationWithTagsConfig)
+class TranslationWithTagsTask(TranslationTask):
+    """Translation whose source sentences also carry POS/NER (or any) token labels,
+    batched under ``sample["source_tags"]`` for the
+    ``label_smoothed_cross_entropy_with_tags`` criterion."""
+
+    cfg: TranslationWithTagsConfig
+
+    def __init__(self, cfg: TranslationWithTagsConfig, src_dict, tgt_dict):
+        super().__init__(cfg, src_dict, tgt_dict)
+        self.tag_names = parse_tag_names(cfg.tags)
+        if self.tag_names and (cfg.truncate_source or getattr(cfg, "prepend_bos", False)):
+            raise ValueError(
+                "--truncate-source / --prepend-bos change the source tokens and would "
+                "misalign the labels; they are not supported with --tags"
+            )
+        data_dir = utils.split_paths(cfg.data)[0]
+        self.tag_dictionaries: Dict[str, Dictionary] = {}
+        for name in self.tag_names:
+            path = os.path.join(data_dir, f"dict.{name}.txt")
+            if not os.path.exists(path):
+                raise FileNotFoundError(
+                    f"label dictionary for tag '{name}' not found: expected {path} "
+                    f"(binarize the tags next to the text, or pass --tags '' to train without them)"
+                )
+            self.tag_dictionaries[name] = Dictionary.load(path)
+            logger.info(f"[{name}] dictionary: {len(self.tag_dictionaries[name])} types")
+
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
+        if not self.tag_names:
+            return
+        paths = utils.split_paths(self.cfg.data)
+        data_path = paths[(epoch - 1) % len(paths)]
+        pair = self.datasets[split]
+        tags = {
+            name: self._load_tag_stream(split, name, data_path, combine, pair.src_sizes)
+            for name in self.tag_names
+        }
+        self.datasets[split] = TaggedLanguagePairDataset(pair, tags, self.tag_dictionaries)
+
+    def _load_tag_stream(self, split, name, data_path, combine, src_sizes):
+        """Load ``{split}.{src}-{tgt}.{name}`` (and ``split1``, ``split2``... when
+        combining shards, as the text is), checked against the source sizes."""
+        src, tgt = self.cfg.source_lang, self.cfg.target_lang
+        streams, prefixes = [], []
+        for k in itertools.count():
+            split_k = split + (str(k) if k > 0 else "")
+            candidates = [
+                os.path.join(data_path, f"{split_k}.{src}-{tgt}.{name}"),
+                os.path.join(data_path, f"{split_k}.{tgt}-{src}.{name}"),
+            ]
+            prefix = next(
+                (p for p in candidates if indexed_dataset.dataset_exists(p, impl=self.cfg.dataset_impl)),
+                None,
+            )
+            if prefix is None:
+                if k > 0:
+                    break
+                raise FileNotFoundError(
+                    f"{split}: {name} labels not found: expected {candidates[0]}.bin and "
+                    f"{candidates[0]}.idx (or pass --tags '' to train without labels)"
+                )
+            prefixes.append(prefix)
+            streams.append(
+                data_utils.load_indexed_dataset(prefix, self.tag_dictionaries[name], self.cfg.dataset_impl)
+            )
+            if not combine:
+                break
+        if len(streams) > 1 and self.cfg.upsample_primary != 1:
+            raise ValueError("--upsample-primary is not supported with --tags")
+        labels = streams[0] if len(streams) == 1 else ConcatDataset(streams)
+        check_tag_alignment(split, name, " + ".join(prefixes), src_sizes, labels.sizes)
+        return labels
