@@ -1,0 +1,161 @@
+"""scripts/plot_training.py on the log of a real (tiny) fairseq-train run."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image, ImageStat
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "plot_training.py"
+SAMPLE = REPO / "data" / "sample"
+BIN = Path(sys.executable).parent  # fairseq's command-line tools live beside python
+
+
+def load_plotter():
+    spec = importlib.util.spec_from_file_location("plot_training", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+plotter = load_plotter()
+
+
+def head(src: Path, dst: Path, n: int) -> None:
+    with open(src, encoding="utf-8") as f:
+        dst.write_text("".join(line for _, line in zip(range(n), f)), encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def fairseq_run(tmp_path_factory):
+    """Binarize 200 sample pairs and train fairseq's transformer_tiny for 8 updates.
+
+    Returns (log file written by --log-file, console output) of that run.
+    """
+    work = tmp_path_factory.mktemp("fairseq_run")
+    for split, n in (("train", 200), ("valid", 40)):
+        for lang in ("en", "de"):
+            head(SAMPLE / f"{split}.{lang}", work / f"{split}.{lang}", n)
+    subprocess.run(
+        [str(BIN / "fairseq-preprocess"), "--source-lang", "en", "--target-lang", "de",
+         "--trainpref", str(work / "train"), "--validpref", str(work / "valid"),
+         "--destdir", str(work / "bin"), "--joined-dictionary", "--workers", "1"],
+        check=True, capture_output=True)
+    log = work / "train.log"
+    run = subprocess.run(
+        [str(BIN / "fairseq-train"), str(work / "bin"), "--arch", "transformer_tiny",
+         "--optimizer", "adam", "--lr", "0.001", "--max-tokens", "500", "--max-update", "8",
+         "--max-epoch", "3", "--criterion", "label_smoothed_cross_entropy",
+         "--label-smoothing", "0.1", "--log-format", "json", "--log-interval", "2",
+         "--log-file", str(log), "--no-save", "--cpu", "--seed", "1",
+         "--num-workers", "0"],
+        check=True, capture_output=True, text=True)
+    console = work / "console.txt"
+    console.write_text(run.stdout + run.stderr, encoding="utf-8")
+    return log, console
+
+
+def assert_real_png(path: Path) -> None:
+    assert path.is_file(), path
+    with Image.open(path) as img:
+        img.verify()  # a truncated or corrupt file raises here
+    with Image.open(path) as img:
+        assert img.format == "PNG"
+        assert img.size == (800, 500), img.size
+        rgb = img.convert("RGB")
+        # a blank canvas has one colour; axes, text and curves give many
+        assert len(rgb.getcolors(maxcolors=1 << 20)) > 20
+        assert max(ImageStat.Stat(rgb).stddev) > 10
+
+
+def test_reads_the_real_log_file(fairseq_run):
+    log, _ = fairseq_run
+    series = plotter.read_log(log)
+    inner = series["train_inner"]
+    steps = [step for step, _ in inner]
+    assert steps == sorted(set(steps)), "duplicate or unsorted training records"
+    assert steps[0] == 2 and steps[-1] == 8  # --log-interval 2, --max-update 8
+    assert all("loss" in v and "ppl" in v for _, v in inner)
+    assert "valid" in series and all("loss" in v for _, v in series["valid"])
+    assert "train" in series  # end-of-epoch averages
+
+
+def test_console_output_gives_the_same_records(fairseq_run):
+    log, console = fairseq_run
+    assert plotter.read_log(console) == plotter.read_log(log)
+
+
+def test_plots_a_real_log(fairseq_run, tmp_path):
+    log, _ = fairseq_run
+    out = tmp_path / "plots"
+    assert plotter.main(["--log", str(log), "--out-dir", str(out)]) == 0
+    assert_real_png(out / "loss.png")
+    assert_real_png(out / "perplexity.png")
+    # plain translation criterion: no tagging metrics, so no tagging plots
+    assert not (out / "tag_accuracy.png").exists()
+    assert not (out / "tag_loss.png").exists()
+
+
+def test_plots_tagging_metrics_when_logged(fairseq_run, tmp_path):
+    """The tagging criterion adds pos_/ner_ keys to the same records: plot them."""
+    log, _ = fairseq_run
+    tagged = tmp_path / "tagged.log"
+    lines = []
+    for i, line in enumerate(log.read_text(encoding="utf-8").splitlines()):
+        if line.startswith('{"'):
+            record = json.loads(line)
+            prefix = next((k[: -len("loss")] for k in record if k.endswith("loss")
+                           and not k.endswith("nll_loss")), "")
+            record.update({f"{prefix}pos_acc": str(40 + i), f"{prefix}ner_acc": str(60 + i),
+                           f"{prefix}pos_loss": str(3 - i / 20), f"{prefix}ner_loss": "1.5"})
+            line = json.dumps(record)
+        lines.append(line)
+    tagged.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    series = plotter.read_log(tagged)
+    assert all("pos_acc" in v for _, v in series["valid"])
+    out = tmp_path / "plots"
+    assert plotter.main(["--log", str(tagged), "--out-dir", str(out)]) == 0
+    for name in ("loss.png", "perplexity.png", "tag_accuracy.png", "tag_loss.png"):
+        assert_real_png(out / name)
+    # re-plotting a plain log over it removes the now stale tagging plots
+    assert plotter.main(["--log", str(log), "--out-dir", str(out), "--force"]) == 0
+    assert not (out / "tag_accuracy.png").exists()
+
+
+def test_refuses_to_overwrite_without_force(fairseq_run, tmp_path, capsys):
+    log, _ = fairseq_run
+    out = tmp_path / "plots"
+    (out).mkdir()
+    (out / "loss.png").write_bytes(b"keep me")
+    assert plotter.main(["--log", str(log), "--out-dir", str(out)]) == 1
+    assert "--force" in capsys.readouterr().err
+    assert (out / "loss.png").read_bytes() == b"keep me"
+    assert plotter.main(["--log", str(log), "--out-dir", str(out), "--force"]) == 0
+    assert_real_png(out / "loss.png")
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "not found"),
+    ("", "empty"),
+    ("  \n\n", "empty"),
+    ("2020-01-01 | INFO | fairseq_cli.train | {'_name': None}\nno json here\n",
+     "no training or validation records"),
+    ('{"epoch": 1, "update": 0.5, "wps": "100"}\n', "no training or validation records"),
+])
+def test_bad_logs_fail_with_a_clear_message(tmp_path, content, message):
+    log = tmp_path / "train.log"
+    if content is not None:
+        log.write_text(content, encoding="utf-8")
+    # through the command line: the exit status is what shell pipelines see
+    run = subprocess.run([sys.executable, str(SCRIPT), "--log", str(log),
+                          "--out-dir", str(tmp_path / "plots")],
+                         capture_output=True, text=True)
+    assert run.returncode != 0
+    assert message in run.stderr
+    assert "Traceback" not in run.stderr
+    assert not (tmp_path / "plots" / "loss.png").exists()
