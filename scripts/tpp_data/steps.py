@@ -11,7 +11,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 
 from .errors import DataError
 from .textio import atomic_open
@@ -37,9 +36,8 @@ class StepLedger:
     def __init__(self, work_dir, force=False):
         self.work_dir = work_dir
         self.marker_dir = os.path.join(work_dir, ".steps")
+        # With force every step runs again (its marker is rewritten when it finishes).
         self.force = force
-        if force and os.path.isdir(self.marker_dir):
-            shutil.rmtree(self.marker_dir)
         os.makedirs(self.marker_dir, exist_ok=True)
 
     def marker_path(self, name):
@@ -48,7 +46,7 @@ class StepLedger:
     def is_done(self, name, stamp):
         """True if ``name`` finished with the same ``stamp``; error if with another one."""
         marker = self.marker_path(name)
-        if not os.path.exists(marker):
+        if self.force or not os.path.exists(marker):
             return False
         with open(marker, encoding="utf-8") as handle:
             saved = json.load(handle)
