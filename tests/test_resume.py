@@ -1,0 +1,117 @@
+"""scripts/train.sh: the paper's recipe on the command line, and resuming a killed run."""
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import time
+
+import torch
+
+from tiny_nmt import SCRIPTS, binarize, make_corpus, tool_env, train_command
+
+import tpp_plugin  # noqa: F401  (allow-lists fairseq checkpoint contents for torch.load)
+
+SAVED = re.compile(r"Saved checkpoint \S+ \(epoch \d+ @ (\d+) updates")
+
+
+def dry_run(*args, env=None):
+    result = subprocess.run(["bash", str(SCRIPTS / "train.sh"), "--dry-run", *args],
+                            env=env or tool_env(), capture_output=True, text=True, check=True)
+    return shlex.split(result.stdout)
+
+
+def option(command, name):
+    """The value of the last occurrence of ``name`` (fairseq keeps the last one)."""
+    index = len(command) - 1 - command[::-1].index(name)
+    return command[index + 1]
+
+
+def test_paper_recipe_defaults_and_overrides():
+    command = dry_run("--preset", "en-de", "--data", "some/data")
+    assert command[1] == "some/data"
+    expected = {
+        "--arch": "transformer_pp_wmt_en_de_big", "--task": "translation_with_tags",
+        "--criterion": "label_smoothed_cross_entropy_with_tags", "--optimizer": "adam",
+        "--adam-betas": "(0.9, 0.98)", "--lr-scheduler": "inverse_sqrt",
+        "--warmup-updates": "4000", "--label-smoothing": "0.1", "--update-freq": "10",
+        "--max-update": "320000",
+    }
+    for name, value in expected.items():
+        assert option(command, name) == value, name
+    assert int(option(command, "--keep-interval-updates")) >= 10
+    assert int(option(command, "--save-interval-updates")) > 0
+    assert "--no-epoch-checkpoints" in command
+    assert option(command, "--user-dir").endswith("tpp_plugin")
+    assert "--dropout" not in command  # dropouts come from the arch preset
+    assert option(dry_run("--preset", "en-fr"), "--arch") == "transformer_pp_wmt_en_fr_big"
+
+    # variables, flags (flag wins) and pass-through after --
+    env = dict(tool_env(), UPDATE_FREQ="4", MAX_TOKENS="1234", ARCH="transformer_pp")
+    command = dry_run("--update-freq", "2", "--", "--fp16", "--patience", "3", env=env)
+    assert option(command, "--update-freq") == "2"
+    assert option(command, "--max-tokens") == "1234"
+    assert option(command, "--arch") == "transformer_pp"
+    assert command[-3:] == ["--fp16", "--patience", "3"]
+
+    bad = subprocess.run(["bash", str(SCRIPTS / "train.sh"), "--no-such-option"],
+                         env=tool_env(), capture_output=True, text=True)
+    assert bad.returncode != 0 and "--no-such-option" in bad.stderr
+
+
+def wait_for_saved_checkpoint(log_path, process, timeout):
+    """Poll the training log until a checkpoint has been saved; returns its update count."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = SAVED.findall(log_path.read_text())
+        if found:
+            return int(found[-1])
+        assert process.poll() is None, "training ended before writing a checkpoint:\n" + log_path.read_text()
+        time.sleep(0.05)
+    raise AssertionError(f"no checkpoint after {timeout}s:\n{log_path.read_text()}")
+
+
+def num_updates(checkpoint):
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    return state["optimizer_history"][-1]["num_updates"]
+
+
+def test_killed_run_resumes_from_last_checkpoint(tmp_path):
+    data = binarize(make_corpus(tmp_path / "corpus"), tmp_path / "data-bin")
+    save_dir = tmp_path / "ckpt"
+    # first run: far more updates than we let it do; checkpoints every 15 updates
+    log1 = tmp_path / "train1.log"
+    with open(log1, "w") as log:
+        process = subprocess.Popen(train_command(data, save_dir, max_update=5000, save_interval_updates=15),
+                                   env=tool_env(), stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    try:
+        saved_at = wait_for_saved_checkpoint(log1, process, timeout=180)
+        # kill the whole run at once, like a node failure or preemption would
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == -signal.SIGKILL
+    # the kill may land while the next checkpoint is written: take what the log says is saved
+    saved_at = int(SAVED.findall(log1.read_text())[-1])
+    assert saved_at >= 15
+    assert num_updates(save_dir / "checkpoint_last.pt") == saved_at
+
+    # second run: the same command (with a reachable end) continues from that update count
+    target = saved_at + 10
+    log2 = tmp_path / "train2.log"
+    with open(log2, "w") as log:
+        subprocess.run(train_command(data, save_dir, max_update=target, save_interval_updates=15),
+                       env=tool_env(), stdout=log, stderr=subprocess.STDOUT, check=True, timeout=300)
+    text = log2.read_text()
+    assert f"@ {saved_at} updates" in re.search(r"[Ll]oaded checkpoint .*", text).group(0), text
+    logged = [int(n) for n in re.findall(r"num_updates[ =](\d+)", text)]
+    assert logged and min(logged) > saved_at, "the resumed run restarted its update count"
+    assert num_updates(save_dir / "checkpoint_last.pt") == target
+    # the optimizer's learning-rate schedule continued too (no new warm-up from zero)
+    first_lr = float(re.search(r"num_updates=\d+, lr=([0-9.e-]+)", text).group(1))
+    assert first_lr > 1e-3
