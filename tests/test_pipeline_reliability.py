@@ -1,0 +1,90 @@
+"""Bad input gets a clear error naming file and line; outputs are never half-written."""
+
+import pytest
+
+from pipeline_support import parallel_lines, run_script, write_parallel
+
+from tpp_data import cleaning, textio
+from tpp_data.errors import DataError
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    pairs = parallel_lines(30)
+    for split in ("train", "valid", "test"):
+        write_parallel(tmp_path / split, pairs)
+    return tmp_path
+
+
+def _run(corpus, *extra, src="en", tgt="de"):
+    return run_script("prepare_corpus.py", "-s", src, "-t", tgt,
+                      "--trainpref", corpus / "train", "--validpref", corpus / "valid",
+                      "--testpref", corpus / "test", "--name", "rel", "--work-dir",
+                      corpus / "work", "--data-bin", corpus / "bin", "--quiet", *extra,
+                      check=False)
+
+
+def test_line_count_mismatch_names_the_files(corpus):
+    with open(corpus / "valid.de", "a", encoding="utf-8") as out:
+        out.write("one more line\n")
+    result = _run(corpus)
+    assert result.returncode == 1
+    assert "valid.en" in result.stderr and "valid.de has 31" in result.stderr
+    assert not (corpus / "work" / "tok").exists()
+
+
+def test_invalid_utf8_names_file_and_line(corpus):
+    data = (corpus / "train.en").read_bytes().split(b"\n")
+    data[6] = b"caf\xe9 au lait"
+    (corpus / "train.en").write_bytes(b"\n".join(data))
+    result = _run(corpus, "--stop-after", "tokenize")
+    assert result.returncode == 1
+    assert "train.en:7: invalid UTF-8 byte b'\\xe9'" in result.stderr
+    assert not (corpus / "work" / "tok" / "train.en").exists()
+    assert not (corpus / "work" / "tok" / "train.en.tmp").exists()
+    # opting in to replacement makes the same input go through
+    assert _run(corpus, "--stop-after", "tokenize", "--utf8-errors", "replace").returncode == 0
+
+
+def test_non_english_source_needs_no_tags_and_then_skips_tagging(corpus):
+    result = _run(corpus, src="de", tgt="en")
+    assert result.returncode == 1 and "--no-tags" in result.stderr
+    result = _run(corpus, "--no-tags", "--bpe-merges", "100", "--stop-after", "clean",
+                  src="de", tgt="en")
+    assert result.returncode == 0, result.stderr
+    assert not (corpus / "work" / "tags").exists()
+    assert (corpus / "work" / "final" / "train.de").exists()
+    assert not (corpus / "work" / "final" / "train.pos").exists()
+
+
+def test_force_and_tag_shard_do_not_mix(corpus):
+    result = _run(corpus, "--force", "--tag-shard", "0/4")
+    assert result.returncode == 1 and "--tag-shard" in result.stderr
+
+
+def test_cleaning_drops_lines_from_all_aligned_files_at_once(tmp_path):
+    rows = [("a b c", "x y z", "N N N"), ("", "x", ""), ("a " * 300, "x", "N " * 300),
+            ("a", "x y z w", "N"), ("   ", "  ", ""), ("a b", "x y", "N V")]
+    names = ["s", "t", "pos"]
+    for i, name in enumerate(names):
+        (tmp_path / name).write_text("".join(r[i].strip() + "\n" for r in rows))
+    kept, dropped = cleaning.filter_aligned([tmp_path / n for n in names],
+                                            [tmp_path / f"{n}.out" for n in names],
+                                            cleaning.LengthFilter())
+    assert (kept, dropped) == (2, 4)
+    assert (tmp_path / "pos.out").read_text() == "N N N\nN V\n"
+    (tmp_path / "short").write_text("a\n")
+    with pytest.raises(DataError, match=r"short:2: file ends before"):
+        cleaning.filter_aligned([tmp_path / "s", tmp_path / "short"],
+                                [tmp_path / "o1", tmp_path / "o2"], cleaning.LengthFilter())
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o1.tmp").exists()
+
+
+def test_atomic_open_leaves_nothing_on_failure(tmp_path):
+    target = tmp_path / "out.txt"
+    target.write_text("old")
+    with pytest.raises(RuntimeError):
+        with textio.atomic_open(target) as out:
+            out.write("new, half")
+            raise RuntimeError("interrupted")
+    assert target.read_text() == "old" and not (tmp_path / "out.txt.tmp").exists()
