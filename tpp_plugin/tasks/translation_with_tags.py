@@ -61,22 +61,29 @@ class TranslationWithTagsTask(TranslationTask):
                 "--truncate-source / --prepend-bos change the source tokens and would "
                 "misalign the labels; they are not supported with --tags"
             )
+        # Missing label dictionaries are reported when labels are loaded, not here, so
+        # that a trained model can still be loaded with this task (e.g. by
+        # ``load_model_ensemble_and_task``) on a data folder without tags.
         data_dir = utils.split_paths(cfg.data)[0]
         self.tag_dictionaries: Dict[str, Dictionary] = {}
+        self.missing_tag_dictionaries: Dict[str, str] = {}
         for name in self.tag_names:
             path = os.path.join(data_dir, f"dict.{name}.txt")
-            if not os.path.exists(path):
-                raise FileNotFoundError(
-                    f"label dictionary for tag '{name}' not found: expected {path} "
-                    f"(binarize the tags next to the text, or pass --tags '' to train without them)"
-                )
-            self.tag_dictionaries[name] = Dictionary.load(path)
-            logger.info(f"[{name}] dictionary: {len(self.tag_dictionaries[name])} types")
+            if os.path.exists(path):
+                self.tag_dictionaries[name] = Dictionary.load(path)
+                logger.info(f"[{name}] dictionary: {len(self.tag_dictionaries[name])} types")
+            else:
+                self.missing_tag_dictionaries[name] = path
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
         if not self.tag_names:
             return
+        for name, path in self.missing_tag_dictionaries.items():
+            raise FileNotFoundError(
+                f"label dictionary for tag '{name}' not found: expected {path} "
+                f"(binarize the tags next to the text, or pass --tags '' to train without them)"
+            )
         paths = utils.split_paths(self.cfg.data)
         data_path = paths[(epoch - 1) % len(paths)]
         pair = self.datasets[split]

@@ -1,0 +1,158 @@
+"""fairseq's real command-line tools with the plugin, on a tiny toy corpus:
+fairseq-preprocess -> fairseq-train (with tags, --eval-bleu) -> resume ->
+fairseq-generate / fairseq-interactive with --task translation on tag-less data ->
+two-process data-parallel training and validation."""
+
+import json
+import re
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import PLUGIN_DIR, VENV_BIN, binarize_tagged, run_cli, toy_tags
+
+pytestmark = pytest.mark.slow
+
+TRAIN_FLAGS = [
+    "--user-dir", PLUGIN_DIR, "--arch", "transformer_pp_tiny",
+    "--task", "translation_with_tags", "--criterion", "label_smoothed_cross_entropy_with_tags",
+    "--label-smoothing", "0.1", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
+    "--lr", "0.003", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "50",
+    "--max-tokens", "1500", "--share-all-embeddings", "--dropout", "0.0",
+    "--log-format", "json", "--log-interval", "25", "--cpu", "--seed", "1",
+    "--num-workers", "0", "--no-progress-bar", "--no-epoch-checkpoints",
+    "--save-interval-updates", "100", "--keep-interval-updates", "3",
+    "--validate-interval", "1000", "--validate-interval-updates", "100",
+]
+
+
+def records(log_path: Path, kind: str):
+    """The JSON records fairseq wrote to its --log-file: ``train_inner`` (keys without
+    prefix), ``train`` or ``valid`` (keys prefixed with the subset)."""
+    out = []
+    for line in log_path.read_text().splitlines():
+        if not line.startswith("{"):
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # the configuration dump is a Python repr
+            continue
+        if kind == "train_inner" and "loss" in record:
+            out.append(record)
+        elif f"{kind}_loss" in record:
+            out.append(record)
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e")
+    data = binarize_tagged(root / "text", root / "data-bin", n_train=400)
+    save = root / "checkpoints"
+    log = root / "train.log"
+    run_cli(["fairseq-train", data, *TRAIN_FLAGS, "--save-dir", save, "--log-file", log,
+             "--max-update", "300", "--eval-bleu", "--eval-bleu-args", '{"beam": 1}',
+             "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"], timeout=900)
+    return {"root": root, "data": data, "save": save, "log": log}
+
+
+def test_training_lowers_the_loss_and_learns_pos_tags(trained):
+    inner = records(trained["log"], "train_inner")
+    assert len(inner) >= 10
+    first, last = float(inner[0]["loss"]), float(inner[-1]["loss"])
+    assert last < 0.6 * first, (first, last)
+    for key in ("pos_loss", "ner_loss", "pos_acc", "ner_acc"):
+        assert key in inner[-1], key
+    # majority-tag baseline of the training labels vs what the POS head reaches
+    lines = (trained["root"] / "text" / "train.src").read_text().splitlines()
+    counts = Counter(tag for line in lines for tag in toy_tags(line)[0])
+    majority = 100.0 * max(counts.values()) / sum(counts.values())
+    valid = records(trained["log"], "valid")
+    assert valid and "valid_bleu" in valid[-1]
+    pos_acc = float(valid[-1]["valid_pos_acc"])
+    print(f"POS accuracy after 300 updates: {pos_acc:.1f}% (majority tag: {majority:.1f}%)")
+    assert pos_acc > majority + 30.0
+
+
+def test_checkpoints_load_with_safe_loading(trained):
+    import tpp_plugin  # noqa: F401  (allow-lists what fairseq checkpoints hold)
+
+    names = sorted(p.name for p in trained["save"].glob("checkpoint*.pt"))
+    assert {"checkpoint_last.pt", "checkpoint_best.pt"} <= set(names)
+    assert len([n for n in names if re.fullmatch(r"checkpoint_\d+_\d+\.pt", n)]) >= 2, names
+    for name in names:
+        state = torch.load(trained["save"] / name, map_location="cpu", weights_only=True)
+        assert state["cfg"]["model"].arch == "transformer_pp_tiny"
+    # --eval-bleu checkpoints carry numpy values (this is what the allow-list is for)
+    best = torch.load(trained["save"] / "checkpoint_best.pt", map_location="cpu", weights_only=True)
+    assert best["extra_state"]["best"] is not None
+
+
+def test_generate_and_interactive_need_no_tags(trained, tmp_path):
+    tagless = tmp_path / "plain"
+    shutil.copytree(trained["data"], tagless,
+                    ignore=shutil.ignore_patterns("*.pos.*", "*.ner.*", "dict.pos.txt", "dict.ner.txt"))
+    ckpt = trained["save"] / "checkpoint_best.pt"
+    gen = run_cli(["fairseq-generate", tagless, "--user-dir", PLUGIN_DIR, "--path", ckpt,
+                   "--task", "translation", "--gen-subset", "test", "--beam", "5", "--lenpen", "0.5",
+                   "--batch-size", "8", "--cpu"])
+    hyps = [l for l in gen.stdout.splitlines() if l.startswith("H-")]
+    assert len(hyps) == 20
+    bleu = float(re.search(r"BLEU4 = ([\d.]+)", gen.stdout).group(1))
+    print(f"toy test BLEU after 300 updates: {bleu}")
+    assert bleu > 5.0
+    inter = run_cli(["fairseq-interactive", tagless, "--user-dir", PLUGIN_DIR, "--path", ckpt,
+                     "--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
+                     "--beam", "5", "--cpu"], input_text="s1 s2 s3\ns10 s4 s7 s7\n")
+    out = [l for l in inter.stdout.splitlines() if l.startswith("H-")]
+    assert len(out) == 2 and all(l.split("\t")[2].strip() for l in out)
+
+
+def test_resume_continues_from_the_saved_update(trained, tmp_path):
+    save = tmp_path / "checkpoints"
+    shutil.copytree(trained["save"], save)
+    log = tmp_path / "resume.log"
+    run_cli(["fairseq-train", trained["data"], *TRAIN_FLAGS, "--save-dir", save,
+             "--log-file", log, "--max-update", "350"], timeout=600)
+    text = log.read_text()
+    assert re.search(r"loaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ 300 updates\)", text)
+    updates = [int(r["num_updates"]) for r in records(log, "train_inner")]
+    assert updates and min(updates) > 300 and max(updates) == 350
+    state = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=True)
+    assert state["optimizer_history"][-1]["num_updates"] == 350
+
+
+def test_two_process_data_parallel_training_with_tags(trained, tmp_path):
+    save = tmp_path / "ddp"
+    log = tmp_path / "ddp.log"
+    run_cli(["torchrun", "--nproc_per_node", "2", "--master_port", "29517",
+             VENV_BIN / "fairseq-train",
+             trained["data"], *TRAIN_FLAGS, "--save-dir", save, "--log-file", log,
+             "--max-update", "40", "--distributed-backend", "gloo", "--ddp-backend", "c10d",
+             "--distributed-no-spawn"], timeout=900)
+    text = log.read_text()
+    assert "distributed init (rank 1)" in text or "distributed_world_size': 2" in text or "world size 2" in text.lower()
+    inner = records(log, "train_inner")
+    assert inner and {"pos_acc", "ner_acc", "pos_loss", "ner_loss"} <= set(inner[-1])
+    # validation of the same checkpoint on 1 and 2 processes aggregates to the same figures
+    ckpt = save / "checkpoint_last.pt"
+    common = ["--user-dir", PLUGIN_DIR, "--path", ckpt, "--task", "translation_with_tags",
+              "--criterion", "label_smoothed_cross_entropy_with_tags", "--valid-subset", "valid",
+              "--max-tokens", "500", "--cpu", "--log-format", "json", "--num-workers", "0"]
+    one = run_cli(["fairseq-validate", trained["data"], *common])
+    two = run_cli(["torchrun", "--nproc_per_node", "2", "--master_port", "29518",
+                   VENV_BIN / "fairseq-validate",
+                   trained["data"], *common, "--distributed-backend", "gloo", "--distributed-no-spawn"])
+
+    def valid_figures(proc):
+        found = [json.loads(l[l.index("{"):]) for l in (proc.stdout + proc.stderr).splitlines()
+                 if "| valid on" in l and "{" in l]
+        assert found, proc.stderr[-2000:]
+        return found[-1]
+
+    a, b = valid_figures(one), valid_figures(two)
+    for key in ("valid_loss", "valid_pos_acc", "valid_ner_acc", "valid_pos_loss"):
+        assert float(a[key]) == pytest.approx(float(b[key]), abs=2e-3), key
