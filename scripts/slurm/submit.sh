@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# Submit the whole pipeline to SLURM as a chain of jobs, each starting only when the
+# one before succeeded (--dependency=afterok), and print their job ids:
+#
+#   prepare -> tag (array, one task per shard) -> binarize -> train -> evaluate
+#
+# Usage (from anywhere; jobs run in the repository):
+#   scripts/slurm/submit.sh [options]
+#   scripts/slurm/submit.sh --preset en-de --partition gpu --nodes 2 --gpus-per-node 8
+#   scripts/slurm/submit.sh --from train --preset en-fr           # data already binarized
+#   scripts/slurm/submit.sh --cpu --tasks-per-node 2 --shards 2 ...  # a CPU-only cluster
+#
+# Options (variable in capitals, default in brackets; a flag beats the variable):
+#   --preset NAME         PRESET [en-de]: en-de | en-fr | base | tiny (scripts/train.sh)
+#   --prepare-cmd CMD     PREPARE_CMD [python scripts/prepare_wmt14.py --pair $PRESET]
+#   --data-bin DIR        DATA_BIN [data-bin/wmt14_<pair>]
+#   --save-dir DIR        SAVE_DIR [checkpoints/$PRESET]
+#   --results-dir DIR     RESULTS_DIR [results/$PRESET]
+#   --reference FILE      REFERENCE [work/wmt14_<pair>/raw/test.<tgt>]
+#   --n-avg N             N_AVG [10]: checkpoints averaged before evaluation
+#   --train-opts "..."    TRAIN_OPTS: extra scripts/train.sh options (e.g. "--max-update 1000")
+#   --partition P         PARTITION [cluster default]
+#   --account A           ACCOUNT [none]
+#   --nodes N             NODES [1]: training nodes
+#   --gpus-per-node N     GPUS_PER_NODE [4]
+#   --tasks-per-node N    TASKS_PER_NODE [GPUS_PER_NODE; 1 with --cpu]
+#   --cpus-per-task N     CPUS_PER_TASK [8]
+#   --shards N            TAG_SHARDS [8]: tagging array size
+#   --cpu                 CPU_ONLY=1: no GPUs requested; gloo, --cpu
+#   --time-prepare T, --time-tag T, --time-binarize T, --time-train T, --time-evaluate T
+#                         TIME_PREPARE [08:00:00] TIME_TAG [08:00:00] TIME_BINARIZE [08:00:00]
+#                         TIME_TRAIN [48:00:00] TIME_EVALUATE [04:00:00]
+#   --from STAGE, --to STAGE   submit only part of the chain (prepare tag binarize train evaluate)
+#   --after JOBID         make the first submitted stage wait for JOBID (afterok)
+#   --log-dir DIR         LOG_DIR [logs/slurm]: one log per job (array: per task)
+#   --dry-run             print the sbatch commands instead of submitting
+# Also passed to the jobs: TPP_VENV, DATA_NAME, SPLIT, PREPARE_STAGE_CMD, TAG_CMD,
+# BINARIZE_CMD, FAIRSEQ_EXTRA, EVAL_OPTS, MASTER_PORT, SBATCH_EXTRA (extra sbatch
+# options for every job, split on spaces). See docs/slurm.md.
+#
+# Output: one line per job, "<stage> <job id>", e.g. "train 1234".
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+here=$repo/scripts/slurm
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
+die() { echo "submit.sh: error: $*" >&2; exit 2; }
+
+STAGES=(prepare tag binarize train evaluate)
+from=prepare
+to=evaluate
+after=
+dry_run=0
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --preset) PRESET=$2; shift 2 ;;
+    --prepare-cmd) PREPARE_CMD=$2; shift 2 ;;
+    --data-bin) DATA_BIN=$2; shift 2 ;;
+    --save-dir) SAVE_DIR=$2; shift 2 ;;
+    --results-dir) RESULTS_DIR=$2; shift 2 ;;
+    --reference) REFERENCE=$2; shift 2 ;;
+    --n-avg) N_AVG=$2; shift 2 ;;
+    --train-opts) TRAIN_OPTS=$2; shift 2 ;;
+    --partition) PARTITION=$2; shift 2 ;;
+    --account) ACCOUNT=$2; shift 2 ;;
+    --nodes) NODES=$2; shift 2 ;;
+    --gpus-per-node) GPUS_PER_NODE=$2; shift 2 ;;
+    --tasks-per-node) TASKS_PER_NODE=$2; shift 2 ;;
+    --cpus-per-task) CPUS_PER_TASK=$2; shift 2 ;;
+    --shards) TAG_SHARDS=$2; shift 2 ;;
+    --cpu) CPU_ONLY=1; shift ;;
+    --time-prepare) TIME_PREPARE=$2; shift 2 ;;
+    --time-tag) TIME_TAG=$2; shift 2 ;;
+    --time-binarize) TIME_BINARIZE=$2; shift 2 ;;
+    --time-train) TIME_TRAIN=$2; shift 2 ;;
+    --time-evaluate) TIME_EVALUATE=$2; shift 2 ;;
+    --from) from=$2; shift 2 ;;
+    --to) to=$2; shift 2 ;;
+    --after) after=$2; shift 2 ;;
+    --log-dir) LOG_DIR=$2; shift 2 ;;
+    --dry-run) dry_run=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) die "unknown option '$1' (see --help)" ;;
+  esac
+done
+
+stage_index() {
+  local i
+  for i in "${!STAGES[@]}"; do [[ ${STAGES[$i]} == "$1" ]] && { echo "$i"; return; }; done
+  die "unknown stage '$1' (one of: ${STAGES[*]})"
+}
+first=$(stage_index "$from")
+last=$(stage_index "$to")
+(( first <= last )) || die "--from $from comes after --to $to"
+
+# Cluster resources
+CPU_ONLY=${CPU_ONLY:-0}
+NODES=${NODES:-1}
+GPUS_PER_NODE=${GPUS_PER_NODE:-4}
+if [[ $CPU_ONLY == 1 ]]; then
+  TASKS_PER_NODE=${TASKS_PER_NODE:-1}
+else
+  TASKS_PER_NODE=${TASKS_PER_NODE:-$GPUS_PER_NODE}
+fi
+CPUS_PER_TASK=${CPUS_PER_TASK:-8}
+TAG_SHARDS=${TAG_SHARDS:-8}
+TIME_PREPARE=${TIME_PREPARE:-08:00:00}
+TIME_TAG=${TIME_TAG:-08:00:00}
+TIME_BINARIZE=${TIME_BINARIZE:-08:00:00}
+TIME_TRAIN=${TIME_TRAIN:-48:00:00}
+TIME_EVALUATE=${TIME_EVALUATE:-04:00:00}
+LOG_DIR=${LOG_DIR:-logs/slurm}
+[[ $TAG_SHARDS =~ ^[1-9][0-9]*$ ]] || die "--shards must be a positive number, not '$TAG_SHARDS'"
+
+# Pipeline settings travel to the jobs through the environment (sbatch --export=ALL).
+export TPP_ROOT=$repo
+export PRESET=${PRESET:-en-de}
+export DATA_NAME=${DATA_NAME:-wmt14_${PRESET/-/_}}
+export DATA_BIN=${DATA_BIN:-data-bin/$DATA_NAME}
+export SAVE_DIR=${SAVE_DIR:-checkpoints/$PRESET}
+export RESULTS_DIR=${RESULTS_DIR:-results/$PRESET}
+export N_AVG=${N_AVG:-10}
+export PREPARE_CMD=${PREPARE_CMD:-python scripts/prepare_wmt14.py --pair $PRESET}
+export CPU_ONLY TAG_SHARDS
+for name in REFERENCE TRAIN_OPTS TPP_VENV SPLIT PREPARE_STAGE_CMD TAG_CMD BINARIZE_CMD \
+            FAIRSEQ_EXTRA EVAL_OPTS MASTER_PORT; do
+  [[ -n ${!name:-} ]] && export "${name?}"
+done
+
+cd "$repo"  # relative paths (logs, data) are relative to the repository
+mkdir -p "$LOG_DIR"
+common=(--parsable --export=ALL)
+[[ -n ${PARTITION:-} ]] && common+=(--partition "$PARTITION")
+[[ -n ${ACCOUNT:-} ]] && common+=(--account "$ACCOUNT")
+# shellcheck disable=SC2206
+common+=(${SBATCH_EXTRA:-})
+
+if [[ $CPU_ONLY == 1 ]]; then
+  train_gpus=(--gpus-per-node=0)
+  eval_gpus=(--gpus=0)
+else
+  train_gpus=(--gpus-per-node="$GPUS_PER_NODE")
+  eval_gpus=(--gpus=1)
+fi
+
+declare -A resources=(
+  [prepare]="--cpus-per-task=$CPUS_PER_TASK --time=$TIME_PREPARE"
+  [tag]="--array=0-$((TAG_SHARDS - 1)) --cpus-per-task=$CPUS_PER_TASK --time=$TIME_TAG"
+  [binarize]="--cpus-per-task=$CPUS_PER_TASK --time=$TIME_BINARIZE"
+  [train]="--nodes=$NODES --ntasks-per-node=$TASKS_PER_NODE --cpus-per-task=$CPUS_PER_TASK --time=$TIME_TRAIN ${train_gpus[*]}"
+  [evaluate]="--cpus-per-task=$CPUS_PER_TASK --time=$TIME_EVALUATE ${eval_gpus[*]}"
+)
+
+previous=$after
+for ((i = first; i <= last; i++)); do
+  stage=${STAGES[$i]}
+  log=$LOG_DIR/tpp-$stage-%j.out
+  [[ $stage == tag ]] && log=$LOG_DIR/tpp-$stage-%A_%a.out
+  # shellcheck disable=SC2206
+  command=(sbatch "${common[@]}" --job-name="tpp-$stage" --output="$log" ${resources[$stage]})
+  [[ -n $previous ]] && command+=(--dependency="afterok:$previous")
+  command+=("$here/$stage.sbatch")
+  if [[ $dry_run == 1 ]]; then
+    printf '%q ' "${command[@]}"; echo
+    previous="<$stage>"
+    continue
+  fi
+  id=$("${command[@]}") || die "sbatch failed for stage $stage"
+  id=${id%%;*}  # --parsable prints "id" or "id;cluster"
+  echo "$stage $id"
+  previous=$id
+done
