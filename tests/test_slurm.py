@@ -16,8 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
-from tiny_nmt import REPO, make_corpus, tool_env
+from tiny_nmt import REPO, binarize, make_corpus, tool_env
+
+import tpp_plugin  # noqa: F401  (allow-lists fairseq checkpoint contents for torch.load)
 
 SLURM = REPO / "scripts" / "slurm"
 PIPELINE_TIMEOUT = 420  # seconds for the whole chain on a busy 2-core machine
@@ -139,3 +142,44 @@ def test_dry_run_prints_chained_commands(tmp_path):
     header = (SLURM / "train.sbatch").read_text()
     assert "#SBATCH --requeue" in header and "#SBATCH --signal=B:USR1@120" in header
     assert "scontrol requeue" in header
+
+
+def test_training_job_requeues_itself_and_resumes(cluster, tmp_path):
+    """USR1 (what --signal=B:USR1@120 sends before the time limit) makes train.sbatch
+    requeue its own job; the second run continues from checkpoint_last.pt."""
+    data = binarize(make_corpus(tmp_path / "corpus"), tmp_path / "data-bin")
+    save_dir = tmp_path / "ckpt"
+    log = tmp_path / "train.log"
+    env = dict(
+        cluster, CPU_ONLY="1", PRESET="tiny", DATA_BIN=str(data), SAVE_DIR=str(save_dir),
+        TRAIN_OPTS="--arch transformer_tiny --task translation --criterion label_smoothed_cross_entropy "
+                   "--lr 5e-3 --warmup-updates 20 --max-tokens 400 --update-freq 1 --max-update 300 "
+                   "--save-interval-updates 20 --log-interval 20",
+        FAIRSEQ_EXTRA="--num-workers 0 --disable-validation --save-interval 1000",
+    )
+    # submitted as a user would, from the repository root, straight to sbatch
+    job = subprocess.run(["sbatch", "--parsable", "--ntasks-per-node=1", "--gpus-per-node=0",
+                          "--cpus-per-task=1", f"--output={log}", "scripts/slurm/train.sbatch"],
+                         cwd=REPO, env=env, capture_output=True, text=True, check=True).stdout.strip()
+    deadline = time.monotonic() + 180
+    while not (log.exists() and "Saved checkpoint" in log.read_text()):
+        assert time.monotonic() < deadline, "no checkpoint written:\n" + (log.read_text() if log.exists() else "")
+        assert job_states(env, job)[job] in ("PENDING", "RUNNING"), log.read_text()
+        time.sleep(0.2)
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=env, check=True)
+
+    deadline = time.monotonic() + 240
+    while job_states(env, job)[job] not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+        assert time.monotonic() < deadline, "requeued job did not finish:\n" + log.read_text()
+        time.sleep(1)
+    text = log.read_text()
+    assert job_states(env, job)[job] == "COMPLETED", text[-3000:]
+    assert "requeueing job" in text and "restart count 1" in text, text[-3000:]
+    saved_before = [int(n) for n in re.findall(r"@ (\d+) updates", text.split("restart count 1")[0])]
+    loaded = re.search(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)", text)
+    assert loaded and int(loaded.group(1)) == max(saved_before) > 0, text[-3000:]
+    shown = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True,
+                           text=True, check=True).stdout
+    assert "Restarts=1" in shown
+    state = torch.load(save_dir / "checkpoint_last.pt", map_location="cpu", weights_only=True)
+    assert state["optimizer_history"][-1]["num_updates"] == 300

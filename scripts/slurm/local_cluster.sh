@@ -75,7 +75,9 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$socket
+# cred_expire also sets how long a requeued job waits before it may start again (120 s
+# by default): short here so that requeue tests do not idle
+AuthInfo=socket=$socket,cred_expire=10
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool
 SlurmctldPidFile=$dir/state/slurmctld.pid
@@ -89,6 +91,8 @@ AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 MpiDefault=none
 SchedulerType=sched/builtin
+# a scheduling pass every 2 s (default 60): a requeued job starts soon after its delay
+SchedulerParameters=sched_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SlurmdParameters=config_overrides
