@@ -106,6 +106,8 @@ rm -f "$bleu_file"
 device=()
 [[ $CPU == 1 ]] && device=(--cpu)
 generated=$OUT_DIR/generate-$SPLIT.txt
+# complete files only: outputs are written under .tmp names and renamed at the end
+trap 'rm -f "$generated.tmp" "$bleu_file.tmp"' EXIT
 echo "evaluate.sh: translating $DATA_BIN:$SPLIT with $CHECKPOINT (beam $BEAM, lenpen $LENPEN)" >&2
 "$FAIRSEQ_GENERATE" "$DATA_BIN" --user-dir "$USER_DIR" --task "$TASK" "${lang_args[@]}" \
   --path "$CHECKPOINT" --gen-subset "$SPLIT" --beam "$BEAM" --lenpen "$LENPEN" \
