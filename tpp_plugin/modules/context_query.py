@@ -67,10 +67,14 @@ class ContextQuery(nn.Module):
 
     def project(self, x: Tensor):
         """Scores ``B x H x T x 1`` and values ``B x H x T x d_h`` of ``x`` (``T x B x d``)."""
-        tgt_len, bsz, _ = x.shape
-        scores = self.score_proj(x).permute(1, 2, 0).unsqueeze(-1)
-        values = self.value_proj(x).view(tgt_len, bsz, self.num_heads, self.head_dim)
-        return scores, values.permute(1, 2, 0, 3)
+        return self.arrange(self.score_proj(x), self.value_proj(x))
+
+    def arrange(self, scores: Tensor, values: Tensor):
+        """``score_proj(x)`` (``T x B x H``) and ``value_proj(x)`` (``T x B x H·d_h``) as
+        :meth:`project` returns them: ``B x H x T x 1`` and ``B x H x T x d_h``."""
+        tgt_len, bsz, _ = values.shape
+        values = values.reshape(tgt_len, bsz, self.num_heads, self.head_dim)
+        return scores.permute(1, 2, 0).unsqueeze(-1), values.permute(1, 2, 0, 3)
 
     def forward(
         self,
@@ -89,6 +93,17 @@ class ContextQuery(nn.Module):
             query of the encoder and ``T' = T`` for the prefix queries of the decoder.
         """
         scores, values = self.project(x)
+        return self.pool(scores, values, padding_mask, incremental_state)
+
+    def pool(
+        self,
+        scores: Tensor,
+        values: Tensor,
+        padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+    ) -> Tensor:
+        """:meth:`forward` after the projections: ``scores`` and ``values`` as
+        :meth:`project` (or :meth:`arrange`) returns them."""
         if incremental_state is not None:
             if not self.causal:
                 raise RuntimeError("incremental decoding needs a causal ContextQuery")

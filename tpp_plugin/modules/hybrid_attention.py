@@ -170,15 +170,22 @@ class HybridMultiheadAttention(nn.Module):
         # padding mask of the new positions only (the cached ones are already folded in)
         new_padding = key_padding_mask[:, -tgt_len:] if key_padding_mask is not None else None
 
+        # every projection of the input in one matrix product (q, k, v of the dot-product
+        # heads, LocalConv's pointwise part, the Query's values and scores)
+        projected = self._project(query)
         heads = []
         dot_weights = None
         if self.dot_heads > 0:
+            q, k, v = projected[:3]
             dot_out, dot_weights = self._dot_product_heads(
-                query, key_padding_mask, incremental_state, attn_mask, need_weights
+                q, k, v, key_padding_mask, incremental_state, attn_mask, need_weights
             )
             heads.append(dot_out)
-        local = self.local_conv(query, new_padding, incremental_state)
-        context = self.context_query(query, new_padding, incremental_state)  # B x Hc x T|1 x dh
+        pointwise, values, scores = projected[-3:]
+        local = self.local_conv.convolve_projected(pointwise, new_padding, incremental_state)
+        scores, values = self.context_query.arrange(scores, values)
+        # B x Hc x T|1 x dh
+        context = self.context_query.pool(scores, values, new_padding, incremental_state)
         context = context.permute(2, 0, 1, 3).reshape(-1, bsz, self.conv_heads * self.head_dim)
         heads.append(local * context)
         attn = self.out_proj(torch.cat(heads, dim=-1) if len(heads) > 1 else heads[0])
@@ -190,22 +197,54 @@ class HybridMultiheadAttention(nn.Module):
                 weights = weights.mean(dim=0)
         return attn, weights
 
+    def _input_projections(self):
+        """The ``nn.Linear`` modules applied to the input, in the order of :meth:`_project`."""
+        dot = [self.q_proj, self.k_proj, self.v_proj] if self.dot_heads > 0 else []
+        cq = self.context_query
+        return dot + [self.local_conv.pointwise, cq.value_proj, cq.score_proj]
+
+    def _fused_weight(self) -> Tuple[Tensor, Tensor]:
+        """The input projections' weights and biases stacked (rows in the order of
+        :meth:`_input_projections`). Without autograd (decoding) the stack is kept and
+        rebuilt only when a parameter changes (it is cheap, but decoding calls this once
+        per layer and step)."""
+        params = [p for lin in self._input_projections() for p in (lin.weight, lin.bias)]
+        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+            self._fused_cache = None
+            return torch.cat(params[0::2]), torch.cat(params[1::2])
+        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+        cache = getattr(self, "_fused_cache", None)
+        if cache is None or cache[0] != key:
+            cache = (key, torch.cat(params[0::2]), torch.cat(params[1::2]))
+            self._fused_cache = cache
+        return cache[1], cache[2]
+
+    def _project(self, x: Tensor):
+        """All input projections of ``x`` by one matrix product, split per projection."""
+        weight, bias = self._fused_weight()
+        sizes = [lin.out_features for lin in self._input_projections()]
+        return torch.split(F.linear(x, weight, bias), sizes, dim=-1)
+
     def _dot_product_heads(
         self,
-        x: Tensor,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
         key_padding_mask: Optional[Tensor],
         incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]],
         attn_mask: Optional[Tensor],
         need_weights: bool,
     ) -> Tuple[Tensor, Optional[Tensor]]:
-        tgt_len, bsz, _ = x.shape
+        """``q``, ``k``, ``v``: the projections of the new positions, ``T x B x (Ha·dh)``."""
+        tgt_len, bsz, _ = q.shape
+        x = q
 
         def heads_first(t: Tensor) -> Tensor:  # T x B x (Ha*dh) -> B x Ha x T x dh
-            return t.view(t.size(0), bsz, self.dot_heads, self.head_dim).permute(1, 2, 0, 3)
+            return t.reshape(t.size(0), bsz, self.dot_heads, self.head_dim).permute(1, 2, 0, 3)
 
-        q = heads_first(self.q_proj(x))
-        k = heads_first(self.k_proj(x))
-        v = heads_first(self.v_proj(x))
+        q = heads_first(q)
+        k = heads_first(k)
+        v = heads_first(v)
         past = 0
         if incremental_state is not None:
             saved = self._get_input_buffer(incremental_state)

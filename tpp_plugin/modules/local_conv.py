@@ -106,7 +106,17 @@ class LocalConv(nn.Module):
         Returns:
             ``T x B x C``
         """
-        u = self.pointwise(x)
+        return self.convolve_projected(self.pointwise(x), padding_mask, incremental_state)
+
+    def convolve_projected(
+        self,
+        u: Tensor,
+        padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+    ) -> Tensor:
+        """:meth:`forward` after the pointwise projection: ``u`` is ``self.pointwise(x)``
+        (``T x B x C``), e.g. computed by a caller that fuses it with other projections
+        of the same input."""
         if padding_mask is not None:
             u = u.masked_fill(padding_mask.transpose(0, 1).unsqueeze(-1), 0.0)
 
