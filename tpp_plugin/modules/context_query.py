@@ -26,8 +26,9 @@ The prefix softmax is an attention whose score depends on the key only, so in pa
 it is computed as ``scaled_dot_product_attention`` with a query of ones and a key of
 ``s`` (width 1, scale 1): stable (the kernel subtracts the row maximum) and fused.
 Incremental decoding keeps the running triple ``(m, z, n)`` per head: the maximum
-score so far, the normaliser ``Σ e^{s-m}`` and the numerator ``Σ e^{s-m} v``, which
-makes a step ``O(d_h)`` whatever the length decoded so far.
+score so far, the normaliser ``Σ e^{s-m}`` and the numerator ``Σ e^{s-m} v`` (stored
+together as one ``B x H x (2 + d_h)`` tensor), which makes a step ``O(d_h)`` whatever
+the length decoded so far.
 """
 
 from typing import Dict, Optional
@@ -155,13 +156,15 @@ class ContextQuery(nn.Module):
         """Running prefix softmax over the new positions, one at a time, in float32:
         ``m' = max(m, s)``, ``z' = z·e^{m-m'} + e^{s-m'}``, ``n' = n·e^{m-m'} + e^{s-m'}·v``,
         ``q = n'/z'``. Padding positions are left out of the running sums."""
-        state = self._get_input_buffer(incremental_state)
-        run_max, norm, numer = state.get("max"), state.get("norm"), state.get("numer")
-        if run_max is None or norm is None or numer is None:
+        # the triple is kept in one B x H x (2 + d_h) tensor: one copy to reorder per step
+        state = self._get_input_buffer(incremental_state).get("state")
+        if state is None:
             bsz = scores.size(0)
             run_max = scores.new_full((bsz, self.num_heads, 1), torch.finfo(torch.float32).min, dtype=torch.float32)
             norm = torch.zeros_like(run_max)
             numer = scores.new_zeros(bsz, self.num_heads, self.head_dim, dtype=torch.float32)
+        else:
+            run_max, norm, numer = state[..., :1], state[..., 1:2], state[..., 2:]
         outputs = []
         for t in range(scores.size(2)):
             s = scores[:, :, t].float()  # B x H x 1
@@ -176,8 +179,10 @@ class ContextQuery(nn.Module):
             # z >= 1 as soon as one real position was seen (its own term is e^0)
             outputs.append(torch.where(norm > 0, numer / norm, 0.0).type_as(values))
         self._set_input_buffer(
-            incremental_state, {"max": run_max, "norm": norm, "numer": numer}
+            incremental_state, {"state": torch.cat([run_max, norm, numer], dim=-1)}
         )
+        if len(outputs) == 1:
+            return outputs[0].unsqueeze(2)
         return torch.stack(outputs, dim=2)
 
     def reorder_incremental_state(

@@ -262,9 +262,19 @@ class HybridMultiheadAttention(nn.Module):
         mask = self._dot_mask(attn_mask, key_padding_mask, tgt_len, src_len, past, x)
         use_causal_flag = mask is None and self.causal and tgt_len > 1 and past == 0
         dropout_p = self.dropout_module.p if self.training else 0.0
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=use_causal_flag
-        )
+        if tgt_len == 1 and dropout_p == 0.0:
+            # a decoding step: for one query, two small matrix products beat the fused
+            # kernel's set-up on CPU (same softmax(q k^T / sqrt(d_h) + mask) v)
+            logits = torch.matmul(q * self.scaling, k.transpose(-1, -2))
+            if mask is not None:
+                logits = (
+                    logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
+                )
+            out = torch.matmul(F.softmax(logits, dim=-1, dtype=torch.float32).type_as(v), v)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=use_causal_flag
+            )
         weights = None
         if need_weights:
             logits = torch.matmul(q, k.transpose(-1, -2)).float() * self.scaling

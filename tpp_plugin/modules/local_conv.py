@@ -84,6 +84,14 @@ class LocalConv(nn.Module):
 
     def normalized_kernel(self) -> Tensor:
         """The kernel after softmax over taps and DropConnect, shape ``F x C``."""
+        if not (self.training or torch.is_grad_enabled()):
+            # decoding asks once per step: keep it until the weight changes
+            key = (self.weight.data_ptr(), self.weight._version, self.weight.dtype)
+            cache = getattr(self, "_kernel_cache", None)
+            if cache is None or cache[0] != key:
+                cache = (key, F.softmax(self.weight.float(), dim=-1).type_as(self.weight).t())
+                self._kernel_cache = cache
+            return cache[1]
         kernel = F.softmax(self.weight.float(), dim=-1).type_as(self.weight)
         # DropConnect: drop individual (normalised) tap weights, not activations.
         kernel = self.weight_dropout_module(kernel)
@@ -139,6 +147,9 @@ class LocalConv(nn.Module):
         with ``kernel`` (``F x C``). Done as a sum of shifted slices: on fairseq's
         time-major layout each slice is contiguous, no transposes are needed, and for
         the small widths used here it beats a grouped ``conv1d``."""
+        if out_len == 1 and self.kernel_size > 1:
+            # one position (a decoding step): its F taps are rows 0, δ, ..., (F-1)δ
+            return (u[:: self.dilation] * kernel.unsqueeze(1)).sum(dim=0, keepdim=True)
         out = u[: out_len] * kernel[0]
         for k in range(1, self.kernel_size):
             start = k * self.dilation
