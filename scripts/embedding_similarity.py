@@ -87,10 +87,10 @@ def layer_representations(model, src_tokens) -> list[dict]:
             entry = {"module": attn, "dot": None, "local": None,
                      "output": outputs[i][:, 0]}
             if getattr(attn, "conv_heads", 0):
-                entry["local"] = attn.local_conv(x, padding, None)[:, 0]
-                if attn.dot_heads:
-                    # the module's own dot-product path (self-attention, no cache/mask)
-                    entry["dot"] = attn._dot_product_heads(x, padding, None, None, False)[0][:, 0]
+                heads = attn.head_outputs(x, padding)
+                entry["local"] = heads["local"][:, 0]
+                if heads["dot"] is not None:
+                    entry["dot"] = heads["dot"][:, 0]
             result.append(entry)
     return result
 

@@ -192,8 +192,10 @@ def test_embedding_similarity_table(trained, capsys):
     src, tokens = analysis_model.encode(loaded, SENTENCE)
     fire, mountain = tokens.index("fire"), tokens.index("mountain")
     local_outputs = []
-    hooks = [layer.self_attn.local_conv.register_forward_hook(
-        lambda _m, _i, out: local_outputs.append(out[:, 0])) for layer in loaded.model.encoder.layers]
+    # LocalConv applied to what each self-attention receives in the forward pass
+    hooks = [layer.self_attn.register_forward_pre_hook(
+        lambda m, args, kwargs: local_outputs.append(m.local_conv(kwargs["query"])[:, 0]),
+        with_kwargs=True) for layer in loaded.model.encoder.layers]
     with torch.no_grad():
         enc = loaded.model.encoder(src, src_lengths=torch.tensor([src.size(1)]),
                                    return_all_hiddens=True)

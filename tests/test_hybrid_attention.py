@@ -178,3 +178,18 @@ def test_self_attention_only():
 def test_module_rejects_bad_sizes(kwargs, message):
     with pytest.raises(ValueError, match=message):
         HybridMultiheadAttention(**kwargs)
+
+
+def test_head_outputs_are_what_the_output_projection_mixes():
+    torch.manual_seed(0)
+    m = HybridMultiheadAttention(16, 4, 2, kernel_size=3, dilation=2).eval()
+    x = torch.randn(6, 2, 16)
+    pad = torch.zeros(2, 6, dtype=torch.bool)
+    pad[1, :2] = True
+    with torch.no_grad():
+        heads = m.head_outputs(x, pad)
+        out, _ = m(x, x, x, key_padding_mask=pad)
+        mixed = m.out_proj(torch.cat([heads["dot"], heads["conv"]], dim=-1))
+        local = m.local_conv(x, pad)
+    assert torch.allclose(mixed, out, atol=1e-6)
+    assert torch.allclose(heads["local"], local, atol=1e-6)

@@ -197,6 +197,24 @@ class HybridMultiheadAttention(nn.Module):
                 weights = weights.mean(dim=0)
         return attn, weights
 
+    def head_outputs(self, x: Tensor, key_padding_mask: Optional[Tensor] = None) -> Dict[str, Optional[Tensor]]:
+        """The heads' outputs before ``W^O``, for analysis (no incremental state): ``dot``
+        (``T x B x Ha·dh``, None without dot-product heads), ``local`` (LocalConv,
+        ``T x B x Hc·dh``, the paper's equation 2) and ``conv`` (``local ⊙ Query``)."""
+        if key_padding_mask is not None:
+            key_padding_mask = key_padding_mask.to(torch.bool)
+        projected = self._project(x)
+        dot = None
+        if self.dot_heads > 0:
+            q, k, v = projected[:3]
+            dot, _ = self._dot_product_heads(q, k, v, key_padding_mask, None, None, False)
+        pointwise, values, scores = projected[-3:]
+        local = self.local_conv.convolve_projected(pointwise, key_padding_mask, None)
+        scores, values = self.context_query.arrange(scores, values)
+        context = self.context_query.pool(scores, values, key_padding_mask, None)
+        context = context.permute(2, 0, 1, 3).reshape(-1, x.size(1), self.conv_heads * self.head_dim)
+        return {"dot": dot, "local": local, "conv": local * context}
+
     def _input_projections(self):
         """The ``nn.Linear`` modules applied to the input, in the order of :meth:`_project`."""
         dot = [self.q_proj, self.k_proj, self.v_proj] if self.dot_heads > 0 else []
