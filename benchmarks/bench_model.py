@@ -19,7 +19,10 @@ then decodes the test set with ``fairseq-generate --beam 5``; the models take tu
 * generation: sentences/s and tokens/s from fairseq-generate's "Translated ..." line.
   The output length is forced (``--max-len-a 0 --max-len-b L --min-len L``) so every
   model generates exactly the same number of tokens; the checkpoint is the one each
-  model wrote in the first repetition.
+  model wrote in the first repetition. A second, long-output decoding of the
+  validation sentences (``--long-gen-len``) shows how the speed moves with output
+  length: the dot-product heads' key/value cache grows (and is reordered) every step,
+  the convolution heads' state does not.
 * training memory: peak resident set size (RSS) of the fairseq-train process, and the
   same peak minus the RSS just before the first training step (what the updates add:
   gradients, Adam's moments, activations). CPU tensors come from the system allocator,
@@ -29,7 +32,11 @@ Ratios are tpp / transformer (higher is better for speed, lower for memory), bot
 the medians and the median of the per-repetition ratios (pairs measured back to back).
 
     python benchmarks/bench_model.py            # default size, about 8-10 minutes on 2 cores
-    python benchmarks/bench_model.py --quick    # 1-2 minutes, smaller and noisier
+    python benchmarks/bench_model.py --quick    # about 2 minutes, smaller and noisier
+
+Each fairseq process runs with one thread by default (``--threads``): on a machine
+shared with other jobs, two OpenMP threads on two cores stall each other and the
+timings swing by an order of magnitude; use ``--threads 0`` on an idle machine.
 """
 
 import argparse
@@ -121,6 +128,10 @@ def parse_args(argv=None):
     parser.add_argument("--gen-batch", type=int, default=20, help="sentences per batch")
     parser.add_argument("--gen-len", type=int, default=25,
                         help="forced output length (tokens before EOS)")
+    parser.add_argument("--long-gen-len", type=int, default=100,
+                        help="also decode the validation sentences (--valid-sentences) to this forced "
+                             "length, where the dot-product heads' growing cache matters (0: skip)")
+    parser.add_argument("--valid-sentences", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch/OpenMP threads of each fairseq process (default 1: on a machine "
                              "shared with other jobs, 2 threads on 2 cores stall in OpenMP "
@@ -131,7 +142,8 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.quick:
         defaults = dict(repetitions=2, train_sentences=1000, test_sentences=20, updates=6,
-                        log_interval=2, max_tokens=512, gen_len=20)
+                        log_interval=2, max_tokens=512, gen_len=20, long_gen_len=40,
+                        valid_sentences=10)
         for name, value in defaults.items():
             if getattr(args, name) == parser.get_default(name):
                 setattr(args, name, value)
@@ -153,7 +165,7 @@ def make_corpus(folder: Path, args):
     weights = [1.0 / (rank + 1) for rank in range(args.vocab)]
     permutation = list(range(args.vocab))
     rng.shuffle(permutation)
-    sizes = {"train": args.train_sentences, "valid": 50, "test": args.test_sentences}
+    sizes = {"train": args.train_sentences, "valid": args.valid_sentences, "test": args.test_sentences}
     for split, size in sizes.items():
         sources, targets = [], []
         for _ in range(size):
@@ -251,11 +263,12 @@ def train(name, data, save_dir: Path, save: bool, args):
     }
 
 
-def generate(name, data, checkpoint: Path, args):
+def generate(name, data, checkpoint: Path, args, subset="test", length=None, prefix=""):
+    length = length or args.gen_len
     command = [
         sys.executable, "-c", GEN_WRAPPER, str(data), "--path", str(checkpoint),
-        "--gen-subset", "test", "--beam", str(args.beam), "--batch-size", str(args.gen_batch),
-        "--max-len-a", "0", "--max-len-b", str(args.gen_len), "--min-len", str(args.gen_len),
+        "--gen-subset", subset, "--beam", str(args.beam), "--batch-size", str(args.gen_batch),
+        "--max-len-a", "0", "--max-len-b", str(length), "--min-len", str(length),
         "--num-workers", "0", "--quiet", "--user-dir", str(PLUGIN),
     ]
     output = run(command, env=env_for(args))
@@ -264,12 +277,12 @@ def generate(name, data, checkpoint: Path, args):
         raise SystemExit(f"{name}: no 'Translated ...' line in fairseq-generate's output")
     sentences, tokens = (int(match.group(i).replace(",", "")) for i in (1, 2))
     return {
-        "sentences": sentences,
-        "tokens": tokens,
-        "seconds": float(match.group(3)),
-        "sent_per_s": float(match.group(4)),
-        "tok_per_s": tokens / float(match.group(3)),
-        "gen_peak_rss": memory_record(output)["peak"],
+        prefix + "sentences": sentences,
+        prefix + "tokens": tokens,
+        prefix + "seconds": float(match.group(3)),
+        prefix + "sent_per_s": float(match.group(4)),
+        prefix + "tok_per_s": tokens / float(match.group(3)),
+        prefix + "gen_peak_rss": memory_record(output)["peak"],
     }
 
 
@@ -286,42 +299,59 @@ def paired_ratio(results, name, key, base="transformer"):
 
 def report(results, args, elapsed):
     mib = 1024 * 1024
-    lines = [
-        "| model | train words/s | gen sentences/s | gen tokens/s | train peak RSS | "
-        "train RSS above setup | generate peak RSS |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    long = bool(args.long_gen_len)
+
+    def runs(name, key, fmt):
+        return " / ".join(format(r[key], fmt) for r in results[name])
+
+    head = "| model | train words/s | gen sentences/s | gen tokens/s |"
+    rule = "|---|---|---|---|"
+    if long:
+        head += f" gen sentences/s, {args.long_gen_len}-token outputs |"
+        rule += "---|"
+    head += " train peak RSS | train RSS above setup | generate peak RSS |"
+    rule += "---|---|---|"
+    lines = [head, rule]
     for name in args.models:
-        rows = results[name]
-        lines.append(
-            f"| {name} | {median_of(results, name, 'wps'):,.0f} "
-            f"({' / '.join(format(r['wps'], ',.0f') for r in rows)}) "
-            f"| {median_of(results, name, 'sent_per_s'):.2f} "
-            f"({' / '.join(format(r['sent_per_s'], '.2f') for r in rows)}) "
-            f"| {median_of(results, name, 'tok_per_s'):,.0f} "
-            f"| {median_of(results, name, 'peak_rss') / mib:,.0f} MiB "
+        row = (
+            f"| {name} | {median_of(results, name, 'wps'):,.0f} ({runs(name, 'wps', ',.0f')}) "
+            f"| {median_of(results, name, 'sent_per_s'):.2f} ({runs(name, 'sent_per_s', '.2f')}) "
+            f"| {median_of(results, name, 'tok_per_s'):,.0f} |"
+        )
+        if long:
+            row += (f" {median_of(results, name, 'long_sent_per_s'):.3f} "
+                    f"({runs(name, 'long_sent_per_s', '.3f')}) |")
+        row += (
+            f" {median_of(results, name, 'peak_rss') / mib:,.0f} MiB "
             f"| {median_of(results, name, 'step_rss') / mib:,.0f} MiB "
             f"| {median_of(results, name, 'gen_peak_rss') / mib:,.0f} MiB |"
         )
+        lines.append(row)
     if "transformer" in results:
-        lines += ["", "| ratio to transformer | training | generation | train peak RSS | train RSS above setup |",
-                  "|---|---|---|---|---|"]
+        keys = [("wps", "training"), ("sent_per_s", "generation")]
+        if long:
+            keys.append(("long_sent_per_s", f"generation, {args.long_gen_len} tokens"))
+        keys += [("peak_rss", "train peak RSS"), ("step_rss", "train RSS above setup")]
+        lines += ["", "| ratio to transformer | " + " | ".join(label for _, label in keys) + " |",
+                  "|---|" + "---|" * len(keys)]
         for name in args.models:
             if name == "transformer":
                 continue
             cells = []
-            for key in ("wps", "sent_per_s", "peak_rss", "step_rss"):
+            for key, _ in keys:
                 of_medians = median_of(results, name, key) / median_of(results, "transformer", key)
                 cells.append(f"{of_medians:.2f}× (paired {paired_ratio(results, name, key):.2f}×)")
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    tokens = {name: {r["tokens"] for r in results[name]} for name in args.models}
+    tokens = {name: sorted({r["tokens"] for r in results[name]}) for name in args.models}
     lines += [
         "",
         f"{args.repetitions} repetitions, models interleaved; d={args.embed_dim}, {args.heads} heads, "
         f"FFN {args.ffn_dim}, {args.layers}+{args.layers} layers, shared embeddings; "
         f"{args.updates} updates of --max-tokens {args.max_tokens}; beam {args.beam}, batch "
-        f"{args.gen_batch}, {args.test_sentences} sentences of exactly {args.gen_len} tokens + EOS "
-        f"(generated tokens per run: {tokens}); total {elapsed / 60:.1f} min.",
+        f"{args.gen_batch}, {args.test_sentences} sentences of exactly {args.gen_len} tokens + EOS"
+        + (f" (and {args.valid_sentences} of {args.long_gen_len})" if long else "")
+        + f"; generated tokens per run: {tokens}; {args.threads or 'default'} thread(s) per process; "
+        f"total {elapsed / 60:.1f} min.",
     ]
     return "\n".join(lines)
 
@@ -349,6 +379,9 @@ def main(argv=None):
                 shutil.rmtree(train_dir, ignore_errors=True)
                 measured = train(name, data, train_dir, save=first, args=args)
                 measured.update(generate(name, data, save_dir / "checkpoint_last.pt", args))
+                if args.long_gen_len:
+                    measured.update(generate(name, data, save_dir / "checkpoint_last.pt", args,
+                                             subset="valid", length=args.long_gen_len, prefix="long_"))
                 results[name].append(measured)
                 print(f"rep {rep + 1}/{args.repetitions} {name:12s} train {measured['wps']:8,.0f} wps  "
                       f"gen {measured['sent_per_s']:6.2f} sent/s {measured['tok_per_s']:8,.0f} tok/s  "
