@@ -76,6 +76,19 @@ def train_records(log: Path):
     return out
 
 
+def trained_updates(checkpoint: Path) -> int:
+    """How many updates a (last) checkpoint has seen; 0 when it does not exist. A
+    finished run is not restarted: fairseq would train one more update."""
+    if not checkpoint.exists():
+        return 0
+    import torch
+
+    import tpp_plugin  # noqa: F401  (allow-lists fairseq's checkpoint contents)
+
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    return int(state["optimizer_history"][-1]["num_updates"])
+
+
 def count_parameters(checkpoint: Path) -> int:
     import torch
 
@@ -140,7 +153,10 @@ def main(argv=None):
         cmd += ["--", *(DEMO_MODEL if args.preset == "tiny" else []), *model_opts,
                 "--log-format", "json", "--log-file", log, "--no-progress-bar", "--num-workers", "0",
                 *args.extra]
-        run(cmd, log=folder / "train.out")
+        if trained_updates(ckpt / "checkpoint_last.pt") >= args.max_update:
+            print(f"reusing {ckpt} (trained)", flush=True)
+        else:
+            run(cmd, log=folder / "train.out")
         avg = ckpt / "checkpoint_avg.pt"
         interval = sorted(ckpt.glob("checkpoint_*_*.pt"))
         if not (avg.exists() and avg.stat().st_mtime >= (ckpt / "checkpoint_last.pt").stat().st_mtime):

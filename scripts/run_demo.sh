@@ -9,7 +9,7 @@
 #         (the README's first command, `make demo`, runs it with the defaults)
 #
 #   --out DIR          where everything goes [runs/demo]
-#   --max-update N     training updates [DEMO_MAX_UPDATE or 2400]
+#   --max-update N     training updates [DEMO_MAX_UPDATE or 500]
 #   --train-lines N    use only the first N training pairs (quick runs, tests) [all]
 #   --heldout-lines N  use only the first N valid and test pairs (quick runs, tests) [all]
 #   --save-every N     checkpoint interval in updates [DEMO_SAVE_EVERY or max-update/10]
@@ -27,7 +27,7 @@ python=${PYTHON:-python}
 command -v fairseq-train >/dev/null || { echo "run_demo.sh: fairseq-train not on PATH: run 'make demo' (it sets up the environment)" >&2; exit 2; }
 
 out=runs/demo
-max_update=${DEMO_MAX_UPDATE:-2400}
+max_update=${DEMO_MAX_UPDATE:-500}
 train_lines=
 heldout_lines=
 save_every=${DEMO_SAVE_EVERY:-}
