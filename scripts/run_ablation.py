@@ -145,7 +145,7 @@ def main(argv=None):
         print(f"\n=== {name}: {description}", flush=True)
         cmd = ["bash", REPO / "scripts/train.sh", "--preset", args.preset, "--data", args.data,
                "--save-dir", ckpt, "--max-update", args.max_update, "--update-freq", args.update_freq,
-               "--max-tokens", args.max_tokens, "--lr", args.lr, "--warmup-updates", max(1, args.max_update // 6),
+               "--max-tokens", args.max_tokens, "--lr", args.lr, "--warmup-updates", min(4000, max(1, args.max_update // 6)),
                "--save-interval-updates", save_every, "--keep-interval-updates", args.average,
                "--log-interval", 50, *train_opts]
         if not args.gpu:
