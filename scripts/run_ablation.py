@@ -62,8 +62,9 @@ def run(cmd, log=None):
         subprocess.run([str(c) for c in cmd], check=True, stdout=fh, stderr=subprocess.STDOUT)
 
 
-def train_records(log: Path):
-    """fairseq's per-epoch ``train`` records from its JSON --log-file."""
+def train_records(log: Path, key: str = "train_wps"):
+    """fairseq's per-epoch ``train`` records (or, with ``key="valid_loss"``, its
+    validation records) from its JSON --log-file."""
     out = []
     for line in log.read_text().splitlines():
         if line.startswith("{"):
@@ -71,7 +72,7 @@ def train_records(log: Path):
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if "train_wps" in record:
+            if key in record:
                 out.append(record)
     return out
 
@@ -169,18 +170,20 @@ def main(argv=None):
                  *([] if args.gpu else ["--cpu"])])
         records = train_records(log)
         wps = statistics.median(float(r["train_wps"]) for r in records[1:] or records) if records else float("nan")
-        rows.append((name, description, count_parameters(avg), read_bleu(bleu_file), wps))
+        valid = train_records(log, "valid_loss")
+        ppl = float(valid[-1]["valid_ppl"]) if valid else float("nan")
+        rows.append((name, description, count_parameters(avg), read_bleu(bleu_file), ppl, wps))
 
     table = [
         f"Budget: {args.max_update} updates of up to {args.max_tokens} tokens (x{args.update_freq}), "
         f"preset `{args.preset}`, average of the last {args.average} checkpoints, beam 5, lenpen 0.5.",
         "",
-        "| variant | what | parameters | sacreBLEU (detok.) | BLEU (tok., compound split) | train words/s |",
-        "|---|---|---:|---:|---:|---:|",
+        "| variant | what | parameters | valid ppl (last) | sacreBLEU (detok.) | BLEU (tok., compound split) | train words/s |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
-    for name, description, params, bleu, wps in rows:
+    for name, description, params, bleu, ppl, wps in rows:
         table.append(
-            f"| {name} | {description} | {params / 1e6:.2f}M | {bleu.get('sacrebleu_detok', float('nan')):.2f} "
+            f"| {name} | {description} | {params / 1e6:.2f}M | {ppl:.1f} | {bleu.get('sacrebleu_detok', float('nan')):.2f} "
             f"| {bleu.get('bleu_tok_compound_split', float('nan')):.2f} | {wps:,.0f} |"
         )
     text = "\n".join(table) + "\n"
