@@ -194,7 +194,8 @@ def test_embedding_similarity_table(trained, capsys):
     local_outputs = []
     # LocalConv applied to what each self-attention receives in the forward pass
     hooks = [layer.self_attn.register_forward_pre_hook(
-        lambda m, args, kwargs: local_outputs.append(m.local_conv(kwargs["query"])[:, 0]),
+        lambda m, args, kwargs: local_outputs.append(
+            m.local_conv(F.linear(kwargs["query"], *m.projection("local")))[:, 0]),
         with_kwargs=True) for layer in loaded.model.encoder.layers]
     with torch.no_grad():
         enc = loaded.model.encoder(src, src_lengths=torch.tensor([src.size(1)]),

@@ -4,15 +4,17 @@ fairseq-generate / fairseq-interactive with --task translation on tag-less data 
 two-process data-parallel training and validation."""
 
 import json
+import math
 import re
 import shutil
+import subprocess
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import PLUGIN_DIR, REPO, binarize_tagged, run_cli, toy_tags
+from helpers import PLUGIN_DIR, REPO, binarize_tagged, cli_env, run_cli, toy_tags
 
 pytestmark = pytest.mark.slow
 
@@ -154,3 +156,69 @@ def test_two_process_data_parallel_training_with_tags(trained, tmp_path):
     single = dict(re.findall(r"\| (\w+) ([\d.]+)", lines[-1]))
     for key in ("loss", "nll_loss", "pos_acc", "ner_acc", "pos_loss", "ner_loss"):
         assert float(single[key]) == pytest.approx(float(ddp_valid[f"valid_{key}"]), abs=2e-3), key
+
+
+def valid_figures(output: str):
+    """The figures of fairseq-validate's last "valid on 'valid' subset" line."""
+    lines = [l for l in output.splitlines() if "valid on 'valid' subset" in l]
+    assert lines, output[-3000:]
+    return {k: float(v) for k, v in re.findall(r"\| (\w+) ([\d.]+)", lines[-1])}
+
+
+def test_last_logged_validation_equals_validating_the_last_checkpoint(trained):
+    """fairseq-train validated three times (updates 100, 200, 300). Its last figures
+    must be those of the weights it saved: nothing computed from an earlier
+    validation's weights may survive the optimizer's in-place updates."""
+    valid = records(trained["log"], "valid")
+    assert len(valid) >= 2 and int(valid[-1]["valid_num_updates"]) == 300
+    again = run_cli(["fairseq-validate", trained["data"], "--user-dir", PLUGIN_DIR,
+                     "--path", trained["save"] / "checkpoint_last.pt", "--task", "translation_with_tags",
+                     "--criterion", "label_smoothed_cross_entropy_with_tags", "--label-smoothing", "0.1",
+                     "--valid-subset", "valid", "--max-tokens", "1500", "--cpu", "--num-workers", "0"])
+    figures = valid_figures(again.stdout + again.stderr)
+    for key in ("loss", "nll_loss", "pos_loss", "ner_loss", "pos_acc", "ner_acc"):
+        assert figures[key] == pytest.approx(float(valid[-1][f"valid_{key}"]), abs=2e-3), key
+
+
+def test_bf16_training_runs_on_a_machine_without_xla(trained, tmp_path):
+    """fairseq 0.12 ties --bf16 to --tpu; the plugin unties them where torch_xla is
+    absent, so --bf16 trains here on the CPU (and on GPUs)."""
+    log = tmp_path / "bf16.log"
+    proc = run_cli(["fairseq-train", trained["data"], *TRAIN_FLAGS, "--bf16", "--save-dir", tmp_path / "ck",
+                    "--log-file", log, "--max-update", "60", "--log-interval", "10",
+                    "--disable-validation"], timeout=600)
+    assert "--bf16 without torch_xla: training in bfloat16 on the CPU" in proc.stdout + proc.stderr
+    inner = records(log, "train_inner")
+    losses = [float(r["loss"]) for r in inner]
+    assert len(losses) >= 5 and all(math.isfinite(x) for x in losses)
+    assert losses[-1] < 0.8 * losses[0], losses
+    state = torch.load(tmp_path / "ck" / "checkpoint_last.pt", map_location="cpu", weights_only=True)
+    assert state["cfg"]["common"]["bf16"] and not state["cfg"]["common"]["tpu"]
+
+
+def test_fp16_without_cuda_keeps_fairseqs_own_error(trained, tmp_path):
+    proc = subprocess.run(
+        [str(a) for a in ["fairseq-train", trained["data"], *TRAIN_FLAGS, "--fp16",
+                          "--save-dir", tmp_path / "ck", "--max-update", "2"]],
+        env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "Torch not compiled with CUDA enabled" in proc.stderr
+
+
+OLD = REPO / "tests" / "data" / "checkpoint_v0.1.0"
+
+
+def test_checkpoint_written_by_version_0_1_generates_the_same(tmp_path):
+    """Before version 0.2 each input projection of the hybrid attention was its own
+    parameter; such checkpoints load into the fused projection and translate as
+    they did (the hypotheses were recorded with version 0.1.0)."""
+    gen = run_cli(["fairseq-generate", OLD, "--user-dir", PLUGIN_DIR, "--path", OLD / "checkpoint.pt",
+                   "--task", "translation", "--beam", "5", "--cpu", "--num-workers", "0",
+                   "--batch-size", "8"])
+    got = sorted((l.split("\t") for l in gen.stdout.splitlines() if l.startswith("H-")),
+                 key=lambda f: int(f[0][2:]))
+    expected = [l.split("\t") for l in (OLD / "expected_hypotheses.txt").read_text().splitlines()]
+    assert len(got) == len(expected) == 20
+    for (gid, gscore, ghyp), (eid, escore, ehyp) in zip(got, expected):
+        assert (gid, ghyp) == (eid, ehyp)
+        assert float(gscore) == pytest.approx(float(escore), abs=1e-4)

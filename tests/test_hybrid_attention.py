@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tpp_plugin.modules import HybridMultiheadAttention, LocalConv
+from tpp_plugin.modules.local_conv import CausalDepthwiseConv
 
 
 def reference_hybrid(m: HybridMultiheadAttention, x: torch.Tensor, pad: torch.Tensor):
@@ -18,7 +19,10 @@ def reference_hybrid(m: HybridMultiheadAttention, x: torch.Tensor, pad: torch.Te
     F_, dil = m.local_conv.kernel_size, m.local_conv.dilation
     out = torch.zeros(T, B, d, dtype=torch.float64)
     maps = torch.zeros(m.num_heads, B, T, T, dtype=torch.float64)
-    lin = lambda layer, v: v @ layer.weight.double().t() + layer.bias.double()  # noqa: E731
+    def lin(name, v):  # one slice of the module's fused input projection
+        weight, bias = m.projection(name) if name != "out" else (m.out_proj.weight, m.out_proj.bias)
+        return v @ weight.double().t() + bias.double()
+
     kernel = torch.softmax(m.local_conv.weight.double(), dim=-1)  # C x F
     for b in range(B):
         xb = x[:, b].double()
@@ -26,7 +30,7 @@ def reference_hybrid(m: HybridMultiheadAttention, x: torch.Tensor, pad: torch.Te
         heads = []
         for h in range(Ha):
             sl = slice(h * dh, (h + 1) * dh)
-            q, k, v = (lin(p, xb)[:, sl] for p in (m.q_proj, m.k_proj, m.v_proj))
+            q, k, v = (lin(p, xb)[:, sl] for p in ("q", "k", "v"))
             head = torch.zeros(T, dh, dtype=torch.float64)
             for t in range(T):
                 scores = [q[t] @ k[tau] / math.sqrt(dh) if allowed(t, tau) else -math.inf for tau in range(T)]
@@ -34,10 +38,10 @@ def reference_hybrid(m: HybridMultiheadAttention, x: torch.Tensor, pad: torch.Te
                 maps[h, b, t] = w
                 head[t] = sum(w[tau] * v[tau] for tau in range(T))
             heads.append(head)
-        u = lin(m.local_conv.pointwise, xb)
+        u = lin("local", xb)
         u[pad[b]] = 0.0
-        s = lin(m.context_query.score_proj, xb)  # T x Hc
-        vals = lin(m.context_query.value_proj, xb)  # T x (Hc*dh)
+        s = lin("score", xb)  # T x Hc
+        vals = lin("value", xb)  # T x (Hc*dh)
         for h in range(Hc):
             sl = slice(h * dh, (h + 1) * dh)
             head = torch.zeros(T, dh, dtype=torch.float64)
@@ -55,7 +59,7 @@ def reference_hybrid(m: HybridMultiheadAttention, x: torch.Tensor, pad: torch.Te
                 maps[Ha + h, b, t, pool] = w
                 head[t] = local * query
             heads.append(head)
-        out[:, b] = lin(m.out_proj, torch.cat(heads, dim=-1))
+        out[:, b] = lin("out", torch.cat(heads, dim=-1))
     return out, maps
 
 
@@ -96,20 +100,47 @@ def test_need_weights_averages_heads_and_rows_sum_to_one():
 
 
 def test_local_conv_is_a_weighted_average_of_past_positions():
-    conv = LocalConv(4, 4, kernel_size=3, dilation=2).eval()
-    with torch.no_grad():
-        conv.pointwise.weight.copy_(torch.eye(4))
-        conv.pointwise.bias.zero_()
-    x = torch.ones(9, 1, 4)
-    y = conv(x)
+    conv = LocalConv(4, kernel_size=3, dilation=2).eval()
+    u = torch.ones(9, 1, 4)
+    y = conv(u)
     # positions >= (F-1)*dilation see three real inputs of value 1: an average is 1
     assert torch.allclose(y[4:], torch.ones(5, 1, 4), atol=1e-6)
     assert torch.all(y[:4] < 1.0), "the first positions see the zero history"
     assert conv.receptive_field == 4
 
 
+@pytest.mark.parametrize("kernel_size, dilation, history", [(3, 2, 0), (5, 1, 4), (4, 3, 9), (1, 1, 0), (7, 2, 3)])
+def test_causal_depthwise_conv_forward_and_gradients(kernel_size, dilation, history):
+    """The autograd function against the definition (float64 gradcheck), including a
+    buffered history in front of the new positions."""
+    torch.manual_seed(0)
+    T, B, C = 6, 2, 3
+    u = torch.randn(history + T, B, C, dtype=torch.float64, requires_grad=True)
+    kernel = torch.randn(kernel_size, C, dtype=torch.float64, requires_grad=True)
+    out = CausalDepthwiseConv.apply(u, kernel, dilation, T)
+    expected = torch.zeros(T, B, C, dtype=torch.float64)
+    for t in range(T):
+        for k in range(kernel_size):
+            src = history + t - (kernel_size - 1 - k) * dilation
+            if src >= 0:
+                expected[t] += kernel[k] * u[src]
+    assert torch.allclose(out, expected)
+    assert torch.autograd.gradcheck(lambda a, b: CausalDepthwiseConv.apply(a, b, dilation, T), (u, kernel))
+
+
+def test_local_conv_in_bfloat16_sums_in_float32():
+    torch.manual_seed(0)
+    conv = LocalConv(16, kernel_size=15, dilation=2).eval()
+    u = torch.randn(40, 3, 16)
+    full = conv(u)
+    half = conv.bfloat16()(u.bfloat16())
+    assert half.dtype == torch.bfloat16
+    # bf16 inputs and output (8-bit mantissa); the sums themselves are float32
+    assert (half.float() - full).abs().max() < 2e-2
+
+
 def test_drop_connect_only_in_training():
-    conv = LocalConv(8, 8, kernel_size=5, weight_dropout=0.5)
+    conv = LocalConv(8, kernel_size=5, weight_dropout=0.5)
     conv.train()
     kernels = {tuple(conv.normalized_kernel().flatten().tolist()) for _ in range(5)}
     assert len(kernels) > 1, "DropConnect should resample the kernel in training"
@@ -190,6 +221,7 @@ def test_head_outputs_are_what_the_output_projection_mixes():
         heads = m.head_outputs(x, pad)
         out, _ = m(x, x, x, key_padding_mask=pad)
         mixed = m.out_proj(torch.cat([heads["dot"], heads["conv"]], dim=-1))
-        local = m.local_conv(x, pad)
+        weight, bias = m.projection("local")
+        local = m.local_conv(torch.nn.functional.linear(x, weight, bias), pad)
     assert torch.allclose(mixed, out, atol=1e-6)
     assert torch.allclose(heads["local"], local, atol=1e-6)

@@ -7,11 +7,12 @@ restores upstream fairseq's batching of the last, incomplete batch (see
 :mod:`tpp_plugin.fairseq_fixes`).
 """
 
-from .fairseq_fixes import keep_last_batches
+from .fairseq_fixes import bf16_without_tpu, keep_last_batches
 from .serialization import allow_fairseq_checkpoints
 
 allow_fairseq_checkpoints()
 keep_last_batches()
+bf16_without_tpu()
 
 from . import criterions, models, tasks  # noqa: E402,F401  (registration side effects)
 

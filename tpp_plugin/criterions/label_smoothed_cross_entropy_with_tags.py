@@ -83,8 +83,8 @@ class LabelSmoothedCrossEntropyWithTagsCriterion(LabelSmoothedCrossEntropyCriter
         }
         if self.report_accuracy:
             n_correct, total = self.compute_accuracy(model, net_output, sample)
-            logging_output["n_correct"] = utils.item(n_correct.data)
-            logging_output["total"] = utils.item(total.data)
+            logging_output["n_correct"] = n_correct.data
+            logging_output["total"] = total.data
 
         tag_logits = net_output[1].get("tag_logits", {}) if want_tags else {}
         for name, labels in tags.items():
@@ -97,9 +97,10 @@ class LabelSmoothedCrossEntropyWithTagsCriterion(LabelSmoothedCrossEntropyCriter
                 tag_logits[name], labels, self.task.tag_dictionaries[name]
             )
             loss = loss + self.tag_weight(name) * tag_loss
+            # tensors, not numbers: reading them here would wait for the device
             logging_output[f"{name}_loss"] = tag_loss.data
-            logging_output[f"{name}_tag_correct"] = utils.item(n_correct.data)
-            logging_output[f"{name}_tag_count"] = utils.item(count.data)
+            logging_output[f"{name}_tag_correct"] = n_correct.data
+            logging_output[f"{name}_tag_count"] = count.data
         for name, logits in tag_logits.items():
             if name not in tags:
                 loss = loss + 0.0 * logits.sum()
@@ -109,13 +110,15 @@ class LabelSmoothedCrossEntropyWithTagsCriterion(LabelSmoothedCrossEntropyCriter
     def compute_tag_loss(logits, labels, dictionary):
         """Cross-entropy of ``logits`` (``B x T x C``) against ``labels`` (``B x T``)
         summed over real tokens (not padding, not the end-of-sentence slot). Returns the
-        loss, the number of correct predictions and the number of tokens."""
-        mask = labels.ne(dictionary.pad()) & labels.ne(dictionary.eos())
-        lprobs = F.log_softmax(logits[mask].float(), dim=-1)
-        target = labels[mask]
-        loss = F.nll_loss(lprobs, target, reduction="sum")
-        n_correct = lprobs.argmax(-1).eq(target).sum()
-        return loss, n_correct, mask.sum()
+        loss, the number of correct predictions and the number of tokens, all as
+        tensors: no boolean indexing, nothing read back from the device. The softmax is
+        taken in float32."""
+        real = labels.ne(dictionary.pad()) & labels.ne(dictionary.eos())  # B x T
+        lprobs = F.log_softmax(logits.float(), dim=-1)  # B x T x C
+        token_nll = -lprobs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # B x T
+        loss = (token_nll * real).sum()
+        n_correct = (lprobs.argmax(-1).eq(labels) & real).sum()
+        return loss, n_correct, real.sum()
 
     @classmethod
     def reduce_metrics(cls, logging_outputs) -> None:

@@ -128,6 +128,9 @@ class ConvHeadsConfig:
             dropout=dropout,
             conv_weight_dropout=self.weight_dropout,
             causal=causal,
+            # fairseq pads targets on the right (TransformerPPModel.build_model switches
+            # this off for a task that pads them on the left)
+            right_padded=causal,
         )
 
 
@@ -208,6 +211,14 @@ class TransformerPPDecoder(TransformerDecoderBase):
         self._layers_built += 1
         return wrap_layer(layer, cfg)
 
+    def buffered_future_mask(self, tensor):
+        """No future mask for hybrid self-attention: it is causal by construction and
+        runs the fused causal kernel (an explicit ``T x T`` mask would rule that out).
+        fairseq's own attention (``--decoder-conv-heads 0``) still gets the mask."""
+        if self.conv_cfg.conv_heads > 0:
+            return None
+        return super().buffered_future_mask(tensor)
+
 
 @register_model("transformer_pp")
 class TransformerPPModel(TransformerModel):
@@ -253,7 +264,14 @@ class TransformerPPModel(TransformerModel):
                     f"1..{args.encoder_layers} (--encoder-layers)"
                 )
         args.encoder_tag_classes = cls.resolve_tag_classes(args, task, tag_layers)
-        return super().build_model(args, task)
+        model = super().build_model(args, task)
+        task_cfg = getattr(task, "cfg", None) or getattr(task, "args", None)
+        if getattr(task_cfg, "left_pad_target", False):
+            # targets padded on the left: the causal attention must apply the padding mask
+            for module in model.decoder.modules():
+                if isinstance(module, HybridMultiheadAttention):
+                    module.right_padded = False
+        return model
 
     @staticmethod
     def resolve_tag_classes(args, task, tag_layers: Dict[str, int]) -> str:

@@ -22,21 +22,96 @@ i.e. a summary of the whole sentence (encoder), or of its prefix (decoder: a *pr
 softmax*, so that no position sees the future). The weights ``α`` are the head's
 word-context weights; :meth:`ContextQuery.weights` returns them for visualisation.
 
-The prefix softmax is an attention whose score depends on the key only, so in parallel
-it is computed as ``scaled_dot_product_attention`` with a query of ones and a key of
-``s`` (width 1, scale 1): stable (the kernel subtracts the row maximum) and fused.
-Incremental decoding keeps the running triple ``(m, z, n)`` per head: the maximum
-score so far, the normaliser ``Σ e^{s-m}`` and the numerator ``Σ e^{s-m} v`` (stored
-together as one ``B x H x (2 + d_h)`` tensor), which makes a step ``O(d_h)`` whatever
-the length decoded so far.
+The projections ``W^S`` and ``W^Q`` are slices of the fused input projection of the
+:class:`~tpp_plugin.modules.HybridMultiheadAttention` that owns this module; this
+module pools.
+
+**The prefix softmax in O(T·d_h) memory.** Because the score depends on the key
+only, a prefix is fully described by its mean ``q_t`` and its log-normaliser
+``L_t = log Σ_{τ≤t} e^{s_τ}``, and two adjacent spans ``a`` (earlier) and ``b`` merge
+exactly and stably:
+
+.. math::
+
+    L = \\operatorname{logaddexp}(L_a, L_b), \\qquad
+    q = q_a + e^{L_b - L}\\,(q_b - q_a)
+
+(the weight ``e^{L_b - L}`` lies in ``[0, 1]``: nothing overflows, whatever the range
+of the scores, and nothing is subtracted from a running maximum that could
+underflow). In parallel (training), the sequence is cut into blocks of ``K``
+positions; inside a block the prefix means come from an explicit ``K x K`` causal
+softmax (in float32), the blocks' totals are merged by the same function applied
+recursively to the block summaries, and each block is merged with the total of the
+blocks before it. Memory is ``O(T·K)`` instead of the ``T x T`` of an attention
+matrix, and every block is a batched matrix product. Incremental decoding keeps the
+pair ``(L, q)`` per head (one ``B x H x (1 + d_h)`` float32 tensor) and merges each new
+position (or chunk of positions) into it, so a step costs ``O(d_h)`` whatever the
+length decoded so far. Both equal the step-by-step definition to float32 rounding.
 """
 
-from typing import Dict, Optional
+import math
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor, nn
+
+#: prefix-softmax block length ``K``: explicit ``K x K`` softmax inside a block
+BLOCK = 64
+#: the score given to padding positions: ``e^{MASKED - s}`` is 0 in float32 for any real
+#: score, yet finite, so a prefix made of padding only averages its values instead of
+#: dividing by zero (its output is never used)
+MASKED = -1e9
+
+
+def merge_spans(q_a: Tensor, lse_a: Tensor, q_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
+    """Softmax-weighted mean and log-normaliser of two adjacent spans, ``a`` before
+    ``b``: ``q_*`` is ``... x d``, ``lse_*`` is ``...``."""
+    lse = torch.logaddexp(lse_a, lse_b)
+    share_b = torch.exp(lse_b - lse).unsqueeze(-1)  # in [0, 1]
+    return q_a + share_b * (q_b - q_a), lse
+
+
+def _block_prefix(scores: Tensor, values: Tensor) -> Tuple[Tensor, Tensor]:
+    """Explicit prefix softmax over the last axis of ``scores`` (``... x K``) applied to
+    ``values`` (``... x K x d``): returns ``... x K x d`` and ``... x K``."""
+    length = scores.size(-1)
+    causal = torch.ones(length, length, dtype=torch.bool, device=scores.device).tril()
+    # logits[..., t, τ] = s_τ for τ <= t
+    logits = scores.unsqueeze(-2).masked_fill(~causal, float("-inf"))  # ... x K x K
+    lse = torch.logsumexp(logits, dim=-1)  # ... x K
+    weights = torch.exp(logits - lse.unsqueeze(-1))  # ... x K x K
+    return torch.matmul(weights, values), lse
+
+
+def prefix_softmax(scores: Tensor, values: Tensor, block: int = BLOCK) -> Tuple[Tensor, Tensor]:
+    """``q_t = Σ_{τ≤t} softmax_{τ≤t}(s) v_τ`` and ``L_t = log Σ_{τ≤t} e^{s_τ}`` for
+    ``scores`` ``... x T`` and ``values`` ``... x T x d`` (float32 in, float32 out), in
+    ``O(T·block)`` memory."""
+    length = scores.size(-1)
+    if length <= block:
+        return _block_prefix(scores, values)
+    blocks = math.ceil(length / block)
+    extra = blocks * block - length
+    # positions after the end only follow the real ones: they cannot change them
+    scores = F.pad(scores, (0, extra))
+    values = F.pad(values, (0, 0, 0, extra))
+    lead = scores.shape[:-1]
+    dim = values.size(-1)
+    q_in, lse_in = _block_prefix(
+        scores.reshape(*lead, blocks, block),  # ... x n x K
+        values.reshape(*lead, blocks, block, dim),  # ... x n x K x d
+    )
+    # totals of blocks 0..j (inclusive), from each block's last position
+    q_tot, lse_tot = prefix_softmax(lse_in[..., -1], q_in[..., -1, :], block)  # ... x n (x d)
+    # block j > 0 continues the total of blocks 0..j-1
+    q_rest, lse_rest = merge_spans(
+        q_tot[..., :-1, None, :], lse_tot[..., :-1, None], q_in[..., 1:, :, :], lse_in[..., 1:, :]
+    )
+    q = torch.cat([q_in[..., :1, :, :], q_rest], dim=-3).reshape(*lead, blocks * block, dim)
+    lse = torch.cat([lse_in[..., :1, :], lse_rest], dim=-2).reshape(*lead, blocks * block)
+    return q[..., :length, :], lse[..., :length]
 
 
 @with_incremental_state
@@ -44,146 +119,81 @@ class ContextQuery(nn.Module):
     """Softmax-pooled summary of a sequence, per head; prefix-causal when ``causal``.
 
     Args:
-        input_dim: ``d``.
         num_heads: ``H_c``.
         head_dim: ``d_h``.
         causal: prefix softmax (decoder) instead of a sentence-wide one (encoder).
     """
 
-    def __init__(self, input_dim: int, num_heads: int, head_dim: int, causal: bool):
+    def __init__(self, num_heads: int, head_dim: int, causal: bool):
         super().__init__()
-        self.input_dim = input_dim
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.causal = causal
-        self.value_proj = nn.Linear(input_dim, num_heads * head_dim)  # W^S
-        self.score_proj = nn.Linear(input_dim, num_heads)  # W^Q
-        self.reset_parameters()
-
-    def reset_parameters(self):
-        nn.init.xavier_uniform_(self.value_proj.weight)
-        nn.init.constant_(self.value_proj.bias, 0.0)
-        nn.init.xavier_uniform_(self.score_proj.weight)
-        nn.init.constant_(self.score_proj.bias, 0.0)
-
-    def project(self, x: Tensor):
-        """Scores ``B x H x T x 1`` and values ``B x H x T x d_h`` of ``x`` (``T x B x d``)."""
-        return self.arrange(self.score_proj(x), self.value_proj(x))
-
-    def arrange(self, scores: Tensor, values: Tensor):
-        """``score_proj(x)`` (``T x B x H``) and ``value_proj(x)`` (``T x B x H·d_h``) as
-        :meth:`project` returns them: ``B x H x T x 1`` and ``B x H x T x d_h``."""
-        tgt_len, bsz, _ = values.shape
-        values = values.reshape(tgt_len, bsz, self.num_heads, self.head_dim)
-        return scores.permute(1, 2, 0).unsqueeze(-1), values.permute(1, 2, 0, 3)
 
     def forward(
         self,
-        x: Tensor,
+        scores: Tensor,
+        values: Tensor,
         padding_mask: Optional[Tensor] = None,
         incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
     ) -> Tensor:
         """
         Args:
-            x: ``T x B x d`` (the new positions only, in incremental decoding).
-            padding_mask: ``B x T``, True at padding positions (excluded from the sum).
+            scores: ``s``, ``T x B x H`` (the new positions only, in incremental decoding).
+            values: ``v``, ``T x B x (H·d_h)``.
+            padding_mask: ``B x T``, True at padding positions (left out of the pooling).
             incremental_state: fairseq's incremental state (causal mode only).
 
         Returns:
-            the queries, ``B x H x T' x d_h``, where ``T' = 1`` for the sentence-wide
-            query of the encoder and ``T' = T`` for the prefix queries of the decoder.
+            the queries in the layout of ``values``: ``1 x B x (H·d_h)`` for the
+            sentence-wide query of the encoder (it broadcasts over time), ``T x B x
+            (H·d_h)`` for the prefix queries of the decoder. Computed in float32,
+            returned in the dtype of ``values``.
         """
-        scores, values = self.project(x)
-        return self.pool(scores, values, padding_mask, incremental_state)
-
-    def pool(
-        self,
-        scores: Tensor,
-        values: Tensor,
-        padding_mask: Optional[Tensor] = None,
-        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
-    ) -> Tensor:
-        """:meth:`forward` after the projections: ``scores`` and ``values`` as
-        :meth:`project` (or :meth:`arrange`) returns them."""
-        if incremental_state is not None:
-            if not self.causal:
-                raise RuntimeError("incremental decoding needs a causal ContextQuery")
-            return self._step(scores, values, padding_mask, incremental_state)
-
-        bsz, _, tgt_len, _ = scores.shape
-        ones = scores.new_ones(bsz, self.num_heads, tgt_len if self.causal else 1, 1)
-        mask = self._key_mask(padding_mask, tgt_len, scores.device)
-        if mask is None and self.causal:
-            return F.scaled_dot_product_attention(ones, scores, values, is_causal=True, scale=1.0)
-        return F.scaled_dot_product_attention(ones, scores, values, attn_mask=mask, scale=1.0)
-
-    def weights(self, x: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:
-        """The word-context weights ``α``: ``B x H x T x T`` (row ``t`` is the
-        distribution the query of position ``t`` pools with; in the encoder every row is
-        the same sentence-wide distribution)."""
-        scores, _ = self.project(x)
-        tgt_len = scores.size(2)
-        logits = scores.transpose(2, 3).expand(-1, -1, tgt_len, -1).float()
-        mask = self._key_mask(padding_mask, tgt_len, scores.device)
-        if mask is not None:
-            logits = logits.masked_fill(~mask, float("-inf"))
-        return F.softmax(logits, dim=-1).type_as(scores)
-
-    def _key_mask(
-        self, padding_mask: Optional[Tensor], tgt_len: int, device: torch.device
-    ) -> Optional[Tensor]:
-        """Boolean mask (True = may be pooled), broadcastable to ``B x H x T x T``."""
-        mask: Optional[Tensor] = None
+        tgt_len, bsz, _ = values.shape
+        scores = scores.float()
         if padding_mask is not None:
-            mask = ~padding_mask[:, None, None, :]
-        if self.causal:
-            causal = torch.ones(tgt_len, tgt_len, dtype=torch.bool, device=device).tril()
-            if mask is None:
-                return causal[None, None]
-            # A padding row still pools its own position, so no softmax is ever empty
-            # (its output is ignored anyway).
-            diagonal = torch.eye(tgt_len, dtype=torch.bool, device=device)
-            mask = (causal & mask) | diagonal
-        return mask
+            scores = scores.masked_fill(padding_mask.transpose(0, 1).unsqueeze(-1), MASKED)
+        values32 = values.float().reshape(tgt_len, bsz, self.num_heads, self.head_dim)
+        if not self.causal:
+            if incremental_state is not None:
+                raise RuntimeError("incremental decoding needs a causal ContextQuery")
+            weights = F.softmax(scores, dim=0)  # T x B x H
+            query = torch.einsum("tbh,tbhd->bhd", weights, values32)
+            return query.reshape(1, bsz, -1).to(values.dtype)
 
-    def _step(
-        self,
-        scores: Tensor,
-        values: Tensor,
-        padding_mask: Optional[Tensor],
-        incremental_state: Dict[str, Dict[str, Optional[Tensor]]],
-    ) -> Tensor:
-        """Running prefix softmax over the new positions, one at a time, in float32:
-        ``m' = max(m, s)``, ``z' = z·e^{m-m'} + e^{s-m'}``, ``n' = n·e^{m-m'} + e^{s-m'}·v``,
-        ``q = n'/z'``. Padding positions are left out of the running sums."""
-        # the triple is kept in one B x H x (2 + d_h) tensor: one copy to reorder per step
-        state = self._get_input_buffer(incremental_state).get("state")
-        if state is None:
-            bsz = scores.size(0)
-            run_max = scores.new_full((bsz, self.num_heads, 1), torch.finfo(torch.float32).min, dtype=torch.float32)
-            norm = torch.zeros_like(run_max)
-            numer = scores.new_zeros(bsz, self.num_heads, self.head_dim, dtype=torch.float32)
+        s = scores.permute(1, 2, 0)  # B x H x T
+        v = values32.permute(1, 2, 0, 3)  # B x H x T x dh
+        if tgt_len == 1:  # a decoding step: the prefix of one position is itself
+            query, lse = v, s
         else:
-            run_max, norm, numer = state[..., :1], state[..., 1:2], state[..., 2:]
-        outputs = []
-        for t in range(scores.size(2)):
-            s = scores[:, :, t].float()  # B x H x 1
-            if padding_mask is not None:
-                s = s.masked_fill(padding_mask[:, t, None, None], float("-inf"))
-            new_max = torch.maximum(run_max, s)
-            decay = torch.exp(run_max - new_max)
-            gain = torch.exp(s - new_max)
-            norm = norm * decay + gain
-            numer = numer * decay + gain * values[:, :, t].float()
-            run_max = new_max
-            # z >= 1 as soon as one real position was seen (its own term is e^0)
-            outputs.append(torch.where(norm > 0, numer / norm, 0.0).type_as(values))
-        self._set_input_buffer(
-            incremental_state, {"state": torch.cat([run_max, norm, numer], dim=-1)}
-        )
-        if len(outputs) == 1:
-            return outputs[0].unsqueeze(2)
-        return torch.stack(outputs, dim=2)
+            query, lse = prefix_softmax(s, v)
+        if incremental_state is not None:
+            state = self._get_input_buffer(incremental_state).get("state")
+            if state is not None:  # merge the new positions into the prefix before them
+                query, lse = merge_spans(state[..., None, 1:], state[..., None, 0], query, lse)
+            last = torch.cat([lse[..., -1:], query[..., -1, :]], dim=-1)  # B x H x (1 + dh)
+            self._set_input_buffer(incremental_state, {"state": last})
+        # B x H x T x dh -> T x B x (H*dh)
+        return query.permute(2, 0, 1, 3).reshape(tgt_len, bsz, -1).to(values.dtype)
+
+    def weights(self, scores: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:
+        """The word-context weights ``α`` (for visualisation): ``B x H x T x T``, row ``t``
+        the distribution the query of position ``t`` pools with (in the encoder every row
+        is the same sentence-wide distribution). ``scores`` is ``T x B x H``."""
+        tgt_len = scores.size(0)
+        logits = scores.float().permute(1, 2, 0).unsqueeze(2).expand(-1, -1, tgt_len, -1)
+        allowed = None
+        if padding_mask is not None:
+            allowed = ~padding_mask[:, None, None, :]
+        if self.causal:
+            causal = torch.ones(tgt_len, tgt_len, dtype=torch.bool, device=scores.device).tril()
+            # a padding row still pools its own position, so no softmax is ever empty
+            diagonal = torch.eye(tgt_len, dtype=torch.bool, device=scores.device)
+            allowed = causal if allowed is None else (causal & allowed) | diagonal
+        if allowed is not None:
+            logits = logits.masked_fill(~allowed, float("-inf"))
+        return F.softmax(logits, dim=-1).type_as(scores)
 
     def reorder_incremental_state(
         self,
@@ -191,12 +201,11 @@ class ContextQuery(nn.Module):
         new_order: Tensor,
     ):
         """Reorder the running state to follow beam search (this module's state only)."""
-        state = self._get_input_buffer(incremental_state)
-        if state:
-            for key, value in state.items():
-                if value is not None:
-                    state[key] = value.index_select(0, new_order)
-            self._set_input_buffer(incremental_state, state)
+        buffer = self._get_input_buffer(incremental_state)
+        state = buffer.get("state")
+        if state is not None:
+            buffer["state"] = state.index_select(0, new_order)
+            self._set_input_buffer(incremental_state, buffer)
 
     def _get_input_buffer(
         self, incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]]
@@ -207,12 +216,9 @@ class ContextQuery(nn.Module):
     def _set_input_buffer(
         self,
         incremental_state: Dict[str, Dict[str, Optional[Tensor]]],
-        state: Dict[str, Optional[Tensor]],
+        buffer: Dict[str, Optional[Tensor]],
     ):
-        return self.set_incremental_state(incremental_state, "context_query", state)
+        return self.set_incremental_state(incremental_state, "context_query", buffer)
 
     def extra_repr(self) -> str:
-        return (
-            f"{self.input_dim}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
-            f"causal={self.causal}"
-        )
+        return f"num_heads={self.num_heads}, head_dim={self.head_dim}, causal={self.causal}"

@@ -33,6 +33,24 @@ describes lives in the pooling weights of the Query (which words matter to the
 context); :meth:`HybridMultiheadAttention.forward` returns them as the conv heads'
 attention maps when weights are asked for.
 
+**One input projection.** Every projection of the input — the dot-product heads'
+``W^Q, W^K, W^V``, LocalConv's pointwise ``W^P``, the Query's ``W^S`` and ``W^Q`` — is
+a slice of one ``in_proj`` (``d x (3·H_a·d_h + 2·H_c·d_h + H_c)``), so a layer reads its
+input once, in one matrix product, as fairseq's ``DynamicConv1dTBC`` and
+``MultiheadAttention`` do; :class:`LocalConv` and :class:`ContextQuery` own the rest of
+their computation (the depthwise kernel, the pooling) and their incremental state.
+Checkpoints written before the fusion (separate ``q_proj``, ``local_conv.pointwise``,
+``context_query.value_proj``, ... parameters) are converted when loaded.
+
+**Fused kernels.** The dot-product heads run through ``scaled_dot_product_attention``.
+In the decoder the module is causal by construction, so fairseq's future mask is
+neither needed nor passed (see ``TransformerPPDecoder.buffered_future_mask``) and the
+kernel gets ``is_causal=True``; targets are padded on the right (fairseq's default), so
+no real position can see a padding position and the padding mask is dropped as well
+(``right_padded``, switched off for tasks that pad targets on the left). The encoder
+passes no mask at all for a batch without padding (fairseq passes ``None`` then). No
+forward pass reads a value back from the device.
+
 The module is a drop-in for fairseq's :class:`~fairseq.modules.MultiheadAttention` in
 the *self*-attention slot of encoder and decoder layers: same call signature, same
 ``T x B x d`` layout, same incremental-state protocol (``prev_key``/``prev_value`` for
@@ -42,7 +60,7 @@ bounded states and reorder them themselves, since fairseq calls
 """
 
 import math
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +70,14 @@ from torch import Tensor, nn
 
 from .context_query import ContextQuery
 from .local_conv import LocalConv
+
+#: the slices of ``in_proj``, in order, and the parameters that held them before the
+#: projections were fused (for loading older checkpoints)
+PROJECTIONS = ("q", "k", "v", "local", "value", "score")
+_LEGACY_NAMES = {
+    "q": "q_proj", "k": "k_proj", "v": "v_proj", "local": "local_conv.pointwise",
+    "value": "context_query.value_proj", "score": "context_query.score_proj",
+}
 
 
 @with_incremental_state
@@ -67,6 +93,8 @@ class HybridMultiheadAttention(nn.Module):
         dropout: attention dropout of the dot-product heads.
         conv_weight_dropout: DropConnect on the conv heads' normalised kernels.
         causal: decoder self-attention (causal conv, prefix Query, future masking).
+        right_padded: (causal only) the sequences of a parallel forward are padded on
+            the right, as fairseq pads targets: the padding mask is then not needed.
     """
 
     def __init__(
@@ -79,6 +107,7 @@ class HybridMultiheadAttention(nn.Module):
         dropout: float = 0.0,
         conv_weight_dropout: float = 0.0,
         causal: bool = False,
+        right_padded: bool = False,
     ):
         super().__init__()
         if embed_dim % num_heads != 0:
@@ -91,6 +120,7 @@ class HybridMultiheadAttention(nn.Module):
         self.conv_heads = conv_heads
         self.dot_heads = num_heads - conv_heads
         self.causal = causal
+        self.right_padded = right_padded and causal
         self.scaling = self.head_dim**-0.5
         # fairseq's layers and tools look for these MultiheadAttention attributes
         self.kdim = self.vdim = embed_dim
@@ -99,24 +129,34 @@ class HybridMultiheadAttention(nn.Module):
 
         dot_dim = self.dot_heads * self.head_dim
         conv_dim = conv_heads * self.head_dim
-        if self.dot_heads > 0:
-            self.q_proj = nn.Linear(embed_dim, dot_dim)
-            self.k_proj = nn.Linear(embed_dim, dot_dim)
-            self.v_proj = nn.Linear(embed_dim, dot_dim)
+        sizes = dict(q=dot_dim, k=dot_dim, v=dot_dim, local=conv_dim, value=conv_dim, score=conv_heads)
+        #: (name, width) of each slice of in_proj's output, in order (no empty slices)
+        self.projection_sizes: List[Tuple[str, int]] = [(n, sizes[n]) for n in PROJECTIONS if sizes[n] > 0]
+        self.in_proj = nn.Linear(embed_dim, sum(w for _, w in self.projection_sizes))
         self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
-        self.local_conv = LocalConv(
-            embed_dim, conv_dim, kernel_size, dilation=dilation, weight_dropout=conv_weight_dropout
-        )
-        self.context_query = ContextQuery(embed_dim, conv_heads, self.head_dim, causal=causal)
+        self.local_conv = LocalConv(conv_dim, kernel_size, dilation=dilation, weight_dropout=conv_weight_dropout)
+        self.context_query = ContextQuery(conv_heads, self.head_dim, causal=causal)
         self.out_proj = nn.Linear(embed_dim, embed_dim)
         self.reset_parameters()
 
+    def projection(self, name: str) -> Tuple[Tensor, Tensor]:
+        """The weight (``width x d``) and bias of one slice of ``in_proj`` (views)."""
+        start = 0
+        for other, width in self.projection_sizes:
+            if other == name:
+                return self.in_proj.weight[start : start + width], self.in_proj.bias[start : start + width]
+            start += width
+        raise KeyError(f"no {name!r} projection (heads: {self.dot_heads} dot-product, {self.conv_heads} conv)")
+
     def reset_parameters(self):
-        # as fairseq's MultiheadAttention: the q/k/v projections are scaled down by 1/sqrt(2)
-        if self.dot_heads > 0:
-            for proj in (self.q_proj, self.k_proj, self.v_proj):
-                nn.init.xavier_uniform_(proj.weight, gain=1 / math.sqrt(2))
-                nn.init.constant_(proj.bias, 0.0)
+        # each slice initialised as its own nn.Linear would be; the q/k/v projections
+        # scaled down by 1/sqrt(2), as in fairseq's MultiheadAttention
+        with torch.no_grad():
+            for name, _ in self.projection_sizes:
+                weight, bias = self.projection(name)
+                gain = 1 / math.sqrt(2) if name in ("q", "k", "v") else 1.0
+                nn.init.xavier_uniform_(weight, gain=gain)
+                bias.zero_()
         nn.init.xavier_uniform_(self.out_proj.weight)
         nn.init.constant_(self.out_proj.bias, 0.0)
 
@@ -142,8 +182,8 @@ class HybridMultiheadAttention(nn.Module):
             incremental_state: when given, ``query`` holds only the new positions.
             need_weights: also return attention maps, averaged over heads.
             attn_mask: additive (float) or boolean (True = masked) ``T x S`` mask for the
-                dot-product heads, as fairseq's decoder passes its future mask; causality
-                of a decoder module does not depend on it.
+                dot-product heads. A causal module is causal without it; when given it
+                is applied (explicitly: no fused causal kernel).
             need_head_weights: return the maps per head, ``H x B x T x S``: the first
                 ``H - H_c`` are the dot-product heads' attention, the last ``H_c`` the
                 conv heads' word-context (Query pooling) weights.
@@ -163,36 +203,29 @@ class HybridMultiheadAttention(nn.Module):
         tgt_len, bsz, embed_dim = query.shape
         assert embed_dim == self.embed_dim, f"expected width {self.embed_dim}, got {embed_dim}"
         if key_padding_mask is not None:
-            key_padding_mask = key_padding_mask.to(torch.bool)
-            if not key_padding_mask.any():
+            if self.right_padded and incremental_state is None:
+                # causal and padded on the right: no real position sees a padding one
                 key_padding_mask = None
+            else:
+                key_padding_mask = key_padding_mask.to(torch.bool)
 
-        # padding mask of the new positions only (the cached ones are already folded in)
-        new_padding = key_padding_mask[:, -tgt_len:] if key_padding_mask is not None else None
-
-        # every projection of the input in one matrix product (q, k, v of the dot-product
-        # heads, LocalConv's pointwise part, the Query's values and scores)
-        projected = self._project(query)
+        proj = self._project(query)
         heads = []
         dot_weights = None
         if self.dot_heads > 0:
-            q, k, v = projected[:3]
-            dot_out, dot_weights = self._dot_product_heads(
-                q, k, v, key_padding_mask, incremental_state, attn_mask, need_weights
+            dot, dot_weights = self._dot_product_heads(
+                proj["q"], proj["k"], proj["v"], key_padding_mask, incremental_state, attn_mask, need_weights
             )
-            heads.append(dot_out)
-        pointwise, values, scores = projected[-3:]
-        local = self.local_conv.convolve_projected(pointwise, new_padding, incremental_state)
-        scores, values = self.context_query.arrange(scores, values)
-        # B x Hc x T|1 x dh
-        context = self.context_query.pool(scores, values, new_padding, incremental_state)
-        context = context.permute(2, 0, 1, 3).reshape(-1, bsz, self.conv_heads * self.head_dim)
+            heads.append(dot)
+        # padding mask of the new positions only (the cached ones are already folded in)
+        new_padding = key_padding_mask[:, -tgt_len:] if key_padding_mask is not None else None
+        local, context = self._conv_heads(proj, new_padding, incremental_state)
         heads.append(local * context)
         attn = self.out_proj(torch.cat(heads, dim=-1) if len(heads) > 1 else heads[0])
 
         weights: Optional[Tensor] = None
         if need_weights:
-            weights = self._head_weights(query, new_padding, incremental_state, dot_weights)
+            weights = self._head_weights(proj["score"], new_padding, incremental_state, dot_weights)
             if not need_head_weights:
                 weights = weights.mean(dim=0)
         return attn, weights
@@ -203,45 +236,30 @@ class HybridMultiheadAttention(nn.Module):
         ``T x B x Hc·dh``, the paper's equation 2) and ``conv`` (``local ⊙ Query``)."""
         if key_padding_mask is not None:
             key_padding_mask = key_padding_mask.to(torch.bool)
-        projected = self._project(x)
+        proj = self._project(x)
         dot = None
         if self.dot_heads > 0:
-            q, k, v = projected[:3]
-            dot, _ = self._dot_product_heads(q, k, v, key_padding_mask, None, None, False)
-        pointwise, values, scores = projected[-3:]
-        local = self.local_conv.convolve_projected(pointwise, key_padding_mask, None)
-        scores, values = self.context_query.arrange(scores, values)
-        context = self.context_query.pool(scores, values, key_padding_mask, None)
-        context = context.permute(2, 0, 1, 3).reshape(-1, x.size(1), self.conv_heads * self.head_dim)
+            dot, _ = self._dot_product_heads(proj["q"], proj["k"], proj["v"], key_padding_mask, None, None, False)
+        local, context = self._conv_heads(proj, key_padding_mask, None)
         return {"dot": dot, "local": local, "conv": local * context}
 
-    def _input_projections(self):
-        """The ``nn.Linear`` modules applied to the input, in the order of :meth:`_project`."""
-        dot = [self.q_proj, self.k_proj, self.v_proj] if self.dot_heads > 0 else []
-        cq = self.context_query
-        return dot + [self.local_conv.pointwise, cq.value_proj, cq.score_proj]
+    def _project(self, x: Tensor) -> Dict[str, Tensor]:
+        """All input projections of ``x`` by one matrix product, ``T x B x width`` each."""
+        widths = [w for _, w in self.projection_sizes]
+        parts = torch.split(self.in_proj(x), widths, dim=-1)
+        return {name: part for (name, _), part in zip(self.projection_sizes, parts)}
 
-    def _fused_weight(self) -> Tuple[Tensor, Tensor]:
-        """The input projections' weights and biases stacked (rows in the order of
-        :meth:`_input_projections`). Without autograd (decoding) the stack is kept and
-        rebuilt only when a parameter changes (it is cheap, but decoding calls this once
-        per layer and step)."""
-        params = [p for lin in self._input_projections() for p in (lin.weight, lin.bias)]
-        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
-            self._fused_cache = None
-            return torch.cat(params[0::2]), torch.cat(params[1::2])
-        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
-        cache = getattr(self, "_fused_cache", None)
-        if cache is None or cache[0] != key:
-            cache = (key, torch.cat(params[0::2]), torch.cat(params[1::2]))
-            self._fused_cache = cache
-        return cache[1], cache[2]
-
-    def _project(self, x: Tensor):
-        """All input projections of ``x`` by one matrix product, split per projection."""
-        weight, bias = self._fused_weight()
-        sizes = [lin.out_features for lin in self._input_projections()]
-        return torch.split(F.linear(x, weight, bias), sizes, dim=-1)
+    def _conv_heads(
+        self,
+        proj: Dict[str, Tensor],
+        padding_mask: Optional[Tensor],
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]],
+    ) -> Tuple[Tensor, Tensor]:
+        """LocalConv (``T x B x Hc·dh``) and the Query (``T x B x Hc·dh``, or ``1 x B x
+        Hc·dh`` in the encoder, broadcasting over time) of the conv heads."""
+        local = self.local_conv(proj["local"], padding_mask, incremental_state)
+        context = self.context_query(proj["score"], proj["value"], padding_mask, incremental_state)
+        return local, context
 
     def _dot_product_heads(
         self,
@@ -255,14 +273,12 @@ class HybridMultiheadAttention(nn.Module):
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """``q``, ``k``, ``v``: the projections of the new positions, ``T x B x (Ha·dh)``."""
         tgt_len, bsz, _ = q.shape
-        x = q
+        device = q.device
 
         def heads_first(t: Tensor) -> Tensor:  # T x B x (Ha*dh) -> B x Ha x T x dh
             return t.reshape(t.size(0), bsz, self.dot_heads, self.head_dim).permute(1, 2, 0, 3)
 
-        q = heads_first(q)
-        k = heads_first(k)
-        v = heads_first(v)
+        q, k, v = heads_first(q), heads_first(k), heads_first(v)
         past = 0
         if incremental_state is not None:
             saved = self._get_input_buffer(incremental_state)
@@ -270,37 +286,36 @@ class HybridMultiheadAttention(nn.Module):
             prev_value = saved.get("prev_value")
             if prev_key is not None and prev_value is not None:
                 past = prev_key.size(2)
-                k = torch.cat([prev_key, k], dim=2)
+                k = torch.cat([prev_key, k], dim=2)  # B x Ha x (past + T) x dh
                 v = torch.cat([prev_value, v], dim=2)
             saved["prev_key"] = k
             saved["prev_value"] = v
             self._set_input_buffer(incremental_state, saved)
         src_len = k.size(2)
 
-        mask = self._dot_mask(attn_mask, key_padding_mask, tgt_len, src_len, past, x)
+        mask = self._dot_mask(attn_mask, key_padding_mask, tgt_len, src_len, past, q.dtype, device)
         use_causal_flag = mask is None and self.causal and tgt_len > 1 and past == 0
         dropout_p = self.dropout_module.p if self.training else 0.0
         if tgt_len == 1 and dropout_p == 0.0:
             # a decoding step: for one query, two small matrix products beat the fused
             # kernel's set-up on CPU (same softmax(q k^T / sqrt(d_h) + mask) v)
-            logits = torch.matmul(q * self.scaling, k.transpose(-1, -2))
+            logits = torch.matmul(q * self.scaling, k.transpose(-1, -2))  # B x Ha x 1 x S
             if mask is not None:
-                logits = (
-                    logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
-                )
+                logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
             out = torch.matmul(F.softmax(logits, dim=-1, dtype=torch.float32).type_as(v), v)
         else:
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=use_causal_flag
-            )
+            )  # B x Ha x T x dh
         weights = None
         if need_weights:
             logits = torch.matmul(q, k.transpose(-1, -2)).float() * self.scaling
             if use_causal_flag:
-                mask = self._causal_mask(tgt_len, src_len, past, x.device)
+                mask = self._causal_mask(tgt_len, src_len, past, device)
             if mask is not None:
                 logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
             weights = F.softmax(logits, dim=-1).type_as(q).transpose(0, 1)  # Ha x B x T x S
+        # B x Ha x T x dh -> T x B x (Ha*dh)
         return out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, -1), weights
 
     @staticmethod
@@ -316,23 +331,26 @@ class HybridMultiheadAttention(nn.Module):
         tgt_len: int,
         src_len: int,
         past: int,
-        x: Tensor,
+        dtype: torch.dtype,
+        device: torch.device,
     ) -> Optional[Tensor]:
         """One mask for ``scaled_dot_product_attention`` from fairseq's three sources:
         the caller's ``attn_mask``, key padding and (decoder) causality. Boolean (True =
-        attend) unless ``attn_mask`` is a float mask, in which case it is additive."""
+        attend) unless ``attn_mask`` is a float mask, in which case it is additive (in the
+        computation's dtype: fairseq's future mask holds -inf, which half precision
+        represents)."""
         masks = []
         if key_padding_mask is not None:
-            masks.append(~key_padding_mask[:, None, None, :])
-        if self.causal and (attn_mask is None) and (tgt_len > 1) and (masks or past > 0):
-            # multi-position input without the caller's future mask (incremental
-            # decoding of several positions at once, or padding forcing an explicit mask)
-            masks.append(self._causal_mask(tgt_len, src_len, past, x.device))
+            masks.append(~key_padding_mask[:, None, None, :])  # B x 1 x 1 x S
+        if self.causal and attn_mask is None and tgt_len > 1 and (masks or past > 0):
+            # multi-position input with a padding mask or a cached past: the causal flag
+            # cannot express it
+            masks.append(self._causal_mask(tgt_len, src_len, past, device))
         if attn_mask is not None:
             if attn_mask.dtype == torch.bool:
                 masks.append(~attn_mask)
             else:
-                additive = attn_mask.to(x.dtype)
+                additive = attn_mask.to(dtype)
                 for m in masks:
                     additive = additive.masked_fill(~m, float("-inf"))
                 return additive
@@ -345,19 +363,19 @@ class HybridMultiheadAttention(nn.Module):
 
     def _head_weights(
         self,
-        x: Tensor,
+        scores: Tensor,
         padding_mask: Optional[Tensor],
         incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]],
         dot_weights: Optional[Tensor],
     ) -> Tensor:
         """``H x B x T x S``: dot-product attention maps, then conv heads' Query weights."""
+        tgt_len, bsz, _ = scores.shape
         if incremental_state is not None:
             # the Query pooled a running state; weights over the past are not kept
-            conv = x.new_zeros(self.conv_heads, x.size(1), x.size(0), 1)
-            if dot_weights is not None:
-                conv = conv.new_zeros(self.conv_heads, *dot_weights.shape[1:])
+            src_len = dot_weights.size(-1) if dot_weights is not None else 1
+            conv = scores.new_zeros(self.conv_heads, bsz, tgt_len, src_len)
         else:
-            conv = self.context_query.weights(x, padding_mask).transpose(0, 1)
+            conv = self.context_query.weights(scores, padding_mask).transpose(0, 1)
         return conv if dot_weights is None else torch.cat([dot_weights, conv], dim=0)
 
     def reorder_incremental_state(
@@ -389,11 +407,21 @@ class HybridMultiheadAttention(nn.Module):
         return self.set_incremental_state(incremental_state, "attn_state", buffer)
 
     def upgrade_state_dict_named(self, state_dict, name):
+        """Fuse the separate input projections of checkpoints written before version
+        0.2 into ``in_proj`` (same rows, in the order of :data:`PROJECTIONS`)."""
+        prefix = f"{name}." if name else ""
+        if prefix + "in_proj.weight" in state_dict:
+            return state_dict
+        legacy = [prefix + _LEGACY_NAMES[n] for n, _ in self.projection_sizes]
+        if not all(f"{old}.weight" in state_dict for old in legacy):
+            return state_dict  # not a checkpoint of this module: let loading report it
+        for part in ("weight", "bias"):
+            state_dict[f"{prefix}in_proj.{part}"] = torch.cat([state_dict.pop(f"{old}.{part}") for old in legacy])
         return state_dict
 
     def extra_repr(self) -> str:
         return (
             f"embed_dim={self.embed_dim}, heads={self.num_heads} "
             f"(dot-product {self.dot_heads}, convolution {self.conv_heads}), "
-            f"head_dim={self.head_dim}, causal={self.causal}"
+            f"head_dim={self.head_dim}, causal={self.causal}, right_padded={self.right_padded}"
         )

@@ -21,9 +21,20 @@ and padding positions contribute zero. Because the weights are softmax-normalise
 each output is a weighted average of the ``F`` positions ``t, t-δ, ..., t-(F-1)δ``:
 the paper's "local context of a word".
 
-Incremental decoding keeps only the last ``(F-1)·δ`` pointwise outputs ``U``, so a
-step costs ``O(F·C)`` whatever the length decoded so far, and any number of new
-positions can be fed at once (the buffer and the new positions are convolved together).
+This module is the depthwise part (``W^A``, its buffer and the convolution). The
+pointwise part ``W^P`` is one slice of the fused input projection of the
+:class:`~tpp_plugin.modules.HybridMultiheadAttention` that owns it, as fairseq's
+``LightweightConv1dTBC`` leaves its input projection to the layer around it: all
+projections of one input then cost one matrix product.
+
+The convolution is a sum of ``F`` shifted slices, which on fairseq's time-major
+``T x B x C`` layout are contiguous and need no transposes. It runs as one autograd
+function that accumulates in float32 into preallocated buffers, forward and backward
+(a plain autograd graph of ``F`` slices would allocate a zero-padded copy of the input
+per tap in the backward pass). Incremental decoding keeps only the last ``(F-1)·δ``
+inputs ``U``, so a step costs ``O(F·C)`` whatever the length decoded so far, and any
+number of new positions can be fed at once (the buffer and the new positions are
+convolved together).
 """
 
 from typing import Dict, Optional
@@ -35,41 +46,93 @@ from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor, nn
 
 
+class CausalDepthwiseConv(torch.autograd.Function):
+    """``out[t] = Σ_k kernel[k] ⊙ u[t + offset - (F-1-k)·δ]`` for ``t < out_len``, where
+    indices below 0 read zeros and ``offset = len(u) - out_len`` (the buffered history
+    in front of the new positions).
+
+    Shapes: ``u`` is ``L x B x C``, ``kernel`` is ``F x C``; the output is
+    ``out_len x B x C`` in ``u``'s dtype. Sums are taken in float32 (or float64 for
+    float64 input), also for half-precision input."""
+
+    @staticmethod
+    def forward(ctx, u: Tensor, kernel: Tensor, dilation: int, out_len: int) -> Tensor:
+        offset = u.size(0) - out_len
+        taps = kernel.size(0)
+        acc_dtype = torch.promote_types(u.dtype, torch.float32)
+        acc = torch.zeros(out_len, *u.shape[1:], dtype=acc_dtype, device=u.device)
+        kernel32 = kernel.to(acc_dtype)
+        for k in range(taps):
+            lag = (taps - 1 - k) * dilation - offset  # out[t] reads u[t - lag]
+            if lag >= out_len or lag <= -u.size(0):
+                continue
+            dst, src = _overlap(lag, out_len, u.size(0))
+            acc[dst].addcmul_(u[src], kernel32[k])
+        ctx.save_for_backward(u, kernel)
+        ctx.dilation, ctx.out_len = dilation, out_len
+        return acc.to(u.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        u, kernel = ctx.saved_tensors
+        dilation, out_len = ctx.dilation, ctx.out_len
+        offset = u.size(0) - out_len
+        taps = kernel.size(0)
+        grad_u = grad_kernel = None
+        acc_dtype = torch.promote_types(u.dtype, torch.float32)
+        kernel32 = kernel.to(acc_dtype)
+        if ctx.needs_input_grad[0]:
+            grad_u32 = torch.zeros(u.shape, dtype=acc_dtype, device=u.device)
+        if ctx.needs_input_grad[1]:
+            grad_kernel32 = torch.zeros(kernel.shape, dtype=acc_dtype, device=kernel.device)
+        for k in range(taps):
+            lag = (taps - 1 - k) * dilation - offset
+            if lag >= out_len or lag <= -u.size(0):
+                continue
+            dst, src = _overlap(lag, out_len, u.size(0))
+            if ctx.needs_input_grad[0]:
+                grad_u32[src].addcmul_(grad_out[dst], kernel32[k])
+            if ctx.needs_input_grad[1]:
+                # Σ over time and batch of grad ⊙ input, per channel
+                prod = grad_out[dst].to(acc_dtype) * u[src]
+                grad_kernel32[k] = prod.flatten(0, 1).sum(0)
+        if ctx.needs_input_grad[0]:
+            grad_u = grad_u32.to(u.dtype)
+        if ctx.needs_input_grad[1]:
+            grad_kernel = grad_kernel32.to(kernel.dtype)
+        return grad_u, grad_kernel, None, None
+
+
+def _overlap(lag: int, out_len: int, in_len: int):
+    """The output rows ``t`` and input rows ``t - lag`` that both exist, as slices."""
+    start = max(lag, 0)
+    stop = min(out_len, in_len + lag)
+    return slice(start, stop), slice(start - lag, stop - lag)
+
+
 @with_incremental_state
 class LocalConv(nn.Module):
-    """Pointwise projection followed by a causal, dilated, softmax-normalised depthwise
-    convolution. Works on fairseq's ``T x B x d`` layout.
+    """Causal, dilated, softmax-normalised depthwise convolution of the pointwise
+    projection ``U`` (``T x B x C``, fairseq's time-major layout).
 
     Args:
-        input_dim: ``d``, the width of the input.
-        channels: ``C``, the number of output channels (all conv heads together).
+        channels: ``C``, the number of channels (all conv heads together).
         kernel_size: ``F``, the number of taps.
         dilation: ``δ``, the distance between taps.
         weight_dropout: DropConnect probability on the normalised kernel.
     """
 
-    def __init__(
-        self,
-        input_dim: int,
-        channels: int,
-        kernel_size: int,
-        dilation: int = 1,
-        weight_dropout: float = 0.0,
-    ):
+    def __init__(self, channels: int, kernel_size: int, dilation: int = 1, weight_dropout: float = 0.0):
         super().__init__()
         if kernel_size < 1:
             raise ValueError(f"kernel_size must be >= 1, got {kernel_size}")
         if dilation < 1:
             raise ValueError(f"dilation must be >= 1, got {dilation}")
-        self.input_dim = input_dim
         self.channels = channels
         self.kernel_size = kernel_size
         self.dilation = dilation
-        self.pointwise = nn.Linear(input_dim, channels)
-        self.weight = nn.Parameter(torch.empty(channels, kernel_size))
-        self.weight_dropout_module = FairseqDropout(
-            weight_dropout, module_name=self.__class__.__name__
-        )
+        self.weight = nn.Parameter(torch.empty(channels, kernel_size))  # W^A
+        self.weight_dropout_module = FairseqDropout(weight_dropout, module_name=self.__class__.__name__)
         self.reset_parameters()
 
     @property
@@ -78,83 +141,51 @@ class LocalConv(nn.Module):
         return (self.kernel_size - 1) * self.dilation
 
     def reset_parameters(self):
-        nn.init.xavier_uniform_(self.pointwise.weight)
-        nn.init.constant_(self.pointwise.bias, 0.0)
         nn.init.xavier_uniform_(self.weight)
 
     def normalized_kernel(self) -> Tensor:
-        """The kernel after softmax over taps and DropConnect, shape ``F x C``."""
-        if not (self.training or torch.is_grad_enabled()):
-            # decoding asks once per step: keep it until the weight changes
-            key = (self.weight.data_ptr(), self.weight._version, self.weight.dtype)
-            cache = getattr(self, "_kernel_cache", None)
-            if cache is None or cache[0] != key:
-                cache = (key, F.softmax(self.weight.float(), dim=-1).type_as(self.weight).t())
-                self._kernel_cache = cache
-            return cache[1]
+        """The kernel after softmax over taps (in float32) and DropConnect, ``F x C``.
+        Computed from the current weight at every call: it is a ``C x F`` softmax, and
+        fairseq's optimizers write parameters in place without telling anyone, so
+        nothing derived from a weight may be kept between calls."""
         kernel = F.softmax(self.weight.float(), dim=-1).type_as(self.weight)
         # DropConnect: drop individual (normalised) tap weights, not activations.
-        kernel = self.weight_dropout_module(kernel)
-        return kernel.t()
+        return self.weight_dropout_module(kernel).t()
 
     def forward(
         self,
-        x: Tensor,
+        u: Tensor,
         padding_mask: Optional[Tensor] = None,
         incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
     ) -> Tensor:
         """
         Args:
-            x: input ``T x B x d``.
+            u: the pointwise projection ``U`` of the input, ``T x B x C``.
             padding_mask: ``B x T``, True at padding positions (they contribute zero).
-            incremental_state: fairseq's incremental state; when given, ``x`` holds the
+            incremental_state: fairseq's incremental state; when given, ``u`` holds the
                 new positions only and the last ``(F-1)·δ`` inputs are taken from (and
                 saved to) the state.
 
         Returns:
             ``T x B x C``
         """
-        return self.convolve_projected(self.pointwise(x), padding_mask, incremental_state)
-
-    def convolve_projected(
-        self,
-        u: Tensor,
-        padding_mask: Optional[Tensor] = None,
-        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
-    ) -> Tensor:
-        """:meth:`forward` after the pointwise projection: ``u`` is ``self.pointwise(x)``
-        (``T x B x C``), e.g. computed by a caller that fuses it with other projections
-        of the same input."""
         if padding_mask is not None:
             u = u.masked_fill(padding_mask.transpose(0, 1).unsqueeze(-1), 0.0)
-
+        out_len = u.size(0)
         span = self.receptive_field
-        if span > 0:
-            history = None
-            if incremental_state is not None:
-                buffer = self._get_input_buffer(incremental_state)
-                history = buffer.get("history")
+        if incremental_state is not None and span > 0:
+            buffer = self._get_input_buffer(incremental_state)
+            history = buffer.get("history")
             if history is None:
                 history = u.new_zeros(span, u.size(1), u.size(2))
-            u = torch.cat([history, u], dim=0)
-            if incremental_state is not None:
-                self._set_input_buffer(incremental_state, {"history": u[-span:]})
-
-        return self._convolve(u, self.normalized_kernel(), out_len=u.size(0) - span)
-
-    def _convolve(self, u: Tensor, kernel: Tensor, out_len: int) -> Tensor:
-        """Causal dilated depthwise convolution of a left-padded ``u`` (``(span+T) x B x C``)
-        with ``kernel`` (``F x C``). Done as a sum of shifted slices: on fairseq's
-        time-major layout each slice is contiguous, no transposes are needed, and for
-        the small widths used here it beats a grouped ``conv1d``."""
-        if out_len == 1 and self.kernel_size > 1:
-            # one position (a decoding step): its F taps are rows 0, δ, ..., (F-1)δ
-            return (u[:: self.dilation] * kernel.unsqueeze(1)).sum(dim=0, keepdim=True)
-        out = u[: out_len] * kernel[0]
-        for k in range(1, self.kernel_size):
-            start = k * self.dilation
-            out = torch.addcmul(out, u[start : start + out_len], kernel[k])
-        return out
+            u = torch.cat([history, u], dim=0)  # (span + T) x B x C
+            self._set_input_buffer(incremental_state, {"history": u[-span:]})
+        kernel = self.normalized_kernel()
+        if out_len == 1 and incremental_state is not None:
+            # a decoding step: its F taps are rows 0, δ, ..., (F-1)δ of the buffer
+            taps = u[:: self.dilation] if span > 0 else u
+            return (taps.float() * kernel.float().unsqueeze(1)).sum(dim=0, keepdim=True).type_as(u)
+        return CausalDepthwiseConv.apply(u, kernel, self.dilation, out_len)
 
     def reorder_incremental_state(
         self,
@@ -184,6 +215,6 @@ class LocalConv(nn.Module):
 
     def extra_repr(self) -> str:
         return (
-            f"{self.input_dim}, {self.channels}, kernel_size={self.kernel_size}, "
-            f"dilation={self.dilation}, weight_dropout={self.weight_dropout_module.p}"
+            f"{self.channels}, kernel_size={self.kernel_size}, dilation={self.dilation}, "
+            f"weight_dropout={self.weight_dropout_module.p}"
         )
