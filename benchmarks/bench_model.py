@@ -1,49 +1,45 @@
 #!/usr/bin/env python3
-"""Training and beam-search speed, and training memory, of transformer_pp against
-fairseq's transformer of the same size, through the real fairseq CLIs.
+"""Training speed, generation speed and training memory of ``transformer_pp`` against
+fairseq's ``transformer`` of the same size, with a control, in one process.
 
-Models (same width, heads, FFN, layers, dropouts, shared embeddings, data and batches):
+Models (same width, heads, FFN, layers, dropouts, shared embeddings, data, batches):
 
-* ``transformer``     fairseq's own ``--arch transformer``;
-* ``tpp``             ``--arch transformer_pp`` (half the heads are convolution heads);
-* ``tpp-conv0``       ``transformer_pp`` with ``--encoder-conv-heads 0 --decoder-conv-heads 0``
-                      (fairseq's MultiheadAttention everywhere: the ablation).
+* ``transformer``  fairseq's own ``--arch transformer``: the baseline;
+* ``tpp``          ``--arch transformer_pp`` (half the heads are convolution heads,
+                   kernels 3,5,7,11,15), no tag heads;
+* ``tpp-conv0``    ``transformer_pp --encoder-conv-heads 0 --decoder-conv-heads 0``:
+                   layer for layer the same network as ``transformer`` — the control.
+                   Its ratio must come out at 1.0× (within the printed spread); if it
+                   does not, the benchmark measures something besides the model.
 
-For every repetition each model is trained with ``fairseq-train --max-update N`` and
-then decodes the test set with ``fairseq-generate --beam 5``; the models take turns
-(the order rotates every repetition), so a change of machine load hits all of them.
+How. Every model is built by fairseq from the same command line except ``--arch`` and
+its own options, and trained by fairseq's own ``Trainer`` (its optimizer, its fp16/bf16
+wrapper and loss scaler) on one fixed list of batches from a real data folder. The
+models take turns step by step — round ``r`` runs model A, B, C on batch ``r`` (the
+order rotating every round) — so load changes and clock changes hit all of them alike,
+and every figure is the median over rounds of one step's time (the device synchronised
+around it). Generation: fairseq's ``SequenceGenerator`` (beam 5) on fixed batches of
+test sentences, output length forced to ``--gen-len`` tokens, models taking turns batch
+by batch. Memory: on a GPU, for each model, what stays allocated once it has trained
+(parameters, gradients, optimizer state, fp32 master copy) plus the peak a training
+step adds (activations), from PyTorch's allocator statistics; on the CPU, the peak RSS
+of a separate process that builds and trains only that model (no allocator
+statistics there), minus that of the same process before building the model.
 
-* training words/s: the ``wps`` of fairseq's JSON ``train_inner`` records (target tokens
-  per second over each log interval), the first record skipped as warm-up, median of
-  the rest; then the median over repetitions.
-* generation: sentences/s and tokens/s from fairseq-generate's "Translated ..." line.
-  The output length is forced (``--max-len-a 0 --max-len-b L --min-len L``) so every
-  model generates exactly the same number of tokens; the checkpoint is the one each
-  model wrote in the first repetition. A second, long-output decoding of the
-  validation sentences (``--long-gen-len``) shows how the speed moves with output
-  length: the dot-product heads' key/value cache grows (and is reordered) every step,
-  the convolution heads' state does not.
-* training memory: peak resident set size (RSS) of the fairseq-train process, and the
-  same peak minus the RSS just before the first training step (what the updates add:
-  gradients, Adam's moments, activations). CPU tensors come from the system allocator,
-  which keeps no statistics of its own, so RSS is the measure here.
+    python benchmarks/bench_model.py --data data-bin/mine --sizes 128            # CPU
+    python benchmarks/bench_model.py --quick                                      # synthetic, ~2 min
+    python benchmarks/bench_model.py --data DIR --device cuda --dtype bf16 --sizes 512,1024 --mfu
 
-Ratios are tpp / transformer (higher is better for speed, lower for memory), both of
-the medians and the median of the per-repetition ratios (pairs measured back to back).
-
-    python benchmarks/bench_model.py            # default size, about 8-10 minutes on 2 cores
-    python benchmarks/bench_model.py --quick    # about 2 minutes, smaller and noisier
-
-Each fairseq process runs with one thread by default (``--threads``): on a machine
-shared with other jobs, two OpenMP threads on two cores stall each other and the
-timings swing by an order of magnitude; use ``--threads 0`` on an idle machine.
+Without ``--data`` a synthetic corpus is generated and binarized. ``--mfu`` also
+prints the model-FLOPs utilisation of training (formula in :func:`train_flops`).
 """
 
 import argparse
+import contextlib
 import json
 import os
 import random
-import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -62,341 +58,508 @@ MODELS = {
                   "--encoder-conv-heads", "0", "--decoder-conv-heads", "0"],
 }
 
-# fairseq-train in this process, recording the RSS just before the first update and the
-# peak RSS at the end (ru_maxrss is in KiB on Linux).
-TRAIN_WRAPPER = r"""
-import json, resource, sys
-from fairseq_cli.train import cli_main  # first: it configures logging
-from fairseq import trainer
-def rss():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * __import__("os").sysconf("SC_PAGE_SIZE")
-seen = {}
-original = trainer.Trainer.train_step
-def train_step(self, *args, **kwargs):
-    seen.setdefault("before_first_step", rss())
-    return original(self, *args, **kwargs)
-trainer.Trainer.train_step = train_step
-sys.argv = ["fairseq-train"] + sys.argv[1:]
-try:
-    cli_main()
-finally:
-    seen["peak"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print("BENCH_MEMORY " + json.dumps(seen), flush=True)
-"""
+#: d -> (heads, FFN); 512 is the base preset's size, 1024 the big presets'
+SIZES = {128: (4, 512), 256: (4, 1024), 512: (8, 2048), 1024: (16, 4096)}
 
-GEN_WRAPPER = r"""
-import json, resource, sys
-from fairseq_cli.generate import cli_main
-sys.argv = ["fairseq-generate"] + sys.argv[1:]
-try:
-    cli_main()
-finally:
-    print("BENCH_MEMORY " + json.dumps({"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}),
-          flush=True)
-"""
-
-TRANSLATED = re.compile(
-    r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s \(([\d.]+) sentences/s, ([\d.]+) tokens/s\)"
-)
+#: bf16 dense matrix-multiply peak of the GPUs we report on (datasheet, TFLOP/s)
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="small, 1-2 minute version (fewer updates, sentences, repetitions)")
-    parser.add_argument("--repetitions", type=int, default=3)
-    parser.add_argument("--models", default="transformer,tpp,tpp-conv0",
-                        help=f"comma-separated, from {', '.join(MODELS)}")
-    # model size (the same for every model)
-    parser.add_argument("--embed-dim", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--ffn-dim", type=int, default=1024)
-    parser.add_argument("--layers", type=int, default=5, help="encoder and decoder layers each")
-    # data
-    parser.add_argument("--vocab", type=int, default=4000, help="word types per language")
-    parser.add_argument("--min-len", type=int, default=20, help="shortest sentence (tokens)")
-    parser.add_argument("--max-len", type=int, default=40, help="longest sentence (tokens)")
-    parser.add_argument("--train-sentences", type=int, default=4000)
-    parser.add_argument("--test-sentences", type=int, default=60)
-    # training
-    parser.add_argument("--max-tokens", type=int, default=1024, help="tokens per batch")
-    parser.add_argument("--updates", type=int, default=12, help="updates per training run")
-    parser.add_argument("--log-interval", type=int, default=2, help="updates per wps record")
-    # generation
-    parser.add_argument("--beam", type=int, default=5)
-    parser.add_argument("--gen-batch", type=int, default=20, help="sentences per batch")
-    parser.add_argument("--gen-len", type=int, default=25,
-                        help="forced output length (tokens before EOS)")
-    parser.add_argument("--long-gen-len", type=int, default=100,
-                        help="also decode the validation sentences (--valid-sentences) to this forced "
-                             "length, where the dot-product heads' growing cache matters (0: skip)")
-    parser.add_argument("--valid-sentences", type=int, default=20)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch/OpenMP threads of each fairseq process (default 1: on a machine "
-                             "shared with other jobs, 2 threads on 2 cores stall in OpenMP "
-                             "barriers and time swings by an order of magnitude; 0 = torch's default)")
-    parser.add_argument("--work-dir", type=Path, default=None,
-                        help="keep the corpus, data-bin and checkpoints here (default: a temporary folder)")
-    parser.add_argument("--json", type=Path, default=None, help="also write all measurements here")
-    args = parser.parse_args(argv)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--data", type=Path, help="binarized data folder (default: a synthetic corpus)")
+    p.add_argument("--sizes", default="256", help=f"model widths d, from {sorted(SIZES)}")
+    p.add_argument("--layers", type=int, default=5, help="encoder and decoder layers each")
+    p.add_argument("--models", default="transformer,tpp,tpp-conv0")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"],
+                   help="training precision (fairseq's --fp16 / --bf16); generation runs in it too")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="tokens per batch (default: 2048 on CPU, 8192 on GPU)")
+    p.add_argument("--rounds", type=int, default=12, help="timed training steps per model")
+    p.add_argument("--warmup", type=int, default=3, help="untimed training steps per model first")
+    p.add_argument("--gen-batches", type=int, default=4, help="timed generation batches per model")
+    p.add_argument("--gen-batch", type=int, default=None, help="sentences per batch (default 20 CPU, 128 GPU)")
+    p.add_argument("--gen-len", type=int, default=30, help="forced output length (tokens before EOS)")
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--no-generation", action="store_true")
+    p.add_argument("--no-memory", action="store_true")
+    p.add_argument("--mfu", action="store_true", help="model-FLOPs utilisation of training (GPU)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads on the CPU (0: torch's default)")
+    p.add_argument("--quick", action="store_true", help="synthetic data, d=128, few rounds")
+    p.add_argument("--json", type=Path, help="also write every measurement here")
+    p.add_argument("--memory-child", nargs=2, metavar=("MODEL", "SIZE"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
     if args.quick:
-        defaults = dict(repetitions=2, train_sentences=1000, test_sentences=20, updates=6,
-                        log_interval=2, max_tokens=512, gen_len=20, long_gen_len=40,
-                        valid_sentences=10)
-        for name, value in defaults.items():
-            if getattr(args, name) == parser.get_default(name):
-                setattr(args, name, value)
+        args.sizes, args.rounds, args.warmup, args.gen_batches = "128", 6, 2, 2
+    args.sizes = [int(s) for s in str(args.sizes).split(",") if s]
+    for s in args.sizes:
+        if s not in SIZES:
+            p.error(f"--sizes: {s} is not one of {sorted(SIZES)}")
     args.models = [m for m in args.models.split(",") if m]
-    unknown = [m for m in args.models if m not in MODELS]
-    if unknown:
-        parser.error(f"unknown model(s) {unknown}; choose from {list(MODELS)}")
+    for m in args.models:
+        if m not in MODELS:
+            p.error(f"--models: unknown {m!r}; choose from {list(MODELS)}")
+    gpu = args.device == "cuda"
+    args.max_tokens = args.max_tokens or (8192 if gpu else 2048)
+    args.gen_batch = args.gen_batch or (128 if gpu else 20)
     return args
 
 
 # ----------------------------------------------------------------------------- data
 
 
-def make_corpus(folder: Path, args):
-    """Synthetic parallel text: Zipf-distributed source words; the target maps each word
-    through a fixed permutation, swaps neighbouring pairs and sometimes drops or adds a
-    word, so the lengths of a pair differ a little, as in real data."""
+def synthetic_data(folder: Path) -> Path:
+    """A parallel corpus of 20-40 Zipf-distributed tokens per sentence whose target is
+    a permuted, locally reordered copy of the source, binarized by fairseq."""
     rng = random.Random(1234)
-    weights = [1.0 / (rank + 1) for rank in range(args.vocab)]
-    permutation = list(range(args.vocab))
-    rng.shuffle(permutation)
-    sizes = {"train": args.train_sentences, "valid": args.valid_sentences, "test": args.test_sentences}
-    for split, size in sizes.items():
-        sources, targets = [], []
+    vocab = 4000
+    weights = [1.0 / (r + 1) for r in range(vocab)]
+    perm = list(range(vocab))
+    rng.shuffle(perm)
+    raw = folder / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for split, size in (("train", 3000), ("valid", 50), ("test", 200)):
+        src, tgt = [], []
         for _ in range(size):
-            length = rng.randint(args.min_len, args.max_len)
-            words = rng.choices(range(args.vocab), weights=weights, k=length)
-            target = [permutation[w] for w in words]
-            for i in range(0, len(target) - 1, 2):
+            words = rng.choices(range(vocab), weights=weights, k=rng.randint(20, 40))
+            out = [perm[w] for w in words]
+            for i in range(0, len(out) - 1, 2):
                 if rng.random() < 0.3:
-                    target[i], target[i + 1] = target[i + 1], target[i]
-            if rng.random() < 0.3 and len(target) > args.min_len:
-                del target[rng.randrange(len(target))]
-            elif rng.random() < 0.3 and len(target) < args.max_len:
-                target.insert(rng.randrange(len(target)), rng.randrange(args.vocab))
-            sources.append(" ".join(f"s{w}" for w in words))
-            targets.append(" ".join(f"t{w}" for w in target))
-        (folder / f"{split}.src").write_text("\n".join(sources) + "\n")
-        (folder / f"{split}.tgt").write_text("\n".join(targets) + "\n")
+                    out[i], out[i + 1] = out[i + 1], out[i]
+            src.append(" ".join(f"s{w}" for w in words))
+            tgt.append(" ".join(f"t{w}" for w in out))
+        (raw / f"{split}.src").write_text("\n".join(src) + "\n")
+        (raw / f"{split}.tgt").write_text("\n".join(tgt) + "\n")
+    dest = folder / "data-bin"
+    subprocess.run([str(Path(sys.executable).parent / "fairseq-preprocess"), "-s", "src", "-t", "tgt",
+                    "--joined-dictionary", "--trainpref", str(raw / "train"), "--validpref", str(raw / "valid"),
+                    "--testpref", str(raw / "test"), "--destdir", str(dest), "--workers", "1"],
+                   check=True, capture_output=True)
+    return dest
 
 
-def binarize(raw: Path, dest: Path):
-    command = [
-        "fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--joined-dictionary",
-        "--trainpref", str(raw / "train"), "--validpref", str(raw / "valid"),
-        "--testpref", str(raw / "test"), "--destdir", str(dest), "--workers", "1",
-    ]
-    run(command)
+# ----------------------------------------------------------------------------- fairseq
 
 
-# ----------------------------------------------------------------------------- runs
-
-
-def env_for(args):
-    env = dict(os.environ)
-    if args.threads:
-        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
-    env.setdefault("PYTHONWARNINGS", "ignore")
-    return env
-
-
-def run(command, env=None):
-    result = subprocess.run(command, capture_output=True, text=True, env=env)
-    if result.returncode != 0:
-        raise SystemExit(f"command failed ({result.returncode}): {' '.join(command)}\n"
-                         f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
-    return result.stdout + result.stderr
-
-
-def model_args(name, args):
-    size = []
+def command_line(name, size, args):
+    """fairseq-train's arguments for one model (everything but --arch and the model's
+    own options is the same for all models)."""
+    heads, ffn = SIZES[size]
+    dims = []
     for side in ("encoder", "decoder"):
-        size += [f"--{side}-embed-dim", str(args.embed_dim), f"--{side}-ffn-embed-dim", str(args.ffn_dim),
-                 f"--{side}-attention-heads", str(args.heads), f"--{side}-layers", str(args.layers)]
-    # identical regularisation: transformer_pp's presets set these, fairseq's defaults differ
-    size += ["--dropout", "0.1", "--attention-dropout", "0.1", "--activation-dropout", "0.1",
-             "--share-all-embeddings"]
-    # the plugin is loaded for every model: the same batching (it keeps fairseq's last
-    # incomplete batch) and the same checkpoint loading
-    return MODELS[name] + size + ["--user-dir", str(PLUGIN)]
-
-
-def memory_record(output):
-    for line in output.splitlines():
-        if line.startswith("BENCH_MEMORY "):
-            return json.loads(line[len("BENCH_MEMORY "):])
-    raise SystemExit("no memory record in the output")
-
-
-def train(name, data, save_dir: Path, save: bool, args):
-    command = [
-        sys.executable, "-c", TRAIN_WRAPPER, str(data),
-        *model_args(name, args),
-        "--task", "translation", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-        "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "1e-3",
-        "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10",
-        "--max-tokens", str(args.max_tokens), "--max-update", str(args.updates),
-        "--log-format", "json", "--log-interval", str(args.log_interval),
-        "--disable-validation", "--num-workers", "0", "--seed", "1",
-        "--save-dir", str(save_dir),
+        dims += [f"--{side}-embed-dim", str(size), f"--{side}-ffn-embed-dim", str(ffn),
+                 f"--{side}-attention-heads", str(heads), f"--{side}-layers", str(args.layers)]
+    precision = {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}[args.dtype]
+    return [
+        str(args.data), "--user-dir", str(PLUGIN), *MODELS[name], *dims,
+        "--dropout", "0.1", "--attention-dropout", "0.1", "--activation-dropout", "0.1",
+        "--share-all-embeddings", "--task", "translation",
+        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+        "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4",
+        "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "4000",
+        "--max-tokens", str(args.max_tokens), "--seed", "1", "--num-workers", "0",
+        "--no-save", "--disable-validation", "--no-progress-bar",
+        *(["--cpu"] if args.device == "cpu" else []), *precision,
     ]
-    command += ["--no-epoch-checkpoints"] if save else ["--no-save"]
-    output = run(command, env=env_for(args))
-    records = []
-    for line in output.splitlines():
-        if "| train_inner |" in line:
-            records.append(json.loads(line[line.index("{"):]))
-    if len(records) < 2:
-        raise SystemExit(f"{name}: fewer than 2 train_inner records; raise --updates")
-    wps = [float(r["wps"]) for r in records[1:]]
-    memory = memory_record(output)
-    return {
-        "wps": statistics.median(wps),
-        "wps_records": wps,
-        "peak_rss": memory["peak"],
-        "step_rss": memory["peak"] - memory["before_first_step"],
-    }
 
 
-def generate(name, data, checkpoint: Path, args, subset="test", length=None, prefix=""):
-    length = length or args.gen_len
-    command = [
-        sys.executable, "-c", GEN_WRAPPER, str(data), "--path", str(checkpoint),
-        "--gen-subset", subset, "--beam", str(args.beam), "--batch-size", str(args.gen_batch),
-        "--max-len-a", "0", "--max-len-b", str(length), "--min-len", str(length),
-        "--num-workers", "0", "--quiet", "--user-dir", str(PLUGIN),
-    ]
-    output = run(command, env=env_for(args))
-    match = TRANSLATED.search(output)
-    if not match:
-        raise SystemExit(f"{name}: no 'Translated ...' line in fairseq-generate's output")
-    sentences, tokens = (int(match.group(i).replace(",", "")) for i in (1, 2))
-    return {
-        prefix + "sentences": sentences,
-        prefix + "tokens": tokens,
-        prefix + "seconds": float(match.group(3)),
-        prefix + "sent_per_s": float(match.group(4)),
-        prefix + "tok_per_s": tokens / float(match.group(3)),
-        prefix + "gen_peak_rss": memory_record(output)["peak"],
-    }
+def setup(name, size, args):
+    """fairseq's configuration and task for one model (the task loads dictionaries)."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    parser = options.get_training_parser()
+    ns = options.parse_args_and_arch(parser, input_args=command_line(name, size, args))
+    cfg = convert_namespace_to_omegaconf(ns)
+    return cfg, tasks.setup_task(cfg.task)
+
+
+def build_trainer(name, size, args, cfg=None, task=None):
+    """The model, criterion and fairseq ``Trainer`` (on the device, in the precision)."""
+    import torch
+    from fairseq.trainer import Trainer
+
+    if cfg is None:
+        cfg, task = setup(name, size, args)
+    torch.manual_seed(1)
+    model = task.build_model(cfg.model)
+    criterion = task.build_criterion(cfg.criterion)
+    return cfg, task, Trainer(cfg, task, model, criterion)
+
+
+def fixed_batches(task, cfg, split, count, max_tokens=None, max_sentences=None, seed=1):
+    """``count`` batches of ``split`` in fairseq's own batching (shuffled, seeded)."""
+    task.load_dataset(split)
+    itr = task.get_batch_iterator(
+        dataset=task.dataset(split), max_tokens=max_tokens, max_sentences=max_sentences,
+        max_positions=(1024, 1024), ignore_invalid_inputs=True,
+        required_batch_size_multiple=8, seed=seed, num_workers=0,
+    ).next_epoch_itr(shuffle=True)
+    batches = []
+    for sample in itr:
+        batches.append(sample)
+        if len(batches) == count:
+            break
+    if len(batches) < count:  # a small split: go round again
+        batches = (batches * (count // max(len(batches), 1) + 1))[:count]
+    return batches
+
+
+def synchronize(args):
+    if args.device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def timed(fn, args):
+    synchronize(args)
+    start = time.perf_counter()
+    out = fn()
+    synchronize(args)
+    return time.perf_counter() - start, out
+
+
+# ----------------------------------------------------------------------------- FLOPs
+
+
+def train_flops(cfg, sample) -> float:
+    """Model FLOPs of one training step (forward + backward = 3 × forward) on
+    ``sample``, counting matrix products only (2 FLOPs per multiply-add), over real
+    (non-pad) tokens, with S_i / T_i the source / target length of sentence i:
+
+    per layer and source token  (encoder):  2·(P_self + 2·d·F) + 2·(2·S_i·w_dot)
+    per layer and source token  (decoder K/V of cross-attention):  2·(2·d²)
+    per layer and target token  (decoder):  2·(P_self + 2·d² + 2·d·F)
+                                            + 2·(T_i·w_dot)      causal self-attention (half of T×T)
+                                            + 2·(2·S_i·d)        cross-attention
+                                            + conv heads: 2·F_k·C + 2·K·C (taps, prefix block)
+    per target token  (output projection):  2·d·V
+
+    where P_self is the weight count of a self-attention's projections (4·d² for
+    fairseq's attention; d·(3·H_a·d_h + 2·H_c·d_h + H_c) + d² for the hybrid one),
+    w_dot = H_a·d_h the width of the dot-product heads (d for fairseq's attention), C =
+    H_c·d_h, F_k the layer's kernel width, K the prefix-softmax block (64; the encoder's
+    sentence-wide pooling costs 2·C per token). The encoder's conv heads cost 2·F_k·C + 2·C per token."""
+    m = cfg.model
+    d, ffn, vocab = m.encoder_embed_dim, m.encoder_ffn_embed_dim, None
+    heads = m.encoder_attention_heads
+    dh = d // heads
+    conv = {"encoder": getattr(m, "encoder_conv_heads", 0) or 0, "decoder": getattr(m, "decoder_conv_heads", 0) or 0}
+    if getattr(m, "_name", "") != "transformer_pp" and not str(getattr(m, "arch", "")).startswith("transformer_pp"):
+        conv = {"encoder": 0, "decoder": 0}
+    kernels = {side: [int(k) for k in str(getattr(m, f"{side}_conv_kernel_sizes", "") or "").split(",") if k]
+               for side in ("encoder", "decoder")}
+    src_lengths = sample["net_input"]["src_lengths"].tolist()
+    tgt_lengths = sample["target"].ne(1).sum(1).tolist()  # pad index 1
+    vocab = sample["_vocab"]
+
+    def self_attn_params(side):
+        hc = conv[side]
+        if hc == 0:
+            return 4 * d * d, d
+        ha = heads - hc
+        return d * (3 * ha * dh + 2 * hc * dh + hc) + d * d, ha * dh
+
+    total = 0.0
+    p_enc, w_enc = self_attn_params("encoder")
+    p_dec, w_dec = self_attn_params("decoder")
+    for s, t in zip(src_lengths, tgt_lengths):
+        for layer in range(m.encoder_layers):
+            per = 2 * (p_enc + 2 * d * ffn) + 2 * (2 * s * w_enc)
+            if conv["encoder"]:
+                c = conv["encoder"] * dh
+                per += 2 * kernels["encoder"][layer] * c + 2 * c
+            total += s * per
+        for layer in range(m.decoder_layers):
+            total += s * 2 * (2 * d * d)
+            per = 2 * (p_dec + 2 * d * d + 2 * d * ffn) + 2 * (t * w_dec) + 2 * (2 * s * d)
+            if conv["decoder"]:
+                c = conv["decoder"] * dh
+                per += 2 * kernels["decoder"][layer] * c + 2 * 64 * c
+            total += t * per
+        total += t * 2 * d * vocab
+    return 3 * total
+
+
+# ----------------------------------------------------------------------------- measurements
+
+
+def measure_training(size, args, results):
+    import torch
+
+    trainers = {}
+    batches = None
+    for name in args.models:
+        cfg, task, trainer = build_trainer(name, size, args)
+        if batches is None:
+            batches = fixed_batches(task, cfg, "train", args.warmup + args.rounds, max_tokens=args.max_tokens)
+            vocab = len(task.target_dictionary)
+        trainers[name] = (cfg, trainer)
+    for name in args.models:  # warm-up (and the optimizer's state appears)
+        for batch in batches[: args.warmup]:
+            trainers[name][1].train_step([batch])
+    times = {name: [] for name in args.models}
+    memory = {}
+    for r in range(args.rounds):
+        batch = batches[args.warmup + r]
+        order = args.models[r % len(args.models):] + args.models[: r % len(args.models)]
+        for name in order:
+            trainer = trainers[name][1]
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                before = torch.cuda.memory_allocated()
+            seconds, _ = timed(lambda: trainer.train_step([batch]), args)
+            times[name].append(seconds)
+            if args.device == "cuda":
+                peak = torch.cuda.max_memory_allocated() - before
+                memory[name] = max(memory.get(name, 0), peak)
+    tokens = [b["ntokens"] for b in batches[args.warmup:]]
+    for name in args.models:
+        cfg, trainer = trainers[name]
+        wps = [n / s for n, s in zip(tokens, times[name])]
+        entry = results.setdefault(name, {})
+        entry["train_wps"] = statistics.median(wps)
+        entry["train_wps_all"] = wps
+        entry["step_seconds"] = statistics.median(times[name])
+        entry["params"] = sum(p.numel() for p in trainer.model.parameters())
+        if args.device == "cuda":
+            entry["activation_peak"] = memory[name]
+        if args.mfu:
+            flops = []
+            for b, s in zip(batches[args.warmup:], times[name]):
+                b = dict(b)
+                b["_vocab"] = vocab
+                flops.append(train_flops(cfg, b) / s)
+            entry["train_tflops"] = statistics.median(flops) / 1e12
+    if args.device == "cuda":
+        # what each model keeps allocated: free all others, measure one at a time
+        for name in list(trainers):
+            del trainers[name]
+        import gc
+
+        for name in args.models:
+            gc.collect()
+            torch.cuda.empty_cache()
+            base = torch.cuda.memory_allocated()
+            cfg, task, trainer = build_trainer(name, size, args)
+            trainer.train_step([batches[0]])
+            synchronize(args)
+            results[name]["persistent"] = torch.cuda.memory_allocated() - base
+            results[name]["train_memory"] = results[name]["persistent"] + results[name]["activation_peak"]
+            del trainer, task, cfg
+            gc.collect()
+    return batches
+
+
+def measure_generation(size, args, results):
+    import torch
+    from fairseq import checkpoint_utils, tasks  # noqa: F401
+
+    models, generators, samples = {}, {}, None
+    for name in args.models:
+        cfg, task, trainer = build_trainer(name, size, args)
+        trainer.train_step(fixed_batches(task, cfg, "train", 1, max_tokens=args.max_tokens))
+        model = trainer.model.eval()
+        gen_args = argparse.Namespace(beam=args.beam, max_len_a=0, max_len_b=args.gen_len, min_len=args.gen_len)
+        generators[name] = task.build_generator([model], gen_args)
+        models[name] = (task, model)
+        if samples is None:
+            samples = fixed_batches(task, cfg, "test", args.gen_batches + 1, max_sentences=args.gen_batch)
+    device = torch.device(args.device)
+
+    def move(sample):
+        from fairseq import utils
+
+        return utils.move_to_cuda(sample) if args.device == "cuda" else sample
+
+    samples = [move(s) for s in samples]
+    times = {name: [] for name in args.models}
+    sentences = [s["nsentences"] for s in samples[1:]]
+    with torch.no_grad():
+        for name in args.models:  # warm-up
+            task, model = models[name]
+            task.inference_step(generators[name], [model], samples[0])
+        for r, sample in enumerate(samples[1:]):
+            order = args.models[r % len(args.models):] + args.models[: r % len(args.models)]
+            for name in order:
+                task, model = models[name]
+                seconds, hyps = timed(lambda: task.inference_step(generators[name], [model], sample), args)
+                lengths = {len(h[0]["tokens"]) for h in hyps}
+                assert lengths == {args.gen_len + 1}, f"{name}: output lengths {lengths}"
+                times[name].append(seconds)
+    del device
+    for name in args.models:
+        rates = [n / s for n, s in zip(sentences, times[name])]
+        results[name]["gen_sent_per_s"] = statistics.median(rates)
+        results[name]["gen_sent_per_s_all"] = rates
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_rss() -> int:
+    """The process's peak resident set size since the last :func:`reset_peak_rss`."""
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def reset_peak_rss() -> None:
+    """Linux: writing 5 to clear_refs resets the peak RSS (VmHWM) to the current RSS."""
+    with open("/proc/self/clear_refs", "w") as handle:
+        handle.write("5")
+
+
+def memory_child(name, size, args):
+    """(In a separate process) peak RSS while building and training one model, minus
+    the RSS before building it (imports, data and batches are already in memory)."""
+    cfg, task = setup(name, size, args)  # imports, dictionaries
+    batches = fixed_batches(task, cfg, "train", args.warmup + 3, max_tokens=args.max_tokens)
+    base = rss()
+    reset_peak_rss()
+    _, _, trainer = build_trainer(name, size, args, cfg, task)
+    for batch in batches:
+        trainer.train_step([batch])
+    print("BENCH_MEMORY " + json.dumps({"peak": peak_rss(), "base": base}), flush=True)
+
+
+def measure_cpu_memory(size, args, results):
+    for name in args.models:
+        cmd = [sys.executable, __file__, "--memory-child", name, str(size), "--data", str(args.data),
+               "--device", "cpu", "--dtype", args.dtype, "--max-tokens", str(args.max_tokens),
+               "--layers", str(args.layers), "--models", ",".join(args.models),
+               "--threads", str(args.threads), "--warmup", str(args.warmup)]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        line = [l for l in out.stdout.splitlines() if l.startswith("BENCH_MEMORY ")]
+        if out.returncode != 0 or not line:
+            raise SystemExit(f"memory measurement of {name} failed:\n{out.stderr[-3000:]}")
+        record = json.loads(line[-1][len("BENCH_MEMORY "):])
+        results[name]["train_memory"] = record["peak"] - record["base"]
 
 
 # ----------------------------------------------------------------------------- report
 
 
-def median_of(results, name, key):
-    return statistics.median(r[key] for r in results[name])
+def spread(values):
+    """Half the interquartile range relative to the median (a robust noise figure)."""
+    if len(values) < 4:
+        return 0.0
+    q = statistics.quantiles(values, n=4)
+    return (q[2] - q[0]) / 2 / statistics.median(values)
 
 
-def paired_ratio(results, name, key, base="transformer"):
-    return statistics.median(a[key] / b[key] for a, b in zip(results[name], results[base]))
-
-
-def report(results, args, elapsed):
-    mib = 1024 * 1024
-    long = bool(args.long_gen_len)
-
-    def runs(name, key, fmt):
-        return " / ".join(format(r[key], fmt) for r in results[name])
-
-    head = "| model | train words/s | gen sentences/s | gen tokens/s |"
-    rule = "|---|---|---|---|"
-    if long:
-        head += f" gen sentences/s, {args.long_gen_len}-token outputs |"
-        rule += "---|"
-    head += " train peak RSS | train RSS above setup | generate peak RSS |"
-    rule += "---|---|---|"
-    lines = [head, rule]
+def report(size, args, results, device_name):
+    mib = 2**20
+    lines = [f"### d={size}, {SIZES[size][0]} heads, FFN {SIZES[size][1]}, {args.layers}+{args.layers} layers, "
+             f"{args.dtype}, {device_name}", ""]
+    head = "| model | parameters | train words/s | step ms |"
+    rule = "|---|---:|---:|---:|"
+    if "gen_sent_per_s" in results[args.models[0]]:
+        head += f" beam-{args.beam} sentences/s ({args.gen_len}-token outputs) |"
+        rule += "---:|"
+    if "train_memory" in results[args.models[0]]:
+        head += " training memory |"
+        rule += "---:|"
+    if args.mfu:
+        head += " model TFLOP/s | MFU |"
+        rule += "---:|---:|"
+    lines += [head, rule]
+    peak = None
+    if args.mfu and args.device == "cuda":
+        peak = next((v for k, v in PEAK_TFLOPS.items() if k in device_name), None)
     for name in args.models:
-        row = (
-            f"| {name} | {median_of(results, name, 'wps'):,.0f} ({runs(name, 'wps', ',.0f')}) "
-            f"| {median_of(results, name, 'sent_per_s'):.2f} ({runs(name, 'sent_per_s', '.2f')}) "
-            f"| {median_of(results, name, 'tok_per_s'):,.0f} |"
-        )
-        if long:
-            row += (f" {median_of(results, name, 'long_sent_per_s'):.3f} "
-                    f"({runs(name, 'long_sent_per_s', '.3f')}) |")
-        row += (
-            f" {median_of(results, name, 'peak_rss') / mib:,.0f} MiB "
-            f"| {median_of(results, name, 'step_rss') / mib:,.0f} MiB "
-            f"| {median_of(results, name, 'gen_peak_rss') / mib:,.0f} MiB |"
-        )
+        r = results[name]
+        row = (f"| {name} | {r['params'] / 1e6:.1f}M | {r['train_wps']:,.0f} (±{100 * spread(r['train_wps_all']):.0f}%) "
+               f"| {1000 * r['step_seconds']:.1f} |")
+        if "gen_sent_per_s" in r:
+            row += f" {r['gen_sent_per_s']:.2f} (±{100 * spread(r['gen_sent_per_s_all']):.0f}%) |"
+        if "train_memory" in r:
+            row += f" {r['train_memory'] / mib:,.0f} MiB |"
+        if args.mfu:
+            mfu = f"{100 * r['train_tflops'] / peak:.1f}%" if peak else "n/a"
+            row += f" {r['train_tflops']:.0f} | {mfu} |"
         lines.append(row)
     if "transformer" in results:
-        keys = [("wps", "training"), ("sent_per_s", "generation")]
-        if long:
-            keys.append(("long_sent_per_s", f"generation, {args.long_gen_len} tokens"))
-        keys += [("peak_rss", "train peak RSS"), ("step_rss", "train RSS above setup")]
-        lines += ["", "| ratio to transformer | " + " | ".join(label for _, label in keys) + " |",
-                  "|---|" + "---|" * len(keys)]
+        base = results["transformer"]
+        keys = [("train_wps", "training words/s", True)]
+        if "gen_sent_per_s" in base:
+            keys.append(("gen_sent_per_s", "generation sentences/s", True))
+        if "train_memory" in base:
+            keys.append(("train_memory", "training memory", False))
+        lines += ["", "| ratio to transformer | " + " | ".join(k[1] for k in keys) + " |",
+                  "|---|" + "---:|" * len(keys)]
         for name in args.models:
             if name == "transformer":
                 continue
             cells = []
-            for key, _ in keys:
-                of_medians = median_of(results, name, key) / median_of(results, "transformer", key)
-                cells.append(f"{of_medians:.2f}× (paired {paired_ratio(results, name, key):.2f}×)")
+            for key, _, _ in keys:
+                ratio = results[name][key] / base[key]
+                if key + "_all" in results[name]:  # paired: per-round ratios
+                    pairs = [a / b for a, b in zip(results[name][key + "_all"], base[key + "_all"])]
+                    cells.append(f"{ratio:.2f}× (paired {statistics.median(pairs):.2f}×, "
+                                 f"±{100 * spread(pairs):.0f}%)")
+                else:
+                    cells.append(f"{ratio:.2f}×")
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    tokens = {name: sorted({r["tokens"] for r in results[name]}) for name in args.models}
-    lines += [
-        "",
-        f"{args.repetitions} repetitions, models interleaved; d={args.embed_dim}, {args.heads} heads, "
-        f"FFN {args.ffn_dim}, {args.layers}+{args.layers} layers, shared embeddings; "
-        f"{args.updates} updates of --max-tokens {args.max_tokens}; beam {args.beam}, batch "
-        f"{args.gen_batch}, {args.test_sentences} sentences of exactly {args.gen_len} tokens + EOS"
-        + (f" (and {args.valid_sentences} of {args.long_gen_len})" if long else "")
-        + f"; generated tokens per run: {tokens}; {args.threads or 'default'} thread(s) per process; "
-        f"total {elapsed / 60:.1f} min.",
-    ]
     return "\n".join(lines)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    start = time.perf_counter()
-    work = args.work_dir or Path(tempfile.mkdtemp(prefix="bench_model_"))
-    work.mkdir(parents=True, exist_ok=True)
+    import logging
+
+    import torch
+
+    logging.disable(logging.WARNING)  # fairseq's INFO lines would bury the tables
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.memory_child:
+        name, size = args.memory_child
+        memory_child(name, int(size), args)
+        return
+    if args.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    work = None
+    if args.data is None:
+        work = Path(tempfile.mkdtemp(prefix="bench_model_"))
+        args.data = synthetic_data(work)
+    device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    started = time.perf_counter()
+    everything = {}
     try:
-        raw, data = work / "raw", work / "data-bin"
-        raw.mkdir(exist_ok=True)
-        make_corpus(raw, args)
-        if data.exists():
-            shutil.rmtree(data)
-        binarize(raw, data)
-        results = {name: [] for name in args.models}
-        for rep in range(args.repetitions):
-            order = args.models[rep % len(args.models):] + args.models[: rep % len(args.models)]
-            for name in order:
-                save_dir = work / "checkpoints" / name
-                first = rep == 0
-                # an empty folder, or fairseq-train would resume from a checkpoint in it
-                train_dir = save_dir if first else work / "scratch"
-                shutil.rmtree(train_dir, ignore_errors=True)
-                measured = train(name, data, train_dir, save=first, args=args)
-                measured.update(generate(name, data, save_dir / "checkpoint_last.pt", args))
-                if args.long_gen_len:
-                    measured.update(generate(name, data, save_dir / "checkpoint_last.pt", args,
-                                             subset="valid", length=args.long_gen_len, prefix="long_"))
-                results[name].append(measured)
-                print(f"rep {rep + 1}/{args.repetitions} {name:12s} train {measured['wps']:8,.0f} wps  "
-                      f"gen {measured['sent_per_s']:6.2f} sent/s {measured['tok_per_s']:8,.0f} tok/s  "
-                      f"peak RSS {measured['peak_rss'] / 2**20:6,.0f} MiB "
-                      f"(+{measured['step_rss'] / 2**20:,.0f} in training)", flush=True)
-        elapsed = time.perf_counter() - start
-        print()
-        print(report(results, args, elapsed))
-        if args.json:
-            args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                             "results": results}, indent=1))
+        for size in args.sizes:
+            results = {}
+            measure_training(size, args, results)
+            if not args.no_generation:
+                measure_generation(size, args, results)
+            if not args.no_memory and args.device == "cpu":
+                measure_cpu_memory(size, args, results)
+            text = report(size, args, results, device_name)
+            print(text + "\n", flush=True)
+            everything[size] = {"results": results, "report": text}
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
     finally:
-        if args.work_dir is None:
+        if work is not None:
             shutil.rmtree(work, ignore_errors=True)
+    print(f"{args.rounds} timed steps per model (after {args.warmup} untimed), {args.gen_batches} generation "
+          f"batches of {args.gen_batch} sentences, --max-tokens {args.max_tokens}, data {args.data}; "
+          f"total {(time.perf_counter() - started) / 60:.1f} min.")
+    if args.json:
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                         "sizes": everything}, indent=1, default=str))
 
 
 if __name__ == "__main__":
-    main()
+    with contextlib.suppress(KeyboardInterrupt):
+        main()

@@ -159,7 +159,7 @@ class ContextQuery(nn.Module):
             if incremental_state is not None:
                 raise RuntimeError("incremental decoding needs a causal ContextQuery")
             weights = F.softmax(scores, dim=0)  # T x B x H
-            query = torch.einsum("tbh,tbhd->bhd", weights, values32)
+            query = (weights.unsqueeze(-1) * values32).sum(dim=0, keepdim=True)  # 1 x B x H x dh
             return query.reshape(1, bsz, -1).to(values.dtype)
 
         s = scores.permute(1, 2, 0)  # B x H x T

@@ -1,0 +1,142 @@
+"""Carve held-out valid and test sets out of a parallel corpus that ships none.
+
+Corpora such as software-translation catalogues repeat themselves: the same message
+appears in many packages, with small variations of case or spacing. A test pair whose
+source or target also occurs in training measures memory, not translation. So:
+
+1. pairs are drawn in a seeded random order (the same order for the same seed and
+   corpus); a pair is taken for test (then valid) unless its source or its target,
+   *normalised* (Unicode NFKC, case-folded, whitespace collapsed), was already taken;
+2. training keeps every remaining pair whose normalised source *and* target occur in
+   neither held-out set — a pair sharing one side with a held-out pair is dropped
+   from training, not kept.
+
+The result: no held-out source equals a training source, no held-out target equals a
+training target, and the held-out sets are disjoint from each other, all under the
+normalisation. Inputs may be xz-compressed (``.xz``).
+"""
+
+import lzma
+import os
+import random
+import re
+import unicodedata
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple
+
+from .errors import DataError
+
+_SPACE = re.compile(r"\s+")
+
+
+def normalise(text: str) -> str:
+    """The key two segments are duplicates under: NFKC, case-folded, single spaces."""
+    return _SPACE.sub(" ", unicodedata.normalize("NFKC", text).casefold()).strip()
+
+
+def open_text(path: Path):
+    """A text file, xz-compressed when its name ends in ``.xz``."""
+    if str(path).endswith(".xz"):
+        return lzma.open(path, "rt", encoding="utf-8", newline="\n")
+    return open(path, "r", encoding="utf-8", newline="\n")
+
+
+def read_side(path: Path) -> List[str]:
+    """The lines of ``path`` split on ``\n`` only (the segments may contain other
+    Unicode line separators); a last line without newline counts."""
+    try:
+        with open_text(path) as handle:
+            lines = handle.read().split("\n")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"not UTF-8 ({exc.reason})", path) from None
+    except (lzma.LZMAError, EOFError) as exc:
+        raise DataError(f"not a valid xz file ({exc})", path) from None
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def side_path(prefix: str, lang: str) -> Path:
+    """``PREFIX.lang``, or ``PREFIX.lang.xz`` if only that exists."""
+    plain = Path(f"{prefix}.{lang}")
+    packed = Path(f"{prefix}.{lang}.xz")
+    if plain.exists():
+        return plain
+    if packed.exists():
+        return packed
+    raise DataError(f"missing (looked for {plain} and {packed})", plain)
+
+
+def carve(
+    sources: Sequence[str],
+    targets: Sequence[str],
+    sizes: Dict[str, int],
+    seed: int = 1,
+) -> Dict[str, List[int]]:
+    """Indices of the pairs of each held-out set (in ``sizes``' order of names) and
+    of ``"train"``. Pairs with an empty side are never held out."""
+    order = list(range(len(sources)))
+    random.Random(seed).shuffle(order)
+    taken_src, taken_tgt = set(), set()
+    splits: Dict[str, List[int]] = {name: [] for name in sizes}
+    names = iter(sizes)
+    current = next(names, None)
+    for index in order:
+        if current is None:
+            break
+        src, tgt = normalise(sources[index]), normalise(targets[index])
+        if not src or not tgt or src in taken_src or tgt in taken_tgt:
+            continue
+        taken_src.add(src)
+        taken_tgt.add(tgt)
+        splits[current].append(index)
+        while current is not None and len(splits[current]) >= sizes[current]:
+            current = next(names, None)
+    for name, wanted in sizes.items():
+        if len(splits[name]) < wanted:
+            raise DataError(f"only {len(splits[name])} distinct pairs left for {name} ({wanted} asked)")
+    splits["train"] = [
+        i for i in range(len(sources))
+        if normalise(sources[i]) not in taken_src and normalise(targets[i]) not in taken_tgt
+    ]
+    for name in sizes:
+        splits[name].sort()
+    return splits
+
+
+def write_lines(path: Path, lines: Sequence[str]) -> None:
+    """Write ``lines`` under a temporary name, then rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8", newline="\n") as handle:
+        for line in lines:
+            handle.write(line + "\n")
+    os.replace(tmp, path)
+
+
+def carve_corpus(
+    prefix: str,
+    src_lang: str,
+    tgt_lang: str,
+    out_dir: Path,
+    sizes: Dict[str, int],
+    seed: int = 1,
+    force: bool = False,
+) -> Dict[str, Tuple[Path, Path]]:
+    """Read ``PREFIX.{src,tgt}[.xz]``, carve the held-out sets, write
+    ``out_dir/{train,<held-out names>}.{src,tgt}``. Returns the written prefixes' files.
+    Existing outputs are kept (the carving is deterministic) unless ``force``."""
+    out_dir = Path(out_dir)
+    names = ["train", *sizes]
+    outputs = {name: (out_dir / f"{name}.{src_lang}", out_dir / f"{name}.{tgt_lang}") for name in names}
+    if not force and all(p.exists() for pair in outputs.values() for p in pair):
+        return outputs
+    src_path, tgt_path = side_path(prefix, src_lang), side_path(prefix, tgt_lang)
+    sources, targets = read_side(src_path), read_side(tgt_path)
+    if len(sources) != len(targets):
+        raise DataError(f"{len(sources)} lines, but {tgt_path} has {len(targets)}", src_path)
+    splits = carve(sources, targets, sizes, seed=seed)
+    for name, (src_out, tgt_out) in outputs.items():
+        write_lines(src_out, [sources[i] for i in splits[name]])
+        write_lines(tgt_out, [targets[i] for i in splits[name]])
+    return outputs
