@@ -72,12 +72,16 @@ def carve(
     targets: Sequence[str],
     sizes: Dict[str, int],
     seed: int = 1,
+    reserved: Sequence[Tuple[str, str]] = (),
 ) -> Dict[str, List[int]]:
     """Indices of the pairs of each held-out set (in ``sizes``' order of names) and
-    of ``"train"``. Pairs with an empty side are never held out."""
+    of ``"train"``. Pairs with an empty side are never held out. ``reserved`` pairs
+    (held-out sets given from elsewhere) are treated as already taken: nothing carved
+    and nothing kept for training shares a side with them."""
     order = list(range(len(sources)))
     random.Random(seed).shuffle(order)
-    taken_src, taken_tgt = set(), set()
+    taken_src = {normalise(src) for src, _ in reserved}
+    taken_tgt = {normalise(tgt) for _, tgt in reserved}
     splits: Dict[str, List[int]] = {name: [] for name in sizes}
     names = iter(sizes)
     current = next(names, None)
@@ -114,6 +118,15 @@ def write_lines(path: Path, lines: Sequence[str]) -> None:
     os.replace(tmp, path)
 
 
+def read_pairs(prefix: str, src_lang: str, tgt_lang: str) -> Tuple[List[str], List[str]]:
+    """Both sides of ``PREFIX.{src,tgt}[.xz]``, checked to be line-aligned."""
+    src_path, tgt_path = side_path(prefix, src_lang), side_path(prefix, tgt_lang)
+    sources, targets = read_side(src_path), read_side(tgt_path)
+    if len(sources) != len(targets):
+        raise DataError(f"{len(sources)} lines, but {tgt_path} has {len(targets)}", src_path)
+    return sources, targets
+
+
 def carve_corpus(
     prefix: str,
     src_lang: str,
@@ -122,21 +135,29 @@ def carve_corpus(
     sizes: Dict[str, int],
     seed: int = 1,
     force: bool = False,
+    given: Dict[str, str] = None,
 ) -> Dict[str, Tuple[Path, Path]]:
     """Read ``PREFIX.{src,tgt}[.xz]``, carve the held-out sets, write
-    ``out_dir/{train,<held-out names>}.{src,tgt}``. Returns the written prefixes' files.
+    ``out_dir/{train,<held-out names>}.{src,tgt}``. ``given`` held-out sets (name ->
+    prefix, e.g. your own test set) are copied as they are and reserved: training
+    keeps no pair sharing a side with them. Returns the written files per split.
     Existing outputs are kept (the carving is deterministic) unless ``force``."""
     out_dir = Path(out_dir)
-    names = ["train", *sizes]
+    given = dict(given or {})
+    names = ["train", *sizes, *given]
     outputs = {name: (out_dir / f"{name}.{src_lang}", out_dir / f"{name}.{tgt_lang}") for name in names}
     if not force and all(p.exists() for pair in outputs.values() for p in pair):
         return outputs
-    src_path, tgt_path = side_path(prefix, src_lang), side_path(prefix, tgt_lang)
-    sources, targets = read_side(src_path), read_side(tgt_path)
-    if len(sources) != len(targets):
-        raise DataError(f"{len(sources)} lines, but {tgt_path} has {len(targets)}", src_path)
-    splits = carve(sources, targets, sizes, seed=seed)
-    for name, (src_out, tgt_out) in outputs.items():
+    sources, targets = read_pairs(prefix, src_lang, tgt_lang)
+    reserved = []
+    for name, held_prefix in given.items():
+        held_src, held_tgt = read_pairs(held_prefix, src_lang, tgt_lang)
+        reserved += list(zip(held_src, held_tgt))
+        write_lines(outputs[name][0], held_src)
+        write_lines(outputs[name][1], held_tgt)
+    splits = carve(sources, targets, sizes, seed=seed, reserved=reserved)
+    for name in ["train", *sizes]:
+        src_out, tgt_out = outputs[name]
         write_lines(src_out, [sources[i] for i in splits[name]])
         write_lines(tgt_out, [targets[i] for i in splits[name]])
     return outputs

@@ -177,6 +177,26 @@ class ContextQuery(nn.Module):
         # B x H x T x dh -> T x B x (H*dh)
         return query.permute(2, 0, 1, 3).reshape(tgt_len, bsz, -1).to(values.dtype)
 
+    def step(self, scores: Tensor, values: Tensor, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tensor:
+        """One decoding step (causal): ``scores`` ``B x H`` and ``values`` ``B x (H·d_h)``
+        of the new position; returns its query, ``B x (H·d_h)``. The same merge as
+        :meth:`forward`, with the least work per step."""
+        bsz = values.size(0)
+        key = self._get_full_incremental_state_key("context_query")
+        s = scores.float()  # B x H
+        v = values.float().view(bsz, self.num_heads, self.head_dim)  # B x H x dh
+        buffer = incremental_state.get(key)
+        if buffer is None:
+            query, lse = v, s
+        else:
+            state = buffer["state"]  # B x H x (1 + dh)
+            prev_lse, prev_q = state[..., 0], state[..., 1:]
+            lse = torch.logaddexp(prev_lse, s)
+            share = torch.exp(s - lse).unsqueeze(-1)  # in [0, 1]
+            query = torch.addcmul(prev_q, share, v - prev_q)
+        incremental_state[key] = {"state": torch.cat([lse.unsqueeze(-1), query], dim=-1)}
+        return query.reshape(bsz, -1).to(values.dtype)
+
     def weights(self, scores: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:
         """The word-context weights ``α`` (for visualisation): ``B x H x T x T``, row ``t``
         the distribution the query of position ``t`` pools with (in the encoder every row

@@ -132,6 +132,8 @@ class HybridMultiheadAttention(nn.Module):
         sizes = dict(q=dot_dim, k=dot_dim, v=dot_dim, local=conv_dim, value=conv_dim, score=conv_heads)
         #: (name, width) of each slice of in_proj's output, in order (no empty slices)
         self.projection_sizes: List[Tuple[str, int]] = [(n, sizes[n]) for n in PROJECTIONS if sizes[n] > 0]
+        self._names = [n for n, _ in self.projection_sizes]
+        self._widths = [w for _, w in self.projection_sizes]
         self.in_proj = nn.Linear(embed_dim, sum(w for _, w in self.projection_sizes))
         self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
         self.local_conv = LocalConv(conv_dim, kernel_size, dilation=dilation, weight_dropout=conv_weight_dropout)
@@ -201,6 +203,9 @@ class HybridMultiheadAttention(nn.Module):
         if need_head_weights:
             need_weights = True
         tgt_len, bsz, embed_dim = query.shape
+        if (incremental_state is not None and tgt_len == 1 and not need_weights and attn_mask is None
+                and key_padding_mask is None and not self.training):
+            return self._decode_step(query, incremental_state), None
         assert embed_dim == self.embed_dim, f"expected width {self.embed_dim}, got {embed_dim}"
         if key_padding_mask is not None:
             if self.right_padded and incremental_state is None:
@@ -242,6 +247,32 @@ class HybridMultiheadAttention(nn.Module):
             dot, _ = self._dot_product_heads(proj["q"], proj["k"], proj["v"], key_padding_mask, None, None, False)
         local, context = self._conv_heads(proj, key_padding_mask, None)
         return {"dot": dot, "local": local, "conv": local * context}
+
+    def _decode_step(self, x: Tensor, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tensor:
+        """One decoding step without padding (the common case of beam search): the
+        same computation as :meth:`forward`, on ``B x ...`` matrices, with as few
+        operations as possible, since it runs once per layer and output token."""
+        bsz = x.size(1)
+        parts = torch.split(F.linear(x[0], self.in_proj.weight, self.in_proj.bias), self._widths, dim=-1)
+        proj = dict(zip(self._names, parts))  # B x width each
+        heads = []
+        if self.dot_heads > 0:
+            shape = (bsz, self.dot_heads, 1, self.head_dim)
+            q, k, v = proj["q"].view(shape), proj["k"].view(shape), proj["v"].view(shape)
+            key = self._get_full_incremental_state_key("attn_state")
+            saved = incremental_state.get(key)
+            if saved is not None and saved.get("prev_key") is not None:
+                k = torch.cat([saved["prev_key"], k], dim=2)  # B x Ha x t x dh
+                v = torch.cat([saved["prev_value"], v], dim=2)
+            incremental_state[key] = {"prev_key": k, "prev_value": v}
+            logits = torch.matmul(q * self.scaling, k.transpose(-1, -2))  # B x Ha x 1 x t
+            weights = F.softmax(logits, dim=-1, dtype=torch.float32).type_as(v)
+            heads.append(torch.matmul(weights, v).view(bsz, -1))  # B x (Ha*dh)
+        local = self.local_conv.step(proj["local"], incremental_state)
+        context = self.context_query.step(proj["score"], proj["value"], incremental_state)
+        heads.append(local * context)
+        mixed = torch.cat(heads, dim=-1) if len(heads) > 1 else heads[0]
+        return F.linear(mixed, self.out_proj.weight, self.out_proj.bias).unsqueeze(0)
 
     def _project(self, x: Tensor) -> Dict[str, Tensor]:
         """All input projections of ``x`` by one matrix product, ``T x B x width`` each."""

@@ -148,9 +148,36 @@ class LocalConv(nn.Module):
         Computed from the current weight at every call: it is a ``C x F`` softmax, and
         fairseq's optimizers write parameters in place without telling anyone, so
         nothing derived from a weight may be kept between calls."""
-        kernel = F.softmax(self.weight.float(), dim=-1).type_as(self.weight)
-        # DropConnect: drop individual (normalised) tap weights, not activations.
-        return self.weight_dropout_module(kernel).t()
+        kernel = F.softmax(self.weight, dim=-1, dtype=torch.float32).type_as(self.weight)
+        if self.training and self.weight_dropout_module.p > 0:
+            # DropConnect: drop individual (normalised) tap weights, not activations.
+            kernel = self.weight_dropout_module(kernel)
+        return kernel.t()
+
+    def step(self, u: Tensor, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tensor:
+        """One decoding step: ``u`` is the new position's ``U`` (``B x C``); returns
+        ``B x C``. Same as :meth:`forward` with one position and an incremental state,
+        with the least work per step (decoding calls it once per layer and token)."""
+        kernel = self.normalized_kernel()  # F x C
+        span = self.receptive_field
+        if span == 0:
+            return u * kernel[0]
+        key = self._step_key
+        history = incremental_state.get(key)
+        if history is None:
+            history = u.new_zeros(span, u.size(0), u.size(1))
+        else:
+            history = history["history"]
+        window = torch.cat([history, u.unsqueeze(0)], dim=0)  # (span + 1) x B x C
+        incremental_state[key] = {"history": window[1:]}
+        # rows 0, δ, ..., (F-1)δ of the window are the taps
+        taps = window[:: self.dilation]  # F x B x C
+        return (taps.float() * kernel.float().unsqueeze(1)).sum(dim=0).type_as(u)
+
+    @property
+    def _step_key(self) -> str:
+        """The incremental-state key of this module's buffer (as fairseq forms it)."""
+        return self._get_full_incremental_state_key("local_conv")
 
     def forward(
         self,
