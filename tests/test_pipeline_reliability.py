@@ -1,4 +1,5 @@
-"""Bad input gets a clear error naming file and line; outputs are never half-written."""
+"""Bad input gets a clear error naming file and line (exit status 2, no traceback);
+outputs are never half-written."""
 
 import pytest
 
@@ -28,7 +29,7 @@ def test_line_count_mismatch_names_the_files(corpus):
     with open(corpus / "valid.de", "a", encoding="utf-8") as out:
         out.write("one more line\n")
     result = _run(corpus)
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "valid.en" in result.stderr and "valid.de has 31" in result.stderr
     assert not (corpus / "work" / "tok").exists()
 
@@ -38,7 +39,7 @@ def test_invalid_utf8_names_file_and_line(corpus):
     data[6] = b"caf\xe9 au lait"
     (corpus / "train.en").write_bytes(b"\n".join(data))
     result = _run(corpus, "--stop-after", "tokenize")
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "train.en:7: invalid UTF-8 byte b'\\xe9'" in result.stderr
     assert not (corpus / "work" / "tok" / "train.en").exists()
     assert not (corpus / "work" / "tok" / "train.en.tmp").exists()
@@ -48,7 +49,7 @@ def test_invalid_utf8_names_file_and_line(corpus):
 
 def test_non_english_source_needs_no_tags_and_then_skips_tagging(corpus):
     result = _run(corpus, src="de", tgt="en")
-    assert result.returncode == 1 and "--no-tags" in result.stderr
+    assert result.returncode == 2 and "--no-tags" in result.stderr
     result = _run(corpus, "--no-tags", "--bpe-merges", "100", "--stop-after", "clean",
                   src="de", tgt="en")
     assert result.returncode == 0, result.stderr
@@ -59,7 +60,7 @@ def test_non_english_source_needs_no_tags_and_then_skips_tagging(corpus):
 
 def test_force_and_tag_shard_do_not_mix(corpus):
     result = _run(corpus, "--force", "--tag-shard", "0/4")
-    assert result.returncode == 1 and "--tag-shard" in result.stderr
+    assert result.returncode == 2 and "--tag-shard" in result.stderr
 
 
 def test_cleaning_drops_lines_from_all_aligned_files_at_once(tmp_path):
@@ -88,3 +89,30 @@ def test_atomic_open_leaves_nothing_on_failure(tmp_path):
             out.write("new, half")
             raise RuntimeError("interrupted")
     assert target.read_text() == "old" and not (tmp_path / "out.txt.tmp").exists()
+
+
+@pytest.mark.parametrize("case", ["whitespace-only side", "all over --max-len", "all over --max-ratio"])
+def test_training_data_with_no_usable_pair_is_an_error_naming_the_file(corpus, case):
+    """Issue 11.4: no traceback from inside subword-nmt, but an error naming the file and
+    what was left."""
+    extra = []
+    if case == "whitespace-only side":
+        (corpus / "train.de").write_text("  \n\t\n \n" * 10, encoding="utf-8")
+        expected = (f"{corpus / 'train.de'}: no usable training pairs: 0 of 30 left after "
+                    "tokenisation and cleaning")
+        why = f"30 empty or whitespace only in {corpus / 'train.de'}"
+    elif case == "all over --max-len":
+        extra = ["--max-len", "3"]
+        expected = f"{corpus / 'train.en'}: no usable training pairs: 0 of 30 left after"
+        why = f"30 over --max-len 3 tokens in {corpus / 'train.de'}"
+    else:  # everything goes at the last filter, on the BPE text
+        extra = ["--no-tags", "--bpe-merges", "50", "--max-ratio", "0.5"]
+        expected = (f"{corpus / 'train.en'}: no usable training pairs: 0 of 30 left after BPE "
+                    "and the length/ratio filter")
+        why = "30 length ratio of the two sides over --max-ratio 0.5"
+    result = _run(corpus, *extra)
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr and why in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (corpus / "bin").exists()
+

@@ -274,5 +274,5 @@ def main(argv=None):
         pipeline.run_pipeline(args, prefixes, name, src, tgt)
     except DataError as exc:
         log.error("error: %s", exc)
-        return 1
+        return 2
     return 0
