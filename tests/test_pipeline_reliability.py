@@ -116,3 +116,21 @@ def test_training_data_with_no_usable_pair_is_an_error_naming_the_file(corpus, c
     assert "Traceback" not in result.stderr
     assert not (corpus / "bin").exists()
 
+def test_failed_binarize_leaves_no_staging_folder(corpus):
+    """Issue 11.8: a binarization that fails removes data-bin/<name>.tmp/ at once."""
+    assert _run(corpus, "--bpe-merges", "100", "--stop-after", "clean").returncode == 0
+    final_pos = corpus / "work" / "final" / "valid.pos"
+    lines = final_pos.read_text(encoding="utf-8").splitlines()
+    lines[2] += " NOUN"  # one label too many: the alignment check after binarizing fails
+    labels = len(lines[2].split())
+    final_pos.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = _run(corpus, "--bpe-merges", "100")
+    assert not (corpus / "bin" / "rel.tmp").exists(), "staging folder left behind"
+    assert not (corpus / "bin" / "rel").exists()
+    assert result.returncode == 2, result.stderr
+    # the error names the text file that was binarized, and its line
+    assert f"{final_pos}:3: {labels} pos labels for {labels - 1} source tokens" in result.stderr, \
+        result.stderr
+    assert "Traceback" not in result.stderr
+    assert (corpus / "work" / "preprocess.log").exists()  # kept where the work is
+
