@@ -1,9 +1,15 @@
 """Bad input gets a clear error naming file and line (exit status 2, no traceback);
-outputs are never half-written."""
+outputs are never half-written; one run per work folder at a time."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
 
 import pytest
 
-from pipeline_support import parallel_lines, run_script, write_parallel
+from pipeline_support import SCRIPTS, parallel_lines, run_script, write_parallel
 
 from tpp_data import cleaning, textio
 from tpp_data.errors import DataError
@@ -17,12 +23,12 @@ def corpus(tmp_path):
     return tmp_path
 
 
-def _run(corpus, *extra, src="en", tgt="de"):
+def _run(corpus, *extra, src="en", tgt="de", timeout=600):
     return run_script("prepare_corpus.py", "-s", src, "-t", tgt,
                       "--trainpref", corpus / "train", "--validpref", corpus / "valid",
                       "--testpref", corpus / "test", "--name", "rel", "--work-dir",
                       corpus / "work", "--data-bin", corpus / "bin", "--quiet", *extra,
-                      check=False)
+                      check=False, timeout=timeout)
 
 
 def test_line_count_mismatch_names_the_files(corpus):
@@ -116,6 +122,7 @@ def test_training_data_with_no_usable_pair_is_an_error_naming_the_file(corpus, c
     assert "Traceback" not in result.stderr
     assert not (corpus / "bin").exists()
 
+
 def test_failed_binarize_leaves_no_staging_folder(corpus):
     """Issue 11.8: a binarization that fails removes data-bin/<name>.tmp/ at once."""
     assert _run(corpus, "--bpe-merges", "100", "--stop-after", "clean").returncode == 0
@@ -134,3 +141,74 @@ def test_failed_binarize_leaves_no_staging_folder(corpus):
     assert "Traceback" not in result.stderr
     assert (corpus / "work" / "preprocess.log").exists()  # kept where the work is
 
+
+def _blocked_run(corpus):
+    """A real pipeline run that stops, holding the work folder's lock, at its first step:
+    the step marker it reads is a named pipe, so it waits there until the test opens the
+    pipe's other end (which tells the test that the run holds the lock) and then until it
+    is signalled."""
+    process = subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "prepare_corpus.py"), "-s", "en", "-t", "de",
+         "--trainpref", str(corpus / "train"), "--validpref", str(corpus / "valid"),
+         "--testpref", str(corpus / "test"), "--name", "rel", "--work-dir", str(corpus / "work"),
+         "--data-bin", str(corpus / "bin"), "--quiet", "--stop-after", "tokenize"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return process
+
+
+def _lock_record(lock):
+    text = lock.read_text()
+    return json.loads(text) if text.strip() else None
+
+
+def test_one_run_per_work_dir_and_stale_locks_are_taken_over(corpus):
+    """Issue 11.5, with real pipeline processes: a second run refuses at once, naming the
+    lock and the process holding it; a lock whose process was killed is taken over
+    (by exactly one of two runs racing for it), saying so."""
+    steps = corpus / "work" / ".steps"
+    steps.mkdir(parents=True)
+    marker = steps / "tokenize.json"
+    os.mkfifo(marker)
+    lock = corpus / "work" / ".lock"
+
+    first = _blocked_run(corpus)
+    pipe = open(marker, "w")  # returns once the first run is inside its first step
+    try:
+        assert _lock_record(lock)["pid"] == first.pid
+        # (without a lock it would wait on the same step marker: the timeout ends that)
+        second = _run(corpus, "--stop-after", "tokenize", timeout=120)
+        assert second.returncode == 2, second.stderr
+        assert f"{lock}: another run of the pipeline is using this work folder (process " \
+               f"{first.pid} on host " in second.stderr, second.stderr
+        assert "Traceback" not in second.stderr
+        first.kill()  # SIGKILL: no chance to clear its record
+        first.communicate()
+    finally:
+        pipe.close()
+    assert _lock_record(lock)["pid"] == first.pid  # a stale record stays behind
+
+    # two runs race for the stale lock: exactly one takes it over, the other refuses
+    racers = [_blocked_run(corpus) for _ in range(2)]
+    pipe = open(marker, "w")  # the winner has reached its first step
+    try:
+        winner_pid = _lock_record(lock)["pid"]
+        winner = next(p for p in racers if p.pid == winner_pid)
+        loser = next(p for p in racers if p.pid != winner_pid)
+        _, loser_err = loser.communicate(timeout=120)
+        assert loser.returncode == 2, loser_err
+        assert f"{lock}: another run of the pipeline is using this work folder (process " \
+               f"{winner_pid} on host " in loser_err, loser_err
+        winner.send_signal(signal.SIGTERM)  # a clean stop clears the record
+        _, winner_err = winner.communicate(timeout=120)
+    finally:
+        pipe.close()
+    assert f"taking over the lock left by process {first.pid} " in winner_err, winner_err
+    assert winner.returncode == 128 + signal.SIGTERM, winner_err
+    assert _lock_record(lock) is None
+
+    # the folder is free again: a normal run goes through, with nothing to take over
+    marker.unlink()
+    result = _run(corpus, "--stop-after", "tokenize")
+    assert result.returncode == 0, result.stderr
+    assert "taking over" not in result.stderr
+    assert _lock_record(lock) is None

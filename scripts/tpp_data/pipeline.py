@@ -23,6 +23,7 @@ import sys
 from . import binarize as binarize_mod
 from . import bpe, cleaning, moses, tagging
 from .errors import DataError
+from .lock import exit_cleanly_on_sigterm, work_dir_lock
 from .steps import StepLedger, file_identity
 from .textio import atomic_open, check_same_line_count
 
@@ -286,9 +287,12 @@ def setup_logging():
 def main(argv=None):
     args = build_parser().parse_args(argv)
     setup_logging()
+    exit_cleanly_on_sigterm()
     prefixes = {"train": args.trainpref, "valid": args.validpref, "test": args.testpref}
+    args.work_dir = args.work_dir or os.path.join(REPO_ROOT, "work", args.name)
     try:
-        run_pipeline(args, prefixes, args.name, args.source_lang, args.target_lang)
+        with work_dir_lock(args.work_dir, shared=bool(args.tag_shard)):
+            run_pipeline(args, prefixes, args.name, args.source_lang, args.target_lang)
     except DataError as exc:
         log.error("error: %s", exc)
         return 2
