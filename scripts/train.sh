@@ -30,6 +30,8 @@
 #                              number you will average)
 #   --seed N                   SEED [1]
 #   --log-interval N           LOG_INTERVAL [100]
+#   --log-file FILE            LOG_FILE [<save-dir>/train.log]: fairseq's log, appended to on
+#                              every (re)start; scripts/plot_training.py plots it as it is
 #   --cpu                      CPU [0]: train on the CPU (tests, laptops)
 #   --fp16 | --no-fp16         FP16 [auto]: on when a GPU is visible and CPU=0
 #   --dry-run                  print the command instead of running it
@@ -47,6 +49,8 @@
 # last 10. Resume: fairseq restores <save-dir>/checkpoint_last.pt (model, optimizer,
 # LR schedule, update count and position in the epoch) whenever it exists, so running
 # the same command again continues the run where the last checkpoint left it.
+#
+# Log: the console shows fairseq's simple format; the same lines go to LOG_FILE.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -76,6 +80,7 @@ while [[ $# -gt 0 ]]; do
     --keep-interval-updates) KEEP_INTERVAL_UPDATES=$2; shift 2 ;;
     --seed) SEED=$2; shift 2 ;;
     --log-interval) LOG_INTERVAL=$2; shift 2 ;;
+    --log-file) LOG_FILE=$2; shift 2 ;;
     --cpu) CPU=1; shift ;;
     --fp16) FP16=1; shift ;;
     --no-fp16) FP16=0; shift ;;
@@ -110,6 +115,7 @@ SAVE_INTERVAL_UPDATES=${SAVE_INTERVAL_UPDATES:-1000}
 KEEP_INTERVAL_UPDATES=${KEEP_INTERVAL_UPDATES:-10}
 SEED=${SEED:-1}
 LOG_INTERVAL=${LOG_INTERVAL:-100}
+LOG_FILE=${LOG_FILE:-$SAVE_DIR/train.log}
 CPU=${CPU:-0}
 FP16=${FP16:-auto}
 FAIRSEQ_TRAIN=${FAIRSEQ_TRAIN:-fairseq-train}
@@ -136,7 +142,7 @@ cmd=(
   --save-dir "$SAVE_DIR"
   --save-interval-updates "$SAVE_INTERVAL_UPDATES" --keep-interval-updates "$KEEP_INTERVAL_UPDATES"
   --no-epoch-checkpoints
-  --seed "$SEED" --log-format simple --log-interval "$LOG_INTERVAL"
+  --seed "$SEED" --log-format simple --log-interval "$LOG_INTERVAL" --log-file "$LOG_FILE"
   "${device[@]}"
   "${extra[@]}"
 )
@@ -145,7 +151,7 @@ if [[ $dry_run == 1 ]]; then
   printf '%q ' "${cmd[@]}"; echo
   exit 0
 fi
-mkdir -p "$SAVE_DIR"
+mkdir -p "$SAVE_DIR" "$(dirname "$LOG_FILE")"
 if [[ -f $SAVE_DIR/checkpoint_last.pt ]]; then
   echo "train.sh: resuming from $SAVE_DIR/checkpoint_last.pt" >&2
 fi

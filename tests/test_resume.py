@@ -1,5 +1,7 @@
-"""scripts/train.sh: the paper's recipe on the command line, and resuming a killed run."""
+"""scripts/train.sh: the paper's recipe on the command line, resuming a killed run, and
+resuming after a torn checkpoint_last.pt; its log plots as it is."""
 
+import importlib.util
 import os
 import re
 import shlex
@@ -7,9 +9,10 @@ import signal
 import subprocess
 import time
 
+import pytest
 import torch
 
-from tiny_nmt import SCRIPTS, binarize, make_corpus, tool_env, train_command
+from tiny_nmt import REPO, SCRIPTS, binarize, make_corpus, tool_env, train_command
 
 import tpp_plugin  # noqa: F401  (allow-lists fairseq checkpoint contents for torch.load)
 
@@ -115,3 +118,46 @@ def test_killed_run_resumes_from_last_checkpoint(tmp_path):
     # the optimizer's learning-rate schedule continued too (no new warm-up from zero)
     first_lr = float(re.search(r"num_updates=\d+, lr=([0-9.e-]+)", text).group(1))
     assert first_lr > 1e-3
+
+
+
+def readme_train_command(data, save_dir, max_update, save_interval_updates):
+    """tests' usual train.sh command, run as the README writes it: the script itself
+    (it must be executable), not `bash script`."""
+    command = train_command(data, save_dir, max_update=max_update,
+                            save_interval_updates=save_interval_updates)
+    assert command[0] == "bash"
+    return command[1:]
+
+
+def load_plotter():
+    spec = importlib.util.spec_from_file_location("plot_training", SCRIPTS / "plot_training.py")
+    plotter = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plotter)
+    return plotter
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A tiny run of 20 updates (checkpoints every 5) with the README's command."""
+    root = tmp_path_factory.mktemp("trained")
+    data = binarize(make_corpus(root / "corpus"), root / "data-bin")
+    save_dir = root / "ckpt"
+    result = subprocess.run(readme_train_command(data, save_dir, 20, 5), cwd=REPO,
+                            env=tool_env(), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert num_updates(save_dir / "checkpoint_last.pt") == 20
+    return {"data": data, "save_dir": save_dir}
+
+
+def test_train_sh_log_is_plottable_as_it_is(trained_run, tmp_path):
+    """Issue 11.7: the log train.sh writes plots without options or conversion."""
+    log = trained_run["save_dir"] / "train.log"
+    result = subprocess.run(["scripts/plot_training.py", "--log", str(log), "--out-dir",
+                             str(tmp_path / "plots")], cwd=REPO, env=tool_env(),
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "plots" / "loss.png").stat().st_size > 0
+    assert (tmp_path / "plots" / "perplexity.png").stat().st_size > 0
+    steps = [step for step, _ in load_plotter().read_log(log)["train_inner"]]
+    assert steps[0] == 5 and steps[-1] == 20  # --log-interval 5, --max-update 20
