@@ -34,6 +34,8 @@
 #                              every (re)start; scripts/plot_training.py plots it as it is
 #   --cpu                      CPU [0]: train on the CPU (tests, laptops)
 #   --fp16 | --no-fp16         FP16 [auto]: on when a GPU is visible and CPU=0
+#   --no-recover               do not check checkpoint_last.pt before starting (see Resume)
+#   --recover-only             only check (and if need be recover) checkpoint_last.pt, then exit
 #   --dry-run                  print the command instead of running it
 #
 # The recipe: Adam (betas 0.9, 0.98, eps 1e-9) with the Transformer's learning-rate
@@ -48,7 +50,12 @@
 # of them kept (no per-epoch files), so scripts/average_checkpoints.py can average the
 # last 10. Resume: fairseq restores <save-dir>/checkpoint_last.pt (model, optimizer,
 # LR schedule, update count and position in the epoch) whenever it exists, so running
-# the same command again continues the run where the last checkpoint left it.
+# the same command again continues the run where the last checkpoint left it. Before
+# fairseq starts, scripts/recover_checkpoint.py checks that checkpoint_last.pt loads:
+# fairseq copies it without a temporary name, so a kill during the copy leaves it
+# truncated. A damaged one is moved aside (checkpoint_last.pt.damaged-<time>) and the
+# newest readable checkpoint of the save dir takes its place; the script says which.
+# (With -- --restore-file FILE, fairseq resumes from FILE and nothing is checked.)
 #
 # Log: the console shows fairseq's simple format; the same lines go to LOG_FILE.
 set -euo pipefail
@@ -60,6 +67,8 @@ die() { echo "train.sh: error: $*" >&2; exit 2; }
 
 PRESET=${PRESET:-en-de}
 dry_run=0
+recover=1
+recover_only=0
 extra=()
 while [[ $# -gt 0 ]]; do
   case $1 in
@@ -84,6 +93,8 @@ while [[ $# -gt 0 ]]; do
     --cpu) CPU=1; shift ;;
     --fp16) FP16=1; shift ;;
     --no-fp16) FP16=0; shift ;;
+    --no-recover) recover=0; shift ;;
+    --recover-only) recover_only=1; shift ;;
     --dry-run) dry_run=1; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; extra=("$@"); break ;;
@@ -152,6 +163,12 @@ if [[ $dry_run == 1 ]]; then
   exit 0
 fi
 mkdir -p "$SAVE_DIR" "$(dirname "$LOG_FILE")"
+if [[ $recover == 1 ]]; then
+  # the fairseq options as fairseq will see them (--save-dir, --restore-file and
+  # --checkpoint-suffix may also come after --; the last value counts)
+  "${PYTHON:-python}" "$repo/scripts/recover_checkpoint.py" "${cmd[@]:2}" || exit $?
+fi
+[[ $recover_only == 1 ]] && exit 0
 if [[ -f $SAVE_DIR/checkpoint_last.pt ]]; then
   echo "train.sh: resuming from $SAVE_DIR/checkpoint_last.pt" >&2
 fi
