@@ -28,6 +28,21 @@ The output keeps the last input's metadata (configuration, update count), drops 
 optimizer state (an average of Adam moments means nothing, and generation does not
 need it) and is written to a temporary name and renamed, so a failed run never leaves
 a truncated file; an existing output is only replaced with ``--force``.
+
+Only checkpoints of one model are averaged. Besides parameter names and shapes, the
+model configuration of every input (``cfg.model``, or ``args`` in old checkpoints: the
+architecture and every model option -- dimensions, heads, conv heads, kernel sizes,
+dilations, tag layers, embedding sharing, dropouts ...) must equal the first input's;
+a difference is an error naming the option, both values and both files (two runs that
+differ only in, say, dilations have the same shapes but compute different functions).
+``--allow-config-mismatch`` averages anyway, with a warning. Not compared: the options
+of the rest of the run (data and save paths, seed, learning rate, batch size, number
+of updates ...: everything fairseq files under another section of the configuration
+than ``model``), and the few keys in ``IGNORED_MODEL_KEYS``, which name other
+components or change only speed or memory.
+
+Exit status: 0 on success, 2 when an input is unusable (missing, not a checkpoint,
+truncated, another model) or the output exists without ``--force``.
 """
 
 import argparse
@@ -35,7 +50,9 @@ import os
 import re
 import sys
 import tempfile
+import warnings
 from collections import OrderedDict
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -44,11 +61,24 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # run from anywhere, also without an installed package
     sys.path.insert(0, str(REPO_ROOT))
 
+from tpp_plugin.checkpoint_files import CheckpointError  # noqa: E402
+from tpp_plugin.checkpoint_files import load_checkpoint as read_checkpoint  # noqa: E402
 from tpp_plugin.serialization import allow_fairseq_checkpoints  # noqa: E402
 
 # fairseq's file names: checkpoint<epoch>.pt and checkpoint_<epoch>_<update>.pt
 EPOCH_PATTERN = re.compile(r"^checkpoint(\d+)\.pt$")
 UPDATE_PATTERN = re.compile(r"^checkpoint_\d+_(\d+)\.pt$")
+
+
+# Keys of the model configuration that do not make two checkpoints different models:
+# the names of the run's other components (their options live in other sections of
+# the configuration and are not compared either), where pre-trained embeddings were
+# read from (initialisation only), and switches that trade speed for memory.
+IGNORED_MODEL_KEYS = frozenset({
+    "task", "criterion", "optimizer", "lr_scheduler", "bpe", "tokenizer", "scoring",
+    "encoder_embed_path", "decoder_embed_path",
+    "checkpoint_activations", "offload_activations", "min_params_to_wrap",
+})
 
 
 class AveragingError(Exception):
@@ -77,6 +107,10 @@ def parse_args(argv=None):
                         "or after update K (with --num-update-checkpoints)")
     parser.add_argument("--force", action="store_true",
                         help="replace --output if it exists")
+    parser.add_argument("--allow-config-mismatch", action="store_true",
+                        help="average checkpoints whose model configurations differ "
+                        "(a warning lists the differences; the output carries the last "
+                        "input's configuration)")
     args = parser.parse_args(argv)
 
     count = args.num_epoch_checkpoints or args.num_update_checkpoints
@@ -121,14 +155,85 @@ def last_checkpoints(directory, count, by_update, upper_bound=None):
 def load_checkpoint(path):
     """Load one checkpoint on the CPU with torch's safe unpickler."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise AveragingError(f"{path}: no such checkpoint") from None
-    except Exception as error:  # corrupt, truncated, or holding objects we do not allow
-        raise AveragingError(f"{path}: cannot load checkpoint: {error}") from None
-    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
-        raise AveragingError(f"{path}: not a fairseq checkpoint (no 'model' state dict)")
-    return state
+        return read_checkpoint(path)
+    except CheckpointError as error:
+        raise AveragingError(str(error)) from None
+
+
+def _plain(value):
+    """Configuration values as plain comparable data (tuples and lists are equal)."""
+    if isinstance(value, argparse.Namespace):
+        value = vars(value)
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _configuration(state):
+    """The checkpoint's configuration as {section: value}, converting the ``args`` of
+    checkpoints written before fairseq 0.10 the way fairseq itself does."""
+    cfg = state.get("cfg")
+    if cfg is not None and not isinstance(cfg, Mapping):
+        try:
+            from omegaconf import OmegaConf
+
+            cfg = OmegaConf.to_container(cfg, resolve=True)
+        except Exception:  # not an omegaconf object either
+            cfg = None
+    if cfg is not None and cfg.get("model") is not None:
+        return cfg
+    args = state.get("args")
+    if args is None:
+        return None
+    try:
+        from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            converted = convert_namespace_to_omegaconf(args)
+        return {key: converted[key] for key in converted}
+    except Exception:  # an architecture or task that is not registered here
+        return {"model": args}
+
+
+def model_options(state, path):
+    """{option: value} of the model configuration of a loaded checkpoint.
+
+    A model whose architecture is registered the pre-dataclass way (as ours are) has an
+    ``argparse.Namespace`` of every command-line option as its model section; options
+    that fairseq also files under another section (common, dataset, optimization,
+    checkpoint, task, criterion, ...) are options of the run, not of the model, and are
+    left out, as are ``IGNORED_MODEL_KEYS``.
+    """
+    cfg = _configuration(state)
+    if cfg is None:
+        raise AveragingError(f"{path}: no model configuration (neither cfg.model nor args): "
+                             "cannot check that it is the same model as the others")
+    model = cfg["model"]
+    options = _plain(model)
+    if not isinstance(options, dict):
+        raise AveragingError(f"{path}: unreadable model configuration ({type(model).__name__})")
+    if isinstance(model, argparse.Namespace):
+        elsewhere = set()
+        for section, value in cfg.items():
+            if section != "model" and isinstance(_plain(value), dict):
+                elsewhere.update(_plain(value))
+        options = {k: v for k, v in options.items() if k not in elsewhere}
+    return {k: v for k, v in options.items() if k not in IGNORED_MODEL_KEYS}
+
+
+def config_differences(reference, options):
+    """[(option, first value, this value)] for every option that differs, the
+    architecture first (when it differs, it says the most)."""
+    differences = []
+    for key in sorted(set(reference) | set(options), key=lambda k: (k != "arch", k)):
+        missing = "<not set>"
+        first, this = reference.get(key, missing), options.get(key, missing)
+        if first != this:
+            differences.append((key, first, this))
+    return differences
 
 
 def accumulation_dtype(dtype):
@@ -136,21 +241,26 @@ def accumulation_dtype(dtype):
     return torch.promote_types(dtype, torch.float32)
 
 
-def average_checkpoints(paths):
+def average_checkpoints(paths, allow_config_mismatch=False):
     """Return a checkpoint whose model parameters are the mean of those in ``paths``."""
     if not paths:
         raise AveragingError("no checkpoints to average")
     sums = None            # name -> running sum (floating) or last value (other dtypes)
     reference = None       # name -> (shape, dtype) of the first checkpoint
     first_path = paths[0]
+    first_options = None   # model configuration of the first checkpoint
     metadata = None
     for index, path in enumerate(paths):
         state = load_checkpoint(path)
+        options = model_options(state, path)
         model = state.pop("model")
         if sums is None:
             reference = OrderedDict((name, (tuple(t.shape), t.dtype)) for name, t in model.items())
             sums = OrderedDict()
+            first_options = options
         else:
+            check_same_configuration(first_options, options, path, first_path,
+                                     allow_config_mismatch)
             check_same_parameters(reference, model, path, first_path)
         for name, tensor in model.items():
             if tensor.is_floating_point():
@@ -175,6 +285,31 @@ def average_checkpoints(paths):
     metadata["model"] = averaged
     metadata["averaged_checkpoints"] = [os.path.basename(p) for p in paths]
     return metadata
+
+
+def check_same_configuration(first_options, options, path, first_path, allow_mismatch):
+    """Raise an error naming the option (and both values and files) that differs."""
+    differences = config_differences(first_options, options)
+    if not differences:
+        return
+    described = [f"--{key.replace('_', '-')}: {first!r} in {first_path}, {this!r} in {path}"
+                 for key, first, this in differences]
+    if allow_mismatch:
+        print("average_checkpoints.py: warning: averaging checkpoints of different model "
+              "configurations (--allow-config-mismatch); the output carries the last "
+              "input's configuration:", file=sys.stderr)
+        for line in described:
+            print(f"  {line}", file=sys.stderr)
+        return
+    more = ""
+    if len(differences) > 1:
+        others = [f"--{key.replace('_', '-')}" for key, _, _ in differences[1:]]
+        more = f" (and {len(others)} more: {', '.join(others[:5])}{' ...' if len(others) > 5 else ''})"
+    raise AveragingError(
+        f"{path} is not the same model as {first_path}: model option {described[0]}{more}. "
+        "Averaging the parameters of different models gives a meaningless model; pass "
+        "--allow-config-mismatch if you really mean it"
+    )
 
 
 def check_same_parameters(reference, model, path, first_path):
@@ -241,11 +376,11 @@ def main(argv=None):
         print(f"averaging {len(paths)} checkpoints:", file=sys.stderr)
         for path in paths:
             print(f"  {path}", file=sys.stderr)
-        state = average_checkpoints(paths)
+        state = average_checkpoints(paths, args.allow_config_mismatch)
         save_atomically(state, args.output, args.force)
     except AveragingError as error:
         print(f"average_checkpoints.py: error: {error}", file=sys.stderr)
-        return 1
+        return 2
     print(f"wrote {args.output}", file=sys.stderr)
     return 0
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Plot training curves from a fairseq-train JSON log.
+"""Plot training curves from a fairseq-train log.
 
-Run fairseq-train with ``--log-format json --log-file train.log`` (or keep its console
-output), then::
+``scripts/train.sh`` writes its log to ``<save-dir>/train.log``; any fairseq-train run
+with ``--log-file train.log`` (or its console output) will do, in ``--log-format json``
+or ``simple``, then::
 
     python scripts/plot_training.py --log train.log --out-dir plots/
     python scripts/plot_training.py --log train.log --out-dir plots/ --force  # overwrite
@@ -14,11 +15,13 @@ Writes, against the number of updates:
 * ``tag_accuracy.png``  POS and NER tagging accuracy (``pos_acc``, ``ner_acc``), when logged
 * ``tag_loss.png``      POS and NER tagging loss (``pos_loss``, ``ner_loss``), when logged
 
-Both forms fairseq writes are understood: the bare JSON lines of ``--log-file`` and the
-console lines ``2020-01-01 12:00:00 | INFO | train_inner | {...}``. fairseq logs three
-kinds of records: per-interval training records (``train_inner``: ``loss``,
-``num_updates``, ...), end-of-epoch training averages (keys prefixed ``train_``) and
-validation results (keys prefixed with the subset name, e.g. ``valid_``).
+Both places fairseq writes to are understood: the bare lines of ``--log-file`` and the
+console lines ``2020-01-01 12:00:00 | INFO | train_inner | ...``; and both formats:
+``json`` (``{"epoch": 1, "loss": "7.2", ...}``) and ``simple`` (``epoch 001:  10 / 50
+loss=7.2, ...`` per interval, ``epoch 001 | valid on 'valid' subset | loss 7.1 | ...``
+for epoch summaries and validation). fairseq logs three kinds of records: per-interval
+training records (``train_inner``: ``loss``, ``num_updates``, ...), end-of-epoch
+training averages (``train``) and validation results (the subset name, e.g. ``valid``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -53,21 +57,60 @@ class LogError(Exception):
     """The log cannot be plotted; the message says why."""
 
 
-def _record_from_line(line: str) -> dict | None:
-    """The JSON object on a log line, or None for any other line.
+# console prefix of fairseq's log lines: "2020-01-01 12:00:00 | INFO | train_inner | "
+_CONSOLE_PREFIX = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| [A-Z]+ \| \S+ \| ")
+# --log-format simple, per interval: "epoch 001:     10 / 50 loss=7.2, ..., num_updates=10"
+_SIMPLE_INNER = re.compile(r"^epoch (\d+):\s+(\d+) / (\d+) (\S+=.*)$")
+# --log-format simple, epoch summary or validation: "epoch 001 | [valid on 'valid' subset | ]loss 7.1 | ..."
+_SIMPLE_SUMMARY = re.compile(r"^epoch (\d+) \| (.*)$")
+_SUBSET = re.compile(r"^\S+ on '([^']+)' subset$")
 
-    Console lines carry a "time | level | logger | " prefix, so parse from the first
-    '{"': fairseq's config dump also starts with '{' but is a Python repr (single
-    quotes), which this skips.
+
+def _simple_record(message: str) -> dict | None:
+    """The record of a ``--log-format simple`` line, keyed as the json format keys it."""
+    match = _SIMPLE_INNER.match(message)
+    if match:
+        epoch, position, size = (int(match.group(i)) for i in (1, 2, 3))
+        # the json format's "update": the fractional epoch
+        record = {"epoch": epoch, "update": round(epoch - 1 + position / size, 3)}
+        for pair in match.group(4).split(", "):
+            key, sep, value = pair.partition("=")
+            if not sep:
+                return None
+            record[key.strip()] = value.strip()
+        return record if "num_updates" in record else None
+    match = _SIMPLE_SUMMARY.match(message)
+    if not match:
+        return None
+    parts = match.group(2).split(" | ")
+    subset = _SUBSET.match(parts[0])
+    if subset:
+        name, parts = subset.group(1), parts[1:]
+    else:
+        name = "train"  # the end-of-epoch training summary has no subset part
+    record = {"epoch": int(match.group(1))}
+    for part in parts:
+        key, sep, value = part.partition(" ")
+        if not sep:
+            return None
+        record[f"{name}_{key}"] = value.strip()
+    return record if f"{name}_num_updates" in record else None
+
+
+def _record_from_line(line: str) -> dict | None:
+    """The record on a log line (json or simple format), or None for any other line.
+
+    A json record is parsed from the first '{"': fairseq's config dump also starts with
+    '{' but is a Python repr (single quotes), which this skips.
     """
     start = line.find('{"')
-    if start < 0:
-        return None
-    try:
-        record = json.loads(line[start:])
-    except json.JSONDecodeError:
-        return None
-    return record if isinstance(record, dict) and "epoch" in record else None
+    if start >= 0:
+        try:
+            record = json.loads(line[start:])
+        except json.JSONDecodeError:
+            return None
+        return record if isinstance(record, dict) and "epoch" in record else None
+    return _simple_record(_CONSOLE_PREFIX.sub("", line.rstrip()))
 
 
 def _number(value) -> float | None:
@@ -132,8 +175,8 @@ def read_log(path: Path) -> dict[str, list[tuple[float, dict]]]:
         points.sort(key=lambda p: p[0])
     if not any(values.get(m) is not None for points in series.values()
                for _, values in points for m in ("loss", "ppl")):
-        raise LogError(f"no training or validation records in {path}: was fairseq-train "
-                       "run with --log-format json?")
+        raise LogError(f"no training or validation records in {path}: is it a fairseq-train "
+                       "log in --log-format json or simple?")
     return dict(series)
 
 
@@ -205,7 +248,8 @@ def plot_log(log: Path, out_dir: Path, force: bool = False) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Plot loss, perplexity and POS/NER tagging curves from a "
-                    "fairseq-train JSON log (--log-format json --log-file PATH).",
+                    "fairseq-train log (--log-file PATH, --log-format json or simple; "
+                    "scripts/train.sh writes <save-dir>/train.log).",
         epilog="Example: python scripts/plot_training.py --log checkpoints/train.log "
                "--out-dir checkpoints/plots")
     parser.add_argument("--log", type=Path, required=True,
@@ -219,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         written = plot_log(args.log, out_dir, args.force)
     except LogError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 1
+        return 2
     for path in written:
         print(f"wrote {path}")
     return 0

@@ -165,7 +165,7 @@ def main(argv=None):
                  "--num-update-checkpoints", min(args.average, len(interval)), "--output", avg, "--force"])
         bleu_file = folder / "eval" / "bleu.txt"
         if not (bleu_file.exists() and bleu_file.stat().st_mtime >= avg.stat().st_mtime):
-            run(["bash", REPO / "scripts/evaluate.sh", "--data", args.data, "--checkpoint", avg,
+            run([sys.executable, REPO / "scripts/evaluate.py", "--data", args.data, "--checkpoint", avg,
                  "--reference", args.reference, "--out", folder / "eval", "--force",
                  *([] if args.gpu else ["--cpu"])])
         records = train_records(log)

@@ -127,7 +127,7 @@ eval_dir=$out/eval
 if [[ -s $eval_dir/bleu.txt && $eval_dir/bleu.txt -nt $avg ]]; then
   echo "reusing $eval_dir/bleu.txt"
 else
-  bash scripts/evaluate.sh --data "$data" --checkpoint "$avg" --reference "$sample/test.de" \
+  "$python" scripts/evaluate.py --data "$data" --checkpoint "$avg" --reference "$sample/test.de" \
     --out "$eval_dir" --cpu --force
 fi
 

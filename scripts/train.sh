@@ -30,8 +30,12 @@
 #                              number you will average)
 #   --seed N                   SEED [1]
 #   --log-interval N           LOG_INTERVAL [100]
+#   --log-file FILE            LOG_FILE [<save-dir>/train.log]: fairseq's log, appended to on
+#                              every (re)start; scripts/plot_training.py plots it as it is
 #   --cpu                      CPU [0]: train on the CPU (tests, laptops)
 #   --fp16 | --no-fp16         FP16 [auto]: on when a GPU is visible and CPU=0
+#   --no-recover               do not check checkpoint_last.pt before starting (see Resume)
+#   --recover-only             only check (and if need be recover) checkpoint_last.pt, then exit
 #   --dry-run                  print the command instead of running it
 #
 # The recipe: Adam (betas 0.9, 0.98, eps 1e-9) with the Transformer's learning-rate
@@ -46,7 +50,14 @@
 # of them kept (no per-epoch files), so scripts/average_checkpoints.py can average the
 # last 10. Resume: fairseq restores <save-dir>/checkpoint_last.pt (model, optimizer,
 # LR schedule, update count and position in the epoch) whenever it exists, so running
-# the same command again continues the run where the last checkpoint left it.
+# the same command again continues the run where the last checkpoint left it. Before
+# fairseq starts, scripts/recover_checkpoint.py checks that checkpoint_last.pt loads:
+# fairseq copies it without a temporary name, so a kill during the copy leaves it
+# truncated. A damaged one is moved aside (checkpoint_last.pt.damaged-<time>) and the
+# newest readable checkpoint of the save dir takes its place; the script says which.
+# (With -- --restore-file FILE, fairseq resumes from FILE and nothing is checked.)
+#
+# Log: the console shows fairseq's simple format; the same lines go to LOG_FILE.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -56,6 +67,8 @@ die() { echo "train.sh: error: $*" >&2; exit 2; }
 
 PRESET=${PRESET:-en-de}
 dry_run=0
+recover=1
+recover_only=0
 extra=()
 while [[ $# -gt 0 ]]; do
   case $1 in
@@ -76,9 +89,12 @@ while [[ $# -gt 0 ]]; do
     --keep-interval-updates) KEEP_INTERVAL_UPDATES=$2; shift 2 ;;
     --seed) SEED=$2; shift 2 ;;
     --log-interval) LOG_INTERVAL=$2; shift 2 ;;
+    --log-file) LOG_FILE=$2; shift 2 ;;
     --cpu) CPU=1; shift ;;
     --fp16) FP16=1; shift ;;
     --no-fp16) FP16=0; shift ;;
+    --no-recover) recover=0; shift ;;
+    --recover-only) recover_only=1; shift ;;
     --dry-run) dry_run=1; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; extra=("$@"); break ;;
@@ -110,6 +126,7 @@ SAVE_INTERVAL_UPDATES=${SAVE_INTERVAL_UPDATES:-1000}
 KEEP_INTERVAL_UPDATES=${KEEP_INTERVAL_UPDATES:-10}
 SEED=${SEED:-1}
 LOG_INTERVAL=${LOG_INTERVAL:-100}
+LOG_FILE=${LOG_FILE:-$SAVE_DIR/train.log}
 CPU=${CPU:-0}
 FP16=${FP16:-auto}
 FAIRSEQ_TRAIN=${FAIRSEQ_TRAIN:-fairseq-train}
@@ -136,7 +153,7 @@ cmd=(
   --save-dir "$SAVE_DIR"
   --save-interval-updates "$SAVE_INTERVAL_UPDATES" --keep-interval-updates "$KEEP_INTERVAL_UPDATES"
   --no-epoch-checkpoints
-  --seed "$SEED" --log-format simple --log-interval "$LOG_INTERVAL"
+  --seed "$SEED" --log-format simple --log-interval "$LOG_INTERVAL" --log-file "$LOG_FILE"
   "${device[@]}"
   "${extra[@]}"
 )
@@ -145,7 +162,13 @@ if [[ $dry_run == 1 ]]; then
   printf '%q ' "${cmd[@]}"; echo
   exit 0
 fi
-mkdir -p "$SAVE_DIR"
+mkdir -p "$SAVE_DIR" "$(dirname "$LOG_FILE")"
+if [[ $recover == 1 ]]; then
+  # the fairseq options as fairseq will see them (--save-dir, --restore-file and
+  # --checkpoint-suffix may also come after --; the last value counts)
+  "${PYTHON:-python}" "$repo/scripts/recover_checkpoint.py" "${cmd[@]:2}" || exit $?
+fi
+[[ $recover_only == 1 ]] && exit 0
 if [[ -f $SAVE_DIR/checkpoint_last.pt ]]; then
   echo "train.sh: resuming from $SAVE_DIR/checkpoint_last.pt" >&2
 fi

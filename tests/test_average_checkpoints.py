@@ -1,4 +1,5 @@
-"""scripts/average_checkpoints.py: correct mean, checkpoint selection, errors, memory."""
+"""scripts/average_checkpoints.py: correct mean, checkpoint selection, errors, memory,
+and refusing to average checkpoints of different models."""
 
 import argparse
 import contextlib
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from tiny_nmt import SCRIPTS, tool_env
+from tiny_nmt import SCRIPTS, binarize, make_corpus, tool_env, train_command
 
 import tpp_plugin  # noqa: F401  (allow-lists fairseq checkpoint contents for torch.load)
 
@@ -74,7 +75,7 @@ def test_command_line(tmp_path):
     assert result.returncode == 0, result.stderr
     assert load(out)["averaged_checkpoints"] == ["a.pt", "a.pt"]
     result = subprocess.run(command, env=tool_env(), capture_output=True, text=True)
-    assert result.returncode == 1 and "already exists" in result.stderr
+    assert result.returncode == 2 and "already exists" in result.stderr
 
 
 def load(path):
@@ -126,7 +127,7 @@ def test_selects_last_n_by_update_and_by_epoch(tmp_path):
 
     result = run_average("--inputs", tmp_path, "--num-update-checkpoints", "5",
                          "--output", tmp_path / "out" / "too_many.pt")
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "found 4" in result.stderr and str(tmp_path) in result.stderr
     assert not (tmp_path / "out" / "too_many.pt").exists()
 
@@ -142,7 +143,7 @@ def test_mismatched_checkpoints_are_named(tmp_path, difference):
     bad = fake_checkpoint(tmp_path / "checkpoint_1_20.pt", seed=2, shapes=shapes)
     out = tmp_path / "avg.pt"
     result = run_average("--inputs", good, bad, "--output", out)
-    assert result.returncode == 1
+    assert result.returncode == 2
     message = result.stderr
     assert str(bad) in message, message
     if difference == "name":
@@ -160,14 +161,14 @@ def test_bad_inputs_and_overwrite_protection(tmp_path):
     out = tmp_path / "avg.pt"
 
     result = run_average("--inputs", good, corrupt, "--output", out)
-    assert result.returncode == 1 and str(corrupt) in result.stderr
+    assert result.returncode == 2 and str(corrupt) in result.stderr
     result = run_average("--inputs", good, tmp_path / "missing.pt", "--output", out)
-    assert result.returncode == 1 and "missing.pt" in result.stderr
+    assert result.returncode == 2 and "missing.pt" in result.stderr
     assert not out.exists()
 
     out.write_bytes(b"precious")
     result = run_average("--inputs", good, "--output", out)
-    assert result.returncode == 1 and "--force" in result.stderr
+    assert result.returncode == 2 and "--force" in result.stderr
     assert out.read_bytes() == b"precious"
     result = run_average("--inputs", good, "--output", out, "--force")
     assert result.returncode == 0, result.stderr
@@ -206,3 +207,78 @@ def test_ten_checkpoints_with_bounded_memory(tmp_path):
     averaged = load(tmp_path / "avg.pt")["model"]["decoder.bias"]
     expected = torch.stack([load(p)["model"]["decoder.bias"] for p in paths]).mean(0)
     assert torch.allclose(averaged, expected, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """Two real 2-update runs of transformer_pp_tiny that differ only in the encoder's
+    dilations: identical parameter names and shapes, different models."""
+    root = tmp_path_factory.mktemp("two_runs")
+    data = binarize(make_corpus(root / "corpus", sizes=(120, 20, 20)), root / "data-bin")
+    runs = {}
+    for name, dilations in (("a", "1,1"), ("b", "1,2")):
+        command = train_command(data, root / name, max_update=2, save_interval_updates=1,
+                                extra=["--encoder-conv-dilations", dilations])
+        command[command.index("--arch") + 1] = "transformer_pp_tiny"
+        result = subprocess.run(command, env=tool_env(), capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[name] = root / name
+    return runs
+
+
+def test_refuses_checkpoints_of_different_models(two_runs, tmp_path):
+    a, b = two_runs["a"], two_runs["b"]
+    # two checkpoints of one run: the same model, averaged (no false alarm)
+    out = tmp_path / "same.pt"
+    result = run_average("--inputs", a / "checkpoint_1_1.pt", a / "checkpoint_1_2.pt", "--output", out)
+    assert result.returncode == 0, result.stderr
+    # same shapes, different dilations: refused, naming the option, both values, both files
+    first, second = a / "checkpoint_1_2.pt", b / "checkpoint_1_2.pt"
+    assert ({k: tuple(v.shape) for k, v in load(first)["model"].items()}
+            == {k: tuple(v.shape) for k, v in load(second)["model"].items()})
+    out = tmp_path / "mixed.pt"
+    result = run_average("--inputs", first, second, "--output", out)
+    assert result.returncode == 2, result.stderr
+    message = result.stderr
+    assert "--encoder-conv-dilations: '1,1' in " + str(first) in message, message
+    assert "'1,2' in " + str(second) in message, message
+    assert "Traceback" not in message
+    assert not out.exists()
+    # an unrelated architecture (fairseq's transformer_tiny vs transformer_pp_tiny)
+    other = tmp_path / "other.pt"
+    fake_checkpoint(other, seed=3)
+    result = run_average("--inputs", first, other, "--output", out)
+    assert result.returncode == 2 and "--arch: 'transformer_pp_tiny' in " in result.stderr, result.stderr
+
+
+def test_allow_config_mismatch_averages_with_a_warning(two_runs, tmp_path):
+    first, second = two_runs["a"] / "checkpoint_1_2.pt", two_runs["b"] / "checkpoint_1_2.pt"
+    out = tmp_path / "mixed.pt"
+    result = run_average("--inputs", first, second, "--output", out, "--allow-config-mismatch")
+    assert result.returncode == 0, result.stderr
+    assert "warning" in result.stderr and "--encoder-conv-dilations" in result.stderr
+    averaged = load(out)
+    assert averaged["cfg"]["model"].encoder_conv_dilations == "1,2"  # the last input's
+    name = "encoder.embed_tokens.weight"
+    expected = (load(first)["model"][name] + load(second)["model"][name]) / 2
+    assert torch.allclose(averaged["model"][name], expected, atol=1e-6)
+
+
+def test_unusable_files_get_a_reason_a_person_can_read(two_runs, tmp_path):
+    good = two_runs["a"] / "checkpoint_1_2.pt"
+    text = tmp_path / "notes.pt"
+    text.write_text("epoch 3 looked fine\n")
+    empty = tmp_path / "empty.pt"
+    empty.write_bytes(b"")
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    expected = {
+        text: "a text file, not a checkpoint (first line: 'epoch 3 looked fine')",
+        empty: "empty file (0 bytes)",
+        truncated: "truncated or damaged checkpoint",
+    }
+    for path, reason in expected.items():
+        result = run_average("--inputs", good, path, "--output", tmp_path / "avg.pt")
+        assert result.returncode == 2
+        assert f"{path}: {reason}" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr

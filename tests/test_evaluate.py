@@ -1,19 +1,34 @@
-"""scripts/evaluate.sh on a tiny model trained by scripts/train.sh and averaged by
-scripts/average_checkpoints.py: the scores match sacreBLEU computed independently."""
+"""scripts/evaluate.py (and its wrapper scripts/evaluate.sh) on a tiny model trained by
+scripts/train.sh and averaged by scripts/average_checkpoints.py: the scores match
+sacreBLEU computed independently, the reference is checked before translating, and a
+failed run never touches the results of an earlier one."""
 
+import importlib.util
 import re
+import shutil
 import subprocess
 
 import pytest
 import sacrebleu
 from sacremoses import MosesDetokenizer
 
-from tiny_nmt import SCRIPTS, binarize, make_corpus, tool_env, train_command
+from tiny_nmt import REPO, SCRIPTS, binarize, make_corpus, tool_env, train_command
+
+
+def load_module():
+    spec = importlib.util.spec_from_file_location("evaluate_script", SCRIPTS / "evaluate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+EVALUATE = load_module()
 
 
 @pytest.fixture(scope="module")
 def evaluated(tmp_path_factory):
-    """Train 100 updates, average the last 3 checkpoints, evaluate the test split."""
+    """Train 100 updates, average the last 3 checkpoints, evaluate the test split with
+    the README's command."""
     root = tmp_path_factory.mktemp("evaluate")
     corpus = make_corpus(root / "corpus")
     data = binarize(corpus, root / "data-bin")
@@ -28,9 +43,9 @@ def evaluated(tmp_path_factory):
                    check=True, env=tool_env(), capture_output=True)
     out = root / "eval"
     result = subprocess.run(
-        ["bash", str(SCRIPTS / "evaluate.sh"), "--data", str(data), "--checkpoint", str(average),
+        ["scripts/evaluate.sh", "--data", str(data), "--checkpoint", str(average),
          "--reference", str(corpus / "raw" / "test.de"), "--out", str(out), "--cpu"],
-        env=tool_env(), capture_output=True, text=True)
+        cwd=REPO, env=tool_env(), capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     return {"root": root, "corpus": corpus, "data": data, "checkpoint": average, "out": out,
             "stdout": result.stdout}
@@ -51,7 +66,18 @@ def generated_lines(path, prefix):
     return [found[i] for i in sorted(found)]
 
 
-def test_detokenized_sacrebleu_matches_direct_sacrebleu(evaluated):
+def folder_contents(folder):
+    """{name: bytes} of everything in ``folder`` (hidden entries included)."""
+    return {p.name: (p.read_bytes() if p.is_file() else "<dir>") for p in folder.iterdir()}
+
+
+def run_evaluate(*args, script="evaluate.sh"):
+    """The README's command (scripts/evaluate.sh runs scripts/evaluate.py)."""
+    return subprocess.run([f"scripts/{script}", *map(str, args)], cwd=REPO,
+                          env=tool_env(), capture_output=True, text=True)
+
+
+def test_detokenized_sacrebleu_and_chrf_match_direct_sacrebleu(evaluated):
     out, corpus = evaluated["out"], evaluated["corpus"]
     hypotheses = generated_lines(out / "generate-test.txt", "H")
     references = (corpus / "raw" / "test.de").read_text().splitlines()
@@ -59,6 +85,8 @@ def test_detokenized_sacrebleu_matches_direct_sacrebleu(evaluated):
     assert not any("@@" in h for h in hypotheses), "BPE not removed"
     detokenizer = MosesDetokenizer(lang="de")
     detokenized = [detokenizer.detokenize(h.split()) for h in hypotheses]
+    # the per-sentence detokenised hypotheses, in corpus order (for significance tests)
+    assert (out / "hyp.detok").read_text().splitlines() == detokenized
     metric = sacrebleu.BLEU()
     direct = metric.corpus_score(detokenized, [references])
 
@@ -74,6 +102,10 @@ def test_detokenized_sacrebleu_matches_direct_sacrebleu(evaluated):
                           "-m", "bleu", "-b", "-w", "2"],
                          env=tool_env(), capture_output=True, text=True, check=True)
     assert cli.stdout.strip() == scores["sacrebleu_detok"]
+
+    chrf = sacrebleu.CHRF()
+    assert scores["chrf"] == f"{chrf.corpus_score(detokenized, [references]).score:.2f}"
+    assert scores["chrf_signature"] == str(chrf.get_signature())
 
 
 def test_tokenized_compound_split_bleu(evaluated):
@@ -92,21 +124,104 @@ def test_tokenized_compound_split_bleu(evaluated):
     assert "tok:none" in scores["bleu_tok_compound_split_signature"]
 
 
-def test_refuses_to_overwrite_and_checks_reference_length(evaluated, tmp_path):
-    base = ["bash", str(SCRIPTS / "evaluate.sh"), "--data", str(evaluated["data"]),
-            "--checkpoint", str(evaluated["checkpoint"]), "--cpu"]
-    reference = evaluated["corpus"] / "raw" / "test.de"
-    before = (evaluated["out"] / "bleu.txt").read_text()
-    result = subprocess.run(base + ["--reference", str(reference), "--out", str(evaluated["out"])],
-                            env=tool_env(), capture_output=True, text=True)
-    assert result.returncode != 0 and "--force" in result.stderr
-    assert (evaluated["out"] / "bleu.txt").read_text() == before
+def test_python_api_returns_the_scores(evaluated, tmp_path):
+    scores = EVALUATE.evaluate(evaluated["data"], evaluated["checkpoint"],
+                               evaluated["corpus"] / "raw" / "test.de", tmp_path / "api", cpu=True)
+    written = read_scores(evaluated["out"] / "bleu.txt")
+    for key in ("sacrebleu_detok", "chrf", "bleu_tok_compound_split"):
+        assert f"{scores[key]:.2f}" == written[key]
+        assert scores[f"{key}_signature"] == written[f"{key}_signature"]
+    assert scores["sentences"] == 40
+    assert (tmp_path / "api" / "bleu.txt").read_text() == (evaluated["out"] / "bleu.txt").read_text()
 
+
+def test_refuses_to_overwrite_without_force(evaluated):
+    before = folder_contents(evaluated["out"])
+    result = run_evaluate("--data", evaluated["data"], "--checkpoint", evaluated["checkpoint"],
+                          "--reference", evaluated["corpus"] / "raw" / "test.de",
+                          "--out", evaluated["out"], "--cpu")
+    assert result.returncode == 2 and "--force" in result.stderr
+    assert folder_contents(evaluated["out"]) == before
+
+
+def test_failed_forced_run_keeps_the_previous_results(evaluated, tmp_path):
+    """Issue 11.1: --force with a run that fails must leave the earlier results whole."""
+    out = tmp_path / "eval"
+    shutil.copytree(evaluated["out"], out)
+    before = folder_contents(out)
+    base = ["--data", evaluated["data"], "--checkpoint", evaluated["checkpoint"], "--out", out,
+            "--cpu", "--force"]
+    reference = evaluated["corpus"] / "raw" / "test.de"
     short = tmp_path / "short.de"
     short.write_text("\n".join(reference.read_text().splitlines()[:-1]) + "\n")
-    out = tmp_path / "eval"
-    result = subprocess.run(base + ["--reference", str(short), "--out", str(out)],
-                            env=tool_env(), capture_output=True, text=True)
-    assert result.returncode != 0
-    assert str(short) in result.stderr and "40 hypotheses" in result.stderr
-    assert not (out / "bleu.txt").exists()
+    # a reference of the wrong length
+    result = run_evaluate(*base, "--reference", short)
+    assert result.returncode == 2, result.stderr
+    assert folder_contents(out) == before
+    # fairseq-generate itself failing, after it has started (no sentence fits 3 tokens)
+    result = run_evaluate(*base, "--reference", reference, "--max-tokens", "3")
+    assert result.returncode == 1, result.stderr
+    assert "fairseq-generate failed" in result.stderr
+    assert folder_contents(out) == before  # no temporary files left behind either
+    # and a forced run that succeeds replaces them
+    (out / "bleu.txt").write_text("stale\n")
+    result = run_evaluate(*base, "--reference", reference)
+    assert result.returncode == 0, result.stderr
+    assert folder_contents(out) == before
+
+
+def test_reference_is_checked_before_translating_and_counted_like_sacrebleu(evaluated, tmp_path):
+    """Issue 11.2: the reference's line count is checked before fairseq-generate runs,
+    and a last line without a final newline counts."""
+    reference = evaluated["corpus"] / "raw" / "test.de"
+    base = ["--data", evaluated["data"], "--checkpoint", evaluated["checkpoint"], "--cpu"]
+    # no final newline: 40 lines all the same, and the same scores
+    unterminated = tmp_path / "unterminated.de"
+    unterminated.write_text(reference.read_text().rstrip("\n"))
+    result = run_evaluate(*base, "--reference", unterminated, "--out", tmp_path / "a")
+    assert result.returncode == 0, result.stderr
+    scores = read_scores(tmp_path / "a" / "bleu.txt")
+    expected = read_scores(evaluated["out"] / "bleu.txt")
+    for key in ("sacrebleu_detok", "chrf", "bleu_tok_compound_split"):
+        assert scores[key] == expected[key]
+
+    # a reference one line short, together with a fairseq-generate option that would make
+    # generation fail: the reference error (exit 2) proves it was checked first
+    short = tmp_path / "short.de"
+    short.write_text("\n".join(reference.read_text().splitlines()[:-1]) + "\n")
+    result = run_evaluate(*base, "--reference", short, "--out", tmp_path / "b",
+                          "--", "--no-such-generate-option")
+    assert result.returncode == 2, result.stderr
+    assert f"{short}: 39 lines, but split 'test' of {evaluated['data']} has 40 sentences" in result.stderr
+    assert "translating" not in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("problem", ["missing", "not utf-8", "no such split", "bad checkpoint"])
+def test_bad_input_is_named_without_a_traceback(evaluated, tmp_path, problem):
+    args = {"--data": evaluated["data"], "--checkpoint": evaluated["checkpoint"],
+            "--reference": evaluated["corpus"] / "raw" / "test.de", "--out": tmp_path / "out"}
+    if problem == "missing":
+        args["--reference"] = tmp_path / "nowhere.de"
+        expected = f"{tmp_path / 'nowhere.de'}: no such file"
+    elif problem == "not utf-8":
+        bad = tmp_path / "latin1.de"
+        lines = args["--reference"].read_bytes().split(b"\n")
+        lines[2] = "Café".encode("latin-1")
+        bad.write_bytes(b"\n".join(lines))
+        args["--reference"] = bad
+        expected = f"{bad}:3: invalid UTF-8 byte b'\\xe9'"
+    elif problem == "no such split":
+        expected = f"{evaluated['data']}: no 'dev' split"
+    else:
+        damaged = tmp_path / "damaged.pt"
+        damaged.write_bytes(evaluated["checkpoint"].read_bytes()[:1000])
+        args["--checkpoint"] = damaged
+        expected = f"{damaged}: truncated or damaged checkpoint"
+    extra = ["--split", "dev"] if problem == "no such split" else []
+    result = run_evaluate(*[x for pair in args.items() for x in pair], "--cpu", *extra,
+                          script="evaluate.py")
+    assert result.returncode == 2
+    assert expected in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()

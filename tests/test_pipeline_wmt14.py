@@ -145,7 +145,7 @@ def test_missing_archive_is_reported_with_the_expected_names(wmt_run, tmp_path):
     os.symlink(wmt_run["raw"] / "dev.tgz", partial / "dev.tgz")
     result = run_script("prepare_wmt14.py", "--pair", "en-de", "--raw-dir", partial,
                         "--work-dir", tmp_path / "w", "--data-bin", tmp_path / "b", check=False)
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "training-parallel-commoncrawl.tgz" in result.stderr
     assert "test-full.tgz" in result.stderr and "dev.tgz  <-" not in result.stderr
 
@@ -156,7 +156,7 @@ def test_existing_output_is_not_overwritten_without_force(wmt_run, tmp_path):
     (dest / "precious.txt").write_text("keep me")
     result = run_script("prepare_wmt14.py", "--pair", "en-de", "--raw-dir", wmt_run["raw"],
                         "--work-dir", tmp_path / "w", "--data-bin", tmp_path / "b", check=False)
-    assert result.returncode == 1 and "--force" in result.stderr
+    assert result.returncode == 2 and "--force" in result.stderr
     assert (dest / "precious.txt").read_text() == "keep me"
 
 

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,12 +32,26 @@ def head(src: Path, dst: Path, n: int) -> None:
         dst.write_text("".join(line for _, line in zip(range(n), f)), encoding="utf-8")
 
 
-@pytest.fixture(scope="module")
-def fairseq_run(tmp_path_factory):
-    """Binarize 200 sample pairs and train fairseq's transformer_tiny for 8 updates.
+def train_tiny(work, log_format):
+    """Train fairseq's transformer_tiny for 8 updates on ``work/bin``; returns (log file
+    written by --log-file, console output) of that run."""
+    log = work / f"train.{log_format}.log"
+    run = subprocess.run(
+        [str(BIN / "fairseq-train"), str(work / "bin"), "--arch", "transformer_tiny",
+         "--optimizer", "adam", "--lr", "0.001", "--max-tokens", "500", "--max-update", "8",
+         "--max-epoch", "3", "--criterion", "label_smoothed_cross_entropy",
+         "--label-smoothing", "0.1", "--log-format", log_format, "--log-interval", "2",
+         "--log-file", str(log), "--no-save", "--cpu", "--seed", "1",
+         "--num-workers", "0"],
+        check=True, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    console = work / f"console.{log_format}.txt"
+    console.write_text(run.stdout + run.stderr, encoding="utf-8")
+    return log, console
 
-    Returns (log file written by --log-file, console output) of that run.
-    """
+
+@pytest.fixture(scope="module")
+def sample_bin(tmp_path_factory):
+    """200 sample pairs binarized."""
     work = tmp_path_factory.mktemp("fairseq_run")
     for split, n in (("train", 200), ("valid", 40)):
         for lang in ("en", "de"):
@@ -46,18 +61,13 @@ def fairseq_run(tmp_path_factory):
          "--trainpref", str(work / "train"), "--validpref", str(work / "valid"),
          "--destdir", str(work / "bin"), "--joined-dictionary", "--workers", "1"],
         check=True, capture_output=True)
-    log = work / "train.log"
-    run = subprocess.run(
-        [str(BIN / "fairseq-train"), str(work / "bin"), "--arch", "transformer_tiny",
-         "--optimizer", "adam", "--lr", "0.001", "--max-tokens", "500", "--max-update", "8",
-         "--max-epoch", "3", "--criterion", "label_smoothed_cross_entropy",
-         "--label-smoothing", "0.1", "--log-format", "json", "--log-interval", "2",
-         "--log-file", str(log), "--no-save", "--cpu", "--seed", "1",
-         "--num-workers", "0"],
-        check=True, capture_output=True, text=True)
-    console = work / "console.txt"
-    console.write_text(run.stdout + run.stderr, encoding="utf-8")
-    return log, console
+    return work
+
+
+@pytest.fixture(scope="module")
+def fairseq_run(sample_bin):
+    """(--log-file, console output) of a run with --log-format json."""
+    return train_tiny(sample_bin, "json")
 
 
 def assert_real_png(path: Path) -> None:
@@ -88,6 +98,28 @@ def test_reads_the_real_log_file(fairseq_run):
 def test_console_output_gives_the_same_records(fairseq_run):
     log, console = fairseq_run
     assert plotter.read_log(console) == plotter.read_log(log)
+
+
+def test_simple_format_gives_the_same_records(fairseq_run, sample_bin, tmp_path):
+    """--log-format simple (what scripts/train.sh logs) is read as well as json: the same
+    run in both formats gives the same series (timings aside)."""
+    json_log, _ = fairseq_run
+    simple_log, simple_console = train_tiny(sample_bin, "simple")
+    assert '{"' not in simple_log.read_text()  # really the other format
+
+    def deterministic(series):
+        timing = {"wps", "ups", "wall", "train_wall", "gb_free"}
+        return {name: [(step, {k: v for k, v in values.items() if k not in timing})
+                       for step, values in points] for name, points in series.items()}
+
+    expected = deterministic(plotter.read_log(json_log))
+    assert set(expected) == {"train_inner", "train", "valid"}
+    assert deterministic(plotter.read_log(simple_log)) == expected
+    assert deterministic(plotter.read_log(simple_console)) == expected
+    out = tmp_path / "plots"
+    assert plotter.main(["--log", str(simple_log), "--out-dir", str(out)]) == 0
+    assert_real_png(out / "loss.png")
+    assert_real_png(out / "perplexity.png")
 
 
 def test_plots_a_real_log(fairseq_run, tmp_path):
@@ -132,7 +164,7 @@ def test_refuses_to_overwrite_without_force(fairseq_run, tmp_path, capsys):
     out = tmp_path / "plots"
     (out).mkdir()
     (out / "loss.png").write_bytes(b"keep me")
-    assert plotter.main(["--log", str(log), "--out-dir", str(out)]) == 1
+    assert plotter.main(["--log", str(log), "--out-dir", str(out)]) == 2
     assert "--force" in capsys.readouterr().err
     assert (out / "loss.png").read_bytes() == b"keep me"
     assert plotter.main(["--log", str(log), "--out-dir", str(out), "--force"]) == 0

@@ -1,15 +1,19 @@
-"""scripts/train.sh: the paper's recipe on the command line, and resuming a killed run."""
+"""scripts/train.sh: the paper's recipe on the command line, resuming a killed run, and
+resuming after a torn checkpoint_last.pt; its log plots as it is."""
 
+import importlib.util
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import time
 
+import pytest
 import torch
 
-from tiny_nmt import SCRIPTS, binarize, make_corpus, tool_env, train_command
+from tiny_nmt import REPO, SCRIPTS, binarize, make_corpus, tool_env, train_command
 
 import tpp_plugin  # noqa: F401  (allow-lists fairseq checkpoint contents for torch.load)
 
@@ -115,3 +119,128 @@ def test_killed_run_resumes_from_last_checkpoint(tmp_path):
     # the optimizer's learning-rate schedule continued too (no new warm-up from zero)
     first_lr = float(re.search(r"num_updates=\d+, lr=([0-9.e-]+)", text).group(1))
     assert first_lr > 1e-3
+
+
+
+def readme_train_command(data, save_dir, max_update, save_interval_updates):
+    """tests' usual train.sh command, run as the README writes it: the script itself
+    (it must be executable), not `bash script`."""
+    command = train_command(data, save_dir, max_update=max_update,
+                            save_interval_updates=save_interval_updates)
+    assert command[0] == "bash"
+    return command[1:]
+
+
+def load_plotter():
+    spec = importlib.util.spec_from_file_location("plot_training", SCRIPTS / "plot_training.py")
+    plotter = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plotter)
+    return plotter
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A tiny run of 20 updates (checkpoints every 5) with the README's command."""
+    root = tmp_path_factory.mktemp("trained")
+    data = binarize(make_corpus(root / "corpus"), root / "data-bin")
+    save_dir = root / "ckpt"
+    result = subprocess.run(readme_train_command(data, save_dir, 20, 5), cwd=REPO,
+                            env=tool_env(), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert num_updates(save_dir / "checkpoint_last.pt") == 20
+    return {"data": data, "save_dir": save_dir}
+
+
+def test_train_sh_log_is_plottable_as_it_is(trained_run, tmp_path):
+    """Issue 11.7: the log train.sh writes plots without options or conversion."""
+    log = trained_run["save_dir"] / "train.log"
+    result = subprocess.run(["scripts/plot_training.py", "--log", str(log), "--out-dir",
+                             str(tmp_path / "plots")], cwd=REPO, env=tool_env(),
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "plots" / "loss.png").stat().st_size > 0
+    assert (tmp_path / "plots" / "perplexity.png").stat().st_size > 0
+    steps = [step for step, _ in load_plotter().read_log(log)["train_inner"]]
+    assert steps[0] == 5 and steps[-1] == 20  # --log-interval 5, --max-update 20
+
+
+@pytest.fixture(scope="module")
+def torn_run(trained_run, tmp_path_factory):
+    """A copy of the 20-update run whose checkpoint_last.pt is then truncated, as a kill
+    during fairseq's copy leaves it, and the README's command run again to 30 updates."""
+    save_dir = tmp_path_factory.mktemp("torn") / "ckpt"
+    shutil.copytree(trained_run["save_dir"], save_dir)
+    last = save_dir / "checkpoint_last.pt"
+    intact = last.read_bytes()
+    interval = {path.name: num_updates(path) for path in save_dir.glob("checkpoint_*_*.pt")}
+    torn = intact[: len(intact) * 2 // 3]
+    last.write_bytes(torn)
+    result = subprocess.run(readme_train_command(trained_run["data"], save_dir, 30, 5),
+                            cwd=REPO, env=tool_env(), capture_output=True, text=True,
+                            timeout=600)
+    return {"save_dir": save_dir, "torn": torn, "intact": intact, "interval": interval,
+            "result": result}
+
+
+def test_torn_checkpoint_last_is_kept_aside_and_training_resumes(torn_run):
+    """Issue 11.6: re-running the README's training command after checkpoint_last.pt was
+    torn resumes from the newest readable checkpoint instead of crashing."""
+    result, save_dir = torn_run["result"], torn_run["save_dir"]
+    messages = result.stderr + result.stdout  # fairseq logs to stdout
+    assert result.returncode == 0, messages[-3000:]
+    assert "PytorchStreamReader" not in messages
+    newest_name, newest = max(torn_run["interval"].items(), key=lambda item: item[1])
+    assert 0 < newest < 20
+    assert f"{save_dir / 'checkpoint_last.pt'} cannot be loaded (truncated or damaged " \
+           "checkpoint" in messages, messages[-3000:]
+    assert f"resuming from {save_dir / newest_name} ({newest} updates)" in messages
+    loaded = re.search(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)", messages)
+    assert loaded and int(loaded.group(1)) == newest, messages[-3000:]
+    assert num_updates(save_dir / "checkpoint_last.pt") == 30
+    # the damaged file is kept, byte for byte, not deleted
+    damaged = list(save_dir.glob("checkpoint_last.pt.damaged-*"))
+    assert len(damaged) == 1 and damaged[0].read_bytes() == torn_run["torn"]
+    # and the log, appended to by both runs, still plots: the second run from update 15
+    steps = [step for step, _ in load_plotter().read_log(save_dir / "train.log")["train_inner"]]
+    assert steps[-1] == 30
+
+
+def test_truncation_anywhere_is_detected(torn_run, tmp_path):
+    """The check before resuming (zip directory and checksums, then a memory-mapped
+    safe load) finds a checkpoint cut at any point."""
+    spec = importlib.util.spec_from_file_location("recover_checkpoint",
+                                                  SCRIPTS / "recover_checkpoint.py")
+    recover = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recover)
+    intact = torn_run["intact"]
+    whole = tmp_path / "whole.pt"
+    whole.write_bytes(intact)
+    assert recover.problem_with(whole) is None
+    cut = tmp_path / "cut.pt"
+    for size in (0, 1, 100, 4096, len(intact) // 3, len(intact) - 4096, len(intact) - 22,
+                 len(intact) - 1):
+        cut.write_bytes(intact[:size])
+        assert recover.problem_with(cut) is not None, size
+
+
+def test_no_readable_checkpoint_is_an_error(torn_run, tmp_path):
+    save_dir = tmp_path / "ckpt"
+    save_dir.mkdir()
+    (save_dir / "checkpoint_last.pt").write_bytes(torn_run["torn"])
+    (save_dir / "checkpoint_1_5.pt").write_bytes(torn_run["torn"][:1000])
+    result = subprocess.run(["scripts/recover_checkpoint.py", "--save-dir", str(save_dir)],
+                            cwd=REPO, env=tool_env(), capture_output=True, text=True)
+    assert result.returncode == 2
+    assert f"skipping {save_dir / 'checkpoint_1_5.pt'}: truncated" in result.stderr
+    assert "no readable checkpoint to resume from" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (save_dir / "checkpoint_last.pt").exists()
+    assert len(list(save_dir.glob("checkpoint_last.pt.damaged-*"))) == 1
+    # with --restore-file naming another file, fairseq resumes from that file, as fairseq
+    # defines it: nothing in the save dir is checked or moved
+    (save_dir / "checkpoint_last.pt").write_bytes(torn_run["torn"])
+    result = subprocess.run(["scripts/recover_checkpoint.py", "--save-dir", str(save_dir),
+                             "--restore-file", "elsewhere.pt"],
+                            cwd=REPO, env=tool_env(), capture_output=True, text=True)
+    assert result.returncode == 0 and result.stderr == ""
+    assert (save_dir / "checkpoint_last.pt").read_bytes() == torn_run["torn"]

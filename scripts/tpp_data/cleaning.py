@@ -77,3 +77,52 @@ def filter_aligned(in_paths, out_paths, length_filter):
                 dropped += 1
     log.info("cleaning %s: kept %d lines, dropped %d", in_paths[0], kept, dropped)
     return kept, dropped
+
+
+
+def drop_reasons(source_path, target_path, length_filter, names):
+    """Why pairs of two aligned files fail ``length_filter``: ``{(reason, side): count}``,
+    where side is the index (0 source, 1 target) into ``names`` or None for the pair."""
+    reasons = {}
+
+    def count(reason, side=None):
+        reasons[(reason, side)] = reasons.get((reason, side), 0) + 1
+
+    check_ratio = not isinstance(length_filter, SafePreFilter) and length_filter.ratio
+    for (_, source), (_, target) in zip(iter_lines(source_path), iter_lines(target_path)):
+        if length_filter.keep(source, target):
+            continue
+        lengths = [len(source.split()), len(target.split())]
+        for side, tokens in enumerate(lengths):
+            if tokens == 0:
+                count(f"empty or whitespace only in {names[side]}", side)
+            elif tokens < length_filter.min_len:
+                count(f"under --min-len {length_filter.min_len} tokens in {names[side]}", side)
+            elif tokens > length_filter.max_len:
+                count(f"over --max-len {length_filter.max_len} tokens in {names[side]}", side)
+        if all(length_filter.min_len <= n <= length_filter.max_len for n in lengths):
+            if check_ratio and (lengths[0] > length_filter.ratio * lengths[1]
+                                or lengths[1] > length_filter.ratio * lengths[0]):
+                count(f"length ratio of the two sides over --max-ratio {length_filter.ratio}")
+            else:
+                count(f"a token over {length_filter.max_word_len} characters")
+    return reasons
+
+
+def require_pairs(kept, dropped, in_paths, length_filter, names, stage):
+    """Raise :class:`DataError` when cleaning left no training pair at all (learning BPE
+    on nothing fails deep inside subword-nmt): the error names the input file most to
+    blame (``names``: the user's source and target files) and why every pair went."""
+    if kept:
+        return
+    total = kept + dropped
+    if total == 0:
+        raise DataError(f"no training pairs: the training files are empty ({names[0]} and "
+                        f"{names[1]})", names[0])
+    reasons = drop_reasons(in_paths[0], in_paths[1], length_filter, names)
+    per_side = [sum(n for (_, side), n in reasons.items() if side == i) for i in (0, 1)]
+    culprit = names[per_side.index(max(per_side))] if max(per_side) else names[0]
+    detail = "; ".join(f"{n} {reason}" for (reason, _), n in
+                       sorted(reasons.items(), key=lambda kv: -kv[1]))
+    raise DataError(f"no usable training pairs: 0 of {total} left after {stage} "
+                    f"(dropped: {detail})", culprit)

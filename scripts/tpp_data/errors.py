@@ -13,5 +13,6 @@ class DataError(Exception):
         if path is not None:
             where = f"{path}:{line}: " if line is not None else f"{path}: "
         super().__init__(where + message)
+        self.message = message
         self.path = path
         self.line = line

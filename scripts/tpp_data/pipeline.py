@@ -23,6 +23,7 @@ import sys
 from . import binarize as binarize_mod
 from . import bpe, cleaning, moses, tagging
 from .errors import DataError
+from .lock import exit_cleanly_on_sigterm, work_dir_lock
 from .steps import StepLedger, file_identity
 from .textio import atomic_open, check_same_line_count
 
@@ -147,8 +148,12 @@ def run_pipeline(args, prefixes, name, src, tgt):
 
     # 2. preclean (train only, like the recipe; valid/test are kept whole) ----------------
     def preclean():
-        cleaning.filter_aligned(lay.texts("tok", ["train"]), lay.texts("clean", ["train"]),
-                                cleaning.SafePreFilter(args.min_len, args.max_len))
+        pre_filter = cleaning.SafePreFilter(args.min_len, args.max_len)
+        kept, dropped = cleaning.filter_aligned(lay.texts("tok", ["train"]),
+                                                lay.texts("clean", ["train"]), pre_filter)
+        cleaning.require_pairs(kept, dropped, lay.texts("tok", ["train"]), pre_filter,
+                               [raw["train"][src], raw["train"][tgt]],
+                               "tokenisation and cleaning (empty lines, --min-len, --max-len)")
         for split in ("valid", "test"):
             for lang in (src, tgt):
                 _copy(lay.path("tok", split, lang), lay.path("clean", split, lang))
@@ -229,8 +234,12 @@ def run_pipeline(args, prefixes, name, src, tgt):
             ins = [lay.path("bpe", split, x) for x in [src, tgt] + kinds]
             outs = [lay.path("final", split, x) for x in [src, tgt] + kinds]
             if split == "train":
-                cleaning.filter_aligned(ins, outs, cleaning.LengthFilter(
-                    args.min_len, args.max_len, args.max_ratio))
+                length_filter = cleaning.LengthFilter(args.min_len, args.max_len, args.max_ratio)
+                kept, dropped = cleaning.filter_aligned(ins, outs, length_filter)
+                cleaning.require_pairs(kept, dropped, ins[:2], length_filter,
+                                       [raw["train"][src], raw["train"][tgt]],
+                                       "BPE and the length/ratio filter (--min-len, "
+                                       "--max-len, --max-ratio)")
             else:
                 for i, o in zip(ins, outs):
                     _copy(i, o)
@@ -278,10 +287,13 @@ def setup_logging():
 def main(argv=None):
     args = build_parser().parse_args(argv)
     setup_logging()
+    exit_cleanly_on_sigterm()
     prefixes = {"train": args.trainpref, "valid": args.validpref, "test": args.testpref}
+    args.work_dir = args.work_dir or os.path.join(REPO_ROOT, "work", args.name)
     try:
-        run_pipeline(args, prefixes, args.name, args.source_lang, args.target_lang)
+        with work_dir_lock(args.work_dir, shared=bool(args.tag_shard)):
+            run_pipeline(args, prefixes, args.name, args.source_lang, args.target_lang)
     except DataError as exc:
         log.error("error: %s", exc)
-        return 1
+        return 2
     return 0

@@ -25,6 +25,7 @@ import zlib
 from . import download as download_mod
 from . import pipeline
 from .errors import DataError
+from .lock import exit_cleanly_on_sigterm, work_dir_lock
 from .steps import StepLedger, file_identity
 from .textio import atomic_files, atomic_open
 
@@ -256,23 +257,30 @@ def main(argv=None):
     work_dir = args.work_dir or os.path.join(pipeline.REPO_ROOT, "work", name)
     args.work_dir = work_dir
     raw_out = os.path.join(work_dir, "raw")
+    exit_cleanly_on_sigterm()
     try:
-        archives = obtain_archives(args.pair, args.raw_dir,
-                                   args.download_dir or os.path.join(work_dir, "orig"))
-        ledger = StepLedger(work_dir, force=args.force)
-        identities = [file_identity(os.path.join(archives, n)) for n in expected_archives(args.pair)]
-        outputs = [os.path.join(raw_out, f"{s}.{lang}") for s in pipeline.SPLITS
-                   for lang in (src, tgt)]
-
-        def extract():
-            extract_train(args.pair, archives, raw_out, args.utf8_errors)
-            extract_test_sets(args.pair, archives, raw_out)
-
-        ledger.run("extract", {"archives": identities}, outputs, extract)
-        # The pipeline keeps its own markers; --force was applied by the ledger above.
-        prefixes = {s: os.path.join(raw_out, s) for s in pipeline.SPLITS}
-        pipeline.run_pipeline(args, prefixes, name, src, tgt)
+        with work_dir_lock(work_dir, shared=bool(args.tag_shard)):
+            _prepare(args, name, src, tgt, work_dir, raw_out)
     except DataError as exc:
         log.error("error: %s", exc)
-        return 1
+        return 2
     return 0
+
+
+def _prepare(args, name, src, tgt, work_dir, raw_out):
+    """Archives -> raw text -> the generic pipeline (under the work folder's lock)."""
+    archives = obtain_archives(args.pair, args.raw_dir,
+                               args.download_dir or os.path.join(work_dir, "orig"))
+    ledger = StepLedger(work_dir, force=args.force)
+    identities = [file_identity(os.path.join(archives, n)) for n in expected_archives(args.pair)]
+    outputs = [os.path.join(raw_out, f"{s}.{lang}") for s in pipeline.SPLITS
+               for lang in (src, tgt)]
+
+    def extract():
+        extract_train(args.pair, archives, raw_out, args.utf8_errors)
+        extract_test_sets(args.pair, archives, raw_out)
+
+    ledger.run("extract", {"archives": identities}, outputs, extract)
+    # The pipeline keeps its own markers; --force was applied by the ledger above.
+    prefixes = {s: os.path.join(raw_out, s) for s in pipeline.SPLITS}
+    pipeline.run_pipeline(args, prefixes, name, src, tgt)

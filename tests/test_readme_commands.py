@@ -1,0 +1,101 @@
+"""Every script the README and docs tell you to run runs as written there.
+
+The commands are taken from the documents themselves (fenced and indented code blocks,
+continuation lines joined): each one whose first word is a ``scripts/...`` path, or
+``python scripts/...``, is run with ``--help`` in a fresh, non-interactive bash, as its
+command form is written (``scripts/train.sh`` must therefore be executable; ``bash
+scripts/train.sh`` would hide a missing executable bit).
+"""
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def code_lines(text):
+    """Lines of fenced shell blocks and of 4-space indented code blocks."""
+    fence = None
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fence = None if fence is not None else line.lstrip()[3:].strip()
+            continue
+        if fence is not None:
+            if fence in ("bash", "sh", "shell", "console"):
+                yield line
+        elif line.startswith("    "):
+            yield line
+
+
+def logical_commands(text):
+    """Shell commands of the code blocks: continuations joined, split at ; && | &."""
+    pending = ""
+    for line in code_lines(text):
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        full, pending = pending + line, ""
+        try:
+            lexer = shlex.shlex(full, posix=True, punctuation_chars=";&|")
+            lexer.whitespace_split = True
+            lexer.commenters = "#"
+            tokens = list(lexer)
+        except ValueError:  # prose that happens to be indented (unbalanced quotes)
+            continue
+        command = []
+        for token in tokens + [";"]:
+            if token and set(token) <= set(";&|"):
+                if command:
+                    yield command
+                command = []
+            else:
+                command.append(token)
+
+
+def documented_scripts():
+    """{command form: [documents]}: ``scripts/x`` or ``python scripts/x.py``."""
+    found = {}
+    for document in DOCUMENTS:
+        for command in logical_commands(document.read_text(encoding="utf-8")):
+            while command and "=" in command[0] and not command[0].startswith(("-", "scripts/")):
+                command = command[1:]  # VAR=value prefixes
+            if not command:
+                continue
+            if command[0].startswith("scripts/"):
+                form = command[0]
+            elif command[0] in ("python", "python3") and len(command) > 1 \
+                    and command[1].startswith("scripts/"):
+                form = f"python {command[1]}"
+            else:
+                continue
+            found.setdefault(form, []).append(document.name)
+    return found
+
+
+FORMS = documented_scripts()
+
+
+def test_the_documents_show_script_commands():
+    # the README's own: training, evaluation and SLURM submission are run as scripts
+    for form in ("scripts/train.sh", "scripts/evaluate.sh", "scripts/slurm/submit.sh",
+                 "python scripts/average_checkpoints.py", "python scripts/prepare_corpus.py",
+                 "python scripts/plot_training.py"):
+        assert form in FORMS, sorted(FORMS)
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_documented_command_runs_as_written(form):
+    env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}/usr/local/bin:/usr/bin:/bin",
+           "HOME": os.environ.get("HOME", "/tmp"), "LANG": "C.UTF-8",
+           "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    result = subprocess.run(["bash", "--noprofile", "--norc", "-c", f"{form} --help"],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, (f"`{form} --help` (from {', '.join(sorted(set(FORMS[form])))}) "
+                                    f"failed with {result.returncode}:\n{result.stderr[-2000:]}")
+    assert result.stdout.strip(), f"`{form} --help` printed no help"
