@@ -16,8 +16,8 @@ TORCH_VERSION=2.13.0
 FAIRSEQ_SPEC="fairseq-fixed==0.12.3.1"
 
 stamp_inputs() {
-  cat "$root/constraints.txt" "$root/requirements.txt" "$root/setup.cfg" "$root/pyproject.toml" \
-      "$root/scripts/setup_env.sh"
+  cat "$root/constraints.txt" "$root/requirements.txt" "$root/requirements-train.txt" \
+      "$root/setup.cfg" "$root/pyproject.toml" "$root/scripts/setup_env.sh"
 }
 want=$(stamp_inputs | sha256sum | cut -d' ' -f1)
 stamp="$venv/.tpp-env-stamp"
