@@ -4,6 +4,12 @@
 #
 #   scripts/setup_env.sh            # venv in ./.venv (or $TPP_VENV)
 #
+# For a node without internet (scripts/wheelhouse.py; `--help` lists the options):
+#   scripts/setup_env.sh --download-wheelhouse DIR [--python-version 3.12] [--torch none|cpu|VER]
+#                        [--profile train|full] ...    # on a machine with internet
+#   scripts/setup_env.sh --from-wheelhouse DIR [--venv PATH] [--system-site-packages]
+#                                                        # on the node: pip --no-index
+#
 # Re-running is cheap: a stamp holding the hash of every install input is compared first.
 # torch is pinned for *every* pip call, including packages' isolated build environments
 # (PIP_CONSTRAINT), so no step can replace it with a CUDA build.
@@ -15,9 +21,17 @@ python=${PYTHON:-python3}
 TORCH_VERSION=2.13.0
 FAIRSEQ_SPEC="fairseq-fixed==0.12.3.1"
 
+case "${1:-}" in
+  "") ;;
+  --download-wheelhouse|--from-wheelhouse|-h|--help)
+    export TPP_TORCH_VERSION=$TORCH_VERSION TPP_FAIRSEQ_SPEC=$FAIRSEQ_SPEC
+    exec "$python" "$root/scripts/wheelhouse.py" "$@" ;;
+  *) echo "usage: $0 [--download-wheelhouse DIR ... | --from-wheelhouse DIR ...] (--help)" >&2; exit 2 ;;
+esac
+
 stamp_inputs() {
-  cat "$root/constraints.txt" "$root/requirements.txt" "$root/setup.cfg" "$root/pyproject.toml" \
-      "$root/scripts/setup_env.sh"
+  cat "$root/constraints.txt" "$root/requirements.txt" "$root/requirements-train.txt" \
+      "$root/setup.cfg" "$root/pyproject.toml" "$root/scripts/setup_env.sh"
 }
 want=$(stamp_inputs | sha256sum | cut -d' ' -f1)
 stamp="$venv/.tpp-env-stamp"
