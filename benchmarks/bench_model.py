@@ -21,8 +21,9 @@ and every figure is the median over rounds of one step's time (the device synchr
 around it). Generation: fairseq's ``SequenceGenerator`` (beam 5) on fixed batches of
 test sentences, output length forced to ``--gen-len`` tokens, models taking turns batch
 by batch. Memory: on a GPU, for each model, what stays allocated once it has trained
-(parameters, gradients, optimizer state, fp32 master copy) plus the peak a training
-step adds (activations), from PyTorch's allocator statistics; on the CPU, the peak RSS
+(parameters, gradients, optimizer state, fp32 master copy; read off as the models are
+built one after the other) plus the peak a training step adds (activations), from
+PyTorch's allocator statistics; on the CPU, the peak RSS
 of a separate process that builds and trains only that model (no allocator
 statistics there), minus that of the same process before building the model.
 
@@ -288,26 +289,35 @@ def train_flops(cfg, sample) -> float:
 
 
 def measure_training(size, args, results):
+    """Builds every model's trainer (one after the other, so that on a GPU what each
+    keeps allocated can be read off), then times training steps round by round.
+    Returns the trainers (their models are reused for generation)."""
     import torch
 
     trainers = {}
     batches = None
     for name in args.models:
+        if args.device == "cuda":
+            synchronize(args)
+            base = torch.cuda.memory_allocated()
         cfg, task, trainer = build_trainer(name, size, args)
         if batches is None:
             batches = fixed_batches(task, cfg, "train", args.warmup + args.rounds, max_tokens=args.max_tokens)
             vocab = len(task.target_dictionary)
-        trainers[name] = (cfg, trainer)
-    for name in args.models:  # warm-up (and the optimizer's state appears)
-        for batch in batches[: args.warmup]:
-            trainers[name][1].train_step([batch])
+        for batch in batches[: args.warmup]:  # warm-up (the optimizer's state appears)
+            trainer.train_step([batch])
+        trainers[name] = (cfg, task, trainer)
+        if args.device == "cuda":
+            synchronize(args)
+            # parameters, gradients, optimizer state (and fp32 master copy in fp16/bf16)
+            results.setdefault(name, {})["persistent"] = torch.cuda.memory_allocated() - base
     times = {name: [] for name in args.models}
     memory = {}
     for r in range(args.rounds):
         batch = batches[args.warmup + r]
         order = args.models[r % len(args.models):] + args.models[: r % len(args.models)]
         for name in order:
-            trainer = trainers[name][1]
+            trainer = trainers[name][2]
             if args.device == "cuda":
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
@@ -315,11 +325,10 @@ def measure_training(size, args, results):
             seconds, _ = timed(lambda: trainer.train_step([batch]), args)
             times[name].append(seconds)
             if args.device == "cuda":
-                peak = torch.cuda.max_memory_allocated() - before
-                memory[name] = max(memory.get(name, 0), peak)
+                memory[name] = max(memory.get(name, 0), torch.cuda.max_memory_allocated() - before)
     tokens = [b["ntokens"] for b in batches[args.warmup:]]
     for name in args.models:
-        cfg, trainer = trainers[name]
+        cfg, task, trainer = trainers[name]
         wps = [n / s for n, s in zip(tokens, times[name])]
         entry = results.setdefault(name, {})
         entry["train_wps"] = statistics.median(wps)
@@ -328,70 +337,45 @@ def measure_training(size, args, results):
         entry["params"] = sum(p.numel() for p in trainer.model.parameters())
         if args.device == "cuda":
             entry["activation_peak"] = memory[name]
+            entry["train_memory"] = entry["persistent"] + memory[name]
         if args.mfu:
             flops = []
-            for b, s in zip(batches[args.warmup:], times[name]):
+            for b, sec in zip(batches[args.warmup:], times[name]):
                 b = dict(b)
                 b["_vocab"] = vocab
-                flops.append(train_flops(cfg, b) / s)
+                flops.append(train_flops(cfg, b) / sec)
             entry["train_tflops"] = statistics.median(flops) / 1e12
-    if args.device == "cuda":
-        # what each model keeps allocated: free all others, measure one at a time
-        for name in list(trainers):
-            del trainers[name]
-        import gc
-
-        for name in args.models:
-            gc.collect()
-            torch.cuda.empty_cache()
-            base = torch.cuda.memory_allocated()
-            cfg, task, trainer = build_trainer(name, size, args)
-            trainer.train_step([batches[0]])
-            synchronize(args)
-            results[name]["persistent"] = torch.cuda.memory_allocated() - base
-            results[name]["train_memory"] = results[name]["persistent"] + results[name]["activation_peak"]
-            del trainer, task, cfg
-            gc.collect()
-    return batches
+    return trainers
 
 
-def measure_generation(size, args, results):
+def measure_generation(trainers, args, results):
     import torch
-    from fairseq import checkpoint_utils, tasks  # noqa: F401
+    from fairseq import utils
 
-    models, generators, samples = {}, {}, None
+    generators, samples = {}, None
     for name in args.models:
-        cfg, task, trainer = build_trainer(name, size, args)
-        trainer.train_step(fixed_batches(task, cfg, "train", 1, max_tokens=args.max_tokens))
+        cfg, task, trainer = trainers[name]
         model = trainer.model.eval()
         gen_args = argparse.Namespace(beam=args.beam, max_len_a=0, max_len_b=args.gen_len, min_len=args.gen_len)
         generators[name] = task.build_generator([model], gen_args)
-        models[name] = (task, model)
         if samples is None:
             samples = fixed_batches(task, cfg, "test", args.gen_batches + 1, max_sentences=args.gen_batch)
-    device = torch.device(args.device)
-
-    def move(sample):
-        from fairseq import utils
-
-        return utils.move_to_cuda(sample) if args.device == "cuda" else sample
-
-    samples = [move(s) for s in samples]
+    if args.device == "cuda":
+        samples = [utils.move_to_cuda(s) for s in samples]
     times = {name: [] for name in args.models}
     sentences = [s["nsentences"] for s in samples[1:]]
     with torch.no_grad():
         for name in args.models:  # warm-up
-            task, model = models[name]
+            task, model = trainers[name][1], trainers[name][2].model
             task.inference_step(generators[name], [model], samples[0])
         for r, sample in enumerate(samples[1:]):
             order = args.models[r % len(args.models):] + args.models[: r % len(args.models)]
             for name in order:
-                task, model = models[name]
+                task, model = trainers[name][1], trainers[name][2].model
                 seconds, hyps = timed(lambda: task.inference_step(generators[name], [model], sample), args)
                 lengths = {len(h[0]["tokens"]) for h in hyps}
                 assert lengths == {args.gen_len + 1}, f"{name}: output lengths {lengths}"
                 times[name].append(seconds)
-    del device
     for name in args.models:
         rates = [n / s for n, s in zip(sentences, times[name])]
         results[name]["gen_sent_per_s"] = statistics.median(rates)
@@ -539,9 +523,10 @@ def main(argv=None):
     try:
         for size in args.sizes:
             results = {}
-            measure_training(size, args, results)
+            trainers = measure_training(size, args, results)
             if not args.no_generation:
-                measure_generation(size, args, results)
+                measure_generation(trainers, args, results)
+            del trainers
             if not args.no_memory and args.device == "cpu":
                 measure_cpu_memory(size, args, results)
             text = report(size, args, results, device_name)

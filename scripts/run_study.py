@@ -305,7 +305,7 @@ def train_command(variant: str, seed: int, cfg: Config, data: Path, folder: Path
         "--keep-interval-updates", cfg.average, "--no-epoch-checkpoints", "--save-interval", 1000000,
         "--validate-interval-updates", valid, "--validate-interval", 1000000,
         "--log-format", "json", "--log-file", folder / "train.log", "--log-interval", max(1, valid // 4),
-        "--no-progress-bar", "--num-workers", 2 if device == "cuda" else 0,
+        "--no-progress-bar", "--num-workers", 1 if device == "cuda" else 0,
         "--skip-invalid-size-inputs-valid-test",
         *(["--cpu"] if device == "cpu" else []), *cfg.extra, *extra,
     ]
@@ -369,11 +369,13 @@ def execute(run: Run, cfg: Config, paths, args) -> None:
     bleu = run.folder / "eval" / "bleu.txt"
     if not bleu.exists():
         log(f"{run.name}: translating the test set")
-        cmd = ["bash", SCRIPTS / "evaluate.sh", "--data", paths["data"], "--checkpoint", avg,
+        cmd = [sys.executable, SCRIPTS / "evaluate.py", "--data", paths["data"], "--checkpoint", avg,
                "--reference", paths["reference"], "--out", run.folder / "eval", "--force",
                "--max-tokens", args.gen_max_tokens]
         if args.device == "cpu":
             cmd.append("--cpu")
+        else:  # half-precision inference on the GPU
+            cmd += ["--", "--fp16"]
         run_command(cmd, out_log, env=env)
     if not args.keep_checkpoints:  # the averaged model is what the study keeps
         for path in list(ckpt.glob("checkpoint_*_*.pt")) + [ckpt / "checkpoint_best.pt"]:
@@ -560,7 +562,7 @@ def write_report(args, cfg: Config, paths, runs: List[Run], command: str, elapse
         p_b = "—" if variant == args.variants[0] else fmt(b.p_value, 4)
         p_c = "—" if variant == args.variants[0] else fmt(c.p_value, 4)
         lines.append(
-            f"| {VARIANTS[variant]['label']} | {VARIANTS[variant]['what']} | {parameter_count(vruns[0]) / 1e6:.1f}M "
+            f"| {VARIANTS[variant]['label']} | {VARIANTS[variant]['what']} | {parameter_count(vruns[0]) / 1e6:.2f}M "
             f"| {statistics.mean(bleus):.2f} ± {fmt(t_interval(bleus))} | {' / '.join(f'{x:.2f}' for x in bleus)} "
             f"| {statistics.mean(chrfs):.2f} | {statistics.mean(toks):.2f} "
             f"| {b.mean:.2f} ± {b.ci:.2f} | {p_b} | {c.mean:.2f} ± {c.ci:.2f} | {p_c} "
