@@ -169,11 +169,12 @@ def command_line(name, size, args):
 def setup(name, size, args):
     """fairseq's configuration and task for one model (the task loads dictionaries)."""
     from fairseq import options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.dataclass import utils as dataclass_utils
 
     parser = options.get_training_parser()
     ns = options.parse_args_and_arch(parser, input_args=command_line(name, size, args))
-    cfg = convert_namespace_to_omegaconf(ns)
+    # looked up after the plugin was loaded (it corrects --bf16's implied --tpu there)
+    cfg = dataclass_utils.convert_namespace_to_omegaconf(ns)
     return cfg, tasks.setup_task(cfg.task)
 
 
@@ -311,6 +312,12 @@ def measure_training(size, args, results):
             synchronize(args)
             # parameters, gradients, optimizer state (and fp32 master copy in fp16/bf16)
             results.setdefault(name, {})["persistent"] = torch.cuda.memory_allocated() - base
+    if args.device == "cuda":
+        # every batch shape once, untimed: the first call with a new shape can cost
+        # library set-up (kernel selection, workspaces) that a long run pays only once
+        for name in args.models:
+            for batch in batches[args.warmup:]:
+                trainers[name][2].train_step([batch])
     times = {name: [] for name in args.models}
     memory = {}
     for r in range(args.rounds):
@@ -365,9 +372,10 @@ def measure_generation(trainers, args, results):
     times = {name: [] for name in args.models}
     sentences = [s["nsentences"] for s in samples[1:]]
     with torch.no_grad():
-        for name in args.models:  # warm-up
+        for name in args.models:  # warm-up (on a GPU: every batch once)
             task, model = trainers[name][1], trainers[name][2].model
-            task.inference_step(generators[name], [model], samples[0])
+            for sample in samples if args.device == "cuda" else samples[:1]:
+                task.inference_step(generators[name], [model], sample)
         for r, sample in enumerate(samples[1:]):
             order = args.models[r % len(args.models):] + args.models[: r % len(args.models)]
             for name in order:

@@ -225,3 +225,18 @@ def test_head_outputs_are_what_the_output_projection_mixes():
         local = m.local_conv(torch.nn.functional.linear(x, weight, bias), pad)
     assert torch.allclose(mixed, out, atol=1e-6)
     assert torch.allclose(heads["local"], local, atol=1e-6)
+
+
+@pytest.mark.parametrize("embed_dim, heads, conv_heads", [(512, 8, 4), (1024, 16, 8), (256, 4, 2), (128, 4, 1)])
+def test_projected_q_k_v_are_aligned_for_fused_kernels(embed_dim, heads, conv_heads):
+    """Fused attention kernels on GPUs read q, k and v in place and need every row to
+    start on a 16-byte boundary (8 half-precision elements): the fused projection's
+    width and each slice's offset are multiples of 8 (a misaligned width crashed the
+    flash kernel with 'misaligned address' on an H100)."""
+    m = HybridMultiheadAttention(embed_dim, heads, conv_heads, kernel_size=3)
+    assert m.in_proj.out_features % 8 == 0
+    proj = m._project(torch.randn(5, 2, embed_dim))
+    for name in ("q", "k", "v", "local", "value"):
+        if name in proj:
+            assert proj[name].storage_offset() % 8 == 0, name
+            assert all(stride % 8 == 0 for stride in proj[name].stride()[:-1]), name

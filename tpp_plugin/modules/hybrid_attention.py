@@ -35,7 +35,8 @@ attention maps when weights are asked for.
 
 **One input projection.** Every projection of the input — the dot-product heads'
 ``W^Q, W^K, W^V``, LocalConv's pointwise ``W^P``, the Query's ``W^S`` and ``W^Q`` — is
-a slice of one ``in_proj`` (``d x (3·H_a·d_h + 2·H_c·d_h + H_c)``), so a layer reads its
+a slice of one ``in_proj`` (``d x (3·H_a·d_h + 2·H_c·d_h + H_c)``, rounded up to a
+multiple of 8 rows for aligned memory), so a layer reads its
 input once, in one matrix product, as fairseq's ``DynamicConv1dTBC`` and
 ``MultiheadAttention`` do; :class:`LocalConv` and :class:`ContextQuery` own the rest of
 their computation (the depthwise kernel, the pooling) and their incremental state.
@@ -71,6 +72,8 @@ from torch import Tensor, nn
 from .context_query import ContextQuery
 from .local_conv import LocalConv
 
+#: ``in_proj``'s width is a multiple of this many elements (see ``projection_sizes``)
+ALIGN = 8
 #: the slices of ``in_proj``, in order, and the parameters that held them before the
 #: projections were fused (for loading older checkpoints)
 PROJECTIONS = ("q", "k", "v", "local", "value", "score")
@@ -132,6 +135,12 @@ class HybridMultiheadAttention(nn.Module):
         sizes = dict(q=dot_dim, k=dot_dim, v=dot_dim, local=conv_dim, value=conv_dim, score=conv_heads)
         #: (name, width) of each slice of in_proj's output, in order (no empty slices)
         self.projection_sizes: List[Tuple[str, int]] = [(n, sizes[n]) for n in PROJECTIONS if sizes[n] > 0]
+        total = sum(w for _, w in self.projection_sizes)
+        if total % ALIGN:
+            # unused rows, so that the output's rows (and with d_h a multiple of 8, every
+            # slice) start on 16-byte boundaries in half precision: the fused attention
+            # kernels read q, k and v in place and fail on misaligned strides
+            self.projection_sizes.append(("pad", ALIGN - total % ALIGN))
         self._names = [n for n, _ in self.projection_sizes]
         self._widths = [w for _, w in self.projection_sizes]
         self.in_proj = nn.Linear(embed_dim, sum(w for _, w in self.projection_sizes))
@@ -156,9 +165,12 @@ class HybridMultiheadAttention(nn.Module):
         with torch.no_grad():
             for name, _ in self.projection_sizes:
                 weight, bias = self.projection(name)
+                bias.zero_()
+                if name == "pad":
+                    weight.zero_()
+                    continue
                 gain = 1 / math.sqrt(2) if name in ("q", "k", "v") else 1.0
                 nn.init.xavier_uniform_(weight, gain=gain)
-                bias.zero_()
         nn.init.xavier_uniform_(self.out_proj.weight)
         nn.init.constant_(self.out_proj.bias, 0.0)
 
@@ -443,11 +455,15 @@ class HybridMultiheadAttention(nn.Module):
         prefix = f"{name}." if name else ""
         if prefix + "in_proj.weight" in state_dict:
             return state_dict
-        legacy = [prefix + _LEGACY_NAMES[n] for n, _ in self.projection_sizes]
+        legacy = [prefix + _LEGACY_NAMES[n] for n, _ in self.projection_sizes if n != "pad"]
         if not all(f"{old}.weight" in state_dict for old in legacy):
             return state_dict  # not a checkpoint of this module: let loading report it
+        pad = dict(self.projection_sizes).get("pad", 0)
         for part in ("weight", "bias"):
-            state_dict[f"{prefix}in_proj.{part}"] = torch.cat([state_dict.pop(f"{old}.{part}") for old in legacy])
+            pieces = [state_dict.pop(f"{old}.{part}") for old in legacy]
+            if pad:
+                pieces.append(pieces[0].new_zeros(pad, *pieces[0].shape[1:]))
+            state_dict[f"{prefix}in_proj.{part}"] = torch.cat(pieces)
         return state_dict
 
     def extra_repr(self) -> str:
