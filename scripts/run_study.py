@@ -111,7 +111,7 @@ CONFIGS = {
                   activation_dropout=0.1, average=5, dtype="bf16", bpe_merges=16000),
     # chosen for learning speed on a 2-core CPU (a small model, a small BPE vocabulary,
     # short segments, small batches, a short warm-up): all variants x 2 seeds in 3 hours
-    "cpu": Config(embed_dim=256, ffn_dim=512, heads=4, layers=3, max_update=1200, max_tokens=2048,
+    "cpu": Config(embed_dim=256, ffn_dim=512, heads=4, layers=3, max_update=1400, max_tokens=2048,
                   update_freq=1, lr=2e-3, warmup_updates=200, dropout=0.1, attention_dropout=0.0,
                   activation_dropout=0.0, average=5, dtype="fp32", bpe_merges=8000, max_len=40),
 }
