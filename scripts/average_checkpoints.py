@@ -63,7 +63,7 @@ if str(REPO_ROOT) not in sys.path:  # run from anywhere, also without an install
 
 from tpp_plugin.checkpoint_files import CheckpointError  # noqa: E402
 from tpp_plugin.checkpoint_files import load_checkpoint as read_checkpoint  # noqa: E402
-from tpp_plugin.serialization import allow_fairseq_checkpoints  # noqa: E402
+from tpp_plugin.compat import allow_fairseq_checkpoints  # noqa: E402
 
 # fairseq's file names: checkpoint<epoch>.pt and checkpoint_<epoch>_<update>.pt
 EPOCH_PATTERN = re.compile(r"^checkpoint(\d+)\.pt$")

@@ -88,12 +88,15 @@ def test_criterion_is_fairseq_label_smoothed_ce_without_tags(databin):
     assert not any(k.endswith("_tag_count") for k in log_a)
 
 
-def test_criterion_adds_exactly_the_weighted_tag_losses(databin):
+@pytest.mark.parametrize("weights", [dict(tag_loss_weights="pos:0.7,ner:0.3"),
+                                     dict(pos_loss_weight=0.7, ner_loss_weight=0.3),
+                                     dict(tag_loss_weights="ner:0.3", pos_loss_weight=0.7)])
+def test_criterion_adds_exactly_the_weighted_tag_losses(databin, weights):
     torch.manual_seed(0)
     task = make_task(databin)
     model = build_model(dictionary=task.source_dictionary, tag_dictionaries=task.tag_dictionaries).eval()
     batch = first_batch(task)
-    crit = LabelSmoothedCrossEntropyWithTagsCriterion(task, False, 0.1, pos_loss_weight=0.7, ner_loss_weight=0.3)
+    crit = LabelSmoothedCrossEntropyWithTagsCriterion(task, False, 0.1, **weights)
     with torch.no_grad():
         loss, _, log = crit(model, batch)
         # by hand: translation loss + 0.7 * POS + 0.3 * NER, over non-pad non-EOS tokens
@@ -173,3 +176,21 @@ def test_missing_label_files_name_the_expected_path(databin, tmp_path):
 def test_options_that_would_misalign_labels_are_refused(databin):
     with pytest.raises(ValueError, match="--truncate-source"):
         make_task(databin, truncate_source=True)
+
+
+def test_tag_loss_weights_are_data(databin):
+    task = make_task(databin)
+    crit = LabelSmoothedCrossEntropyWithTagsCriterion(task, False, 0.1, tag_loss_weights="ner:0.25,chunk:2")
+    assert crit.tag_weight("ner") == 0.25 and crit.tag_weight("chunk") == 2.0
+    assert crit.tag_weight("pos") == 1.0, "a kind not named keeps weight 1"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(tag_loss_weights="pos=1"), "--tag-loss-weights: expected NAME:NUMBER"),
+    (dict(tag_loss_weights="pos:1,pos:2"), "given twice"),
+    (dict(tag_loss_weights="pos:-1"), "must be >= 0"),
+    (dict(tag_loss_weights="pos:0.5", pos_loss_weight=0.7), "contradicts --tag-loss-weights"),
+])
+def test_bad_tag_loss_weights_name_the_option(databin, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        LabelSmoothedCrossEntropyWithTagsCriterion(make_task(databin), False, 0.1, **kwargs)

@@ -13,7 +13,7 @@ use :func:`load_checkpoint`, which looks at the file first and says what it is:
   ``checkpoint_best.pt`` without a temporary name);
 * some other binary file;
 * a checkpoint that safe loading refuses (objects outside the allow-list of
-  :mod:`tpp_plugin.serialization`), or one without a ``model`` state dict.
+  :mod:`tpp_plugin.compat`), or one without a ``model`` state dict.
 
 Loading is always ``weights_only=True``.
 """
@@ -24,7 +24,7 @@ import zipfile
 
 import torch
 
-from .serialization import allow_fairseq_checkpoints
+from .compat import allow_fairseq_checkpoints
 
 ZIP_MAGIC = b"PK\x03\x04"
 # torch.save's format before torch 1.6: a pickled magic number first

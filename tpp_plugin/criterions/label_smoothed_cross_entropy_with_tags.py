@@ -3,10 +3,12 @@
 .. math::
 
     \\mathcal{L} = \\mathcal{L}_{\\text{LS-CE}}(y \\mid x)
-        + \\lambda_{\\text{pos}} \\sum_{t} -\\log p(\\text{pos}_t \\mid x)
-        + \\lambda_{\\text{ner}} \\sum_{t} -\\log p(\\text{ner}_t \\mid x)
+        + \\sum_{k} \\lambda_k \\sum_{t} -\\log p(k_t \\mid x)
 
-with the tag sums over real source tokens only (no padding, no end-of-sentence slot).
+over the tag kinds ``k`` of the batch (POS and NER from our pipeline; any label stream
+of the data folder works), with weights ``λ_k`` from ``--tag-loss-weights`` (default 1;
+``--pos-loss-weight`` and ``--ner-loss-weight`` are aliases), and the tag sums over real
+source tokens only (no padding, no end-of-sentence slot).
 Like fairseq's translation loss, the tag losses are sums; the trainer divides the
 total by the sample size (target tokens). On a batch without tags this is exactly
 fairseq's ``label_smoothed_cross_entropy``.
@@ -20,23 +22,33 @@ accumulated batches.
 import logging
 import math
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from fairseq import metrics, utils
 from fairseq.criterions import register_criterion
-from fairseq.criterions.label_smoothed_cross_entropy import (
+from fairseq.criterions.label_smoothed_cross_entropy import (  # noqa: I001
     LabelSmoothedCrossEntropyCriterion,
     LabelSmoothedCrossEntropyCriterionConfig,
 )
+
+from ..options import parse_named
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class LabelSmoothedCrossEntropyWithTagsConfig(LabelSmoothedCrossEntropyCriterionConfig):
-    pos_loss_weight: float = field(default=1.0, metadata={"help": "weight of the POS tagging loss"})
-    ner_loss_weight: float = field(default=1.0, metadata={"help": "weight of the NER tagging loss"})
+    tag_loss_weights: str = field(
+        default="",
+        metadata={"help": "weight of each tag kind's loss, e.g. 'pos:1,ner:0.5'; a tag kind "
+                  "not named here has weight 1 (0 switches its loss off)"},
+    )
+    pos_loss_weight: Optional[float] = field(
+        default=None, metadata={"help": "alias of --tag-loss-weights pos:W"})
+    ner_loss_weight: Optional[float] = field(
+        default=None, metadata={"help": "alias of --tag-loss-weights ner:W"})
 
 
 @register_criterion(
@@ -50,15 +62,25 @@ class LabelSmoothedCrossEntropyWithTagsCriterion(LabelSmoothedCrossEntropyCriter
         label_smoothing,
         ignore_prefix_size=0,
         report_accuracy=False,
-        pos_loss_weight=1.0,
-        ner_loss_weight=1.0,
+        tag_loss_weights="",
+        pos_loss_weight=None,
+        ner_loss_weight=None,
     ):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
-        self.tag_weights = {"pos": pos_loss_weight, "ner": ner_loss_weight}
+        self.tag_weights = parse_named(tag_loss_weights, "tag-loss-weights", cast=float)
+        for name, alias in (("pos", pos_loss_weight), ("ner", ner_loss_weight)):
+            if alias is not None:
+                if name in self.tag_weights and self.tag_weights[name] != alias:
+                    raise ValueError(f"--{name}-loss-weight {alias} contradicts --tag-loss-weights "
+                                     f"{name}:{self.tag_weights[name]}")
+                self.tag_weights[name] = alias
+        for name, weight in self.tag_weights.items():
+            if weight < 0:
+                raise ValueError(f"--tag-loss-weights: weight of {name!r} must be >= 0, got {weight}")
         self._warned_no_head = set()
 
     def tag_weight(self, name: str) -> float:
-        # other label streams than POS and NER count with weight 1
+        """The weight of tag kind ``name``'s loss (1 unless given)."""
         return self.tag_weights.get(name, 1.0)
 
     def forward(self, model, sample, reduce=True):

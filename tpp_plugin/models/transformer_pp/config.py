@@ -1,0 +1,117 @@
+"""The options of ``transformer_pp`` (besides fairseq's transformer options), their
+parsing and validation.
+
+Per-layer settings are comma-separated lists, one value per layer
+(``--encoder-conv-kernel-sizes 3,5,7,11,15``); tag heads are ``name:layer`` pairs
+(``--encoder-tag-layers pos:1,ner:2``). Both are read by the parsers below, whose
+errors name the option.
+"""
+
+from typing import Dict
+
+from ...modules import HybridMultiheadAttention
+from ...options import parse_int_list, parse_named
+
+#: the paper's kernel widths for blocks 1..5 (encoder and decoder alike)
+PAPER_KERNEL_SIZES = (3, 5, 7, 11, 15)
+
+
+def default_kernel_sizes(num_layers: int) -> str:
+    """The paper's widths, cut to ``num_layers`` (or continued with the widest)."""
+    widths = list(PAPER_KERNEL_SIZES[:num_layers])
+    widths += [PAPER_KERNEL_SIZES[-1]] * (num_layers - len(widths))
+    return ",".join(map(str, widths))
+
+
+def default_dilations(kernel_sizes: str, option: str) -> str:
+    """Our default (the paper gives no values): dilation 1 for the narrow kernels
+    (F <= 5, where the lower, POS/NER-trained layers look at dense local context) and 2
+    for the wide ones, so the five paper layers look back 2, 4, 12, 20 and 28 positions."""
+    widths = parse_int_list(kernel_sizes, option)
+    return ",".join("1" if f <= 5 else "2" for f in widths)
+
+
+def add_args(parser) -> None:
+    """The model options ``transformer_pp`` adds to fairseq's transformer."""
+    # fmt: off
+    parser.add_argument('--encoder-conv-heads', type=int, metavar='N',
+                        help='convolution-attention heads per encoder self-attention '
+                             '(the rest are dot-product heads; 0 = plain Transformer)')
+    parser.add_argument('--decoder-conv-heads', type=int, metavar='N',
+                        help='convolution-attention heads per decoder self-attention')
+    parser.add_argument('--encoder-conv-kernel-sizes', type=str, metavar='F1,F2,...',
+                        help='LocalConv kernel width of each encoder layer')
+    parser.add_argument('--decoder-conv-kernel-sizes', type=str, metavar='F1,F2,...',
+                        help='LocalConv kernel width of each decoder layer')
+    parser.add_argument('--encoder-conv-dilations', type=str, metavar='D1,D2,...',
+                        help='LocalConv dilation of each encoder layer')
+    parser.add_argument('--decoder-conv-dilations', type=str, metavar='D1,D2,...',
+                        help='LocalConv dilation of each decoder layer')
+    parser.add_argument('--conv-weight-dropout', type=float, metavar='P',
+                        help='DropConnect probability on the normalised LocalConv kernels')
+    parser.add_argument('--encoder-tag-layers', type=str, metavar='TAG:LAYER,...',
+                        help='token classifiers on the base encoders: tag kind and the '
+                             '(1-based) encoder layer it reads, e.g. "pos:1,ner:2"; '
+                             'empty for none')
+    # fmt: on
+
+
+class ConvHeadsConfig:
+    """The convolution-attention settings of one stack (``side`` is ``"encoder"`` or
+    ``"decoder"``), validated at construction: errors name the option."""
+
+    def __init__(self, args, side: str):
+        # ``args`` is fairseq's flat namespace or its TransformerConfig, which answers
+        # the same flat names (``encoder_layers`` is ``cfg.encoder.layers``)
+        prefix = f"{side}_"
+        self.side = side
+        self.num_layers = getattr(args, prefix + "layers")
+        self.embed_dim = getattr(args, prefix + "embed_dim")
+        self.heads = getattr(args, prefix + "attention_heads")
+        self.conv_heads = getattr(args, prefix + "conv_heads")
+        self.weight_dropout = getattr(args, "conv_weight_dropout", 0.0)
+        opt = f"{side}-conv"
+        if self.heads < 1 or self.embed_dim % self.heads != 0:
+            raise ValueError(
+                f"--{side}-attention-heads ({self.heads}) must divide --{side}-embed-dim ({self.embed_dim})")
+        if not 0 <= self.conv_heads <= self.heads:
+            raise ValueError(
+                f"--{opt}-heads ({self.conv_heads}) must be between 0 and --{side}-attention-heads ({self.heads})")
+        self.kernel_sizes = parse_int_list(getattr(args, prefix + "conv_kernel_sizes"), f"{opt}-kernel-sizes")
+        self.dilations = parse_int_list(getattr(args, prefix + "conv_dilations"), f"{opt}-dilations")
+        for option, values in ((f"{opt}-kernel-sizes", self.kernel_sizes), (f"{opt}-dilations", self.dilations)):
+            if len(values) != self.num_layers:
+                raise ValueError(
+                    f"--{option} needs one value per layer: {len(values)} given "
+                    f"({','.join(map(str, values))}) for --{side}-layers {self.num_layers}")
+            if any(v < 1 for v in values):
+                raise ValueError(f"--{option} values must be >= 1, got {values}")
+        if not 0.0 <= self.weight_dropout < 1.0:
+            raise ValueError(f"--conv-weight-dropout must be in [0, 1), got {self.weight_dropout}")
+
+    def attention(self, layer_idx: int, dropout: float, causal: bool) -> HybridMultiheadAttention:
+        """The hybrid self-attention of layer ``layer_idx`` (0-based)."""
+        return HybridMultiheadAttention(
+            self.embed_dim,
+            self.heads,
+            self.conv_heads,
+            kernel_size=self.kernel_sizes[layer_idx],
+            dilation=self.dilations[layer_idx],
+            dropout=dropout,
+            conv_weight_dropout=self.weight_dropout,
+            causal=causal,
+            # fairseq pads targets on the right (TransformerPPModel.build_model switches
+            # this off for a task that pads them on the left)
+            right_padded=causal,
+        )
+
+
+def tag_layers_of(args) -> Dict[str, int]:
+    """``--encoder-tag-layers``, checked against the number of encoder layers."""
+    tag_layers = parse_named(args.encoder_tag_layers, "encoder-tag-layers")
+    for name, layer in tag_layers.items():
+        if not 1 <= layer <= args.encoder_layers:
+            raise ValueError(
+                f"--encoder-tag-layers: layer {layer} for tag {name!r} is outside "
+                f"1..{args.encoder_layers} (--encoder-layers)")
+    return tag_layers

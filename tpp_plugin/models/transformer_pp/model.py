@@ -1,0 +1,201 @@
+"""Transformer++ (Thapak & Hore, 2020) on top of fairseq's transformer.
+
+Two changes to the post-norm encoder-decoder Transformer, both made through fairseq's
+hooks rather than by rewriting layers:
+
+1. every *self*-attention sub-layer (encoder and decoder) is a
+   :class:`~tpp_plugin.modules.HybridMultiheadAttention`: ``H - H_c`` scaled
+   dot-product heads and ``H_c`` convolution-attention heads, with a LocalConv kernel
+   width and dilation chosen per layer; ``H_c = 0`` gives fairseq's own attention back;
+2. the first encoder layers are "base encoders" with token classifiers on top: by
+   default a part-of-speech head after layer 1 and a named-entity head after layer 2
+   (:class:`~tpp_plugin.modules.TagHeads`). They are trained jointly with translation
+   (criterion ``label_smoothed_cross_entropy_with_tags``) and computed only when the
+   criterion asks, so generation needs nothing but the source text.
+"""
+
+import copy
+import logging
+from typing import Dict, List, Optional
+
+from fairseq.models import register_model
+from fairseq.models.transformer import (
+    TransformerConfig,
+    TransformerDecoderBase,
+    TransformerEncoderBase,
+    TransformerModel,
+)
+from torch import Tensor
+
+from ...modules import HybridMultiheadAttention, TagHeads
+from . import config as options
+from ...options import format_named, parse_named
+from .config import ConvHeadsConfig, tag_layers_of
+from .layers import TransformerPPDecoderLayer, TransformerPPEncoderLayer, wrap_layer
+
+logger = logging.getLogger(__name__)
+
+
+def without_layers(cfg, side: str):
+    """A copy of fairseq's config whose ``side`` stack has no layers: fairseq's
+    ``__init__`` builds ``cfg.<side>.layers`` interchangeable layers through a hook that
+    is not told their index, while ours differ per layer (kernel width, dilation), so
+    the stacks below build their layers themselves, layer ``i`` from setting ``i``."""
+    stackless = copy.deepcopy(cfg)
+    getattr(stackless, side).layers = 0
+    return stackless
+
+
+class TransformerPPEncoder(TransformerEncoderBase):
+    """Transformer encoder with hybrid self-attention and token-tagging heads on the
+    base encoder layers."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, tag_classes: Dict[str, int], tag_layers: Dict[str, int]):
+        self.conv = ConvHeadsConfig(cfg, "encoder")
+        super().__init__(without_layers(cfg, "encoder"), dictionary, embed_tokens)
+        self.cfg = cfg
+        self.layers.extend(self.build_encoder_layer(cfg, i) for i in range(cfg.encoder.layers))
+        self.num_layers = len(self.layers)
+        self.tag_heads = TagHeads(cfg.encoder.embed_dim, tag_classes, tag_layers)
+
+    def build_encoder_layer(self, cfg, layer_idx: int = 0):
+        layer = TransformerPPEncoderLayer(cfg, layer_idx, self.conv, return_fc=self.return_fc)
+        return wrap_layer(layer, cfg)
+
+    def tag_logits(self, encoder_out: Dict[str, List[Tensor]]) -> Dict[str, Tensor]:
+        """Per-token tag scores (``B x T x classes`` per tag kind) from the hidden states
+        the encoder returned (it must have run with ``return_all_hiddens=True``)."""
+        return self.tag_heads(encoder_out["encoder_states"])
+
+
+class TransformerPPDecoder(TransformerDecoderBase):
+    """Transformer decoder with hybrid (causal) self-attention."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
+        if getattr(cfg, "base_layers", 0):
+            raise ValueError("--base-layers is not supported by transformer_pp")
+        self.conv = ConvHeadsConfig(cfg, "decoder")
+        super().__init__(without_layers(cfg, "decoder"), dictionary, embed_tokens,
+                         no_encoder_attn=no_encoder_attn, output_projection=output_projection)
+        self.cfg = cfg
+        self.layers.extend(self.build_decoder_layer(cfg, no_encoder_attn, i) for i in range(cfg.decoder.layers))
+        self.num_layers = len(self.layers)
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False, layer_idx: int = 0):
+        layer = TransformerPPDecoderLayer(cfg, layer_idx, self.conv, no_encoder_attn=no_encoder_attn)
+        return wrap_layer(layer, cfg)
+
+    def buffered_future_mask(self, tensor):
+        """No future mask for hybrid self-attention: it is causal by construction and
+        runs the fused causal kernel (an explicit ``T x T`` mask would rule that out).
+        fairseq's own attention (``--decoder-conv-heads 0``) still gets the mask."""
+        if self.conv.conv_heads > 0:
+            return None
+        return super().buffered_future_mask(tensor)
+
+
+@register_model("transformer_pp")
+class TransformerPPModel(TransformerModel):
+    """Transformer++: hybrid dot-product/convolution attention heads and POS/NER
+    multi-task base encoders. Presets: :mod:`tpp_plugin.models.transformer_pp.presets`."""
+
+    @staticmethod
+    def add_args(parser):
+        TransformerModel.add_args(parser)
+        options.add_args(parser)
+
+    @classmethod
+    def build_model(cls, args, task):
+        from .presets import transformer_pp_base_architecture
+
+        transformer_pp_base_architecture(args)
+        # validate before anything is built: errors name the option, not a shape
+        ConvHeadsConfig(args, "encoder")
+        ConvHeadsConfig(args, "decoder")
+        tag_layers = tag_layers_of(args)
+        args.encoder_tag_classes = format_named(cls.resolve_tag_classes(args, task, tag_layers))
+        model = super().build_model(args, task)
+        task_cfg = getattr(task, "cfg", None) or getattr(task, "args", None)
+        if getattr(task_cfg, "left_pad_target", False):
+            # targets padded on the left: the causal attention must apply the padding mask
+            for module in model.decoder.modules():
+                if isinstance(module, HybridMultiheadAttention):
+                    module.right_padded = False
+        return model
+
+    @staticmethod
+    def resolve_tag_classes(args, task, tag_layers: Dict[str, int]) -> Dict[str, int]:
+        """Number of classes of each tag head. Taken from the task's tag dictionaries
+        when training with tags; otherwise (e.g. generating with ``--task translation``)
+        from the value saved in the checkpoint's arguments, so the model is rebuilt with
+        the same heads and its state loads."""
+        task_dicts = getattr(task, "tag_dictionaries", None) or {}
+        saved = parse_named(getattr(args, "encoder_tag_classes", "") or "", "encoder-tag-classes")
+        classes = {}
+        for name in tag_layers:
+            if name in task_dicts:
+                classes[name] = len(task_dicts[name])
+            elif name in saved:
+                classes[name] = saved[name]
+        return classes
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        tag_layers = tag_layers_of(args)
+        tag_classes = parse_named(getattr(args, "encoder_tag_classes", ""), "encoder-tag-classes")
+        return TransformerPPEncoder(
+            TransformerConfig.from_namespace(args),
+            src_dict,
+            embed_tokens,
+            tag_classes={k: v for k, v in tag_classes.items() if k in tag_layers},
+            tag_layers=tag_layers,
+        )
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        return TransformerPPDecoder(
+            TransformerConfig.from_namespace(args),
+            tgt_dict,
+            embed_tokens,
+            no_encoder_attn=getattr(args, "no_cross_attention", False),
+        )
+
+    def forward(
+        self,
+        src_tokens,
+        src_lengths,
+        prev_output_tokens,
+        return_all_hiddens: bool = True,
+        features_only: bool = False,
+        alignment_layer: Optional[int] = None,
+        alignment_heads: Optional[int] = None,
+        return_tag_logits: bool = False,
+    ):
+        """fairseq's encoder-decoder forward; with ``return_tag_logits`` the decoder's
+        extra output also holds ``"tag_logits"``: ``{tag: B x T_src x classes}``."""
+        encoder_out = self.encoder(
+            src_tokens,
+            src_lengths=src_lengths,
+            return_all_hiddens=return_all_hiddens or return_tag_logits,
+        )
+        decoder_out = self.decoder(
+            prev_output_tokens,
+            encoder_out=encoder_out,
+            features_only=features_only,
+            alignment_layer=alignment_layer,
+            alignment_heads=alignment_heads,
+            src_lengths=src_lengths,
+            return_all_hiddens=return_all_hiddens,
+        )
+        if return_tag_logits:
+            decoder_out[1]["tag_logits"] = self.encoder.tag_logits(encoder_out)
+        return decoder_out
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        super().upgrade_state_dict_named(state_dict, name)
+        # A checkpoint trained with tag heads loads into a model built without them
+        # (--encoder-tag-layers ''): the heads are training-only, drop their weights.
+        prefix = f"{name}." if name else ""
+        if not len(self.encoder.tag_heads):
+            for key in [k for k in state_dict if k.startswith(prefix + "encoder.tag_heads.")]:
+                del state_dict[key]

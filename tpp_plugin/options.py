@@ -1,0 +1,48 @@
+"""The two list formats of the plugin's options, parsed in one place: per-layer lists
+(``--encoder-conv-kernel-sizes 3,5,7``) and ``name:value`` lists
+(``--encoder-tag-layers pos:1,ner:2``, ``--tag-loss-weights pos:1,ner:0.5``). Errors
+name the option and quote the value."""
+
+from typing import Callable, Dict, List, TypeVar
+
+T = TypeVar("T")
+
+
+def parse_int_list(value, option: str) -> List[int]:
+    """``"3,5,7"`` (or a list) -> ``[3, 5, 7]``."""
+    if isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        items = [v for v in str(value).replace(" ", "").split(",") if v != ""]
+    try:
+        return [int(v) for v in items]
+    except ValueError:
+        raise ValueError(f"--{option}: expected comma-separated integers, got {value!r}") from None
+
+
+def parse_named(value, option: str, cast: Callable[[str], T] = int) -> Dict[str, T]:
+    """``"pos:1,ner:2"`` -> ``{"pos": 1, "ner": 2}`` (``cast`` converts each value; an
+    empty string gives ``{}``)."""
+    result: Dict[str, T] = {}
+    kind = "INT" if cast is int else "NUMBER"
+    for item in str(value or "").replace(" ", "").split(","):
+        if not item:
+            continue
+        name, sep, raw = item.partition(":")
+        try:
+            if not sep or not name:
+                raise ValueError
+            number = cast(raw)
+            if cast is int and not raw.isdigit():
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"--{option}: expected NAME:{kind}[,NAME:{kind}...], got {value!r}") from None
+        if name in result:
+            raise ValueError(f"--{option}: {name!r} given twice in {value!r}")
+        result[name] = number
+    return result
+
+
+def format_named(values: Dict[str, object]) -> str:
+    """The inverse of :func:`parse_named`."""
+    return ",".join(f"{name}:{number}" for name, number in values.items())
