@@ -90,7 +90,13 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=0, help="torch threads on the CPU (0: torch's default)")
     p.add_argument("--quick", action="store_true", help="synthetic data, d=128, few rounds")
     p.add_argument("--json", type=Path, help="also write every measurement here")
+    p.add_argument("--isolate", type=int, default=None, metavar="N",
+                   help="measure every model in a process of its own, N repetitions with the models "
+                        "alternating (default: 3 on a GPU, where three trainers sharing one process and "
+                        "one allocator were seen to slow each other down; 0 on the CPU: one process, "
+                        "models taking turns step by step)")
     p.add_argument("--memory-child", nargs=2, metavar=("MODEL", "SIZE"), help=argparse.SUPPRESS)
+    p.add_argument("--child", nargs=2, metavar=("MODEL", "SIZE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
         args.sizes, args.rounds, args.warmup, args.gen_batches = "128", 6, 2, 2
@@ -103,6 +109,8 @@ def parse_args(argv=None):
         if m not in MODELS:
             p.error(f"--models: unknown {m!r}; choose from {list(MODELS)}")
     gpu = args.device == "cuda"
+    if args.isolate is None:
+        args.isolate = 3 if gpu else 0
     args.max_tokens = args.max_tokens or (8192 if gpu else 2048)
     args.gen_batch = args.gen_batch or (128 if gpu else 20)
     return args
@@ -504,6 +512,50 @@ def report(size, args, results, device_name):
     return "\n".join(lines)
 
 
+def child_command(name, size, args):
+    """This script, measuring one model of one size in a process of its own."""
+    cmd = [sys.executable, __file__, "--child", name, str(size), "--data", str(args.data),
+           "--device", args.device, "--dtype", args.dtype, "--max-tokens", str(args.max_tokens),
+           "--layers", str(args.layers), "--rounds", str(args.rounds), "--warmup", str(args.warmup),
+           "--gen-batches", str(args.gen_batches), "--gen-batch", str(args.gen_batch),
+           "--gen-len", str(args.gen_len), "--beam", str(args.beam), "--threads", str(args.threads),
+           "--models", name, "--isolate", "0"]
+    if args.no_generation:
+        cmd.append("--no-generation")
+    if args.mfu:
+        cmd.append("--mfu")
+    return cmd
+
+
+def measure_isolated(size, args):
+    """Every model in its own process, ``args.isolate`` repetitions, the order rotating;
+    each figure is the median over repetitions of the process's own median, and the
+    ``_all`` lists hold one value per repetition (so the report's paired ratios pair
+    the repetitions)."""
+    per_model = {name: [] for name in args.models}
+    for rep in range(args.isolate):
+        order = args.models[rep % len(args.models):] + args.models[: rep % len(args.models)]
+        for name in order:
+            out = subprocess.run(child_command(name, size, args), capture_output=True, text=True)
+            line = [l for l in out.stdout.splitlines() if l.startswith("BENCH_RESULT ")]
+            if out.returncode != 0 or not line:
+                raise SystemExit(f"{name} (d={size}) failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
+            per_model[name].append(json.loads(line[-1][len("BENCH_RESULT "):]))
+    results = {}
+    for name, reps in per_model.items():
+        entry = {}
+        for key in reps[0]:
+            values = [r[key] for r in reps]
+            if key.endswith("_all"):
+                continue
+            if isinstance(values[0], (int, float)):
+                entry[key] = statistics.median(values)
+                if key in ("train_wps", "gen_sent_per_s"):
+                    entry[key + "_all"] = values
+        results[name] = entry
+    return results
+
+
 def main(argv=None):
     args = parse_args(argv)
     import logging
@@ -518,6 +570,16 @@ def main(argv=None):
         name, size = args.memory_child
         memory_child(name, int(size), args)
         return
+    if args.child:
+        name, size = args.child
+        if args.device == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+        results = {}
+        trainers = measure_training(int(size), args, results)
+        if not args.no_generation:
+            measure_generation(trainers, args, results)
+        print("BENCH_RESULT " + json.dumps(results[name]), flush=True)
+        return
     if args.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -530,11 +592,14 @@ def main(argv=None):
     everything = {}
     try:
         for size in args.sizes:
-            results = {}
-            trainers = measure_training(size, args, results)
-            if not args.no_generation:
-                measure_generation(trainers, args, results)
-            del trainers
+            if args.isolate:
+                results = measure_isolated(size, args)
+            else:
+                results = {}
+                trainers = measure_training(size, args, results)
+                if not args.no_generation:
+                    measure_generation(trainers, args, results)
+                del trainers
             if not args.no_memory and args.device == "cpu":
                 measure_cpu_memory(size, args, results)
             text = report(size, args, results, device_name)
@@ -545,7 +610,9 @@ def main(argv=None):
     finally:
         if work is not None:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"{args.rounds} timed steps per model (after {args.warmup} untimed), {args.gen_batches} generation "
+    how = (f"each model in its own process, {args.isolate} repetitions" if args.isolate
+           else "one process, models taking turns step by step")
+    print(f"{how}; {args.rounds} timed steps per model (after {args.warmup} untimed), {args.gen_batches} generation "
           f"batches of {args.gen_batch} sentences, --max-tokens {args.max_tokens}, data {args.data}; "
           f"total {(time.perf_counter() - started) / 60:.1f} min.")
     if args.json:
