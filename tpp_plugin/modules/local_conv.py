@@ -157,22 +157,50 @@ class LocalConv(nn.Module):
     def step(self, u: Tensor, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tensor:
         """One decoding step: ``u`` is the new position's ``U`` (``B x C``); returns
         ``B x C``. Same as :meth:`forward` with one position and an incremental state,
-        with the least work per step (decoding calls it once per layer and token)."""
+        with the least work per step (decoding calls it once per layer and token): the
+        buffer is a ring of ``(F-1)·δ + 1`` rows into which the new row is written in
+        place, and the ``F`` taps are gathered from it; nothing else is copied."""
         kernel = self.normalized_kernel()  # F x C
         span = self.receptive_field
         if span == 0:
             return u * kernel[0]
+        if torch.is_grad_enabled() and u.requires_grad:  # a differentiable step: no in-place ring
+            return self.forward(u.unsqueeze(0), None, incremental_state)[0]
         key = self._step_key
-        history = incremental_state.get(key)
-        if history is None:
-            history = u.new_zeros(span, u.size(0), u.size(1))
-        else:
-            history = history["history"]
-        window = torch.cat([history, u.unsqueeze(0)], dim=0)  # (span + 1) x B x C
-        incremental_state[key] = {"history": window[1:]}
-        # rows 0, δ, ..., (F-1)δ of the window are the taps
-        taps = window[:: self.dilation]  # F x B x C
+        buffer = incremental_state.get(key)
+        if buffer is None:
+            ring, head = u.new_zeros(span + 1, u.size(0), u.size(1)), 0
+        elif "ring" in buffer:
+            ring, head = buffer["ring"], buffer["head"]
+        else:  # left by a multi-position call: its rows, oldest first, then a free slot
+            ring, head = torch.cat([buffer["history"], u.new_zeros(1, u.size(0), u.size(1))]), span
+        ring[head] = u
+        incremental_state[key] = {"ring": ring, "head": (head + 1) % (span + 1)}
+        taps = ring.index_select(0, self._tap_rows(head, ring.device))  # F x B x C
         return (taps.float() * kernel.float().unsqueeze(1)).sum(dim=0).type_as(u)
+
+    def _tap_rows(self, head: int, device) -> Tensor:
+        """The ring rows of the taps of the position written at ``head``, oldest first
+        (indices only: they depend on the kernel's shape, never on its weights)."""
+        cache = self.__dict__.setdefault("_tap_rows_cache", {})
+        rows = cache.get((head, device))
+        if rows is None:
+            size = self.receptive_field + 1
+            offsets = [(self.kernel_size - 1 - k) * self.dilation for k in range(self.kernel_size)]
+            rows = torch.tensor([(head - o) % size for o in offsets], device=device)
+            cache[(head, device)] = rows
+        return rows
+
+    def _history(self, buffer, u: Tensor) -> Tensor:
+        """The last ``(F-1)·δ`` inputs, oldest first, from either form of the buffer."""
+        span = self.receptive_field
+        if not buffer:
+            return u.new_zeros(span, u.size(1), u.size(2))
+        if "history" in buffer:
+            return buffer["history"]
+        ring, head = buffer["ring"], buffer["head"]  # head: the slot written next (the oldest row)
+        order = torch.arange(head + 1, head + 1 + span, device=ring.device) % (span + 1)
+        return ring.index_select(0, order)
 
     @property
     def _step_key(self) -> str:
@@ -202,10 +230,7 @@ class LocalConv(nn.Module):
         span = self.receptive_field
         if incremental_state is not None and span > 0:
             buffer = self._get_input_buffer(incremental_state)
-            history = buffer.get("history")
-            if history is None:
-                history = u.new_zeros(span, u.size(1), u.size(2))
-            u = torch.cat([history, u], dim=0)  # (span + T) x B x C
+            u = torch.cat([self._history(buffer, u), u], dim=0)  # (span + T) x B x C
             self._set_input_buffer(incremental_state, {"history": u[-span:]})
         kernel = self.normalized_kernel()
         if out_len == 1 and incremental_state is not None:
@@ -222,10 +247,11 @@ class LocalConv(nn.Module):
         """Reorder the buffered inputs to follow beam search (only this module's state;
         fairseq calls this method on every submodule itself)."""
         buffer = self._get_input_buffer(incremental_state)
-        history = buffer.get("history")
-        if history is not None:
-            buffer["history"] = history.index_select(1, new_order)
-            self._set_input_buffer(incremental_state, buffer)
+        for name in ("history", "ring"):
+            if buffer.get(name) is not None:
+                buffer = dict(buffer)
+                buffer[name] = buffer[name].index_select(1, new_order)
+                self._set_input_buffer(incremental_state, buffer)
 
     def _get_input_buffer(
         self, incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]]
