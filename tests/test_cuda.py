@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from helpers import build_model, make_dictionary, random_tokens
 from tpp_plugin.modules import HybridMultiheadAttention
 from tpp_plugin.modules.context_query import prefix_softmax
-from tpp_plugin.modules.local_conv import CausalDepthwiseConv
+from tpp_plugin.modules.local_conv import DilatedDepthwiseConv
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -31,7 +31,7 @@ def test_causal_depthwise_conv_gradients_on_the_gpu():
     torch.manual_seed(0)
     u = torch.randn(20, 3, 5, dtype=torch.float64, device="cuda", requires_grad=True)
     kernel = torch.randn(7, 5, dtype=torch.float64, device="cuda", requires_grad=True)
-    assert torch.autograd.gradcheck(lambda a, b: CausalDepthwiseConv.apply(a, b, 2, 20), (u, kernel))
+    assert torch.autograd.gradcheck(lambda a, b: DilatedDepthwiseConv.apply(a, b, 2, 20), (u, kernel))
 
 
 def test_decoder_and_unpadded_encoder_self_attention_run_on_flash_attention():

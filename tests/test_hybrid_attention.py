@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tpp_plugin.modules import HybridMultiheadAttention, LocalConv
-from tpp_plugin.modules.local_conv import CausalDepthwiseConv
+from tpp_plugin.modules.local_conv import DilatedDepthwiseConv
 
 
 def reference_hybrid(m: HybridMultiheadAttention, x: torch.Tensor, pad: torch.Tensor):
@@ -109,23 +109,26 @@ def test_local_conv_is_a_weighted_average_of_past_positions():
     assert conv.receptive_field == 4
 
 
-@pytest.mark.parametrize("kernel_size, dilation, history", [(3, 2, 0), (5, 1, 4), (4, 3, 9), (1, 1, 0), (7, 2, 3)])
-def test_causal_depthwise_conv_forward_and_gradients(kernel_size, dilation, history):
+@pytest.mark.parametrize("kernel_size, dilation, history, lookahead",
+                         [(3, 2, 0, 0), (5, 1, 4, 0), (4, 3, 9, 0), (1, 1, 0, 0), (7, 2, 3, 0),
+                          (5, 1, 0, 2), (7, 2, 0, 6), (4, 1, 0, 1)])
+def test_dilated_depthwise_conv_forward_and_gradients(kernel_size, dilation, history, lookahead):
     """The autograd function against the definition (float64 gradcheck), including a
-    buffered history in front of the new positions."""
+    buffered history in front of the new positions and a lookahead (centred kernels)."""
     torch.manual_seed(0)
     T, B, C = 6, 2, 3
     u = torch.randn(history + T, B, C, dtype=torch.float64, requires_grad=True)
     kernel = torch.randn(kernel_size, C, dtype=torch.float64, requires_grad=True)
-    out = CausalDepthwiseConv.apply(u, kernel, dilation, T)
+    out = DilatedDepthwiseConv.apply(u, kernel, dilation, T, lookahead)
     expected = torch.zeros(T, B, C, dtype=torch.float64)
     for t in range(T):
         for k in range(kernel_size):
-            src = history + t - (kernel_size - 1 - k) * dilation
-            if src >= 0:
+            src = history + t + lookahead - (kernel_size - 1 - k) * dilation
+            if 0 <= src < history + T:
                 expected[t] += kernel[k] * u[src]
     assert torch.allclose(out, expected)
-    assert torch.autograd.gradcheck(lambda a, b: CausalDepthwiseConv.apply(a, b, dilation, T), (u, kernel))
+    assert torch.autograd.gradcheck(lambda a, b: DilatedDepthwiseConv.apply(a, b, dilation, T, lookahead),
+                                    (u, kernel))
 
 
 def test_local_conv_in_bfloat16_sums_in_float32():

@@ -2,8 +2,11 @@
 forward (with beam reordering), causality, padding invariance, the plain-Transformer
 ablation, gradients, option validation and the presets' sizes."""
 
+import argparse
+
 import pytest
 import torch
+from fairseq.models import ARCH_CONFIG_REGISTRY
 from fairseq.modules import MultiheadAttention
 
 from tpp_plugin.modules import HybridMultiheadAttention
@@ -193,3 +196,30 @@ def test_base_preset_shape():
     layer = model.encoder.layers[4].self_attn
     assert (layer.num_heads, layer.conv_heads, layer.head_dim) == (8, 4, 64)
     assert layer.local_conv.kernel_size == 15 and layer.local_conv.dilation == 2
+
+
+def test_paper_faithful_defaults_are_pinned():
+    """The paper's choices stay the defaults whatever options are added: causal
+    LocalConv in the encoder too, half the heads convolutional, kernels 3,5,7,11,15,
+    POS after layer 1 and NER after layer 2."""
+    args = argparse.Namespace()
+    ARCH_CONFIG_REGISTRY["transformer_pp"](args)
+    assert args.encoder_conv_centered is False
+    assert (args.encoder_conv_heads, args.decoder_conv_heads) == (4, 4)
+    assert args.encoder_conv_kernel_sizes == args.decoder_conv_kernel_sizes == "3,5,7,11,15"
+    assert args.encoder_tag_layers == "pos:1,ner:2"
+    model = build_model("transformer_pp", encoder_tag_layers="")
+    assert all(layer.self_attn.local_conv.lookahead == 0 for layer in model.encoder.layers)
+
+
+def test_centered_encoder_conv_sees_the_next_positions_and_the_decoder_stays_causal():
+    torch.manual_seed(0)
+    model = build_model(encoder_conv_centered=True, encoder_tag_layers="", dropout=0.0).eval()
+    convs = [layer.self_attn.local_conv for layer in model.encoder.layers]
+    assert [c.lookahead for c in convs] == [(c.kernel_size - 1) // 2 * c.dilation for c in convs] != [0, 0]
+    assert all(layer.self_attn.local_conv.lookahead == 0 for layer in model.decoder.layers)
+    conv = convs[1]  # F=5, dilation 1: output t averages t-2 .. t+2
+    u = torch.zeros(9, 1, conv.channels)
+    u[6] = 1.0
+    out = conv(u)
+    assert (out[4:9, 0].abs().sum(-1) > 0).all() and (out[:4, 0].abs().sum(-1) == 0).all()

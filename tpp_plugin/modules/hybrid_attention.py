@@ -98,6 +98,8 @@ class HybridMultiheadAttention(nn.Module):
         causal: decoder self-attention (causal conv, prefix Query, future masking).
         right_padded: (causal only) the sequences of a parallel forward are padded on
             the right, as fairseq pads targets: the padding mask is then not needed.
+        centered_conv: (encoder only) LocalConv sees ``⌊(F-1)/2⌋·δ`` positions ahead
+            as well as behind, instead of the paper's causal window.
     """
 
     def __init__(
@@ -111,12 +113,15 @@ class HybridMultiheadAttention(nn.Module):
         conv_weight_dropout: float = 0.0,
         causal: bool = False,
         right_padded: bool = False,
+        centered_conv: bool = False,
     ):
         super().__init__()
         if embed_dim % num_heads != 0:
             raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
         if not 0 < conv_heads <= num_heads:
             raise ValueError(f"conv_heads must be in 1..{num_heads}, got {conv_heads}")
+        if causal and centered_conv:
+            raise ValueError("a causal (decoder) self-attention cannot have a centred LocalConv")
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
@@ -145,7 +150,8 @@ class HybridMultiheadAttention(nn.Module):
         self._widths = [w for _, w in self.projection_sizes]
         self.in_proj = nn.Linear(embed_dim, sum(w for _, w in self.projection_sizes))
         self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
-        self.local_conv = LocalConv(conv_dim, kernel_size, dilation=dilation, weight_dropout=conv_weight_dropout)
+        self.local_conv = LocalConv(conv_dim, kernel_size, dilation=dilation, weight_dropout=conv_weight_dropout,
+                                    centered=centered_conv)
         self.context_query = ContextQuery(conv_heads, self.head_dim, causal=causal)
         self.out_proj = nn.Linear(embed_dim, embed_dim)
         self.reset_parameters()

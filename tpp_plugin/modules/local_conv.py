@@ -46,18 +46,18 @@ from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor, nn
 
 
-class CausalDepthwiseConv(torch.autograd.Function):
-    """``out[t] = Σ_k kernel[k] ⊙ u[t + offset - (F-1-k)·δ]`` for ``t < out_len``, where
-    indices below 0 read zeros and ``offset = len(u) - out_len`` (the buffered history
-    in front of the new positions).
+class DilatedDepthwiseConv(torch.autograd.Function):
+    """``out[t] = Σ_k kernel[k] ⊙ u[t + offset + a - (F-1-k)·δ]`` for ``t < out_len``, where
+    indices outside ``u`` read zeros, ``offset = len(u) - out_len`` (the buffered history
+    in front of the new positions) and ``a`` is the lookahead (0: causal).
 
     Shapes: ``u`` is ``L x B x C``, ``kernel`` is ``F x C``; the output is
     ``out_len x B x C`` in ``u``'s dtype. Sums are taken in float32 (or float64 for
     float64 input), also for half-precision input."""
 
     @staticmethod
-    def forward(ctx, u: Tensor, kernel: Tensor, dilation: int, out_len: int) -> Tensor:
-        offset = u.size(0) - out_len
+    def forward(ctx, u: Tensor, kernel: Tensor, dilation: int, out_len: int, lookahead: int = 0) -> Tensor:
+        offset = u.size(0) - out_len + lookahead
         taps = kernel.size(0)
         acc_dtype = torch.promote_types(u.dtype, torch.float32)
         acc = torch.zeros(out_len, *u.shape[1:], dtype=acc_dtype, device=u.device)
@@ -69,14 +69,14 @@ class CausalDepthwiseConv(torch.autograd.Function):
             dst, src = _overlap(lag, out_len, u.size(0))
             acc[dst].addcmul_(u[src], kernel32[k])
         ctx.save_for_backward(u, kernel)
-        ctx.dilation, ctx.out_len = dilation, out_len
+        ctx.dilation, ctx.out_len, ctx.lookahead = dilation, out_len, lookahead
         return acc.to(u.dtype)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         u, kernel = ctx.saved_tensors
         dilation, out_len = ctx.dilation, ctx.out_len
-        offset = u.size(0) - out_len
+        offset = u.size(0) - out_len + ctx.lookahead
         taps = kernel.size(0)
         grad_u = grad_kernel = None
         acc_dtype = torch.promote_types(u.dtype, torch.float32)
@@ -100,7 +100,7 @@ class CausalDepthwiseConv(torch.autograd.Function):
             grad_u = grad_u32.to(u.dtype)
         if ctx.needs_input_grad[1]:
             grad_kernel = grad_kernel32.to(kernel.dtype)
-        return grad_u, grad_kernel, None, None
+        return grad_u, grad_kernel, None, None, None
 
 
 def _overlap(lag: int, out_len: int, in_len: int):
@@ -122,7 +122,8 @@ class LocalConv(nn.Module):
         weight_dropout: DropConnect probability on the normalised kernel.
     """
 
-    def __init__(self, channels: int, kernel_size: int, dilation: int = 1, weight_dropout: float = 0.0):
+    def __init__(self, channels: int, kernel_size: int, dilation: int = 1, weight_dropout: float = 0.0,
+                 centered: bool = False):
         super().__init__()
         if kernel_size < 1:
             raise ValueError(f"kernel_size must be >= 1, got {kernel_size}")
@@ -131,6 +132,9 @@ class LocalConv(nn.Module):
         self.channels = channels
         self.kernel_size = kernel_size
         self.dilation = dilation
+        #: positions ahead of ``t`` that output ``t`` sees: 0 (causal, the paper's) or,
+        #: ``centered``, ``⌊(F-1)/2⌋·δ`` (taps ``t-⌈(F-1)/2⌉δ .. t+⌊(F-1)/2⌋δ``; encoder only)
+        self.lookahead = ((kernel_size - 1) // 2) * dilation if centered else 0
         self.weight = nn.Parameter(torch.empty(channels, kernel_size))  # W^A
         self.weight_dropout_module = FairseqDropout(weight_dropout, module_name=self.__class__.__name__)
         self.reset_parameters()
@@ -228,6 +232,8 @@ class LocalConv(nn.Module):
             u = u.masked_fill(padding_mask.transpose(0, 1).unsqueeze(-1), 0.0)
         out_len = u.size(0)
         span = self.receptive_field
+        if incremental_state is not None and self.lookahead:
+            raise RuntimeError("a centred LocalConv sees the future: it cannot decode step by step")
         if incremental_state is not None and span > 0:
             buffer = self._get_input_buffer(incremental_state)
             u = torch.cat([self._history(buffer, u), u], dim=0)  # (span + T) x B x C
@@ -237,7 +243,7 @@ class LocalConv(nn.Module):
             # a decoding step: its F taps are rows 0, δ, ..., (F-1)δ of the buffer
             taps = u[:: self.dilation] if span > 0 else u
             return (taps.float() * kernel.float().unsqueeze(1)).sum(dim=0, keepdim=True).type_as(u)
-        return CausalDepthwiseConv.apply(u, kernel, self.dilation, out_len)
+        return DilatedDepthwiseConv.apply(u, kernel, self.dilation, out_len, self.lookahead)
 
     def reorder_incremental_state(
         self,
@@ -269,5 +275,5 @@ class LocalConv(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"{self.channels}, kernel_size={self.kernel_size}, dilation={self.dilation}, "
-            f"weight_dropout={self.weight_dropout_module.p}"
+            f"lookahead={self.lookahead}, weight_dropout={self.weight_dropout_module.p}"
         )

@@ -31,6 +31,14 @@ def default_dilations(kernel_sizes: str, option: str) -> str:
     return ",".join("1" if f <= 5 else "2" for f in widths)
 
 
+def _bool(value) -> bool:
+    if str(value).lower() in ("1", "true", "yes", "on"):
+        return True
+    if str(value).lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {value!r}")
+
+
 def add_args(parser) -> None:
     """The model options ``transformer_pp`` adds to fairseq's transformer."""
     # fmt: off
@@ -47,6 +55,9 @@ def add_args(parser) -> None:
                         help='LocalConv dilation of each encoder layer')
     parser.add_argument('--decoder-conv-dilations', type=str, metavar='D1,D2,...',
                         help='LocalConv dilation of each decoder layer')
+    parser.add_argument('--encoder-conv-centered', type=_bool, metavar='BOOL',
+                        help="centre the encoder's LocalConv window on the current position "
+                             "(default False: causal, as the paper describes it)")
     parser.add_argument('--conv-weight-dropout', type=float, metavar='P',
                         help='DropConnect probability on the normalised LocalConv kernels')
     parser.add_argument('--encoder-tag-layers', type=str, metavar='TAG:LAYER,...',
@@ -70,6 +81,7 @@ class ConvHeadsConfig:
         self.heads = getattr(args, prefix + "attention_heads")
         self.conv_heads = getattr(args, prefix + "conv_heads")
         self.weight_dropout = getattr(args, "conv_weight_dropout", 0.0)
+        self.centered = bool(getattr(args, prefix + "conv_centered", False))
         opt = f"{side}-conv"
         if self.heads < 1 or self.embed_dim % self.heads != 0:
             raise ValueError(
@@ -100,6 +112,7 @@ class ConvHeadsConfig:
             dropout=dropout,
             conv_weight_dropout=self.weight_dropout,
             causal=causal,
+            centered_conv=self.centered and not causal,
             # fairseq pads targets on the right (TransformerPPModel.build_model switches
             # this off for a task that pads them on the left)
             right_padded=causal,
