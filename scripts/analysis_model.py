@@ -89,7 +89,7 @@ def prepare_sentence(sentence: str, lang: str, bpe_codes: Path | None = None,
         raise AnalysisError("the sentence is empty")
     if bpe_codes is not None or tokenize:
         # the data pipeline's own Moses preprocessing, so tokens match training
-        from tpp_data.moses import MosesPreprocessor
+        from tpp_pipeline.moses import MosesPreprocessor
 
         sentence = MosesPreprocessor(lang)(sentence)
     if bpe_codes is not None:

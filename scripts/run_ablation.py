@@ -126,7 +126,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     if not (args.data / "dict.pos.txt").exists():
-        parser.error(f"{args.data} has no POS/NER labels (dict.pos.txt): prepare it with scripts/prepare_corpus.py")
+        parser.error(f"{args.data} has no POS/NER labels (dict.pos.txt): prepare it with tpp-prepare-corpus")
     if not args.reference.exists():
         parser.error(f"reference {args.reference} does not exist")
     wanted = args.variants.split(",")

@@ -71,7 +71,7 @@ if [[ -n $train_lines || -n $heldout_lines ]]; then
   sample=$out/sample
 fi
 stage 1/6 "prepare, tag (spaCy), BPE and binarize $sample"
-"$python" scripts/prepare_corpus.py -s en -t de \
+"$python" -m tpp_pipeline.pipeline -s en -t de \
   --trainpref "$sample/train" --validpref "$sample/valid" --testpref "$sample/test" \
   --name sample_en_de --work-dir "$out/work" --data-bin "$out/data-bin" \
   --bpe-merges "${DEMO_BPE_MERGES:-8000}" --workers "$(nproc)"

@@ -207,15 +207,14 @@ def prepare_data(args, cfg: Config) -> Dict[str, Path]:
             raise StudyError(f"--test-reference {reference}: no such file")
         if args.variants_need_tags and not (data / f"dict.pos.txt").exists():
             raise StudyError(f"{data} has no POS/NER labels (dict.pos.txt) for the hybrid+tags variant: "
-                             "prepare it with scripts/prepare_corpus.py, or leave that variant out")
+                             "prepare it with tpp-prepare-corpus, or leave that variant out")
         paths = {"data": data, "reference": reference, "source": args.test_source, "bpe_codes": args.bpe_codes}
     else:
         src, tgt = args.source_lang, args.target_lang
         if not (src and tgt):
             raise StudyError("--corpus needs -s/--source-lang and -t/--target-lang")
-        sys.path.insert(0, str(SCRIPTS))
-        from tpp_data.errors import DataError
-        from tpp_data.splits import carve_corpus, side_path
+        from tpp_pipeline.errors import DataError
+        from tpp_pipeline.splits import carve_corpus, side_path
 
         given = {name: getattr(args, name) for name in ("test", "valid") if getattr(args, name)}
         sizes = {name: size for name, size in (("test", args.test_size), ("valid", args.valid_size))
@@ -240,7 +239,7 @@ def prepare_data(args, cfg: Config) -> Dict[str, Path]:
         data = root / "data-bin" / name
         if not (data / "preprocess.done").exists():
             log(f"preparing {raw} -> {data} (tokenise, tag, BPE {cfg.bpe_merges}, binarize)")
-            cmd = [sys.executable, SCRIPTS / "prepare_corpus.py", "-s", src, "-t", tgt,
+            cmd = [sys.executable, "-m", "tpp_pipeline.pipeline", "-s", src, "-t", tgt,
                    "--trainpref", raw / "train", "--validpref", raw / "valid", "--testpref", raw / "test",
                    "--name", name, "--work-dir", root / "work", "--data-bin", root / "data-bin",
                    "--bpe-merges", cfg.bpe_merges, "--max-len", cfg.max_len, "--workers", args.workers]

@@ -6,9 +6,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = REPO / "scripts"
-if str(SCRIPTS) not in sys.path:
-    sys.path.insert(0, str(SCRIPTS))  # makes the tpp_data package importable
+# the command-line tools of the pipeline, as modules of this interpreter
+PIPELINE_COMMANDS = {"tpp-prepare-corpus": "tpp_pipeline.pipeline",
+                     "tpp-prepare-wmt14": "tpp_pipeline.wmt14"}
 
 ENGLISH = [
     "Barack Obama visited Paris on Monday.",
@@ -56,11 +56,16 @@ def write_parallel(prefix, pairs, src="en", tgt="de"):
             handle.writelines(pair[index] + "\n" for pair in pairs)
 
 
+def pipeline_command(name, *args):
+    """The command line of the pipeline's command ``name`` (e.g. tpp-prepare-corpus)."""
+    return [sys.executable, "-m", PIPELINE_COMMANDS[name], *map(str, args)]
+
+
 def run_script(name, *args, check=True, timeout=600):
-    """Run ``scripts/<name>`` with this interpreter; returns the CompletedProcess."""
+    """Run the pipeline's command ``name``; returns the CompletedProcess."""
     env = dict(os.environ)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    result = subprocess.run([sys.executable, str(SCRIPTS / name), *map(str, args)],
+    result = subprocess.run(pipeline_command(name, *args),
                             capture_output=True, text=True, env=env, timeout=timeout)
     if check and result.returncode != 0:
         raise AssertionError(f"{name} failed ({result.returncode}):\n{result.stderr[-4000:]}")

@@ -5,14 +5,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 
 import pytest
 
-from pipeline_support import SCRIPTS, parallel_lines, run_script, write_parallel
+from pipeline_support import parallel_lines, pipeline_command, run_script, write_parallel
 
-from tpp_data import cleaning, textio
-from tpp_data.errors import DataError
+from tpp_pipeline import cleaning, textio
+from tpp_pipeline.errors import DataError
 
 
 @pytest.fixture
@@ -24,7 +23,7 @@ def corpus(tmp_path):
 
 
 def _run(corpus, *extra, src="en", tgt="de", timeout=600):
-    return run_script("prepare_corpus.py", "-s", src, "-t", tgt,
+    return run_script("tpp-prepare-corpus", "-s", src, "-t", tgt,
                       "--trainpref", corpus / "train", "--validpref", corpus / "valid",
                       "--testpref", corpus / "test", "--name", "rel", "--work-dir",
                       corpus / "work", "--data-bin", corpus / "bin", "--quiet", *extra,
@@ -148,10 +147,10 @@ def _blocked_run(corpus):
     pipe's other end (which tells the test that the run holds the lock) and then until it
     is signalled."""
     process = subprocess.Popen(
-        [sys.executable, str(SCRIPTS / "prepare_corpus.py"), "-s", "en", "-t", "de",
-         "--trainpref", str(corpus / "train"), "--validpref", str(corpus / "valid"),
-         "--testpref", str(corpus / "test"), "--name", "rel", "--work-dir", str(corpus / "work"),
-         "--data-bin", str(corpus / "bin"), "--quiet", "--stop-after", "tokenize"],
+        pipeline_command("tpp-prepare-corpus", "-s", "en", "-t", "de",
+                         "--trainpref", corpus / "train", "--validpref", corpus / "valid",
+                         "--testpref", corpus / "test", "--name", "rel", "--work-dir", corpus / "work",
+                         "--data-bin", corpus / "bin", "--quiet", "--stop-after", "tokenize"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return process
 

@@ -3,15 +3,14 @@
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
-from pipeline_support import SCRIPTS, parallel_lines, write_parallel
+from pipeline_support import parallel_lines, pipeline_command, write_parallel
 
-from tpp_data import tagging
-from tpp_data.errors import DataError
+from tpp_pipeline import tagging
+from tpp_pipeline.errors import DataError
 
 pytestmark = pytest.mark.slow
 CHUNK = 20
@@ -28,7 +27,7 @@ def corpus(tmp_path_factory):
 
 
 def _pipeline(corpus, work, *extra):
-    return [sys.executable, str(SCRIPTS / "prepare_corpus.py"), "-s", "en", "-t", "de",
+    return [*pipeline_command("tpp-prepare-corpus"), "-s", "en", "-t", "de",
             "--trainpref", str(corpus / "train"), "--validpref", str(corpus / "valid"),
             "--testpref", str(corpus / "test"), "--name", "resume", "--work-dir", str(work),
             "--data-bin", str(work / "bin"), "--tag-chunk-size", str(CHUNK),

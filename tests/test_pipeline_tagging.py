@@ -4,8 +4,8 @@ import pytest
 
 from pipeline_support import ENGLISH
 
-from tpp_data import bpe, moses, projection, tagging
-from tpp_data.errors import DataError
+from tpp_pipeline import bpe, moses, projection, tagging
+from tpp_pipeline.errors import DataError
 
 TRICKY = ENGLISH + [
     "",

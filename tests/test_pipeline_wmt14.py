@@ -82,8 +82,8 @@ def wmt_run(tmp_path_factory):
     work, data_bin = root / "work", root / "data-bin"
     args = ["--pair", "en-de", "--raw-dir", raw, "--work-dir", work, "--data-bin", data_bin,
             "--bpe-merges", 300, "--quiet"]
-    first = run_script("prepare_wmt14.py", *args)
-    second = run_script("prepare_wmt14.py", *args)
+    first = run_script("tpp-prepare-wmt14", *args)
+    second = run_script("tpp-prepare-wmt14", *args)
     return {"root": root, "raw": raw, "work": work, "dest": data_bin / "wmt14_en_de",
             "dev": dev, "test": test, "n_train": len(europarl) + len(commoncrawl) + len(news),
             "args": args, "first": first, "second": second}
@@ -143,7 +143,7 @@ def test_missing_archive_is_reported_with_the_expected_names(wmt_run, tmp_path):
     partial = tmp_path / "partial"
     partial.mkdir()
     os.symlink(wmt_run["raw"] / "dev.tgz", partial / "dev.tgz")
-    result = run_script("prepare_wmt14.py", "--pair", "en-de", "--raw-dir", partial,
+    result = run_script("tpp-prepare-wmt14", "--pair", "en-de", "--raw-dir", partial,
                         "--work-dir", tmp_path / "w", "--data-bin", tmp_path / "b", check=False)
     assert result.returncode == 2
     assert "training-parallel-commoncrawl.tgz" in result.stderr
@@ -154,7 +154,7 @@ def test_existing_output_is_not_overwritten_without_force(wmt_run, tmp_path):
     dest = tmp_path / "b" / "wmt14_en_de"
     dest.mkdir(parents=True)
     (dest / "precious.txt").write_text("keep me")
-    result = run_script("prepare_wmt14.py", "--pair", "en-de", "--raw-dir", wmt_run["raw"],
+    result = run_script("tpp-prepare-wmt14", "--pair", "en-de", "--raw-dir", wmt_run["raw"],
                         "--work-dir", tmp_path / "w", "--data-bin", tmp_path / "b", check=False)
     assert result.returncode == 2 and "--force" in result.stderr
     assert (dest / "precious.txt").read_text() == "keep me"

@@ -73,11 +73,10 @@ def wait_for_queue_to_drain(env, job_ids, timeout):
 
 
 def test_chained_pipeline_runs_on_slurm(cluster, tmp_path):
-    assert (REPO / "scripts" / "prepare_corpus.py").exists(), "data pipeline entry point missing"
     corpus = make_corpus(tmp_path / "corpus", sizes=(160, 20, 20))
     raw = corpus / "raw"
     prepare = (
-        f"python scripts/prepare_corpus.py -s en -t de --trainpref {raw}/train "
+        f"python -m tpp_pipeline.pipeline -s en -t de --trainpref {raw}/train "
         f"--validpref {raw}/valid --testpref {raw}/test --name tiny "
         f"--work-dir {tmp_path}/work --data-bin {tmp_path}/data-bin --bpe-merges 200"
     )

@@ -14,12 +14,21 @@ source or target also occurs in training measures memory, not translation. So:
 The result: no held-out source equals a training source, no held-out target equals a
 training target, and the held-out sets are disjoint from each other, all under the
 normalisation. Inputs may be xz-compressed (``.xz``).
+
+Command line: ``tpp-carve-splits`` (``python -m tpp_pipeline.splits``)::
+
+    tpp-carve-splits --corpus ../corpora/en-de/train -s en -t de \\
+        --valid 1000 --test 2000 --out work/study/raw
+
+writes ``work/study/raw/{train,valid,test}.{en,de}``.
 """
 
+import argparse
 import lzma
 import os
 import random
 import re
+import sys
 import unicodedata
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
@@ -161,3 +170,38 @@ def carve_corpus(
         write_lines(src_out, [sources[i] for i in splits[name]])
         write_lines(tgt_out, [targets[i] for i in splits[name]])
     return outputs
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="tpp-carve-splits",
+        description="Carve valid and test sets out of a parallel corpus that ships none, "
+        "deduplicated against training on both sides.",
+        epilog="Example: tpp-carve-splits --corpus corpora/en-de/train -s en -t de "
+        "--valid 1000 --test 2000 --out work/study/raw (inputs may be .xz); writes "
+        "OUT/{train,valid,test}.{src,tgt}.")
+    parser.add_argument("--corpus", required=True, help="PREFIX of PREFIX.{src,tgt}[.xz]")
+    parser.add_argument("-s", "--source-lang", required=True)
+    parser.add_argument("-t", "--target-lang", required=True)
+    parser.add_argument("--valid", type=int, default=1000, help="valid pairs (default 1000)")
+    parser.add_argument("--test", type=int, default=2000, help="test pairs (default 2000)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--force", action="store_true", help="carve again over existing outputs")
+    args = parser.parse_args(argv)
+    try:
+        outputs = carve_corpus(args.corpus, args.source_lang, args.target_lang, args.out,
+                               {"test": args.test, "valid": args.valid}, seed=args.seed,
+                               force=args.force)
+    except DataError as err:
+        print(f"tpp-carve-splits: error: {err}", file=sys.stderr)
+        return 2
+    for name, (src, _) in outputs.items():
+        with open(src, encoding="utf-8") as handle:
+            count = sum(1 for _ in handle)
+        print(f"{name}: {count} pairs -> {src.with_suffix('')}.{{{args.source_lang},{args.target_lang}}}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -35,7 +35,7 @@ import time
 from .errors import DataError
 from .textio import atomic_files, atomic_open, count_lines, iter_lines
 
-log = logging.getLogger("tpp_data")
+log = logging.getLogger("tpp_pipeline")
 
 TAG_KINDS = ("pos", "ner")
 POS_SCHEMES = ("upos", "ptb")

@@ -18,7 +18,7 @@ import urllib.request
 
 from .errors import DataError
 
-log = logging.getLogger("tpp_data")
+log = logging.getLogger("tpp_pipeline")
 _BLOCK = 1 << 20
 
 

@@ -30,7 +30,7 @@ import time
 
 from .errors import DataError
 
-log = logging.getLogger("tpp_data")
+log = logging.getLogger("tpp_pipeline")
 LOCK_NAME = ".lock"
 
 

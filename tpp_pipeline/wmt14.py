@@ -1,5 +1,11 @@
 """WMT'14 English-German and English-French, as in fairseq's WMT recipes.
 
+Command line: ``tpp-prepare-wmt14`` (``python -m tpp_pipeline.wmt14``)::
+
+    tpp-prepare-wmt14 --pair en-de --workers 8
+    tpp-prepare-wmt14 --pair en-de --raw-dir /data/wmt14-archives --workers 8
+    tpp-prepare-wmt14 --pair en-fr --list-files
+
 Training corpora (the WMT'14 releases; 4.5M pairs for En-De, ~36M for En-Fr)::
 
     En-De  Europarl v7, CommonCrawl, News Commentary v9
@@ -19,6 +25,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import tarfile
 import zlib
 
@@ -29,7 +36,7 @@ from .lock import exit_cleanly_on_sigterm, work_dir_lock
 from .steps import StepLedger, file_identity
 from .textio import atomic_files, atomic_open
 
-log = logging.getLogger("tpp_data")
+log = logging.getLogger("tpp_pipeline")
 
 ARCHIVE_URLS = {
     "training-parallel-europarl-v7.tgz": "http://statmt.org/wmt13/training-parallel-europarl-v7.tgz",
@@ -226,7 +233,9 @@ def obtain_archives(pair, raw_dir=None, download_dir=None):
 
 def build_parser():
     parser = argparse.ArgumentParser(
-        description="Download (or read) WMT'14 En-De/En-Fr and prepare data-bin/<name>/.")
+        prog="tpp-prepare-wmt14",
+        description="Download (or read) WMT'14 En-De/En-Fr and prepare data-bin/<name>/.",
+        epilog="See docs/data_pipeline.md.")
     parser.add_argument("--pair", choices=sorted(TRAIN_CORPORA), required=True)
     parser.add_argument("--name", help="output name (default: wmt14_en_de / wmt14_en_fr)")
     source = parser.add_mutually_exclusive_group()
@@ -284,3 +293,7 @@ def _prepare(args, name, src, tgt, work_dir, raw_out):
     # The pipeline keeps its own markers; --force was applied by the ledger above.
     prefixes = {s: os.path.join(raw_out, s) for s in pipeline.SPLITS}
     pipeline.run_pipeline(args, prefixes, name, src, tgt)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

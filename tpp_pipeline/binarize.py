@@ -28,7 +28,7 @@ from .errors import DataError
 from .tagging import TAG_KINDS
 from .textio import atomic_open, iter_lines
 
-log = logging.getLogger("tpp_data")
+log = logging.getLogger("tpp_pipeline")
 SPLITS = ("train", "valid", "test")
 
 

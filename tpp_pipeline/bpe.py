@@ -17,7 +17,7 @@ from .projection import check_label_count, project_labels
 from .tagging import TAG_KINDS
 from .textio import atomic_files, atomic_open, iter_lines
 
-log = logging.getLogger("tpp_data")
+log = logging.getLogger("tpp_pipeline")
 _LINES_PER_TASK = 2000
 
 

@@ -1,5 +1,10 @@
 """Generic entry point: any parallel corpus -> ``data-bin/<name>/`` for Transformer++.
 
+Command line: ``tpp-prepare-corpus`` (``python -m tpp_pipeline.pipeline``)::
+
+    tpp-prepare-corpus -s en -t de --trainpref raw/train --validpref raw/valid \\
+        --testpref raw/test --name my_en_de --workers 4
+
 Steps (each skipped when already done with the same settings; see ``steps``)::
 
     tokenize   normalise + tokenise every split with sacremoses        work/<name>/tok/
@@ -27,10 +32,21 @@ from .lock import exit_cleanly_on_sigterm, work_dir_lock
 from .steps import StepLedger, file_identity
 from .textio import atomic_open, check_same_line_count
 
-log = logging.getLogger("tpp_data")
+log = logging.getLogger("tpp_pipeline")
 SPLITS = binarize_mod.SPLITS
 STEPS = ("tokenize", "preclean", "tag", "bpe_learn", "bpe_apply", "clean", "binarize")
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def project_root():
+    """Where ``work/`` and ``data-bin/`` go by default: the repository when the package
+    runs from a checkout (as the editable install does), else the current folder."""
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if os.path.isfile(os.path.join(checkout, "setup.cfg")):
+        return checkout
+    return os.getcwd()
+
+
+REPO_ROOT = project_root()
 
 
 def add_pipeline_arguments(parser):
@@ -73,7 +89,9 @@ def add_pipeline_arguments(parser):
 
 def build_parser():
     parser = argparse.ArgumentParser(
-        description="Tokenise, tag (POS/NER), BPE and binarize a parallel corpus.")
+        prog="tpp-prepare-corpus",
+        description="Tokenise, tag (POS/NER), BPE and binarize a parallel corpus.",
+        epilog="See docs/data_pipeline.md for every option and the output layout.")
     parser.add_argument("--source-lang", "-s", required=True)
     parser.add_argument("--target-lang", "-t", required=True)
     parser.add_argument("--trainpref", required=True, help="train files are PREF.{src,tgt}")
@@ -281,7 +299,15 @@ def _tag_stamp(tag_settings, args, upstream):
 
 
 def setup_logging():
-    logging.basicConfig(level=logging.INFO, format="[tpp-data] %(message)s", stream=sys.stderr)
+    """The pipeline's messages on stderr, ``[tpp-pipeline] ...`` (its own logger, so a
+    program that runs the pipeline in-process keeps its own logging set-up)."""
+    logger = logging.getLogger("tpp_pipeline")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("[tpp-pipeline] %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
 
 
 def main(argv=None):
@@ -297,3 +323,7 @@ def main(argv=None):
         log.error("error: %s", exc)
         return 2
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

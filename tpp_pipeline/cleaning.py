@@ -11,7 +11,7 @@ import logging
 from .errors import DataError
 from .textio import atomic_files, iter_lines
 
-log = logging.getLogger("tpp_data")
+log = logging.getLogger("tpp_pipeline")
 
 
 class LengthFilter:

@@ -15,7 +15,7 @@ import os
 from .errors import DataError
 from .textio import atomic_open
 
-log = logging.getLogger("tpp_data")
+log = logging.getLogger("tpp_pipeline")
 
 
 def file_identity(path):
