@@ -135,8 +135,8 @@ def test_failed_binarize_leaves_no_staging_folder(corpus):
     assert not (corpus / "bin" / "rel").exists()
     assert result.returncode == 2, result.stderr
     # the error names the text file that was binarized, and its line
-    assert f"{final_pos}:3: {labels} pos labels for {labels - 1} source tokens" in result.stderr, \
-        result.stderr
+    assert (f"{final_pos}:3: valid: sentence 2 has {labels} pos labels for {labels - 1} source "
+            "tokens") in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
     assert (corpus / "work" / "preprocess.log").exists()  # kept where the work is
 

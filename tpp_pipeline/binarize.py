@@ -1,22 +1,21 @@
 """Binarization with fairseq-preprocess into the data-bin layout of the task.
 
-Layout of ``data-bin/<name>/`` (``S``/``T`` = source/target language)::
+Layout of ``data-bin/<name>/`` (``S``/``T`` = source/target language; the tagged part is
+the data contract of :mod:`tpp_pipeline.contract`, which the task reads)::
 
     dict.S.txt  dict.T.txt                  joint dictionary (identical files)
     {split}.S-T.S.bin/.idx                  source BPE text, split in train/valid/test
     {split}.S-T.T.bin/.idx                  target BPE text
-    dict.pos.txt  dict.ner.txt              tag dictionaries (unless --no-tags)
-    {split}.S-T.pos.bin/.idx                one POS label per source BPE token (+ EOS)
-    {split}.S-T.ner.bin/.idx                one NER label per source BPE token (+ EOS)
+    dict.{kind}.txt                         label dictionary of each tag kind (pos, ner)
+    {split}.S-T.{kind}.bin/.idx             one label per source BPE token (+ EOS)
     preprocess_info.json                    settings the data was made with
 
-Tags are binarized by fairseq-preprocess itself, treating POS as a "source" and NER as a
-"target" language with fixed dictionaries; it appends EOS to every label line exactly
-as to the text, so tag and source lengths are equal sentence by sentence (checked
-after writing).
+Each label stream is binarized by fairseq-preprocess itself, as a source-only
+"language" with its fixed dictionary; it appends EOS to every label line exactly as to
+the text, so label and source lengths are equal sentence by sentence (checked after
+writing, with the contract's check).
 """
 
-import collections
 import json
 import logging
 import os
@@ -24,19 +23,20 @@ import shutil
 import subprocess
 import sys
 
+from .contract import (TagAlignmentError, check_tag_alignment, label_dictionary_lines,
+                       label_dictionary_path, label_stream_prefix)
 from .errors import DataError
-from .tagging import TAG_KINDS
 from .textio import atomic_open, iter_lines
 
 log = logging.getLogger("tpp_pipeline")
 SPLITS = ("train", "valid", "test")
 
 
-def run_fairseq_preprocess(arguments, log_path):
+def run_fairseq_preprocess(arguments, log_path, append=False):
     """Run fairseq-preprocess of this Python environment; raise with its log on failure."""
     command = [sys.executable, "-m", "fairseq_cli.preprocess"] + [str(a) for a in arguments]
     log.info("running fairseq-preprocess %s", " ".join(str(a) for a in arguments))
-    with open(log_path, "w", encoding="utf-8") as handle:
+    with open(log_path, "a" if append else "w", encoding="utf-8") as handle:
         result = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT)
     if result.returncode != 0:
         with open(log_path, encoding="utf-8", errors="replace") as handle:
@@ -46,17 +46,14 @@ def run_fairseq_preprocess(arguments, log_path):
 
 
 def write_tag_dictionary(train_labels_path, label_set, out_path):
-    """A fairseq dictionary of labels: counts from training data, plus every label the
-    tagger can emit (count 0), so valid/test never map a label to <unk> and the
-    dictionary does not depend on the corpus size."""
-    counts = collections.Counter()
-    for _, line in iter_lines(train_labels_path):
-        counts.update(line.split())
-    for label in label_set:
-        counts.setdefault(label, 0)
+    """A fairseq dictionary of labels (:func:`contract.label_dictionary_lines`): counts
+    from the training labels, plus every label the tagger can emit (count 0), so
+    valid/test never map a label to <unk> and the dictionary does not depend on the
+    corpus size."""
+    lines = label_dictionary_lines((line for _, line in iter_lines(train_labels_path)),
+                                   label_set)
     with atomic_open(out_path) as out:
-        for label, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
-            out.write(f"{label} {count}\n")
+        out.writelines(line + "\n" for line in lines)
 
 
 def _sizes(prefix):
@@ -73,30 +70,51 @@ def _sizes(prefix):
     return sizes
 
 
-def check_tag_alignment(dest_dir, src, tgt, text_dir=None):
-    """Each binarized tag sentence must be exactly as long as its source sentence.
+def check_alignment(dest_dir, src, tgt, kinds, text_dir=None):
+    """Each binarized label sentence must be exactly as long as its source sentence
+    (:func:`contract.check_tag_alignment`).
 
-    Errors name the plain-text tag file (and line) in ``text_dir`` when it is given,
+    Errors name the plain-text label file and line in ``text_dir`` when it is given,
     otherwise the binarized file."""
     for split in SPLITS:
         src_sizes = _sizes(os.path.join(dest_dir, f"{split}.{src}-{tgt}.{src}"))
-        for kind in TAG_KINDS:
-            prefix = os.path.join(dest_dir, f"{split}.{src}-{tgt}.{kind}")
+        for kind in kinds:
+            prefix = label_stream_prefix(dest_dir, split, src, tgt, kind)
             where = os.path.join(text_dir, f"{split}.{kind}") if text_dir else prefix + ".bin"
-            tag_sizes = _sizes(prefix)
-            if len(tag_sizes) != len(src_sizes):
-                raise DataError(f"{len(tag_sizes)} {kind} sentences for {len(src_sizes)} "
-                                "source sentences", where)
-            bad = (tag_sizes != src_sizes).nonzero()[0]
-            if len(bad):
-                raise DataError(f"{tag_sizes[bad[0]] - 1} {kind} labels for "
-                                f"{src_sizes[bad[0]] - 1} source tokens (sentence {bad[0]})",
-                                where, bad[0] + 1 if text_dir else None)
+            try:
+                check_tag_alignment(split, kind, where, src_sizes, _sizes(prefix))
+            except TagAlignmentError as error:
+                line = error.sentence + 1 if text_dir and error.sentence is not None else None
+                raise DataError(str(error), where, line) from None
+
+
+def binarize_labels(text_dir, src, tgt, staging, label_sets, workers=1):
+    """Binarize ``text_dir/{split}.{kind}`` for every kind of ``label_sets`` ({kind:
+    labels the tagger can emit}) into ``staging`` in the contract's layout."""
+    prefixes = []
+    for split in SPLITS:
+        prefixes += [f"--{split}pref", os.path.join(text_dir, split)]
+    tag_dir = os.path.join(staging, "tags.tmp")
+    os.makedirs(tag_dir)
+    for number, (kind, label_set) in enumerate(label_sets.items()):
+        dictionary = label_dictionary_path(tag_dir, kind)
+        write_tag_dictionary(os.path.join(text_dir, f"train.{kind}"), label_set, dictionary)
+        run_fairseq_preprocess(
+            ["--only-source", "--source-lang", kind, *prefixes, "--destdir", tag_dir,
+             "--srcdict", dictionary, "--workers", workers],
+            os.path.join(staging, "preprocess_tags.log"), append=number > 0)
+        os.replace(dictionary, label_dictionary_path(staging, kind))
+        for split in SPLITS:
+            for ext in ("bin", "idx"):
+                os.replace(os.path.join(tag_dir, f"{split}.{kind}-None.{kind}.{ext}"),
+                           f"{label_stream_prefix(staging, split, src, tgt, kind)}.{ext}")
+    shutil.rmtree(tag_dir)
 
 
 def binarize(text_dir, src, tgt, dest_dir, dict_size=None, workers=1, label_sets=None,
              info=None):
-    """Binarize ``text_dir/{split}.{lang}`` (and ``.pos``/``.ner``) into ``dest_dir``.
+    """Binarize ``text_dir/{split}.{lang}`` (and ``{split}.{kind}`` for every tag kind
+    of ``label_sets``) into ``dest_dir``.
 
     Everything is built in ``<dest_dir>.tmp`` and renamed into place at the end; on
     failure that staging folder is removed, and the fairseq-preprocess logs are kept in
@@ -117,27 +135,8 @@ def binarize(text_dir, src, tgt, dest_dir, dict_size=None, workers=1, label_sets
         run_fairseq_preprocess(text_args, os.path.join(staging, "preprocess.log"))
 
         if label_sets is not None:
-            tag_dir = os.path.join(staging, "tags.tmp")
-            os.makedirs(tag_dir)
-            for kind in TAG_KINDS:
-                write_tag_dictionary(os.path.join(text_dir, f"train.{kind}"), label_sets[kind],
-                                     os.path.join(tag_dir, f"dict.{kind}.txt"))
-            pos, ner = TAG_KINDS
-            # POS plays the "source" and NER the "target" language: one call binarizes both.
-            run_fairseq_preprocess(
-                ["--source-lang", pos, "--target-lang", ner, *prefixes, "--destdir", tag_dir,
-                 "--srcdict", os.path.join(tag_dir, f"dict.{pos}.txt"),
-                 "--tgtdict", os.path.join(tag_dir, f"dict.{ner}.txt"), "--workers", workers],
-                os.path.join(staging, "preprocess_tags.log"))
-            for kind in TAG_KINDS:
-                os.replace(os.path.join(tag_dir, f"dict.{kind}.txt"),
-                           os.path.join(staging, f"dict.{kind}.txt"))
-                for split in SPLITS:
-                    for ext in ("bin", "idx"):
-                        os.replace(os.path.join(tag_dir, f"{split}.{pos}-{ner}.{kind}.{ext}"),
-                                   os.path.join(staging, f"{split}.{src}-{tgt}.{kind}.{ext}"))
-            shutil.rmtree(tag_dir)
-            check_tag_alignment(staging, src, tgt, text_dir)
+            binarize_labels(text_dir, src, tgt, staging, label_sets, workers)
+            check_alignment(staging, src, tgt, list(label_sets), text_dir)
 
         with atomic_open(os.path.join(staging, "preprocess_info.json")) as out:
             json.dump(info or {}, out, indent=1, sort_keys=True)

@@ -14,7 +14,7 @@ import shutil
 
 from .errors import DataError
 from .projection import check_label_count, project_labels
-from .tagging import TAG_KINDS
+from .contract import TAG_KINDS
 from .textio import atomic_files, atomic_open, iter_lines
 
 log = logging.getLogger("tpp_pipeline")
@@ -48,19 +48,21 @@ def _init_worker(codes_path):
         _worker_bpe = BPE(codes)
 
 
-def segment_with_labels(bpe, tokens_line, label_lines):
-    """BPE one line and project its label lines; returns (bpe_line, [projected lines])."""
+def segment_with_labels(bpe, tokens_line, label_lines, kinds=TAG_KINDS):
+    """BPE one line and project its label lines (one per tag kind of ``kinds``, in
+    that order); returns (bpe_line, [projected lines])."""
     tokens = tokens_line.split()
     pieces = [bpe.segment_tokens([token]) for token in tokens]
     counts = [len(p) for p in pieces]
     projected = []
-    for kind, labels in zip(TAG_KINDS, label_lines):
+    for kind, labels in zip(kinds, label_lines):
         projected.append(" ".join(project_labels(labels.split(), counts, kind)))
     return " ".join(piece for group in pieces for piece in group), projected
 
 
-def _process_block(block):
-    return [segment_with_labels(_worker_bpe, line, labels) for line, labels in block]
+def _process_block(task):
+    block, kinds = task
+    return [segment_with_labels(_worker_bpe, line, labels, kinds) for line, labels in block]
 
 
 def _blocks(text_path, tag_paths):
@@ -87,22 +89,26 @@ def _blocks(text_path, tag_paths):
         yield block
 
 
-def apply_bpe(codes_path, text_path, out_path, tag_paths=(), tag_out_paths=(), workers=1):
-    """Segment ``text_path`` into ``out_path``; project the aligned tag files if given.
+def apply_bpe(codes_path, text_path, out_path, tag_paths=(), tag_out_paths=(), workers=1,
+              tag_kinds=TAG_KINDS):
+    """Segment ``text_path`` into ``out_path``; project the aligned tag files if given
+    (``tag_paths[i]`` holds the labels of kind ``tag_kinds[i]``).
 
     Every written tag line is checked to hold exactly one label per BPE token.
     """
+    if len(tag_kinds) < len(tag_paths):
+        raise ValueError(f"{len(tag_paths)} tag files but only the kinds {list(tag_kinds)}")
     outputs = [out_path] + list(tag_out_paths)
+    kinds = tuple(tag_kinds[:len(tag_paths)])
+    tasks = ((block, kinds) for block in _blocks(text_path, tag_paths))
     with atomic_files(outputs) as outs:
         if workers <= 1:
             _init_worker(codes_path)
-            results = map(_process_block, _blocks(text_path, tag_paths))
-            _write(results, outs, tag_out_paths)
+            _write(map(_process_block, tasks), outs, tag_out_paths)
         else:
             with multiprocessing.Pool(workers, initializer=_init_worker,
                                       initargs=(codes_path,)) as pool:
-                _write(pool.imap(_process_block, _blocks(text_path, tag_paths)), outs,
-                       tag_out_paths)
+                _write(pool.imap(_process_block, tasks), outs, tag_out_paths)
 
 
 def _write(results, outs, tag_out_paths):

@@ -21,7 +21,12 @@ TAG_KINDS = ("pos", "ner")
 
 
 class TagAlignmentError(ValueError):
-    """A label stream does not line up with the source sentences."""
+    """A label stream does not line up with the source sentences. ``sentence`` is the
+    first misaligned sentence (0-based), None when the numbers of sentences differ."""
+
+    def __init__(self, message, sentence=None):
+        super().__init__(message)
+        self.sentence = sentence
 
 
 def label_dictionary_path(data_dir: str, kind: str) -> str:
@@ -60,7 +65,7 @@ def check_tag_alignment(split: str, kind: str, where: str, src_sizes: Sequence[i
         raise TagAlignmentError(
             f"{split}: sentence {i} has {int(tag_sizes[i]) - 1} {kind} labels for "
             f"{int(src_sizes[i]) - 1} source tokens ({where}; {len(bad)} misaligned "
-            f"sentence(s) in this split)")
+            f"sentence(s) in this split)", sentence=i)
 
 
 def label_dictionary_lines(train_label_lines: Iterable[str], label_set: Iterable[str] = ()) -> list:

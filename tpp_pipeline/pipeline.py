@@ -27,6 +27,7 @@ import sys
 
 from . import binarize as binarize_mod
 from . import bpe, cleaning, moses, tagging
+from .contract import TAG_KINDS
 from .errors import DataError
 from .lock import exit_cleanly_on_sigterm, work_dir_lock
 from .steps import StepLedger, file_identity
@@ -114,7 +115,7 @@ class Layout:
         return [self.path(stage, s, lang) for s in splits for lang in (self.src, self.tgt)]
 
     def tags(self, stage, splits=SPLITS):
-        return [self.path(stage, s, kind) for s in splits for kind in tagging.TAG_KINDS]
+        return [self.path(stage, s, kind) for s in splits for kind in TAG_KINDS]
 
 
 def _copy(src_path, dst_path):
@@ -233,10 +234,10 @@ def run_pipeline(args, prefixes, name, src, tgt):
     # 5. bpe_apply -----------------------------------------------------------------------
     def apply():
         for split in SPLITS:
-            tag_in = [lay.path("tags", split, k) for k in tagging.TAG_KINDS] if tags else []
-            tag_out = [lay.path("bpe", split, k) for k in tagging.TAG_KINDS] if tags else []
+            tag_in = [lay.path("tags", split, k) for k in TAG_KINDS] if tags else []
+            tag_out = [lay.path("bpe", split, k) for k in TAG_KINDS] if tags else []
             bpe.apply_bpe(codes, lay.path("clean", split, src), lay.path("bpe", split, src),
-                          tag_in, tag_out, args.workers)
+                          tag_in, tag_out, args.workers, TAG_KINDS)
             bpe.apply_bpe(codes, lay.path("clean", split, tgt), lay.path("bpe", split, tgt),
                           workers=args.workers)
 
@@ -247,7 +248,7 @@ def run_pipeline(args, prefixes, name, src, tgt):
 
     # 6. clean (train only, on BPE text, carrying the tags along) -------------------------
     def clean():
-        kinds = list(tagging.TAG_KINDS) if tags else []
+        kinds = list(TAG_KINDS) if tags else []
         for split in SPLITS:
             ins = [lay.path("bpe", split, x) for x in [src, tgt] + kinds]
             outs = [lay.path("final", split, x) for x in [src, tgt] + kinds]

