@@ -161,11 +161,11 @@ def main(argv=None):
         avg = ckpt / "checkpoint_avg.pt"
         interval = sorted(ckpt.glob("checkpoint_*_*.pt"))
         if not (avg.exists() and avg.stat().st_mtime >= (ckpt / "checkpoint_last.pt").stat().st_mtime):
-            run([sys.executable, REPO / "scripts/average_checkpoints.py", "--inputs", ckpt,
+            run([sys.executable, "-m", "tpp_tools.average", "--inputs", ckpt,
                  "--num-update-checkpoints", min(args.average, len(interval)), "--output", avg, "--force"])
         bleu_file = folder / "eval" / "bleu.txt"
         if not (bleu_file.exists() and bleu_file.stat().st_mtime >= avg.stat().st_mtime):
-            run([sys.executable, REPO / "scripts/evaluate.py", "--data", args.data, "--checkpoint", avg,
+            run([sys.executable, "-m", "tpp_tools.evaluate", "--data", args.data, "--checkpoint", avg,
                  "--reference", args.reference, "--out", folder / "eval", "--force",
                  *([] if args.gpu else ["--cpu"])])
         records = train_records(log)

@@ -117,7 +117,7 @@ else
   shopt -u nullglob
   n=${#interval[@]}
   (( n > 0 )) || { echo "run_demo.sh: no checkpoint_<epoch>_<update>.pt in $ckpt to average" >&2; exit 1; }
-  "$python" scripts/average_checkpoints.py --inputs "$ckpt" \
+  "$python" -m tpp_tools.average --inputs "$ckpt" \
     --num-update-checkpoints "$(( n < average ? n : average ))" --output "$avg" --force
 fi
 
@@ -127,7 +127,7 @@ eval_dir=$out/eval
 if [[ -s $eval_dir/bleu.txt && $eval_dir/bleu.txt -nt $avg ]]; then
   echo "reusing $eval_dir/bleu.txt"
 else
-  "$python" scripts/evaluate.py --data "$data" --checkpoint "$avg" --reference "$sample/test.de" \
+  "$python" -m tpp_tools.evaluate --data "$data" --checkpoint "$avg" --reference "$sample/test.de" \
     --out "$eval_dir" --cpu --force
 fi
 

@@ -363,12 +363,12 @@ def execute(run: Run, cfg: Config, paths, args) -> None:
         interval = sorted(ckpt.glob("checkpoint_*_*.pt"))
         n = min(cfg.average, len(interval))
         log(f"{run.name}: averaging the last {n} checkpoints")
-        run_command([sys.executable, SCRIPTS / "average_checkpoints.py", "--inputs", ckpt,
+        run_command([sys.executable, "-m", "tpp_tools.average", "--inputs", ckpt,
                      "--num-update-checkpoints", n, "--output", avg], out_log, env=env)
     bleu = run.folder / "eval" / "bleu.txt"
     if not bleu.exists():
         log(f"{run.name}: translating the test set")
-        cmd = [sys.executable, SCRIPTS / "evaluate.py", "--data", paths["data"], "--checkpoint", avg,
+        cmd = [sys.executable, "-m", "tpp_tools.evaluate", "--data", paths["data"], "--checkpoint", avg,
                "--reference", paths["reference"], "--out", run.folder / "eval", "--force",
                "--max-tokens", args.gen_max_tokens]
         if args.device == "cpu":

@@ -47,11 +47,11 @@
 # tokens per GPU is fairseq's usual choice for big Transformers.
 #
 # Checkpoints: one every SAVE_INTERVAL_UPDATES updates, the last KEEP_INTERVAL_UPDATES
-# of them kept (no per-epoch files), so scripts/average_checkpoints.py can average the
+# of them kept (no per-epoch files), so tpp-average-checkpoints can average the
 # last 10. Resume: fairseq restores <save-dir>/checkpoint_last.pt (model, optimizer,
 # LR schedule, update count and position in the epoch) whenever it exists, so running
 # the same command again continues the run where the last checkpoint left it. Before
-# fairseq starts, scripts/recover_checkpoint.py checks that checkpoint_last.pt loads:
+# fairseq starts, tpp-recover-checkpoint checks that checkpoint_last.pt loads:
 # fairseq copies it without a temporary name, so a kill during the copy leaves it
 # truncated. A damaged one is moved aside (checkpoint_last.pt.damaged-<time>) and the
 # newest readable checkpoint of the save dir takes its place; the script says which.
@@ -166,7 +166,7 @@ mkdir -p "$SAVE_DIR" "$(dirname "$LOG_FILE")"
 if [[ $recover == 1 ]]; then
   # the fairseq options as fairseq will see them (--save-dir, --restore-file and
   # --checkpoint-suffix may also come after --; the last value counts)
-  "${PYTHON:-python}" "$repo/scripts/recover_checkpoint.py" "${cmd[@]:2}" || exit $?
+  tpp-recover-checkpoint "${cmd[@]:2}" || exit $?
 fi
 [[ $recover_only == 1 ]] && exit 0
 if [[ -f $SAVE_DIR/checkpoint_last.pt ]]; then

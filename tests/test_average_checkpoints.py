@@ -1,9 +1,8 @@
-"""scripts/average_checkpoints.py: correct mean, checkpoint selection, errors, memory,
+"""tpp-average-checkpoints: correct mean, checkpoint selection, errors, memory,
 and refusing to average checkpoints of different models."""
 
 import argparse
 import contextlib
-import importlib.util
 import io
 import subprocess
 import sys
@@ -12,11 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from tiny_nmt import SCRIPTS, binarize, make_corpus, tool_env, train_command
+from tiny_nmt import binarize, make_corpus, tool_env, train_command
 
 import tpp_plugin  # noqa: F401  (allow-lists fairseq checkpoint contents for torch.load)
-
-SCRIPT = str(SCRIPTS / "average_checkpoints.py")
+from tpp_tools import average as AVERAGE  # most cases run in-process: torch imports take seconds
 
 
 def fake_checkpoint(path, seed, shapes=None, with_optimizer=True, num_updates=0):
@@ -43,18 +41,6 @@ def fake_checkpoint(path, seed, shapes=None, with_optimizer=True, num_updates=0)
     return path
 
 
-def load_script():
-    """The script as a module, so most cases run in-process (a fresh interpreter per case
-    would spend seconds importing torch and fairseq)."""
-    spec = importlib.util.spec_from_file_location("average_checkpoints_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-AVERAGE = load_script()
-
-
 def run_average(*args):
     """Run the script's main() with ``args``; returns (exit code, stderr text)."""
     stderr = io.StringIO()
@@ -67,10 +53,10 @@ def run_average(*args):
 
 
 def test_command_line(tmp_path):
-    """The script runs as a program, too (exit status, message on stderr)."""
+    """The console script runs it as a program, too (exit status, message on stderr)."""
     good = fake_checkpoint(tmp_path / "a.pt", seed=1)
     out = tmp_path / "avg.pt"
-    command = [sys.executable, SCRIPT, "--inputs", str(good), str(good), "--output", str(out)]
+    command = ["tpp-average-checkpoints", "--inputs", str(good), str(good), "--output", str(out)]
     result = subprocess.run(command, env=tool_env(), capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert load(out)["averaged_checkpoints"] == ["a.pt", "a.pt"]
@@ -185,7 +171,8 @@ sys.exit(code)
 
 
 def peak_rss(*args):
-    result = subprocess.run([sys.executable, "-c", PEAK_RSS_WRAPPER, SCRIPT, *map(str, args)],
+    result = subprocess.run([sys.executable, "-c", PEAK_RSS_WRAPPER, "-m", "tpp_tools.average",
+                             *map(str, args)],
                             env=tool_env(), capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     return int(result.stdout.split()[-1])

@@ -1,28 +1,20 @@
-"""scripts/evaluate.py (and its wrapper scripts/evaluate.sh) on a tiny model trained by
-scripts/train.sh and averaged by scripts/average_checkpoints.py: the scores match
+"""tpp-evaluate (tpp_tools.evaluate) on a tiny model trained by
+scripts/train.sh and averaged by tpp-average-checkpoints: the scores match
 sacreBLEU computed independently, the reference is checked before translating, and a
 failed run never touches the results of an earlier one."""
 
-import importlib.util
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 import sacrebleu
 from sacremoses import MosesDetokenizer
 
-from tiny_nmt import REPO, SCRIPTS, binarize, make_corpus, tool_env, train_command
+from tiny_nmt import REPO, binarize, make_corpus, tool_env, train_command
 
-
-def load_module():
-    spec = importlib.util.spec_from_file_location("evaluate_script", SCRIPTS / "evaluate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-EVALUATE = load_module()
+from tpp_tools import evaluate as EVALUATE
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +30,12 @@ def evaluated(tmp_path_factory):
     subprocess.run(train_command(data, root / "ckpt", max_update=100, save_interval_updates=1),
                    check=True, env=tool_env(), capture_output=True)
     average = root / "ckpt" / "checkpoint_avg3.pt"
-    subprocess.run(["python", str(SCRIPTS / "average_checkpoints.py"), "--inputs", str(root / "ckpt"),
+    subprocess.run(["tpp-average-checkpoints", "--inputs", str(root / "ckpt"),
                     "--num-update-checkpoints", "3", "--output", str(average)],
                    check=True, env=tool_env(), capture_output=True)
     out = root / "eval"
     result = subprocess.run(
-        ["scripts/evaluate.sh", "--data", str(data), "--checkpoint", str(average),
+        ["tpp-evaluate", "--data", str(data), "--checkpoint", str(average),
          "--reference", str(corpus / "raw" / "test.de"), "--out", str(out), "--cpu"],
         cwd=REPO, env=tool_env(), capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
@@ -71,9 +63,11 @@ def folder_contents(folder):
     return {p.name: (p.read_bytes() if p.is_file() else "<dir>") for p in folder.iterdir()}
 
 
-def run_evaluate(*args, script="evaluate.sh"):
-    """The README's command (scripts/evaluate.sh runs scripts/evaluate.py)."""
-    return subprocess.run([f"scripts/{script}", *map(str, args)], cwd=REPO,
+def run_evaluate(*args, module=False):
+    """The README's command, tpp-evaluate (or, with ``module``, ``python -m
+    tpp_tools.evaluate``, which it runs)."""
+    command = [sys.executable, "-m", "tpp_tools.evaluate"] if module else ["tpp-evaluate"]
+    return subprocess.run([*command, *map(str, args)], cwd=REPO,
                           env=tool_env(), capture_output=True, text=True)
 
 
@@ -220,7 +214,7 @@ def test_bad_input_is_named_without_a_traceback(evaluated, tmp_path, problem):
         expected = f"{damaged}: truncated or damaged checkpoint"
     extra = ["--split", "dev"] if problem == "no such split" else []
     result = run_evaluate(*[x for pair in args.items() for x in pair], "--cpu", *extra,
-                          script="evaluate.py")
+                          module=True)
     assert result.returncode == 2
     assert expected in result.stderr, result.stderr
     assert "Traceback" not in result.stderr

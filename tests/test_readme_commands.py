@@ -1,13 +1,15 @@
-"""Every script the README and docs tell you to run runs as written there.
+"""Every command of the project that the README and docs tell you to run runs as written.
 
 The commands are taken from the documents themselves (fenced and indented code blocks,
-continuation lines joined): each one whose first word is a ``scripts/...`` path, or
-``python scripts/...``, is run with ``--help`` in a fresh, non-interactive bash, as its
-command form is written (``scripts/train.sh`` must therefore be executable; ``bash
-scripts/train.sh`` would hide a missing executable bit).
+continuation lines joined): each one whose first word is a ``scripts/...`` path,
+``python scripts/...`` or one of the project's console scripts (``tpp-...``) is run with
+``--help`` in a fresh, non-interactive bash, as its command form is written
+(``scripts/train.sh`` must therefore be executable; ``bash scripts/train.sh`` would hide
+a missing executable bit), with the installed console scripts on ``PATH``.
 """
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -59,7 +61,7 @@ def logical_commands(text):
 
 
 def documented_scripts():
-    """{command form: [documents]}: ``scripts/x`` or ``python scripts/x.py``."""
+    """{command form: [documents]}: ``scripts/x``, ``python scripts/x.py`` or ``tpp-x``."""
     found = {}
     for document in DOCUMENTS:
         for command in logical_commands(document.read_text(encoding="utf-8")):
@@ -67,7 +69,7 @@ def documented_scripts():
                 command = command[1:]  # VAR=value prefixes
             if not command:
                 continue
-            if command[0].startswith("scripts/"):
+            if command[0].startswith("scripts/") or re.fullmatch(r"tpp(-[a-z0-9]+)+", command[0]):
                 form = command[0]
             elif command[0] in ("python", "python3") and len(command) > 1 \
                     and command[1].startswith("scripts/"):
@@ -82,16 +84,17 @@ FORMS = documented_scripts()
 
 
 def test_the_documents_show_script_commands():
-    # the README's own: training, evaluation and SLURM submission are run as scripts
-    for form in ("scripts/train.sh", "scripts/evaluate.sh", "scripts/slurm/submit.sh",
-                 "python scripts/average_checkpoints.py", "python scripts/prepare_corpus.py",
+    # the README's own: the pipeline's steps
+    for form in ("scripts/train.sh", "tpp-evaluate", "scripts/slurm/submit.sh",
+                 "tpp-average-checkpoints", "tpp-prepare-corpus", "tpp-prepare-wmt14",
                  "python scripts/plot_training.py"):
         assert form in FORMS, sorted(FORMS)
 
 
 @pytest.mark.parametrize("form", sorted(FORMS))
-def test_documented_command_runs_as_written(form):
-    env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}/usr/local/bin:/usr/bin:/bin",
+def test_documented_command_runs_as_written(form, console_scripts):
+    path = [str(Path(sys.executable).parent), str(console_scripts), "/usr/local/bin:/usr/bin:/bin"]
+    env = {"PATH": os.pathsep.join(dict.fromkeys(path)),
            "HOME": os.environ.get("HOME", "/tmp"), "LANG": "C.UTF-8",
            "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     result = subprocess.run(["bash", "--noprofile", "--norc", "-c", f"{form} --help"],

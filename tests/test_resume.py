@@ -16,6 +16,7 @@ import torch
 from tiny_nmt import REPO, SCRIPTS, binarize, make_corpus, tool_env, train_command
 
 import tpp_plugin  # noqa: F401  (allow-lists fairseq checkpoint contents for torch.load)
+from tpp_tools import recover
 
 SAVED = re.compile(r"Saved checkpoint \S+ \(epoch \d+ @ (\d+) updates")
 
@@ -208,10 +209,6 @@ def test_torn_checkpoint_last_is_kept_aside_and_training_resumes(torn_run):
 def test_truncation_anywhere_is_detected(torn_run, tmp_path):
     """The check before resuming (zip directory and checksums, then a memory-mapped
     safe load) finds a checkpoint cut at any point."""
-    spec = importlib.util.spec_from_file_location("recover_checkpoint",
-                                                  SCRIPTS / "recover_checkpoint.py")
-    recover = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recover)
     intact = torn_run["intact"]
     whole = tmp_path / "whole.pt"
     whole.write_bytes(intact)
@@ -228,7 +225,7 @@ def test_no_readable_checkpoint_is_an_error(torn_run, tmp_path):
     save_dir.mkdir()
     (save_dir / "checkpoint_last.pt").write_bytes(torn_run["torn"])
     (save_dir / "checkpoint_1_5.pt").write_bytes(torn_run["torn"][:1000])
-    result = subprocess.run(["scripts/recover_checkpoint.py", "--save-dir", str(save_dir)],
+    result = subprocess.run(["tpp-recover-checkpoint", "--save-dir", str(save_dir)],
                             cwd=REPO, env=tool_env(), capture_output=True, text=True)
     assert result.returncode == 2
     assert f"skipping {save_dir / 'checkpoint_1_5.pt'}: truncated" in result.stderr
@@ -239,7 +236,7 @@ def test_no_readable_checkpoint_is_an_error(torn_run, tmp_path):
     # with --restore-file naming another file, fairseq resumes from that file, as fairseq
     # defines it: nothing in the save dir is checked or moved
     (save_dir / "checkpoint_last.pt").write_bytes(torn_run["torn"])
-    result = subprocess.run(["scripts/recover_checkpoint.py", "--save-dir", str(save_dir),
+    result = subprocess.run(["tpp-recover-checkpoint", "--save-dir", str(save_dir),
                              "--restore-file", "elsewhere.pt"],
                             cwd=REPO, env=tool_env(), capture_output=True, text=True)
     assert result.returncode == 0 and result.stderr == ""

@@ -24,7 +24,7 @@ import zipfile
 
 import torch
 
-from .serialization import allow_fairseq_checkpoints
+from tpp_plugin.serialization import allow_fairseq_checkpoints
 
 ZIP_MAGIC = b"PK\x03\x04"
 # torch.save's format before torch 1.6: a pickled magic number first

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Average the parameters of several fairseq checkpoints into one checkpoint.
 
 The Transformer++ paper calls this step "stochastic weight averaging (SWA) of the last
@@ -10,13 +9,13 @@ training, no batch-norm update).
 Which checkpoints:
 
     # the last 10 written with --save-interval-updates (checkpoint_<epoch>_<update>.pt)
-    average_checkpoints.py --inputs checkpoints/en_de --num-update-checkpoints 10 \\
+    tpp-average-checkpoints --inputs checkpoints/en_de --num-update-checkpoints 10 \\
         --output checkpoints/en_de/checkpoint_avg10.pt
     # the last 5 epoch checkpoints (checkpoint<epoch>.pt) up to epoch 30
-    average_checkpoints.py --inputs checkpoints/en_de --num-epoch-checkpoints 5 \\
+    tpp-average-checkpoints --inputs checkpoints/en_de --num-epoch-checkpoints 5 \\
         --checkpoint-upper-bound 30 --output avg.pt
     # an explicit list of files
-    average_checkpoints.py --inputs a.pt b.pt c.pt --output avg.pt
+    tpp-average-checkpoints --inputs a.pt b.pt c.pt --output avg.pt
 
 How: checkpoints are loaded one at a time (torch's safe ``weights_only`` loading, with
 fairseq's checkpoint contents allow-listed by ``tpp_plugin``), added into a running sum
@@ -53,17 +52,15 @@ import tempfile
 import warnings
 from collections import OrderedDict
 from collections.abc import Mapping
-from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:  # run from anywhere, also without an installed package
-    sys.path.insert(0, str(REPO_ROOT))
+from tpp_plugin.serialization import allow_fairseq_checkpoints
 
-from tpp_plugin.checkpoint_files import CheckpointError  # noqa: E402
-from tpp_plugin.checkpoint_files import load_checkpoint as read_checkpoint  # noqa: E402
-from tpp_plugin.serialization import allow_fairseq_checkpoints  # noqa: E402
+from .checkpoint_files import CheckpointError
+from .checkpoint_files import load_checkpoint as read_checkpoint
+
+PROG = "tpp-average-checkpoints"
 
 # fairseq's file names: checkpoint<epoch>.pt and checkpoint_<epoch>_<update>.pt
 EPOCH_PATTERN = re.compile(r"^checkpoint(\d+)\.pt$")
@@ -87,6 +84,7 @@ class AveragingError(Exception):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
+        prog=PROG,
         description="Average the parameters of fairseq checkpoints (streaming, one "
         "checkpoint in memory at a time besides the running sum).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -295,7 +293,7 @@ def check_same_configuration(first_options, options, path, first_path, allow_mis
     described = [f"--{key.replace('_', '-')}: {first!r} in {first_path}, {this!r} in {path}"
                  for key, first, this in differences]
     if allow_mismatch:
-        print("average_checkpoints.py: warning: averaging checkpoints of different model "
+        print(f"{PROG}: warning: averaging checkpoints of different model "
               "configurations (--allow-config-mismatch); the output carries the last "
               "input's configuration:", file=sys.stderr)
         for line in described:
@@ -379,7 +377,7 @@ def main(argv=None):
         state = average_checkpoints(paths, args.allow_config_mismatch)
         save_atomically(state, args.output, args.force)
     except AveragingError as error:
-        print(f"average_checkpoints.py: error: {error}", file=sys.stderr)
+        print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
     print(f"wrote {args.output}", file=sys.stderr)
     return 0

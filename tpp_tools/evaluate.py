@@ -1,18 +1,17 @@
-#!/usr/bin/env python3
 """Translate a binarized split with fairseq-generate and score it three ways.
 
-Usage::
+Usage (``tpp-evaluate``, or ``python -m tpp_tools.evaluate``)::
 
-    python scripts/evaluate.py --data DIR --checkpoint FILE --reference RAW_REF --out DIR \\
+    tpp-evaluate --data DIR --checkpoint FILE --reference RAW_REF --out DIR \\
         [options] [-- extra fairseq-generate options]
 
-    python scripts/evaluate.py --data data-bin/wmt14_en_de \\
+    tpp-evaluate --data data-bin/wmt14_en_de \\
         --checkpoint checkpoints/en_de/checkpoint_avg10.pt \\
         --reference work/wmt14_en_de/raw/test.de --out results/en_de
 
-(``scripts/evaluate.sh`` runs this script with the same options.) From Python::
+From Python::
 
-    from evaluate import evaluate      # with scripts/ on sys.path
+    from tpp_tools.evaluate import evaluate
     scores = evaluate("data-bin/x", "avg.pt", "raw/test.de", "results/x", cpu=True)
     scores["sacrebleu_detok"], scores["chrf"], scores["bleu_tok_compound_split"]
 
@@ -54,6 +53,7 @@ Exit status: 0 success, 2 bad input (named with the file and, where it helps, th
 """
 
 import argparse
+import importlib.util
 import os
 import re
 import shutil
@@ -64,10 +64,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:  # run from anywhere, also without an installed package
-    sys.path.insert(0, str(REPO_ROOT))
-
+PROG = "tpp-evaluate"
 TEMP_PREFIX = ".evaluate-"
 # what the old shell implementation computed: s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g, then
 # Moses' aggressive hyphen splitting ("a @-@ b") brought to the same form
@@ -160,12 +157,21 @@ def count_sentences(data, split, src, tgt):
 
 
 def check_checkpoint(path):
-    from tpp_plugin.checkpoint_files import CheckpointError, load_checkpoint
+    from .checkpoint_files import CheckpointError, load_checkpoint
 
     try:
         load_checkpoint(path, mmap=True)  # maps the tensors: cheap, but a full unpickle
     except CheckpointError as error:
         raise EvaluationError(str(error)) from None
+
+
+def plugin_dir():
+    """The folder of the installed ``tpp_plugin`` package (found, not imported: importing
+    it imports fairseq), for fairseq-generate's ``--user-dir``."""
+    spec = importlib.util.find_spec("tpp_plugin")
+    if spec is None or not spec.submodule_search_locations:
+        raise EvaluationError("the tpp_plugin package is not installed: pass --user-dir")
+    return Path(list(spec.submodule_search_locations)[0])
 
 
 # --------------------------------------------------------------------------- generate output
@@ -282,7 +288,7 @@ def evaluate(data, checkpoint, reference, out, split="test", source_lang=None,
     ``out`` is left as it was.
     """
     data, checkpoint, reference, out = Path(data), Path(checkpoint), Path(reference), Path(out)
-    user_dir = Path(user_dir) if user_dir else REPO_ROOT / "tpp_plugin"
+    user_dir = Path(user_dir) if user_dir else plugin_dir()
     if not data.is_dir():
         raise EvaluationError(f"{data}: data folder does not exist")
     if not checkpoint.is_file():
@@ -315,7 +321,7 @@ def evaluate(data, checkpoint, reference, out, split="test", source_lang=None,
                    "--gen-subset", split, "--beam", str(beam), "--lenpen", str(lenpen),
                    "--max-tokens", str(max_tokens), "--remove-bpe",
                    *(["--cpu"] if cpu else []), *map(str, generate_args)]
-        print(f"evaluate.py: translating {data}:{split} ({src}-{tgt}, {sentences} sentences) "
+        print(f"{PROG}: translating {data}:{split} ({src}-{tgt}, {sentences} sentences) "
               f"with {checkpoint} (beam {beam}, lenpen {lenpen})", file=log, flush=True)
         with open(generated, "w", encoding="utf-8") as handle:
             status = subprocess.run(command, stdout=handle).returncode
@@ -357,11 +363,11 @@ def evaluate(data, checkpoint, reference, out, split="test", source_lang=None,
 
 def build_parser():
     parser = argparse.ArgumentParser(
-        prog="evaluate.py",
+        prog=PROG,
         description="Translate a binarized split with fairseq-generate and score it: "
         "detokenised sacreBLEU, chrF and tokenised BLEU with compound splitting.",
-        epilog="Options after '--' go to fairseq-generate. See the module docstring "
-        "(top of scripts/evaluate.py) or docs/training_and_evaluation.md.")
+        epilog="Options after '--' go to fairseq-generate. See docs/training_and_evaluation.md "
+        "(or the docstring of tpp_tools/evaluate.py).")
     parser.add_argument("--data", required=True, help="binarized data folder")
     parser.add_argument("--checkpoint", required=True, help="model (e.g. the averaged checkpoint)")
     parser.add_argument("--reference", required=True,
@@ -377,7 +383,7 @@ def build_parser():
     parser.add_argument("--max-tokens", type=int, default=4096, help="[4096]")
     parser.add_argument("--task", default="translation",
                         help="[translation]: the model needs no tags at inference")
-    parser.add_argument("--user-dir", default=None, help="[<repo>/tpp_plugin]")
+    parser.add_argument("--user-dir", default=None, help="[the installed tpp_plugin package]")
     parser.add_argument("--cpu", action="store_true", help="translate on the CPU")
     parser.add_argument("--force", action="store_true",
                         help="replace the results of an earlier run in --out (only once the "
@@ -403,10 +409,10 @@ def main(argv=None):
                           args.max_tokens, args.task, args.user_dir, args.cpu, args.force,
                           generate_args)
     except EvaluationError as error:
-        print(f"evaluate.py: error: {error}", file=sys.stderr)
+        print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
     except GenerationError as error:
-        print(f"evaluate.py: error: {error}", file=sys.stderr)
+        print(f"{PROG}: error: {error}", file=sys.stderr)
         return 1
     sys.stdout.write(scores["report"])
     return 0

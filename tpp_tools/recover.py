@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Before fairseq-train resumes: make sure ``checkpoint_last.pt`` can be loaded.
 
 fairseq writes each checkpoint once under a temporary name and renames it, but
@@ -8,8 +7,8 @@ moment) leaves a truncated ``checkpoint_last.pt``, and the next ``fairseq-train`
 re-running ``scripts/train.sh``, or the SLURM training job after a requeue -- stops
 with a ``PytorchStreamReader`` traceback instead of resuming.
 
-This script, run by ``scripts/train.sh`` (and ``scripts/slurm/train.sbatch``) before
-fairseq starts:
+This tool (``tpp-recover-checkpoint``), run by ``scripts/train.sh`` (and
+``scripts/slurm/train.sbatch``) before fairseq starts:
 
 1. does nothing if ``<save-dir>/checkpoint_last.pt`` does not exist (a fresh run) or if
    ``--restore-file`` names another file (fairseq then resumes from that file, as
@@ -28,8 +27,8 @@ fairseq starts:
 Usage (the options of a fairseq-train command line; others are ignored, the last value
 of a repeated option counts, as in fairseq)::
 
-    python scripts/recover_checkpoint.py --save-dir checkpoints/en_de
-    python scripts/recover_checkpoint.py --save-dir DIR --checkpoint-suffix -shard0
+    tpp-recover-checkpoint --save-dir checkpoints/en_de
+    tpp-recover-checkpoint --save-dir DIR --checkpoint-suffix -shard0
 
 Exit status: 0 (nothing to do, or recovered), 2 (no readable checkpoint to resume from).
 """
@@ -43,10 +42,6 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:  # run from anywhere, also without an installed package
-    sys.path.insert(0, str(REPO_ROOT))
-
 DEFAULT_RESTORE_FILE = "checkpoint_last.pt"  # fairseq's default for --restore-file
 
 
@@ -55,7 +50,7 @@ class RecoveryError(Exception):
 
 
 def say(message):
-    print(f"recover_checkpoint.py: {message}", file=sys.stderr, flush=True)
+    print(f"tpp-recover-checkpoint: {message}", file=sys.stderr, flush=True)
 
 
 def _quiet_fairseq():
@@ -67,7 +62,7 @@ def _quiet_fairseq():
 def problem_with(path):
     """None if ``path`` is a loadable checkpoint, else the reason it is not."""
     _quiet_fairseq()
-    from tpp_plugin.checkpoint_files import CheckpointError, load_checkpoint
+    from .checkpoint_files import CheckpointError, load_checkpoint
 
     try:
         load_checkpoint(path, mmap=True, verify_zip=True)
@@ -93,7 +88,7 @@ def candidates(save_dir, suffix=""):
 def newest_readable(save_dir, suffix=""):
     """(path, update count) of the readable checkpoint with the most updates, or None.
     Unreadable ones are reported and skipped."""
-    from tpp_plugin.checkpoint_files import CheckpointError, load_checkpoint, num_updates
+    from .checkpoint_files import CheckpointError, load_checkpoint, num_updates
 
     best = None
     for path, rank in candidates(save_dir, suffix):
@@ -166,6 +161,7 @@ def recover(save_dir, restore_file=DEFAULT_RESTORE_FILE, suffix=""):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
+        prog="tpp-recover-checkpoint",
         description="Check that <save-dir>/checkpoint_last.pt loads before fairseq-train "
         "resumes from it; if it does not (a torn copy), keep it aside and resume from the "
         "newest readable checkpoint of the save dir.",
