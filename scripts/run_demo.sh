@@ -134,17 +134,17 @@ fi
 # --------------------------------------------------------------------------- 5. plots
 stage 5/6 "training curves"
 if ! ls "$out"/plots/*.png >/dev/null 2>&1 || [[ $ckpt/train.log -nt $out/plots ]]; then
-  "$python" scripts/plot_training.py --log "$ckpt/train.log" --out-dir "$out/plots" --force
+  "$python" -m tpp_tools.plot_training --log "$ckpt/train.log" --out-dir "$out/plots" --force
 fi
 
 # --------------------------------------------------------------------------- 6. attention
 stage 6/6 "attention maps and the paper's fire/mountain similarity"
 sentence=${DEMO_SENTENCE:-"There is a fire in the mountain."}
 if ! ls "$out"/attention/*.png >/dev/null 2>&1 || [[ $avg -nt $out/attention ]]; then
-  "$python" scripts/plot_attention.py --path "$avg" --data "$data" \
+  "$python" -m tpp_tools.plot_attention --path "$avg" --data "$data" \
     --bpe-codes "$out/work/bpe/codes" --sentence "$sentence" --out-dir "$out/attention" --force
 fi
-"$python" scripts/embedding_similarity.py --path "$avg" --data "$data" \
+"$python" -m tpp_tools.embedding_similarity --path "$avg" --data "$data" \
   --bpe-codes "$out/work/bpe/codes" --sentence "$sentence" --words fire mountain \
   | tee "$out/fire_mountain.txt" || echo "(similarity: the words are not single tokens of this model's vocabulary)"
 

@@ -498,7 +498,7 @@ def analysis_section(by_variant, facts, paths) -> List[str]:
         if variant not in by_variant:
             continue
         best = max(by_variant[variant], key=lambda r: float(facts[r.name]["scores"]["sacrebleu_detok"]))
-        cmd = [sys.executable, SCRIPTS / "embedding_similarity.py", "--path", best.folder / "checkpoint_avg.pt",
+        cmd = [sys.executable, "-m", "tpp_tools.embedding_similarity", "--path", best.folder / "checkpoint_avg.pt",
                "--data", paths["data"]]
         if codes and Path(codes).exists():
             cmd += ["--bpe-codes", codes]

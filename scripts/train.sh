@@ -31,7 +31,7 @@
 #   --seed N                   SEED [1]
 #   --log-interval N           LOG_INTERVAL [100]
 #   --log-file FILE            LOG_FILE [<save-dir>/train.log]: fairseq's log, appended to on
-#                              every (re)start; scripts/plot_training.py plots it as it is
+#                              every (re)start; tpp-plot-training plots it as it is
 #   --cpu                      CPU [0]: train on the CPU (tests, laptops)
 #   --fp16 | --no-fp16         FP16 [auto]: on when a GPU is visible and CPU=0
 #   --no-recover               do not check checkpoint_last.pt before starting (see Resume)

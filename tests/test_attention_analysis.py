@@ -1,8 +1,7 @@
-"""scripts/plot_attention.py and scripts/embedding_similarity.py on a tiny Transformer++
+"""tpp-plot-attention and tpp-embedding-similarity on a tiny Transformer++
 trained here for a few updates (fairseq-train --arch transformer_pp_tiny --task translation).
 """
 
-import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -12,16 +11,12 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageStat
 
+from tpp_tools import analysis_model, embedding_similarity, plot_attention
+
 REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = REPO / "scripts"
 SAMPLE = REPO / "data" / "sample"
 BIN = Path(sys.executable).parent  # fairseq's command-line tools live beside python
 SENTENCE = "There is a fire in the mountain ."
-
-sys.path.insert(0, str(SCRIPTS))  # the scripts import their shared helper module
-analysis_model = importlib.import_module("analysis_model")
-plot_attention = importlib.import_module("plot_attention")
-embedding_similarity = importlib.import_module("embedding_similarity")
 
 
 def head(src: Path, n: int) -> str:
@@ -68,7 +63,7 @@ def assert_real_png(path: Path, size) -> None:
 
 
 # --------------------------------------------------------------------------------------
-# plot_attention.py
+# tpp-plot-attention
 # --------------------------------------------------------------------------------------
 
 def test_plot_attention_writes_one_png_per_layer_and_kind(trained, tmp_path, capsys):
@@ -152,7 +147,7 @@ def test_plot_attention_errors(trained, tmp_path, case, message):
         sentence = "   "
     # through the command line: exit status and message as a user sees them
     run = subprocess.run(
-        [sys.executable, str(SCRIPTS / "plot_attention.py"), "--path", str(checkpoint),
+        ["tpp-plot-attention", "--path", str(checkpoint),
          "--data", str(data), "--sentence", sentence, "--out-dir", str(tmp_path / "att")],
         capture_output=True, text=True)
     assert run.returncode == 1, run.stderr
@@ -162,7 +157,7 @@ def test_plot_attention_errors(trained, tmp_path, case, message):
 
 
 # --------------------------------------------------------------------------------------
-# embedding_similarity.py
+# tpp-embedding-similarity
 # --------------------------------------------------------------------------------------
 
 def parse_table(printed: str) -> list:

@@ -1,6 +1,5 @@
-"""scripts/plot_training.py on the log of a real (tiny) fairseq-train run."""
+"""tpp-plot-training on the log of a real (tiny) fairseq-train run."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -10,21 +9,11 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageStat
 
+from tpp_tools import plot_training as plotter
+
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "scripts" / "plot_training.py"
 SAMPLE = REPO / "data" / "sample"
 BIN = Path(sys.executable).parent  # fairseq's command-line tools live beside python
-
-
-def load_plotter():
-    spec = importlib.util.spec_from_file_location("plot_training", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-plotter = load_plotter()
 
 
 def head(src: Path, dst: Path, n: int) -> None:
@@ -184,7 +173,7 @@ def test_bad_logs_fail_with_a_clear_message(tmp_path, content, message):
     if content is not None:
         log.write_text(content, encoding="utf-8")
     # through the command line: the exit status is what shell pipelines see
-    run = subprocess.run([sys.executable, str(SCRIPT), "--log", str(log),
+    run = subprocess.run(["tpp-plot-training", "--log", str(log),
                           "--out-dir", str(tmp_path / "plots")],
                          capture_output=True, text=True)
     assert run.returncode != 0

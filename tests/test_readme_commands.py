@@ -87,7 +87,7 @@ def test_the_documents_show_script_commands():
     # the README's own: the pipeline's steps
     for form in ("scripts/train.sh", "tpp-evaluate", "scripts/slurm/submit.sh",
                  "tpp-average-checkpoints", "tpp-prepare-corpus", "tpp-prepare-wmt14",
-                 "python scripts/plot_training.py"):
+                 "tpp-plot-training"):
         assert form in FORMS, sorted(FORMS)
 
 

@@ -1,7 +1,6 @@
 """scripts/train.sh: the paper's recipe on the command line, resuming a killed run, and
 resuming after a torn checkpoint_last.pt; its log plots as it is."""
 
-import importlib.util
 import os
 import re
 import shlex
@@ -16,7 +15,7 @@ import torch
 from tiny_nmt import REPO, SCRIPTS, binarize, make_corpus, tool_env, train_command
 
 import tpp_plugin  # noqa: F401  (allow-lists fairseq checkpoint contents for torch.load)
-from tpp_tools import recover
+from tpp_tools import plot_training, recover
 
 SAVED = re.compile(r"Saved checkpoint \S+ \(epoch \d+ @ (\d+) updates")
 
@@ -132,13 +131,6 @@ def readme_train_command(data, save_dir, max_update, save_interval_updates):
     return command[1:]
 
 
-def load_plotter():
-    spec = importlib.util.spec_from_file_location("plot_training", SCRIPTS / "plot_training.py")
-    plotter = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plotter)
-    return plotter
-
-
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
     """A tiny run of 20 updates (checkpoints every 5) with the README's command."""
@@ -155,13 +147,13 @@ def trained_run(tmp_path_factory):
 def test_train_sh_log_is_plottable_as_it_is(trained_run, tmp_path):
     """Issue 11.7: the log train.sh writes plots without options or conversion."""
     log = trained_run["save_dir"] / "train.log"
-    result = subprocess.run(["scripts/plot_training.py", "--log", str(log), "--out-dir",
+    result = subprocess.run(["tpp-plot-training", "--log", str(log), "--out-dir",
                              str(tmp_path / "plots")], cwd=REPO, env=tool_env(),
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "plots" / "loss.png").stat().st_size > 0
     assert (tmp_path / "plots" / "perplexity.png").stat().st_size > 0
-    steps = [step for step, _ in load_plotter().read_log(log)["train_inner"]]
+    steps = [step for step, _ in plot_training.read_log(log)["train_inner"]]
     assert steps[0] == 5 and steps[-1] == 20  # --log-interval 5, --max-update 20
 
 
@@ -202,7 +194,7 @@ def test_torn_checkpoint_last_is_kept_aside_and_training_resumes(torn_run):
     damaged = list(save_dir.glob("checkpoint_last.pt.damaged-*"))
     assert len(damaged) == 1 and damaged[0].read_bytes() == torn_run["torn"]
     # and the log, appended to by both runs, still plots: the second run from update 15
-    steps = [step for step, _ in load_plotter().read_log(save_dir / "train.log")["train_inner"]]
+    steps = [step for step, _ in plot_training.read_log(save_dir / "train.log")["train_inner"]]
     assert steps[-1] == 30
 
 

@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """Cosine similarity of two words of a sentence in each encoder layer's two kinds of
 self-attention representation.
 
-    python scripts/embedding_similarity.py --path checkpoints/avg.pt --data data-bin/sample
-    python scripts/embedding_similarity.py --path avg.pt --data data-bin/wmt14_en_de \\
+    tpp-embedding-similarity --path checkpoints/avg.pt --data data-bin/sample
+    tpp-embedding-similarity --path avg.pt --data data-bin/wmt14_en_de \\
         --bpe-codes data-bin/wmt14_en_de/code \\
         --sentence "There is a fire in the mountain." --words fire mountain
 
@@ -27,7 +26,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from analysis_model import (  # noqa: E402  (script folder is on sys.path)
+from .analysis_model import (
     AnalysisError, add_model_arguments, encode, load_model, prepare_sentence, word_spans)
 
 PAPER_SENTENCE = "There is a fire in the mountain ."
@@ -106,10 +105,11 @@ def cosine(rep, first: list[int], second: list[int]) -> float | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
+        prog="tpp-embedding-similarity",
         description="Per encoder layer: cosine similarity of two words in the dot-product "
                     "heads' output vs the convolution heads' LocalConv representation.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Example: python scripts/embedding_similarity.py --path avg.pt --data "
+        epilog="Example: tpp-embedding-similarity --path avg.pt --data "
                "data-bin/sample --words fire mountain")
     add_model_arguments(parser)
     parser.add_argument("--sentence", default=PAPER_SENTENCE,

@@ -1,5 +1,5 @@
-"""Shared by the analysis scripts (plot_attention.py, embedding_similarity.py): load a
-trained checkpoint with fairseq and turn one source sentence into model input.
+"""Shared by the analysis tools (plot_attention, embedding_similarity): load a trained
+checkpoint with fairseq and turn one source sentence into model input.
 
 Not a command-line tool itself.
 """
@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-PLUGIN_DIR = REPO_ROOT / "tpp_plugin"
-
 
 class AnalysisError(Exception):
     """A problem with the user's input; the message says what to fix."""
@@ -64,7 +61,9 @@ def load_model(checkpoint: Path, data: Path) -> LoadedModel:
         logging.getLogger(name).setLevel(logging.WARNING)
 
     # register the plugin's model/task/criterion, as --user-dir does for fairseq's tools
-    utils.import_user_module(argparse.Namespace(user_dir=str(PLUGIN_DIR)))
+    import tpp_plugin
+
+    utils.import_user_module(argparse.Namespace(user_dir=os.path.dirname(tpp_plugin.__file__)))
     try:
         models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
             [str(checkpoint)], arg_overrides={"data": str(data)})

@@ -1,12 +1,11 @@
-#!/usr/bin/env python3
 """Plot training curves from a fairseq-train log.
 
 ``scripts/train.sh`` writes its log to ``<save-dir>/train.log``; any fairseq-train run
 with ``--log-file train.log`` (or its console output) will do, in ``--log-format json``
 or ``simple``, then::
 
-    python scripts/plot_training.py --log train.log --out-dir plots/
-    python scripts/plot_training.py --log train.log --out-dir plots/ --force  # overwrite
+    tpp-plot-training --log train.log --out-dir plots/
+    tpp-plot-training --log train.log --out-dir plots/ --force  # overwrite
 
 Writes, against the number of updates:
 
@@ -247,10 +246,11 @@ def plot_log(log: Path, out_dir: Path, force: bool = False) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
+        prog="tpp-plot-training",
         description="Plot loss, perplexity and POS/NER tagging curves from a "
                     "fairseq-train log (--log-file PATH, --log-format json or simple; "
                     "scripts/train.sh writes <save-dir>/train.log).",
-        epilog="Example: python scripts/plot_training.py --log checkpoints/train.log "
+        epilog="Example: tpp-plot-training --log checkpoints/train.log "
                "--out-dir checkpoints/plots")
     parser.add_argument("--log", type=Path, required=True,
                         help="fairseq-train log: the --log-file, or its console output")

@@ -1,11 +1,10 @@
-#!/usr/bin/env python3
 """Draw a trained model's attention maps for one sentence, one PNG per layer and kind.
 
-    python scripts/plot_attention.py --path checkpoints/avg.pt --data data-bin/sample \\
+    tpp-plot-attention --path checkpoints/avg.pt --data data-bin/sample \\
         --sentence "There is a fire in the mountain ." --out-dir attention/
 
     # raw text: Moses-tokenise and BPE-segment it as the training data was
-    python scripts/plot_attention.py --path avg.pt --data data-bin/wmt14_en_de \\
+    tpp-plot-attention --path avg.pt --data data-bin/wmt14_en_de \\
         --bpe-codes data-bin/wmt14_en_de/code --sentence "There is a fire in the mountain."
 
 The model first translates the sentence (beam search, as fairseq-generate does). Then
@@ -37,7 +36,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display on cluster nodes; set before pyplot is imported
 import matplotlib.pyplot as plt  # noqa: E402
 
-from analysis_model import (  # noqa: E402  (script folder is on sys.path)
+from .analysis_model import (
     AnalysisError, add_model_arguments, encode, load_model, prepare_sentence)
 
 CELL_INCHES = 4  # each head's heatmap gets a 4 x 4 inch cell ...
@@ -161,10 +160,11 @@ def layer_note(module) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
+        prog="tpp-plot-attention",
         description="Plot per-head attention maps of a trained (Transformer++) model for "
                     "one source sentence: one PNG per layer and attention kind.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Example: python scripts/plot_attention.py --path checkpoints/avg.pt "
+        epilog="Example: tpp-plot-attention --path checkpoints/avg.pt "
                "--data data-bin/sample --sentence 'There is a fire in the mountain .'")
     add_model_arguments(parser)
     parser.add_argument("--sentence", required=True, help="source sentence")
