@@ -1,4 +1,4 @@
-"""scripts/run_ablation.py on a toy tagged corpus: three variants trained with the same
+"""The ablation runner (python -m tpp_tools.ablation) on a toy tagged corpus: three variants trained with the same
 (tiny) budget, averaged, evaluated, and one Markdown table; a second call reuses the runs."""
 
 import subprocess
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 def run_ablation(data, reference, out):
     proc = subprocess.run(
-        [sys.executable, REPO / "scripts" / "run_ablation.py", "--data", data, "--reference", reference,
+        [sys.executable, "-m", "tpp_tools.ablation", "--data", data, "--reference", reference,
          "--out", out, "--max-update", "4", "--average", "2", "--max-tokens", "1000"],
         cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Does Transformer++ translate better than the Transformer? The quality study.
 
 Four variants, trained with the same data, budget (updates × tokens per update),
@@ -25,11 +24,11 @@ already prepared data folder (``--data``) with the raw test reference
 (``--test-reference``).
 
     # GPU (one H100, bf16; ~25 minutes):
-    python scripts/run_study.py --config gpu --corpus corpora/en-de/train -s en -t de --out runs/study_gpu
+    tpp-study --config gpu --corpus corpora/en-de/train -s en -t de --out runs/study_gpu
     # CPU (2 cores, ~3 hours):
-    python scripts/run_study.py --config cpu --corpus corpora/en-de/train -s en -t de --out runs/study_cpu
+    tpp-study --config cpu --corpus corpora/en-de/train -s en -t de --out runs/study_cpu
     # your own held-out test set:
-    python scripts/run_study.py --config gpu --corpus corpora/en-de/train --test heldout/test -s en -t de ...
+    tpp-study --config gpu --corpus corpora/en-de/train --test heldout/test -s en -t de ...
 
 Runs live in ``OUT/runs/<variant>-s<seed>-<id>/``, where ``<id>`` is a hash of
 everything that defines the run (variant, seed, model, budget, schedule, data): a
@@ -55,9 +54,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-REPO = Path(__file__).resolve().parents[1]
-PLUGIN = REPO / "tpp_plugin"
-SCRIPTS = REPO / "scripts"
+from .evaluate import plugin_dir
+
+PROG = "tpp-study"
 
 VARIANTS = {
     "transformer": dict(
@@ -292,7 +291,7 @@ def train_command(variant: str, seed: int, cfg: Config, data: Path, folder: Path
                  f"--{side}-attention-heads", cfg.heads, f"--{side}-layers", cfg.layers]
     precision = {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}[cfg.dtype]
     cmd = [
-        "fairseq-train", data, "--user-dir", PLUGIN, "--arch", v["arch"], *v["model"], *dims,
+        "fairseq-train", data, "--user-dir", plugin_dir(), "--arch", v["arch"], *v["model"], *dims,
         "--share-all-embeddings", "--dropout", cfg.dropout, "--attention-dropout", cfg.attention_dropout,
         "--activation-dropout", cfg.activation_dropout,
         "--task", v["task"], "--criterion", v["criterion"], "--label-smoothing", cfg.label_smoothing,
@@ -605,7 +604,7 @@ def write_report(args, cfg: Config, paths, runs: List[Run], command: str, elapse
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--config", choices=sorted(CONFIGS), default="gpu",
                    help="model size, budget, schedule and data preparation (default gpu)")
@@ -668,7 +667,7 @@ def main(argv=None) -> int:
     cfg = CONFIGS[args.config]
     cfg = Config(**{**asdict(cfg), **{k: getattr(args, k) for k in asdict(cfg) if getattr(args, k, None) is not None}})
     if cfg.dtype not in ("fp32", "fp16", "bf16"):
-        print(f"run_study.py: error: --dtype must be fp32, fp16 or bf16, not {cfg.dtype!r}", file=sys.stderr)
+        print(f"{PROG}: error: --dtype must be fp32, fp16 or bf16, not {cfg.dtype!r}", file=sys.stderr)
         return 2
     import torch
 
@@ -680,12 +679,12 @@ def main(argv=None) -> int:
     args.parallel = args.parallel or (4 if args.device == "cuda" else max(1, (os.cpu_count() or 1) // args.threads))
     args.gen_max_tokens = args.gen_max_tokens or (16384 if args.device == "cuda" else 4096)
     args.out.mkdir(parents=True, exist_ok=True)
-    command = "python scripts/run_study.py " + " ".join(shlex.quote(a) for a in argv)
+    command = f"{PROG} " + " ".join(shlex.quote(a) for a in argv)
     started = time.time()
     try:
         paths = prepare_data(args, cfg)
     except StudyError as err:
-        print(f"run_study.py: error: {err}", file=sys.stderr)
+        print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
     runs = plan_runs(args, cfg, paths["data"])
     if args.dry_run:
@@ -706,7 +705,7 @@ def main(argv=None) -> int:
                 failures.append((run, err))
                 log(f"{run.name}: FAILED: {err}")
     if failures:
-        print(f"run_study.py: error: {len(failures)} run(s) failed; re-run the same command to resume:",
+        print(f"{PROG}: error: {len(failures)} run(s) failed; re-run the same command to resume:",
               file=sys.stderr)
         for run, err in failures:
             print(f"  {run.name}: {str(err).splitlines()[0]}", file=sys.stderr)

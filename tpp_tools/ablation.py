@@ -1,21 +1,22 @@
-#!/usr/bin/env python
 """Train and evaluate the paper's ablation with one budget and one data set:
 
   (a) transformer   plain Transformer attention (conv heads 0), no tag losses
   (b) hybrid        hybrid dot-product/convolution heads, no tag losses
   (c) hybrid+tags   hybrid heads and the POS/NER losses (Transformer++)
 
-and write one Markdown table (parameters, BLEU, training words/s).
+and write one Markdown table (parameters, BLEU, training words/s). One seed per
+variant and no significance test: ``tpp-study`` answers the same question with a
+control, several seeds and paired bootstrap resampling.
 
 On the shipped sample (after ``make demo`` prepared it)::
 
-    python scripts/run_ablation.py --data runs/demo/data-bin/sample_en_de \\
+    python -m tpp_tools.ablation --data runs/demo/data-bin/sample_en_de \\
         --reference data/sample/test.de --out runs/ablation --max-update 2400
 
 At full scale, give the WMT'14 data folder and the paper's preset, and pass training
 options after ``--`` (they go to scripts/train.sh, e.g. ``-- --fp16``)::
 
-    python scripts/run_ablation.py --data data-bin/wmt14_en_de --preset en-de \\
+    python -m tpp_tools.ablation --data data-bin/wmt14_en_de --preset en-de \\
         --reference work/wmt14_en_de/raw/newstest2014.de --out runs/ablation_wmt14 \\
         --max-update 320000 --update-freq 10 --max-tokens 4096 --gpu
 
@@ -31,7 +32,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+
+def checkout():
+    """The repository this package runs from (scripts/train.sh trains the variants)."""
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "scripts" / "train.sh").is_file():
+        raise SystemExit("the ablation runs scripts/train.sh of a checkout of the repository; "
+                         "this package is installed elsewhere")
+    return root
+
 
 VARIANTS = [
     # name, description, extra train.sh/fairseq options
@@ -43,14 +52,8 @@ VARIANTS = [
      ["--task", "translation_with_tags"], []),
 ]
 
-#: the small model of the CPU demo (used with --preset tiny)
-DEMO_MODEL = [
-    "--encoder-embed-dim", "256", "--encoder-ffn-embed-dim", "512",
-    "--encoder-layers", "3", "--decoder-layers", "3",
-    "--encoder-conv-kernel-sizes", "3,5,7", "--decoder-conv-kernel-sizes", "3,5,7",
-    "--encoder-conv-dilations", "1,1,2", "--decoder-conv-dilations", "1,1,2",
-    "--dropout", "0.2", "--share-all-embeddings",
-]
+#: the CPU demo's settings besides its model (--preset cpu: --arch transformer_pp_cpu)
+DEMO_MODEL = ["--dropout", "0.2"]
 
 
 def run(cmd, log=None):
@@ -109,12 +112,13 @@ def read_bleu(path: Path) -> dict:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m tpp_tools.ablation",
+                                     description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--data", required=True, type=Path, help="binarized data with POS/NER labels")
     parser.add_argument("--reference", required=True, type=Path, help="raw reference of the test split")
     parser.add_argument("--out", required=True, type=Path, help="one folder per variant, and ablation.md")
-    parser.add_argument("--preset", default="tiny", help="scripts/train.sh preset [tiny = the CPU demo model]")
+    parser.add_argument("--preset", default="cpu", help="scripts/train.sh preset [cpu = the CPU demo model]")
     parser.add_argument("--max-update", type=int, default=2400)
     parser.add_argument("--update-freq", type=int, default=1)
     parser.add_argument("--max-tokens", type=int, default=4096)
@@ -144,14 +148,14 @@ def main(argv=None):
         ckpt.mkdir(parents=True, exist_ok=True)
         log = ckpt / "train.log"
         print(f"\n=== {name}: {description}", flush=True)
-        cmd = ["bash", REPO / "scripts/train.sh", "--preset", args.preset, "--data", args.data,
+        cmd = ["bash", checkout() / "scripts" / "train.sh", "--preset", args.preset, "--data", args.data,
                "--save-dir", ckpt, "--max-update", args.max_update, "--update-freq", args.update_freq,
                "--max-tokens", args.max_tokens, "--lr", args.lr, "--warmup-updates", min(4000, max(1, args.max_update // 6)),
                "--save-interval-updates", save_every, "--keep-interval-updates", args.average,
                "--log-interval", 50, *train_opts]
         if not args.gpu:
             cmd.append("--cpu")
-        cmd += ["--", *(DEMO_MODEL if args.preset == "tiny" else []), *model_opts,
+        cmd += ["--", *(DEMO_MODEL if args.preset == "cpu" else []), *model_opts,
                 "--log-format", "json", "--log-file", log, "--no-progress-bar", "--num-workers", "0",
                 *args.extra]
         if trained_updates(ckpt / "checkpoint_last.pt") >= args.max_update:
