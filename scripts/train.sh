@@ -12,14 +12,16 @@
 # and anything after `--` is appended to the fairseq-train command line as is (fairseq
 # keeps the last value of a repeated option, so `-- --lr 1e-3` overrides too).
 #
-#   --preset NAME              PRESET [en-de]   en-de | en-fr | base | tiny: picks ARCH, LR
+#   --preset NAME              PRESET [en-de]   en-de | en-fr | base | cpu | tiny: picks ARCH, LR
+#                              (cpu: the CPU demo's model; tiny: test-sized)
 #   --data DIR                 DATA_BIN [data-bin/wmt14_en_de or wmt14_en_fr]
 #   --save-dir DIR             SAVE_DIR [checkpoints/<preset>]
-#   --arch NAME                ARCH [transformer_pp_wmt_en_de_big | ..._en_fr_big | transformer_pp | transformer_pp_tiny]
+#   --arch NAME                ARCH [transformer_pp_wmt_en_de_big | ..._en_fr_big | transformer_pp |
+#                              transformer_pp_cpu | transformer_pp_tiny]
 #   --task NAME                TASK [translation_with_tags]
 #   --criterion NAME           CRITERION [label_smoothed_cross_entropy_with_tags]
 #   --user-dir DIR             USER_DIR [<repo>/tpp_plugin]
-#   --lr LR                    LR [5e-4 big presets, 7e-4 base/tiny]: peak learning rate
+#   --lr LR                    LR [5e-4 big presets, 7e-4 base/tiny, 1e-3 cpu]: peak learning rate
 #   --warmup-updates N         WARMUP_UPDATES [4000]
 #   --label-smoothing EPS      LABEL_SMOOTHING [0.1]
 #   --max-tokens N             MAX_TOKENS [4096]: tokens per GPU per forward/backward
@@ -102,13 +104,15 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 
-# Per-preset defaults: the paper's two WMT'14 models, plus base and tiny for small runs.
+# Per-preset defaults: the paper's two WMT'14 models, plus base, the CPU demo's model and
+# a test-sized one for small runs.
 case $PRESET in
   en-de) arch=transformer_pp_wmt_en_de_big; lr=5e-4; data=data-bin/wmt14_en_de ;;
   en-fr) arch=transformer_pp_wmt_en_fr_big; lr=5e-4; data=data-bin/wmt14_en_fr ;;
   base)  arch=transformer_pp;               lr=7e-4; data=data-bin/wmt14_en_de ;;
+  cpu)   arch=transformer_pp_cpu;           lr=1e-3; data=data-bin/sample_en_de ;;
   tiny)  arch=transformer_pp_tiny;          lr=7e-4; data=data-bin/sample ;;
-  *) die "unknown --preset '$PRESET' (en-de, en-fr, base or tiny)" ;;
+  *) die "unknown --preset '$PRESET' (en-de, en-fr, base, cpu or tiny)" ;;
 esac
 ARCH=${ARCH:-$arch}
 LR=${LR:-$lr}

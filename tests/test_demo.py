@@ -1,4 +1,4 @@
-"""The main job (scripts/run_demo.sh, what `make demo` runs) end to end on a cut-down
+"""The main job (tpp-demo, what `make demo` runs) end to end on a cut-down
 budget: the shipped sample through spaCy tagging, BPE, binarization, training with
 tags, averaging, generation, sacreBLEU, plots and attention maps; then a second run
 that reuses every finished stage."""
@@ -20,7 +20,7 @@ QUICK = ["--train-lines", "300", "--heldout-lines", "40", "--max-update", "10",
 def run_demo(out, *extra):
     env = cli_env()
     env["OMP_NUM_THREADS"] = "2"
-    proc = subprocess.run(["bash", REPO / "scripts" / "run_demo.sh", "--out", out, *QUICK, *extra],
+    proc = subprocess.run(["tpp-demo", "--out", out, *QUICK, *extra],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc.stdout + proc.stderr

@@ -11,7 +11,7 @@
 #   scripts/slurm/submit.sh --cpu --tasks-per-node 2 --shards 2 ...  # a CPU-only cluster
 #
 # Options (variable in capitals, default in brackets; a flag beats the variable):
-#   --preset NAME         PRESET [en-de]: en-de | en-fr | base | tiny (scripts/train.sh)
+#   --preset NAME         PRESET [en-de]: en-de | en-fr | base | cpu | tiny (scripts/train.sh)
 #   --prepare-cmd CMD     PREPARE_CMD [tpp-prepare-wmt14 --pair $PRESET]
 #   --data-bin DIR        DATA_BIN [data-bin/wmt14_<pair>]
 #   --save-dir DIR        SAVE_DIR [checkpoints/$PRESET]
