@@ -10,7 +10,6 @@ this environment's packages, and its scripts are put on ``PATH`` behind this
 interpreter's own folder.
 """
 
-import configparser
 import os
 import subprocess
 import sys
@@ -19,15 +18,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def console_script_names():
-    """The console scripts that setup.cfg declares."""
-    config = configparser.ConfigParser()
-    config.read(REPO / "setup.cfg")
-    entries = config.get("options.entry_points", "console_scripts", fallback="")
-    return [line.split("=")[0].strip() for line in entries.splitlines() if line.strip()]
+from support import REPO, console_script_names
 
 
 def install_into_throwaway_venv(folder):
@@ -62,3 +53,15 @@ def console_scripts(tmp_path_factory):
         assert not missing, f"the install made no {missing}"
     os.environ["PATH"] = os.pathsep.join([str(here), str(folder), os.environ.get("PATH", "")])
     return folder
+
+
+@pytest.fixture(scope="session")
+def nmt_corpus(tmp_path_factory):
+    """The tiny English-German corpus of :func:`support.make_corpus` (raw, tokenised and
+    BPE layers) and its BPE layer binarized: ``{"corpus": root, "data": data-bin}``.
+    Shared by the tests that train on it; nothing writes into it."""
+    from support import binarize, make_corpus
+
+    root = tmp_path_factory.mktemp("nmt_corpus")
+    corpus = make_corpus(root / "corpus")
+    return {"corpus": corpus, "data": binarize(corpus / "bpe", root / "data-bin", "en", "de")}

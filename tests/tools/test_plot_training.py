@@ -3,22 +3,13 @@
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from PIL import Image, ImageStat
 
+from support import SAMPLE, VENV_BIN as BIN, head
 from tpp_tools import plot_training as plotter
-
-REPO = Path(__file__).resolve().parents[1]
-SAMPLE = REPO / "data" / "sample"
-BIN = Path(sys.executable).parent  # fairseq's command-line tools live beside python
-
-
-def head(src: Path, dst: Path, n: int) -> None:
-    with open(src, encoding="utf-8") as f:
-        dst.write_text("".join(line for _, line in zip(range(n), f)), encoding="utf-8")
 
 
 def train_tiny(work, log_format):

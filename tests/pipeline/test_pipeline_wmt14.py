@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-from pipeline_support import REPO, parallel_lines, run_script
+from support import REPO, english_pairs, run_pipeline
 
 pytestmark = pytest.mark.slow
 
@@ -48,9 +48,9 @@ def wmt_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("wmt")
     raw = root / "archives"
     raw.mkdir()
-    europarl = parallel_lines(60) + [("", "leer"), (" ".join(["word"] * 300), "Wort")]
-    commoncrawl = parallel_lines(50, offset=5)
-    news = parallel_lines(40, offset=7)
+    europarl = english_pairs(60) + [("", "leer"), (" ".join(["word"] * 300), "Wort")]
+    commoncrawl = english_pairs(50, offset=5)
+    news = english_pairs(40, offset=7)
     _tgz(raw / "training-parallel-europarl-v7.tgz", {
         "training/europarl-v7.de-en.de": _corpus_text(europarl, 1),
         "training/europarl-v7.de-en.en": _corpus_text(europarl, 0),
@@ -65,8 +65,8 @@ def wmt_run(tmp_path_factory):
         "training/news-commentary-v9.de-en.de": _corpus_text(news, 1).replace("\n", "\r\n"),
         "training/news-commentary-v9.de-en.en": _corpus_text(news, 0).replace("\n", "\r\n"),
     })
-    dev = parallel_lines(8, offset=3)
-    test = parallel_lines(9, offset=1)
+    dev = english_pairs(8, offset=3)
+    test = english_pairs(9, offset=1)
     _tgz(raw / "dev.tgz", {
         "dev/newstest2013-src.en.sgm": _sgm("newstest2013", "en", "src", [e for e, _ in dev]),
         "dev/newstest2013-ref.de.sgm": _sgm("newstest2013", "de", "ref", [d for _, d in dev]),
@@ -82,8 +82,8 @@ def wmt_run(tmp_path_factory):
     work, data_bin = root / "work", root / "data-bin"
     args = ["--pair", "en-de", "--raw-dir", raw, "--work-dir", work, "--data-bin", data_bin,
             "--bpe-merges", 300, "--quiet"]
-    first = run_script("tpp-prepare-wmt14", *args)
-    second = run_script("tpp-prepare-wmt14", *args)
+    first = run_pipeline("tpp-prepare-wmt14", *args)
+    second = run_pipeline("tpp-prepare-wmt14", *args)
     return {"root": root, "raw": raw, "work": work, "dest": data_bin / "wmt14_en_de",
             "dev": dev, "test": test, "n_train": len(europarl) + len(commoncrawl) + len(news),
             "args": args, "first": first, "second": second}
@@ -143,7 +143,7 @@ def test_missing_archive_is_reported_with_the_expected_names(wmt_run, tmp_path):
     partial = tmp_path / "partial"
     partial.mkdir()
     os.symlink(wmt_run["raw"] / "dev.tgz", partial / "dev.tgz")
-    result = run_script("tpp-prepare-wmt14", "--pair", "en-de", "--raw-dir", partial,
+    result = run_pipeline("tpp-prepare-wmt14", "--pair", "en-de", "--raw-dir", partial,
                         "--work-dir", tmp_path / "w", "--data-bin", tmp_path / "b", check=False)
     assert result.returncode == 2
     assert "training-parallel-commoncrawl.tgz" in result.stderr
@@ -154,7 +154,7 @@ def test_existing_output_is_not_overwritten_without_force(wmt_run, tmp_path):
     dest = tmp_path / "b" / "wmt14_en_de"
     dest.mkdir(parents=True)
     (dest / "precious.txt").write_text("keep me")
-    result = run_script("tpp-prepare-wmt14", "--pair", "en-de", "--raw-dir", wmt_run["raw"],
+    result = run_pipeline("tpp-prepare-wmt14", "--pair", "en-de", "--raw-dir", wmt_run["raw"],
                         "--work-dir", tmp_path / "w", "--data-bin", tmp_path / "b", check=False)
     assert result.returncode == 2 and "--force" in result.stderr
     assert (dest / "precious.txt").read_text() == "keep me"

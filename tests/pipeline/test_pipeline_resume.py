@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from pipeline_support import parallel_lines, pipeline_command, write_parallel
+from support import english_pairs, pipeline_command, write_corpus
 
 from tpp_pipeline import tagging
 from tpp_pipeline.errors import DataError
@@ -20,9 +20,8 @@ LINES = 600
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     d = tmp_path_factory.mktemp("resume")
-    pairs = parallel_lines(LINES)
-    for split, part in (("train", pairs), ("valid", pairs[:30]), ("test", pairs[30:60])):
-        write_parallel(d / split, part)
+    pairs = english_pairs(LINES)
+    write_corpus(d, {"train": pairs, "valid": pairs[:30], "test": pairs[30:60]}, "en", "de")
     return d
 
 

@@ -8,7 +8,7 @@ from fairseq.modules import MultiheadAttention
 
 from tpp_plugin.modules import HybridMultiheadAttention
 
-from helpers import build_model, make_dictionary, random_tokens
+from support import build_model, make_dictionary, random_tokens
 
 
 def decoder_logits(model, encoder_out, tokens, incremental_state=None):

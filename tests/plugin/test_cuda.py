@@ -1,7 +1,7 @@
 """On a CUDA GPU (skipped, and reported as skipped, where there is none): the fused
 attention kernels are reachable, and the model's numerics there match the CPU's.
 
-Run on a GPU machine with ``python -m pytest -q tests/test_cuda.py``."""
+Run on a GPU machine with ``python -m pytest -q tests/plugin/test_cuda.py``."""
 
 import copy
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import build_model, make_dictionary, random_tokens
+from support import build_model, make_dictionary, random_tokens
 from tpp_plugin.modules import HybridMultiheadAttention
 from tpp_plugin.modules.context_query import prefix_softmax
 from tpp_plugin.modules.local_conv import CausalDepthwiseConv

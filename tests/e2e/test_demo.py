@@ -9,7 +9,7 @@ import subprocess
 import pytest
 from PIL import Image, ImageStat
 
-from helpers import REPO, cli_env
+from support import REPO, tool_env
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +18,7 @@ QUICK = ["--train-lines", "300", "--heldout-lines", "40", "--max-update", "10",
 
 
 def run_demo(out, *extra):
-    env = cli_env()
+    env = tool_env()
     env["OMP_NUM_THREADS"] = "2"
     proc = subprocess.run(["tpp-demo", "--out", out, *QUICK, *extra],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)

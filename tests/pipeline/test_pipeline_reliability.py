@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from pipeline_support import parallel_lines, pipeline_command, run_script, write_parallel
+from support import english_pairs, pipeline_command, run_pipeline, write_corpus
 
 from tpp_pipeline import cleaning, textio
 from tpp_pipeline.errors import DataError
@@ -16,14 +16,13 @@ from tpp_pipeline.errors import DataError
 
 @pytest.fixture
 def corpus(tmp_path):
-    pairs = parallel_lines(30)
-    for split in ("train", "valid", "test"):
-        write_parallel(tmp_path / split, pairs)
+    pairs = english_pairs(30)
+    write_corpus(tmp_path, {split: pairs for split in ("train", "valid", "test")}, "en", "de")
     return tmp_path
 
 
 def _run(corpus, *extra, src="en", tgt="de", timeout=600):
-    return run_script("tpp-prepare-corpus", "-s", src, "-t", tgt,
+    return run_pipeline("tpp-prepare-corpus", "-s", src, "-t", tgt,
                       "--trainpref", corpus / "train", "--validpref", corpus / "valid",
                       "--testpref", corpus / "test", "--name", "rel", "--work-dir",
                       corpus / "work", "--data-bin", corpus / "bin", "--quiet", *extra,

@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from tiny_nmt import REPO, SCRIPTS, binarize, make_corpus, tool_env, train_command
+from support import REPO, SCRIPTS, tool_env, train_command
 
 import tpp_plugin  # noqa: F401  (allow-lists fairseq checkpoint contents for torch.load)
 from tpp_tools import plot_training, recover
@@ -81,8 +81,8 @@ def num_updates(checkpoint):
     return state["optimizer_history"][-1]["num_updates"]
 
 
-def test_killed_run_resumes_from_last_checkpoint(tmp_path):
-    data = binarize(make_corpus(tmp_path / "corpus"), tmp_path / "data-bin")
+def test_killed_run_resumes_from_last_checkpoint(nmt_corpus, tmp_path):
+    data = nmt_corpus["data"]
     save_dir = tmp_path / "ckpt"
     # first run: far more updates than we let it do; checkpoints every 15 updates
     log1 = tmp_path / "train1.log"
@@ -132,10 +132,10 @@ def readme_train_command(data, save_dir, max_update, save_interval_updates):
 
 
 @pytest.fixture(scope="module")
-def trained_run(tmp_path_factory):
+def trained_run(nmt_corpus, tmp_path_factory):
     """A tiny run of 20 updates (checkpoints every 5) with the README's command."""
     root = tmp_path_factory.mktemp("trained")
-    data = binarize(make_corpus(root / "corpus"), root / "data-bin")
+    data = nmt_corpus["data"]
     save_dir = root / "ckpt"
     result = subprocess.run(readme_train_command(data, save_dir, 20, 5), cwd=REPO,
                             env=tool_env(), capture_output=True, text=True, timeout=600)

@@ -3,7 +3,6 @@ trained here for a few updates (fairseq-train --arch transformer_pp_tiny --task 
 """
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,17 +10,10 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageStat
 
+from support import PLUGIN_DIR, SAMPLE, VENV_BIN as BIN, head
 from tpp_tools import analysis_model, embedding_similarity, plot_attention
 
-REPO = Path(__file__).resolve().parents[1]
-SAMPLE = REPO / "data" / "sample"
-BIN = Path(sys.executable).parent  # fairseq's command-line tools live beside python
 SENTENCE = "There is a fire in the mountain ."
-
-
-def head(src: Path, n: int) -> str:
-    with open(src, encoding="utf-8") as f:
-        return "".join(line for _, line in zip(range(n), f))
 
 
 @pytest.fixture(scope="module")
@@ -31,16 +23,16 @@ def trained(tmp_path_factory):
     # 150 sample pairs plus the paper's sentence, so "fire" and "mountain" are known words
     extra = {"en": "There is a fire in the mountain .\n", "de": "Es brennt auf dem Berg .\n"}
     for lang in ("en", "de"):
-        (work / f"train.{lang}").write_text(head(SAMPLE / f"train.{lang}", 150) + extra[lang],
-                                            encoding="utf-8")
-        (work / f"valid.{lang}").write_text(head(SAMPLE / f"valid.{lang}", 20), encoding="utf-8")
+        train = head(SAMPLE / f"train.{lang}", work / f"train.{lang}", 150)
+        train.write_text(train.read_text(encoding="utf-8") + extra[lang], encoding="utf-8")
+        head(SAMPLE / f"valid.{lang}", work / f"valid.{lang}", 20)
     subprocess.run(
         [str(BIN / "fairseq-preprocess"), "--source-lang", "en", "--target-lang", "de",
          "--trainpref", str(work / "train"), "--validpref", str(work / "valid"),
          "--destdir", str(work / "bin"), "--joined-dictionary", "--workers", "1"],
         check=True, capture_output=True)
     subprocess.run(
-        [str(BIN / "fairseq-train"), str(work / "bin"), "--user-dir", str(REPO / "tpp_plugin"),
+        [str(BIN / "fairseq-train"), str(work / "bin"), "--user-dir", str(PLUGIN_DIR),
          "--arch", "transformer_pp_tiny", "--task", "translation",
          "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
          "--optimizer", "adam", "--lr", "0.001", "--max-tokens", "500", "--max-update", "3",

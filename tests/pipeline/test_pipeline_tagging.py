@@ -2,7 +2,7 @@
 
 import pytest
 
-from pipeline_support import ENGLISH
+from support import ENGLISH
 
 from tpp_pipeline import bpe, moses, projection, tagging
 from tpp_pipeline.errors import DataError

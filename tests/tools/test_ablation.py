@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, binarize_tagged, cli_env
+from support import REPO, binarize_tagged, tool_env
 
 pytestmark = pytest.mark.slow
 
@@ -15,7 +15,7 @@ def run_ablation(data, reference, out):
     proc = subprocess.run(
         [sys.executable, "-m", "tpp_tools.ablation", "--data", data, "--reference", reference,
          "--out", out, "--max-update", "4", "--average", "2", "--max-tokens", "1000"],
-        cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=900)
+        cwd=REPO, env=tool_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 
