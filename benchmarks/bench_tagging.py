@@ -14,7 +14,6 @@ but not loading the model (done once per job in either case).
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 
