@@ -55,8 +55,6 @@ from collections.abc import Mapping
 
 import torch
 
-from tpp_plugin.serialization import allow_fairseq_checkpoints
-
 from .checkpoint_files import CheckpointError
 from .checkpoint_files import load_checkpoint as read_checkpoint
 
@@ -355,7 +353,6 @@ def save_atomically(state, output, force):
 
 def main(argv=None):
     args = parse_args(argv)
-    allow_fairseq_checkpoints()
     try:
         if args.num_update_checkpoints or args.num_epoch_checkpoints:
             by_update = args.num_update_checkpoints is not None

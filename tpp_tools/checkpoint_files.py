@@ -12,8 +12,8 @@ use :func:`load_checkpoint`, which looks at the file first and says what it is:
   was being written or copied (fairseq copies ``checkpoint_last.pt`` and
   ``checkpoint_best.pt`` without a temporary name);
 * some other binary file;
-* a checkpoint that safe loading refuses (objects outside the allow-list of
-  :mod:`tpp_plugin.serialization`), or one without a ``model`` state dict.
+* a checkpoint that safe loading refuses (objects outside the allow-list that importing
+  :mod:`tpp_plugin` sets up), or one without a ``model`` state dict.
 
 Loading is always ``weights_only=True``.
 """
@@ -24,7 +24,7 @@ import zipfile
 
 import torch
 
-from tpp_plugin.serialization import allow_fairseq_checkpoints
+import tpp_plugin  # noqa: F401  (importing the plugin allow-lists fairseq's checkpoint contents)
 
 ZIP_MAGIC = b"PK\x03\x04"
 # torch.save's format before torch 1.6: a pickled magic number first
@@ -103,7 +103,6 @@ def load_checkpoint(path, mmap=False, verify_zip=False):
     file loads, or reading its metadata). Raises :class:`CheckpointError` with a
     readable reason; returns the checkpoint dict otherwise.
     """
-    allow_fairseq_checkpoints()
     path = str(path)
     problem = format_problem(path, verify_zip=verify_zip)
     if problem is not None:
