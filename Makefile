@@ -8,7 +8,7 @@ env:
 	@bash scripts/setup_env.sh
 
 demo: env
-	@bash scripts/run_demo.sh
+	@$(VENV)/bin/tpp-demo
 
 test: env
 	@$(VENV)/bin/python -m pytest -q tests

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Peak memory and time of scripts/average_checkpoints.py against the size of one checkpoint.
+"""Peak memory and time of tpp-average-checkpoints against the size of one checkpoint.
 
 Writes N synthetic checkpoints laid out as fairseq writes them (model state dict, the
 training args, Adam's two moment buffers per parameter, optimizer history) into a
-temporary folder, then runs the averaging script as a child process for each requested
+temporary folder, then runs the averaging tool as a child process for each requested
 N and reports its wall time and peak resident memory (getrusage of the child), minus
-the peak of the same script started with --help (interpreter + torch + fairseq imports).
+the peak of the same tool started with --help (interpreter + torch + fairseq imports).
 
     python benchmarks/bench_average.py                       # 25M parameters, N = 2 and 10
     python benchmarks/bench_average.py --params 50e6 --counts 2 5 10 --dtype float16
@@ -27,11 +27,10 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-import tpp_plugin  # noqa: E402,F401  (allow-lists fairseq checkpoint contents)
+import tpp_plugin  # noqa: F401  (allow-lists fairseq checkpoint contents)
 
-SCRIPT = REPO / "scripts" / "average_checkpoints.py"
+# the averaging tool, run as a module of this interpreter (what tpp-average-checkpoints runs)
+COMMAND = ["-m", "tpp_tools.average"]
 MATRIX = 1024  # parameters come as 1024-wide matrices, like a big Transformer's projections
 
 CHILD_PEAK = """
@@ -67,7 +66,7 @@ def write_checkpoints(folder, count, params, dtype):
 
 
 def measure(*args):
-    result = subprocess.run([sys.executable, "-c", CHILD_PEAK, str(SCRIPT), *map(str, args)],
+    result = subprocess.run([sys.executable, "-c", CHILD_PEAK, *COMMAND, *map(str, args)],
                             capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f"averaging failed:\n{result.stderr}")

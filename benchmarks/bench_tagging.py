@@ -14,14 +14,12 @@ but not loading the model (done once per job in either case).
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "scripts"))
+from tpp_pipeline import moses, tagging
 
-from tpp_data import moses, tagging  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def load_sentences(path, count):

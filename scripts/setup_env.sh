@@ -35,7 +35,7 @@ stamp_inputs() {
 }
 want=$(stamp_inputs | sha256sum | cut -d' ' -f1)
 stamp="$venv/.tpp-env-stamp"
-if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] && "$venv/bin/python" -c "import fairseq, tpp_plugin" 2>/dev/null; then
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] && "$venv/bin/python" -c "import fairseq, tpp_plugin, tpp_pipeline, tpp_tools" 2>/dev/null; then
   echo "[setup] environment $venv is up to date"
   exit 0
 fi
@@ -54,12 +54,13 @@ pip=("$venv/bin/python" -m pip install --quiet)
 if ! "$venv/bin/python" -c "import fairseq" 2>/dev/null; then
   "${pip[@]}" --no-build-isolation --no-deps "$FAIRSEQ_SPEC"
 fi
-# 3. everything else, then this package (editable: --user-dir tpp_plugin and imports agree).
+# 3. everything else, then this project (editable: --user-dir tpp_plugin and imports agree;
+#    its packages tpp_plugin, tpp_pipeline, tpp_tools and the tpp-... console scripts).
 "${pip[@]}" -r "$root/requirements.txt"
 "${pip[@]}" --no-build-isolation --no-deps -e "$root"
 
 "$venv/bin/python" - <<PY
-import torch, fairseq, spacy, tpp_plugin
+import torch, fairseq, spacy, tpp_plugin, tpp_pipeline, tpp_tools
 assert torch.__version__.startswith("$TORCH_VERSION"), torch.__version__
 print(f"[setup] torch {torch.__version__}, fairseq {fairseq.__version__}, spacy {spacy.__version__}")
 PY

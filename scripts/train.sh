@@ -12,14 +12,16 @@
 # and anything after `--` is appended to the fairseq-train command line as is (fairseq
 # keeps the last value of a repeated option, so `-- --lr 1e-3` overrides too).
 #
-#   --preset NAME              PRESET [en-de]   en-de | en-fr | base | tiny: picks ARCH, LR
+#   --preset NAME              PRESET [en-de]   en-de | en-fr | base | cpu | tiny: picks ARCH, LR
+#                              (cpu: the CPU demo's model; tiny: test-sized)
 #   --data DIR                 DATA_BIN [data-bin/wmt14_en_de or wmt14_en_fr]
 #   --save-dir DIR             SAVE_DIR [checkpoints/<preset>]
-#   --arch NAME                ARCH [transformer_pp_wmt_en_de_big | ..._en_fr_big | transformer_pp | transformer_pp_tiny]
+#   --arch NAME                ARCH [transformer_pp_wmt_en_de_big | ..._en_fr_big | transformer_pp |
+#                              transformer_pp_cpu | transformer_pp_tiny]
 #   --task NAME                TASK [translation_with_tags]
 #   --criterion NAME           CRITERION [label_smoothed_cross_entropy_with_tags]
 #   --user-dir DIR             USER_DIR [<repo>/tpp_plugin]
-#   --lr LR                    LR [5e-4 big presets, 7e-4 base/tiny]: peak learning rate
+#   --lr LR                    LR [5e-4 big presets, 7e-4 base/tiny, 1e-3 cpu]: peak learning rate
 #   --warmup-updates N         WARMUP_UPDATES [4000]
 #   --label-smoothing EPS      LABEL_SMOOTHING [0.1]
 #   --max-tokens N             MAX_TOKENS [4096]: tokens per GPU per forward/backward
@@ -31,7 +33,7 @@
 #   --seed N                   SEED [1]
 #   --log-interval N           LOG_INTERVAL [100]
 #   --log-file FILE            LOG_FILE [<save-dir>/train.log]: fairseq's log, appended to on
-#                              every (re)start; scripts/plot_training.py plots it as it is
+#                              every (re)start; tpp-plot-training plots it as it is
 #   --cpu                      CPU [0]: train on the CPU (tests, laptops)
 #   --fp16 | --no-fp16         FP16 [auto]: on when a GPU is visible and CPU=0
 #   --no-recover               do not check checkpoint_last.pt before starting (see Resume)
@@ -47,11 +49,11 @@
 # tokens per GPU is fairseq's usual choice for big Transformers.
 #
 # Checkpoints: one every SAVE_INTERVAL_UPDATES updates, the last KEEP_INTERVAL_UPDATES
-# of them kept (no per-epoch files), so scripts/average_checkpoints.py can average the
+# of them kept (no per-epoch files), so tpp-average-checkpoints can average the
 # last 10. Resume: fairseq restores <save-dir>/checkpoint_last.pt (model, optimizer,
 # LR schedule, update count and position in the epoch) whenever it exists, so running
 # the same command again continues the run where the last checkpoint left it. Before
-# fairseq starts, scripts/recover_checkpoint.py checks that checkpoint_last.pt loads:
+# fairseq starts, tpp-recover-checkpoint checks that checkpoint_last.pt loads:
 # fairseq copies it without a temporary name, so a kill during the copy leaves it
 # truncated. A damaged one is moved aside (checkpoint_last.pt.damaged-<time>) and the
 # newest readable checkpoint of the save dir takes its place; the script says which.
@@ -102,13 +104,15 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 
-# Per-preset defaults: the paper's two WMT'14 models, plus base and tiny for small runs.
+# Per-preset defaults: the paper's two WMT'14 models, plus base, the CPU demo's model and
+# a test-sized one for small runs.
 case $PRESET in
   en-de) arch=transformer_pp_wmt_en_de_big; lr=5e-4; data=data-bin/wmt14_en_de ;;
   en-fr) arch=transformer_pp_wmt_en_fr_big; lr=5e-4; data=data-bin/wmt14_en_fr ;;
   base)  arch=transformer_pp;               lr=7e-4; data=data-bin/wmt14_en_de ;;
+  cpu)   arch=transformer_pp_cpu;           lr=1e-3; data=data-bin/sample_en_de ;;
   tiny)  arch=transformer_pp_tiny;          lr=7e-4; data=data-bin/sample ;;
-  *) die "unknown --preset '$PRESET' (en-de, en-fr, base or tiny)" ;;
+  *) die "unknown --preset '$PRESET' (en-de, en-fr, base, cpu or tiny)" ;;
 esac
 ARCH=${ARCH:-$arch}
 LR=${LR:-$lr}
@@ -166,7 +170,7 @@ mkdir -p "$SAVE_DIR" "$(dirname "$LOG_FILE")"
 if [[ $recover == 1 ]]; then
   # the fairseq options as fairseq will see them (--save-dir, --restore-file and
   # --checkpoint-suffix may also come after --; the last value counts)
-  "${PYTHON:-python}" "$repo/scripts/recover_checkpoint.py" "${cmd[@]:2}" || exit $?
+  tpp-recover-checkpoint "${cmd[@]:2}" || exit $?
 fi
 [[ $recover_only == 1 ]] && exit 0
 if [[ -f $SAVE_DIR/checkpoint_last.pt ]]; then

@@ -375,7 +375,7 @@ def install(args):
               env=penv)
 
         code = (
-            "import torch, fairseq, tpp_plugin\n"
+            "import torch, fairseq, tpp_plugin, tpp_pipeline, tpp_tools\n"
             "import fairseq.libbleu, fairseq.libbase, fairseq.data.data_utils_fast\n"
             "print(f'torch {torch.__version__} (CUDA {torch.version.cuda}), '\n"
             "      f'fairseq {fairseq.__version__}, tpp_plugin from {tpp_plugin.__file__}')\n")

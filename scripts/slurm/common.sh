@@ -28,7 +28,7 @@ RESULTS_DIR=${RESULTS_DIR:-results/$PRESET}
 N_AVG=${N_AVG:-10}
 CPU_ONLY=${CPU_ONLY:-0}
 # the data pipeline command; stages add --stop-after / --tag-shard to it
-PREPARE_CMD=${PREPARE_CMD:-python scripts/prepare_wmt14.py --pair $PRESET}
+PREPARE_CMD=${PREPARE_CMD:-tpp-prepare-wmt14 --pair $PRESET}
 
 stage_banner() {
   echo "[$(date '+%F %T')] $1: job ${SLURM_JOB_ID:-?}${SLURM_ARRAY_TASK_ID:+ task $SLURM_ARRAY_TASK_ID} on $(hostname -s), repo $TPP_ROOT"

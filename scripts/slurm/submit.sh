@@ -11,8 +11,8 @@
 #   scripts/slurm/submit.sh --cpu --tasks-per-node 2 --shards 2 ...  # a CPU-only cluster
 #
 # Options (variable in capitals, default in brackets; a flag beats the variable):
-#   --preset NAME         PRESET [en-de]: en-de | en-fr | base | tiny (scripts/train.sh)
-#   --prepare-cmd CMD     PREPARE_CMD [python scripts/prepare_wmt14.py --pair $PRESET]
+#   --preset NAME         PRESET [en-de]: en-de | en-fr | base | cpu | tiny (scripts/train.sh)
+#   --prepare-cmd CMD     PREPARE_CMD [tpp-prepare-wmt14 --pair $PRESET]
 #   --data-bin DIR        DATA_BIN [data-bin/wmt14_<pair>]
 #   --save-dir DIR        SAVE_DIR [checkpoints/$PRESET]
 #   --results-dir DIR     RESULTS_DIR [results/$PRESET]
@@ -120,7 +120,7 @@ export DATA_BIN=${DATA_BIN:-data-bin/$DATA_NAME}
 export SAVE_DIR=${SAVE_DIR:-checkpoints/$PRESET}
 export RESULTS_DIR=${RESULTS_DIR:-results/$PRESET}
 export N_AVG=${N_AVG:-10}
-export PREPARE_CMD=${PREPARE_CMD:-python scripts/prepare_wmt14.py --pair $PRESET}
+export PREPARE_CMD=${PREPARE_CMD:-tpp-prepare-wmt14 --pair $PRESET}
 export CPU_ONLY TAG_SHARDS
 for name in REFERENCE TRAIN_OPTS TPP_VENV SPLIT PREPARE_STAGE_CMD TAG_CMD BINARIZE_CMD \
             FAIRSEQ_EXTRA EVAL_OPTS MASTER_PORT; do

@@ -1,0 +1,224 @@
+"""fairseq's real command-line tools with the plugin, on a tiny toy corpus:
+fairseq-preprocess -> fairseq-train (with tags, --eval-bleu) -> resume ->
+fairseq-generate / fairseq-interactive with --task translation on tag-less data ->
+two-process data-parallel training and validation."""
+
+import json
+import math
+import re
+import shutil
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from support import PLUGIN_DIR, REPO, SCRIPTS, binarize_tagged, run, tool_env, toy_tags
+
+pytestmark = pytest.mark.slow
+
+TRAIN_FLAGS = [
+    "--user-dir", PLUGIN_DIR, "--arch", "transformer_pp_tiny",
+    "--task", "translation_with_tags", "--criterion", "label_smoothed_cross_entropy_with_tags",
+    "--label-smoothing", "0.1", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
+    "--lr", "0.003", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "50",
+    "--max-tokens", "1500", "--share-all-embeddings", "--dropout", "0.0",
+    "--log-format", "json", "--log-interval", "25", "--cpu", "--seed", "1",
+    "--num-workers", "0", "--no-progress-bar", "--no-epoch-checkpoints",
+    "--save-interval-updates", "100", "--keep-interval-updates", "3",
+    "--validate-interval", "1000", "--validate-interval-updates", "100",
+]
+
+
+def records(log_path: Path, kind: str):
+    """The JSON records fairseq wrote to its --log-file: ``train_inner`` (keys without
+    prefix), ``train`` or ``valid`` (keys prefixed with the subset)."""
+    out = []
+    for line in log_path.read_text().splitlines():
+        if not line.startswith("{"):
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # the configuration dump is a Python repr
+            continue
+        if kind == "train_inner" and "loss" in record:
+            out.append(record)
+        elif f"{kind}_loss" in record:
+            out.append(record)
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e")
+    data = binarize_tagged(root / "text", root / "data-bin", n_train=400)
+    save = root / "checkpoints"
+    log = root / "train.log"
+    run(["fairseq-train", data, *TRAIN_FLAGS, "--save-dir", save, "--log-file", log,
+             "--max-update", "300", "--eval-bleu", "--eval-bleu-args", '{"beam": 1}',
+             "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"], timeout=900)
+    return {"root": root, "data": data, "save": save, "log": log}
+
+
+def test_training_lowers_the_loss_and_learns_pos_tags(trained):
+    inner = records(trained["log"], "train_inner")
+    assert len(inner) >= 10
+    first, last = float(inner[0]["loss"]), float(inner[-1]["loss"])
+    assert last < 0.6 * first, (first, last)
+    for key in ("pos_loss", "ner_loss", "pos_acc", "ner_acc"):
+        assert key in inner[-1], key
+    # majority-tag baseline of the training labels vs what the POS head reaches
+    lines = (trained["root"] / "text" / "train.src").read_text().splitlines()
+    counts = Counter(tag for line in lines for tag in toy_tags(line)[0])
+    majority = 100.0 * max(counts.values()) / sum(counts.values())
+    valid = records(trained["log"], "valid")
+    assert valid and "valid_bleu" in valid[-1]
+    pos_acc = float(valid[-1]["valid_pos_acc"])
+    print(f"POS accuracy after 300 updates: {pos_acc:.1f}% (majority tag: {majority:.1f}%)")
+    assert pos_acc > majority + 30.0
+
+
+def test_checkpoints_load_with_safe_loading(trained):
+    import tpp_plugin  # noqa: F401  (allow-lists what fairseq checkpoints hold)
+
+    names = sorted(p.name for p in trained["save"].glob("checkpoint*.pt"))
+    assert {"checkpoint_last.pt", "checkpoint_best.pt"} <= set(names)
+    assert len([n for n in names if re.fullmatch(r"checkpoint_\d+_\d+\.pt", n)]) >= 2, names
+    for name in names:
+        state = torch.load(trained["save"] / name, map_location="cpu", weights_only=True)
+        assert state["cfg"]["model"].arch == "transformer_pp_tiny"
+    # --eval-bleu checkpoints carry numpy values (this is what the allow-list is for)
+    best = torch.load(trained["save"] / "checkpoint_best.pt", map_location="cpu", weights_only=True)
+    assert best["extra_state"]["best"] is not None
+
+
+def test_generate_and_interactive_need_no_tags(trained, tmp_path):
+    tagless = tmp_path / "plain"
+    shutil.copytree(trained["data"], tagless,
+                    ignore=shutil.ignore_patterns("*.pos.*", "*.ner.*", "dict.pos.txt", "dict.ner.txt"))
+    ckpt = trained["save"] / "checkpoint_best.pt"
+    gen = run(["fairseq-generate", tagless, "--user-dir", PLUGIN_DIR, "--path", ckpt,
+                   "--task", "translation", "--gen-subset", "test", "--beam", "5", "--lenpen", "0.5",
+                   "--batch-size", "8", "--cpu"])
+    hyps = [l for l in gen.stdout.splitlines() if l.startswith("H-")]
+    assert len(hyps) == 20
+    bleu = float(re.search(r"BLEU4 = ([\d.]+)", gen.stdout).group(1))
+    print(f"toy test BLEU after 300 updates: {bleu}")
+    assert bleu > 5.0
+    inter = run(["fairseq-interactive", tagless, "--user-dir", PLUGIN_DIR, "--path", ckpt,
+                     "--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
+                     "--beam", "5", "--cpu"], input_text="s1 s2 s3\ns10 s4 s7 s7\n")
+    out = [l for l in inter.stdout.splitlines() if l.startswith("H-")]
+    assert len(out) == 2 and all(l.split("\t")[2].strip() for l in out)
+
+
+def test_resume_continues_from_the_saved_update(trained, tmp_path):
+    save = tmp_path / "checkpoints"
+    shutil.copytree(trained["save"], save)
+    log = tmp_path / "resume.log"
+    proc = run(["fairseq-train", trained["data"], *TRAIN_FLAGS, "--save-dir", save,
+                    "--log-file", log, "--max-update", "350"], timeout=600)
+    text = proc.stdout + proc.stderr
+    assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ 300 updates\)", text)
+    updates = [int(r["train_num_updates"]) for r in records(log, "train")]
+    assert updates and min(updates) > 300 and max(updates) == 350
+    state = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=True)
+    assert state["optimizer_history"][-1]["num_updates"] == 350
+
+
+def torchrun(port: int, *command):
+    """Two CPU ranks of a fairseq command, through the project's rank wrapper."""
+    return ["torchrun", "--no-python", "--nproc_per_node", "2", "--master_port", str(port),
+            SCRIPTS / "fairseq_rank.sh", *command]
+
+
+def test_two_process_data_parallel_training_with_tags(trained, tmp_path):
+    save = tmp_path / "ddp"
+    log = tmp_path / "ddp.log"
+    proc = run(torchrun(29517, "fairseq-train", trained["data"], *TRAIN_FLAGS, "--save-dir", save,
+                            "--log-file", log, "--max-update", "40", "--distributed-backend", "gloo",
+                            "--max-tokens-valid", "120",  # several valid batches per rank
+                            "--ddp-backend", "legacy_ddp"), timeout=900)
+    assert "distributed init (rank 1)" in proc.stdout + proc.stderr
+    inner = records(log, "train_inner")
+    assert inner and {"pos_acc", "ner_acc", "pos_loss", "ner_loss"} <= set(inner[-1])
+    # The validation that closed the 2-process run (each rank scores half of the valid
+    # set, the figures are summed over ranks) must equal one process scoring it all.
+    ddp_valid = records(log, "valid")[-1]
+    assert int(ddp_valid["valid_num_updates"]) == 40
+    one = run(["fairseq-validate", trained["data"], "--user-dir", PLUGIN_DIR,
+                   "--path", save / "checkpoint_last.pt", "--task", "translation_with_tags",
+                   "--criterion", "label_smoothed_cross_entropy_with_tags", "--valid-subset", "valid",
+                   "--max-tokens", "1500", "--cpu", "--num-workers", "0"])
+    lines = [l for l in (one.stdout + one.stderr).splitlines() if "valid on 'valid' subset" in l]
+    assert lines, one.stderr[-3000:]
+    single = dict(re.findall(r"\| (\w+) ([\d.]+)", lines[-1]))
+    for key in ("loss", "nll_loss", "pos_acc", "ner_acc", "pos_loss", "ner_loss"):
+        assert float(single[key]) == pytest.approx(float(ddp_valid[f"valid_{key}"]), abs=2e-3), key
+
+
+def valid_figures(output: str):
+    """The figures of fairseq-validate's last "valid on 'valid' subset" line."""
+    lines = [l for l in output.splitlines() if "valid on 'valid' subset" in l]
+    assert lines, output[-3000:]
+    return {k: float(v) for k, v in re.findall(r"\| (\w+) ([\d.]+)", lines[-1])}
+
+
+def test_last_logged_validation_equals_validating_the_last_checkpoint(trained):
+    """fairseq-train validated three times (updates 100, 200, 300). Its last figures
+    must be those of the weights it saved: nothing computed from an earlier
+    validation's weights may survive the optimizer's in-place updates."""
+    valid = records(trained["log"], "valid")
+    assert len(valid) >= 2 and int(valid[-1]["valid_num_updates"]) == 300
+    again = run(["fairseq-validate", trained["data"], "--user-dir", PLUGIN_DIR,
+                     "--path", trained["save"] / "checkpoint_last.pt", "--task", "translation_with_tags",
+                     "--criterion", "label_smoothed_cross_entropy_with_tags", "--label-smoothing", "0.1",
+                     "--valid-subset", "valid", "--max-tokens", "1500", "--cpu", "--num-workers", "0"])
+    figures = valid_figures(again.stdout + again.stderr)
+    for key in ("loss", "nll_loss", "pos_loss", "ner_loss", "pos_acc", "ner_acc"):
+        assert figures[key] == pytest.approx(float(valid[-1][f"valid_{key}"]), abs=2e-3), key
+
+
+def test_bf16_training_runs_on_a_machine_without_xla(trained, tmp_path):
+    """fairseq 0.12 ties --bf16 to --tpu; the plugin unties them where torch_xla is
+    absent, so --bf16 trains here on the CPU (and on GPUs)."""
+    log = tmp_path / "bf16.log"
+    proc = run(["fairseq-train", trained["data"], *TRAIN_FLAGS, "--bf16", "--save-dir", tmp_path / "ck",
+                    "--log-file", log, "--max-update", "60", "--log-interval", "10",
+                    "--disable-validation"], timeout=600)
+    assert "--bf16 without torch_xla: training in bfloat16 on the CPU" in proc.stdout + proc.stderr
+    inner = records(log, "train_inner")
+    losses = [float(r["loss"]) for r in inner]
+    assert len(losses) >= 5 and all(math.isfinite(x) for x in losses)
+    assert losses[-1] < 0.8 * losses[0], losses
+    state = torch.load(tmp_path / "ck" / "checkpoint_last.pt", map_location="cpu", weights_only=True)
+    assert state["cfg"]["common"]["bf16"] and not state["cfg"]["common"]["tpu"]
+
+
+def test_fp16_without_cuda_keeps_fairseqs_own_error(trained, tmp_path):
+    proc = subprocess.run(
+        [str(a) for a in ["fairseq-train", trained["data"], *TRAIN_FLAGS, "--fp16",
+                          "--save-dir", tmp_path / "ck", "--max-update", "2"]],
+        env=tool_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "Torch not compiled with CUDA enabled" in proc.stderr
+
+
+OLD = REPO / "tests" / "data" / "checkpoint_v0.1.0"
+
+
+def test_checkpoint_written_by_version_0_1_generates_the_same(tmp_path):
+    """Before version 0.2 each input projection of the hybrid attention was its own
+    parameter; such checkpoints load into the fused projection and translate as
+    they did (the hypotheses were recorded with version 0.1.0)."""
+    gen = run(["fairseq-generate", OLD, "--user-dir", PLUGIN_DIR, "--path", OLD / "checkpoint.pt",
+                   "--task", "translation", "--beam", "5", "--cpu", "--num-workers", "0",
+                   "--batch-size", "8"])
+    got = sorted((l.split("\t") for l in gen.stdout.splitlines() if l.startswith("H-")),
+                 key=lambda f: int(f[0][2:]))
+    expected = [l.split("\t") for l in (OLD / "expected_hypotheses.txt").read_text().splitlines()]
+    assert len(got) == len(expected) == 20
+    for (gid, gscore, ghyp), (eid, escore, ehyp) in zip(got, expected):
+        assert (gid, ghyp) == (eid, ehyp)
+        assert float(gscore) == pytest.approx(float(escore), abs=1e-4)

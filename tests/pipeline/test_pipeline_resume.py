@@ -1,0 +1,124 @@
+"""Interrupted tagging resumes and gives byte-identical output; finished chunks are kept."""
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from support import english_pairs, pipeline_command, write_corpus
+
+from tpp_pipeline import tagging
+from tpp_pipeline.errors import DataError
+
+pytestmark = pytest.mark.slow
+CHUNK = 20
+LINES = 600
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    d = tmp_path_factory.mktemp("resume")
+    pairs = english_pairs(LINES)
+    write_corpus(d, {"train": pairs, "valid": pairs[:30], "test": pairs[30:60]}, "en", "de")
+    return d
+
+
+def _pipeline(corpus, work, *extra):
+    return [*pipeline_command("tpp-prepare-corpus"), "-s", "en", "-t", "de",
+            "--trainpref", str(corpus / "train"), "--validpref", str(corpus / "valid"),
+            "--testpref", str(corpus / "test"), "--name", "resume", "--work-dir", str(work),
+            "--data-bin", str(work / "bin"), "--tag-chunk-size", str(CHUNK),
+            "--stop-after", "tag", "--quiet", *extra]
+
+
+def _tags(work):
+    return {f"{split}.{kind}": (work / "tags" / f"{split}.{kind}").read_bytes()
+            for split in ("train", "valid", "test") for kind in ("pos", "ner")}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(corpus, tmp_path_factory):
+    work = tmp_path_factory.mktemp("full")
+    subprocess.run(_pipeline(corpus, work), check=True, capture_output=True)
+    return _tags(work)
+
+
+def test_killed_run_resumes_to_identical_output(corpus, uninterrupted, tmp_path):
+    work = tmp_path / "killed"
+    chunk_dir = work / "tags" / "train.chunks"
+    process = subprocess.Popen(_pipeline(corpus, work), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while not (chunk_dir / "000000.ner").exists():
+            assert process.poll() is None, "the run ended before it could be interrupted"
+            assert time.time() < deadline
+            time.sleep(0.02)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)  # the run's own process group only
+        process.wait()
+    done = sorted(p.name for p in chunk_dir.glob("*.ner"))
+    n_chunks = -(-LINES // CHUNK)
+    assert 1 <= len(done) < n_chunks, "interrupt came too late to test resuming"
+    first_chunk = chunk_dir / "000000.pos"
+    stamp = first_chunk.stat().st_mtime_ns
+
+    # resume, but stop after the chunks of the first half: chunk 0 must not be redone
+    job = tagging.TagJob(str(work / "clean" / "train.en"), str(work / "tags" / "train"), CHUNK)
+    tagging.tag_files([job], shard=(0, 2), progress=False)
+    assert first_chunk.stat().st_mtime_ns == stamp
+    assert len(tagging.missing_chunks(job)) == n_chunks - n_chunks // 2
+
+    result = subprocess.run(_pipeline(corpus, work), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "already done, resuming" in result.stderr
+    assert _tags(work) == uninterrupted
+
+
+def test_partial_temp_file_is_ignored_and_replaced(corpus, uninterrupted, tmp_path):
+    work = tmp_path / "partial"
+    subprocess.run(_pipeline(corpus, work), check=True, capture_output=True)
+    # Re-create the state of a run killed while writing chunk 1: remove the merged
+    # output and the step marker, keep chunk 0 finished, leave a half-written chunk 1.
+    job = tagging.TagJob(str(work / "clean" / "train.en"), str(work / "tags" / "train"), CHUNK)
+    os.makedirs(job.chunk_dir)
+    full = {k: uninterrupted[f"train.{k}"].decode().splitlines(keepends=True) for k in ("pos", "ner")}
+    for kind, path in zip(("pos", "ner"), job.chunk_paths(0)):
+        with open(path, "w", encoding="utf-8") as out:
+            out.writelines(full[kind][:CHUNK])
+    with open(job.chunk_paths(1)[0] + ".tmp", "w", encoding="utf-8") as out:
+        out.write("NOUN NOUN\nVER")
+    import json
+    with open(os.path.join(job.chunk_dir, "config.json"), "w") as out:
+        json.dump({"model": tagging.default_model_name(), "pos_scheme": "upos",
+                   "chunk_size": CHUNK, "lines": job.n_lines,
+                   "input_size": os.path.getsize(job.input_path)}, out)
+    for name in ("train.pos", "train.ner"):
+        os.remove(work / "tags" / name)
+    os.remove(work / ".steps" / "tag.json")
+    result = subprocess.run(_pipeline(corpus, work), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "1 of" in result.stderr and "already done, resuming" in result.stderr
+    assert _tags(work) == uninterrupted
+    assert not os.path.exists(job.chunk_dir)  # merged and cleaned up
+
+
+def test_shards_cover_everything_once(corpus, uninterrupted, tmp_path):
+    work = tmp_path / "sharded"
+    base = _pipeline(corpus, work)
+    subprocess.run(base[:-3] + ["--stop-after", "preclean", "--quiet"], check=True,
+                   capture_output=True)
+    for shard in ("1/3", "0/3"):
+        subprocess.run(base + ["--tag-shard", shard], check=True, capture_output=True)
+    # not all shards are done: merging refuses and names what is missing
+    job = tagging.TagJob(str(work / "clean" / "valid.en"), str(work / "tags" / "valid"), CHUNK)
+    with pytest.raises(DataError, match="not done yet"):
+        tagging.merge_tags(job)
+    subprocess.run(base + ["--tag-shard", "2/3"], check=True, capture_output=True)
+    # the final run only merges: every chunk was tagged by exactly one shard
+    result = subprocess.run(base, check=True, capture_output=True, text=True)
+    total = sum(-(-n // CHUNK) for n in (LINES, 30, 30))
+    assert f"{total} of {total} chunks already done" in result.stderr
+    assert _tags(work) == uninterrupted

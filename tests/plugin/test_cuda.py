@@ -1,0 +1,89 @@
+"""On a CUDA GPU (skipped, and reported as skipped, where there is none): the fused
+attention kernels are reachable, and the model's numerics there match the CPU's.
+
+Run on a GPU machine with ``python -m pytest -q tests/plugin/test_cuda.py``."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from support import build_model, make_dictionary, random_tokens
+from tpp_plugin.modules import HybridMultiheadAttention
+from tpp_plugin.modules.context_query import prefix_softmax
+from tpp_plugin.modules.local_conv import DilatedDepthwiseConv
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def test_prefix_softmax_on_the_gpu_equals_the_cpu():
+    torch.manual_seed(0)
+    scores = 10 * torch.randn(4, 8, 2048)
+    values = torch.randn(4, 8, 2048, 64)
+    q_cpu, lse_cpu = prefix_softmax(scores, values)
+    q_gpu, lse_gpu = prefix_softmax(scores.cuda(), values.cuda())
+    assert (q_gpu.cpu() - q_cpu).abs().max() < 1e-4
+    assert (lse_gpu.cpu() - lse_cpu).abs().max() < 1e-3
+
+
+def test_causal_depthwise_conv_gradients_on_the_gpu():
+    torch.manual_seed(0)
+    u = torch.randn(20, 3, 5, dtype=torch.float64, device="cuda", requires_grad=True)
+    kernel = torch.randn(7, 5, dtype=torch.float64, device="cuda", requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: DilatedDepthwiseConv.apply(a, b, 2, 20), (u, kernel))
+
+
+def test_decoder_and_unpadded_encoder_self_attention_run_on_flash_attention():
+    """With only the flash backend allowed, any explicit mask would make
+    scaled_dot_product_attention fail: the decoder (targets padded on the right) and
+    an encoder batch without padding must pass none."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(0)
+    d = make_dictionary(50)
+    model = build_model("transformer_pp", dictionary=d, encoder_tag_layers="",
+                        encoder_layers=2, decoder_layers=2).cuda().bfloat16().train()
+    src = random_tokens(d, 8, 30).cuda()
+    prev = random_tokens(d, 8, 25, seed=1).cuda()
+    prev[3, -5:] = d.pad()
+    decoder_attn = model.decoder.layers[0].self_attn
+    assert isinstance(decoder_attn, HybridMultiheadAttention) and decoder_attn.right_padded
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        # the encoder's dot-product heads are fairseq-free here too: no padding, no mask
+        out = model(src, torch.full((8,), 30, device="cuda"), prev)[0]
+        out.float().logsumexp(-1).mean().backward()
+    assert torch.isfinite(out.float()).all()
+
+
+def test_model_in_bfloat16_on_the_gpu_is_close_to_float32():
+    torch.manual_seed(0)
+    d = make_dictionary(50)
+    model = build_model("transformer_pp", dictionary=d, encoder_tag_layers="", dropout=0.0,
+                        attention_dropout=0.0, activation_dropout=0.0, conv_weight_dropout=0.0,
+                        encoder_layers=3, decoder_layers=3).cuda()
+    src = random_tokens(d, 8, 40).cuda()
+    src[2, :6] = d.pad()
+    prev = random_tokens(d, 8, 35, seed=1).cuda()
+    lengths = src.ne(d.pad()).sum(1)
+    full = model(src, lengths, prev)[0].float()
+    half = copy.deepcopy(model).bfloat16()
+    out = half(src, lengths, prev)[0].float()
+    assert torch.isfinite(out).all()
+    assert (F.log_softmax(out, -1) - F.log_softmax(full, -1)).abs().mean() < 0.05
+
+
+def test_incremental_decoding_on_the_gpu_equals_full_forward():
+    torch.manual_seed(0)
+    d = make_dictionary(50)
+    model = build_model(dictionary=d, encoder_tag_layers="").cuda().eval()
+    src = random_tokens(d, 4, 12).cuda()
+    prev = random_tokens(d, 4, 20, seed=1).cuda()
+    lengths = torch.full((4,), 12, device="cuda")
+    with torch.no_grad():
+        full = model(src, lengths, prev)[0]
+        enc = model.encoder(src, src_lengths=lengths)
+        state, steps = {}, []
+        for t in range(prev.size(1)):
+            steps.append(model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0])
+    assert (torch.cat(steps, 1) - full).abs().max() < 1e-4

@@ -1,0 +1,225 @@
+"""transformer_pp as a fairseq model: decoding step by step equals the parallel
+forward (with beam reordering), causality, padding invariance, the plain-Transformer
+ablation, gradients, option validation and the presets' sizes."""
+
+import argparse
+
+import pytest
+import torch
+from fairseq.models import ARCH_CONFIG_REGISTRY
+from fairseq.modules import MultiheadAttention
+
+from tpp_plugin.modules import HybridMultiheadAttention
+
+from support import build_model, make_dictionary, random_tokens
+
+
+def decoder_logits(model, encoder_out, tokens, incremental_state=None):
+    logits, _ = model.decoder(tokens, encoder_out=encoder_out, incremental_state=incremental_state)
+    return logits
+
+
+def test_incremental_decoding_with_beam_reorder_equals_full_forward():
+    torch.manual_seed(0)
+    d = make_dictionary(30)
+    model = build_model(dictionary=d, encoder_conv_dilations="1,2", decoder_conv_dilations="2,3").eval()
+    beam, steps, reorder_step = 4, 24, 11
+    src = random_tokens(d, 1, 9).repeat(beam, 1)  # the beams of one source sentence
+    lengths = torch.full((beam,), 9)
+    enc = model.encoder(src, src_lengths=lengths)
+    hist = torch.cat([torch.full((beam, 1), d.eos()), random_tokens(d, beam, steps - 1, seed=3)], dim=1)
+    new_order = torch.tensor([1, 1, 3, 0])
+
+    state = {}
+    step_logits = []
+    with torch.no_grad():
+        for t in range(steps):
+            if t == reorder_step:  # as SequenceGenerator: reorder the state and the history
+                model.decoder.reorder_incremental_state_scripting(state, new_order)
+                enc = model.encoder.reorder_encoder_out(enc, new_order)
+                hist = torch.cat([hist[new_order, :t], hist[:, t:]], dim=1)
+            out = decoder_logits(model, enc, hist[:, : t + 1], incremental_state=state)
+            assert out.size(1) == 1
+            step_logits.append(out[:, 0])
+        full = decoder_logits(model, enc, hist)
+    for t in range(steps):
+        expected = full[:, t]
+        got = step_logits[t][new_order] if t < reorder_step else step_logits[t]
+        assert (got - expected).abs().max() <= 1e-5, f"step {t}"
+
+
+def test_decoder_is_causal():
+    torch.manual_seed(0)
+    d = make_dictionary()
+    model = build_model(dictionary=d).eval()
+    src = random_tokens(d, 2, 6)
+    enc = model.encoder(src, src_lengths=torch.tensor([6, 6]))
+    prev = random_tokens(d, 2, 10, seed=1)
+    changed = prev.clone()
+    changed[:, 6:] = random_tokens(d, 2, 4, seed=2)
+    with torch.no_grad():
+        a = decoder_logits(model, enc, prev)
+        b = decoder_logits(model, enc, changed)
+    assert torch.equal(a[:, :6], b[:, :6]) or (a[:, :6] - b[:, :6]).abs().max() < 1e-6
+    assert (a[:, 6:] - b[:, 6:]).abs().max() > 1e-3, "later positions must see the change"
+
+
+def test_encoder_output_is_independent_of_left_padding():
+    torch.manual_seed(0)
+    d = make_dictionary()
+    model = build_model(dictionary=d).eval()
+    short = random_tokens(d, 1, 5)
+    longer = random_tokens(d, 2, 9, seed=4)
+    batch = torch.full((3, 9), d.pad())
+    batch[0, 4:] = short[0]  # fairseq left-pads the source
+    batch[1:] = longer
+    with torch.no_grad():
+        alone = model.encoder(short, src_lengths=torch.tensor([5]))["encoder_out"][0][:, 0]
+        padded = model.encoder(batch, src_lengths=torch.tensor([5, 9, 9]))["encoder_out"][0][4:, 0]
+    assert (alone - padded).abs().max() <= 1e-5
+
+
+def test_zero_conv_heads_is_a_plain_transformer_and_trains():
+    torch.manual_seed(0)
+    d = make_dictionary()
+    model = build_model(dictionary=d, encoder_conv_heads=0, decoder_conv_heads=0, dropout=0.0)
+    attn = [m for m in model.modules() if isinstance(m, (MultiheadAttention, HybridMultiheadAttention))]
+    assert attn and all(type(m) is MultiheadAttention for m in attn)
+    losses = train_a_few_steps(model, d)
+    assert losses[-1] < 0.8 * losses[0]
+
+
+def test_hybrid_model_uses_conv_heads_in_every_self_attention():
+    model = build_model()
+    for layer in list(model.encoder.layers) + list(model.decoder.layers):
+        assert isinstance(layer.self_attn, HybridMultiheadAttention)
+        assert layer.self_attn.conv_heads == 2
+    widths = [layer.self_attn.local_conv.kernel_size for layer in model.encoder.layers]
+    assert widths == [3, 5]
+    assert all(type(layer.encoder_attn) is MultiheadAttention for layer in model.decoder.layers)
+
+
+def train_a_few_steps(model, d, steps=30):
+    src = random_tokens(d, 8, 7, seed=5)
+    prev = torch.cat([torch.full((8, 1), d.eos()), src[:, :-1]], dim=1)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    losses = []
+    for _ in range(steps):
+        logits, _ = model(src, torch.full((8,), 7), prev)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), src.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_every_parameter_gets_a_gradient():
+    torch.manual_seed(0)
+    d = make_dictionary()
+    tags = {"pos": make_dictionary(6), "ner": make_dictionary(5)}
+    model = build_model(dictionary=d, tag_dictionaries=tags).train()
+    src = random_tokens(d, 4, 8)
+    prev = random_tokens(d, 4, 6, seed=1)
+    logits, extra = model(src, torch.full((4,), 8), prev, return_tag_logits=True)
+    loss = logits.logsumexp(-1).mean()
+    for name, tag_logits in extra["tag_logits"].items():
+        assert tag_logits.shape[:2] == src.shape
+        loss = loss + tag_logits.logsumexp(-1).mean()
+    loss.backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert not missing, f"no gradient for: {missing}"
+
+
+def test_tag_heads_read_their_layers_and_cost_nothing_by_default():
+    d = make_dictionary()
+    tags = {"pos": make_dictionary(6), "ner": make_dictionary(5)}
+    model = build_model(dictionary=d, tag_dictionaries=tags).eval()
+    assert model.encoder.tag_heads.layers == {"pos": 1, "ner": 2}
+    src = random_tokens(d, 2, 5)
+    calls = []
+    hook = model.encoder.tag_heads.register_forward_hook(lambda *a: calls.append(1))
+    with torch.no_grad():
+        _, extra = model(src, torch.full((2,), 5), src)
+    assert "tag_logits" not in extra and not calls
+    hook.remove()
+
+
+@pytest.mark.parametrize(
+    "overrides, option",
+    [
+        (dict(encoder_attention_heads=3), "--encoder-attention-heads"),
+        (dict(decoder_conv_heads=5), "--decoder-conv-heads"),
+        (dict(encoder_conv_kernel_sizes="3"), "--encoder-conv-kernel-sizes"),
+        (dict(decoder_conv_dilations="1,0"), "--decoder-conv-dilations"),
+        (dict(encoder_conv_kernel_sizes="3,x"), "--encoder-conv-kernel-sizes"),
+        (dict(encoder_tag_layers="pos:3"), "--encoder-tag-layers"),
+        (dict(encoder_tag_layers="pos"), "--encoder-tag-layers"),
+        (dict(conv_weight_dropout=1.5), "--conv-weight-dropout"),
+    ],
+)
+def test_bad_options_fail_at_build_naming_the_option(overrides, option):
+    with pytest.raises(ValueError) as err:
+        build_model(**overrides)
+    assert option in str(err.value)
+
+
+def test_even_kernel_widths_are_supported():
+    model = build_model(encoder_conv_kernel_sizes="2,4", decoder_conv_kernel_sizes="4,6").eval()
+    assert [l.self_attn.local_conv.kernel_size for l in model.decoder.layers] == [4, 6]
+
+
+def count_parameters(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("arch", ["transformer_pp_wmt_en_de_big", "transformer_pp_wmt_en_fr_big"])
+def test_big_presets_have_the_papers_size(arch):
+    # 32,768 types: the joint dictionary our WMT'14 pipeline builds (as fairseq's
+    # scaling-NMT recipe); the paper reports 212M parameters.
+    d = make_dictionary(32768 - 4)
+    assert len(d) == 32768
+    tags = {"pos": make_dictionary(18 - 4), "ner": make_dictionary(40 - 4)}
+    with torch.device("meta"):
+        model = build_model(arch, dictionary=d, tag_dictionaries=tags)
+    n = count_parameters(model)
+    assert abs(n / 212e6 - 1) <= 0.02, n
+    args = model.cfg
+    assert (args.encoder.embed_dim, args.encoder.attention_heads, args.encoder.ffn_embed_dim) == (1024, 16, 4096)
+    assert (args.encoder.layers, args.decoder.layers) == (5, 5)
+
+
+def test_base_preset_shape():
+    with torch.device("meta"):
+        model = build_model("transformer_pp")
+    layer = model.encoder.layers[4].self_attn
+    assert (layer.num_heads, layer.conv_heads, layer.head_dim) == (8, 4, 64)
+    assert layer.local_conv.kernel_size == 15 and layer.local_conv.dilation == 2
+
+
+def test_paper_faithful_defaults_are_pinned():
+    """The paper's choices stay the defaults whatever options are added: causal
+    LocalConv in the encoder too, half the heads convolutional, kernels 3,5,7,11,15,
+    POS after layer 1 and NER after layer 2."""
+    args = argparse.Namespace()
+    ARCH_CONFIG_REGISTRY["transformer_pp"](args)
+    assert args.encoder_conv_centered is False
+    assert (args.encoder_conv_heads, args.decoder_conv_heads) == (4, 4)
+    assert args.encoder_conv_kernel_sizes == args.decoder_conv_kernel_sizes == "3,5,7,11,15"
+    assert args.encoder_tag_layers == "pos:1,ner:2"
+    model = build_model("transformer_pp", encoder_tag_layers="")
+    assert all(layer.self_attn.local_conv.lookahead == 0 for layer in model.encoder.layers)
+
+
+def test_centered_encoder_conv_sees_the_next_positions_and_the_decoder_stays_causal():
+    torch.manual_seed(0)
+    model = build_model(encoder_conv_centered=True, encoder_tag_layers="", dropout=0.0).eval()
+    convs = [layer.self_attn.local_conv for layer in model.encoder.layers]
+    assert [c.lookahead for c in convs] == [(c.kernel_size - 1) // 2 * c.dilation for c in convs] != [0, 0]
+    assert all(layer.self_attn.local_conv.lookahead == 0 for layer in model.decoder.layers)
+    conv = convs[1]  # F=5, dilation 1: output t averages t-2 .. t+2
+    u = torch.zeros(9, 1, conv.channels)
+    u[6] = 1.0
+    out = conv(u)
+    assert (out[4:9, 0].abs().sum(-1) > 0).all() and (out[:4, 0].abs().sum(-1) == 0).all()

@@ -1,0 +1,196 @@
+"""translation_with_tags and label_smoothed_cross_entropy_with_tags: collation, the
+loss against hand computations, and the errors on misaligned or missing label files."""
+
+import argparse
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fairseq.criterions.label_smoothed_cross_entropy import (
+    LabelSmoothedCrossEntropyCriterion,
+    label_smoothed_nll_loss,
+)
+from fairseq.data import indexed_dataset
+from fairseq.logging import metrics
+
+from tpp_plugin.criterions import LabelSmoothedCrossEntropyWithTagsCriterion
+from tpp_plugin.tasks import TranslationWithTagsTask
+from tpp_plugin.tasks.tagged_dataset import TagAlignmentError
+from tpp_plugin.tasks.translation_with_tags import TranslationWithTagsConfig
+
+from support import binarize_tagged, build_model, toy_tags
+
+
+@pytest.fixture(scope="module")
+def databin(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tagged")
+    return binarize_tagged(root / "text", root / "data-bin", n_train=200)
+
+
+def make_task(data, **overrides):
+    # the fields that fairseq's CLI fills from other config groups
+    overrides.setdefault("dataset_impl", "mmap")
+    overrides.setdefault("required_seq_len_multiple", 1)
+    overrides.setdefault("train_subset", "train")
+    cfg = TranslationWithTagsConfig(data=str(data), source_lang="src", target_lang="tgt", **overrides)
+    return TranslationWithTagsTask.setup_task(cfg)
+
+
+def first_batch(task, split="train", max_sentences=16):
+    task.load_dataset(split)
+    dataset = task.dataset(split)
+    indices = list(range(max_sentences))
+    return dataset.collater([dataset[i] for i in indices])
+
+
+def test_labels_line_up_with_subwords_after_padding_and_sorting(databin):
+    task = make_task(databin)
+    batch = first_batch(task, max_sentences=24)
+    src = batch["net_input"]["src_tokens"]
+    lengths = batch["net_input"]["src_lengths"]
+    assert len(set(lengths.tolist())) > 3, "the batch should mix lengths"
+    assert lengths.tolist() == sorted(lengths.tolist(), reverse=True)
+    src_dict = task.source_dictionary
+    for name, tags in batch["source_tags"].items():
+        assert tags.shape == src.shape
+        tag_dict = task.tag_dictionaries[name]
+        for row in range(src.size(0)):
+            words = [src_dict[i] for i in src[row].tolist()]
+            labels = [tag_dict[i] for i in tags[row].tolist()]
+            n_pad = src.size(1) - lengths[row].item()
+            assert words[:n_pad] == ["<pad>"] * n_pad and labels[:n_pad] == ["<pad>"] * n_pad
+            assert words[-1] == "</s>" and labels[-1] == "</s>"
+            expected = toy_tags(" ".join(words[n_pad:-1]))[0 if name == "pos" else 1]
+            assert labels[n_pad:-1] == expected
+    assert "source_tags" not in batch["net_input"]
+
+
+def test_criterion_is_fairseq_label_smoothed_ce_without_tags(databin):
+    torch.manual_seed(0)
+    task = make_task(databin)
+    model = build_model(dictionary=task.source_dictionary, tag_dictionaries=task.tag_dictionaries).eval()
+    batch = first_batch(task)
+    del batch["source_tags"]
+    ours = LabelSmoothedCrossEntropyWithTagsCriterion(task, False, 0.1)
+    theirs = LabelSmoothedCrossEntropyCriterion(task, False, 0.1)
+    with torch.no_grad():
+        loss_a, size_a, log_a = ours(model, batch)
+        loss_b, size_b, log_b = theirs(model, batch)
+        model.train()  # in training the (unused) heads join with weight 0
+        torch.manual_seed(1)
+        loss_c, _, _ = ours(model, batch)
+        torch.manual_seed(1)
+        loss_d, _, _ = theirs(model, batch)
+    assert size_a == size_b
+    assert abs(loss_a.item() - loss_b.item()) <= 1e-6 * max(1.0, abs(loss_b.item()))
+    assert abs(loss_c.item() - loss_d.item()) <= 1e-6 * max(1.0, abs(loss_d.item()))
+    assert not any(k.endswith("_tag_count") for k in log_a)
+
+
+@pytest.mark.parametrize("weights", [dict(tag_loss_weights="pos:0.7,ner:0.3"),
+                                     dict(pos_loss_weight=0.7, ner_loss_weight=0.3),
+                                     dict(tag_loss_weights="ner:0.3", pos_loss_weight=0.7)])
+def test_criterion_adds_exactly_the_weighted_tag_losses(databin, weights):
+    torch.manual_seed(0)
+    task = make_task(databin)
+    model = build_model(dictionary=task.source_dictionary, tag_dictionaries=task.tag_dictionaries).eval()
+    batch = first_batch(task)
+    crit = LabelSmoothedCrossEntropyWithTagsCriterion(task, False, 0.1, **weights)
+    with torch.no_grad():
+        loss, _, log = crit(model, batch)
+        # by hand: translation loss + 0.7 * POS + 0.3 * NER, over non-pad non-EOS tokens
+        net_output = model(**batch["net_input"], return_tag_logits=True)
+        lprobs = model.get_normalized_probs(net_output, log_probs=True)
+        ls, _ = label_smoothed_nll_loss(
+            lprobs.view(-1, lprobs.size(-1)), batch["target"].view(-1), 0.1,
+            ignore_index=task.target_dictionary.pad(),
+        )
+        expected = ls
+        src = batch["net_input"]["src_tokens"]
+        real = src.ne(task.source_dictionary.pad()) & src.ne(task.source_dictionary.eos())
+        for name, weight in (("pos", 0.7), ("ner", 0.3)):
+            logits = net_output[1]["tag_logits"][name]
+            per_token = -F.log_softmax(logits.float(), -1).gather(-1, batch["source_tags"][name].unsqueeze(-1)).squeeze(-1)
+            tag_loss = per_token[real].sum()
+            expected = expected + weight * tag_loss
+            assert abs(log[f"{name}_loss"].item() - tag_loss.item()) <= 1e-4
+            assert log[f"{name}_tag_count"] == real.sum().item()
+            correct = logits.argmax(-1).eq(batch["source_tags"][name])[real].sum().item()
+            assert log[f"{name}_tag_correct"] == correct
+    assert abs(loss.item() - expected.item()) <= 1e-6 * abs(expected.item())
+
+
+def test_tag_metrics_aggregate_over_workers_and_batches():
+    logs = [
+        {"loss": 4.0, "nll_loss": 3.0, "ntokens": 10, "nsentences": 2, "sample_size": 10,
+         "pos_loss": 6.0, "pos_tag_correct": 3, "pos_tag_count": 4},
+        {"loss": 2.0, "nll_loss": 1.0, "ntokens": 6, "nsentences": 1, "sample_size": 6,
+         "pos_loss": 2.0, "pos_tag_correct": 5, "pos_tag_count": 6},
+    ]
+    with metrics.aggregate() as agg:
+        LabelSmoothedCrossEntropyWithTagsCriterion.reduce_metrics(logs)
+        values = agg.get_smoothed_values()
+    assert values["pos_acc"] == pytest.approx(80.0)  # 8 correct of 10, not the mean of 75% and 83%
+    assert values["pos_loss"] == pytest.approx(8.0 / 10 / 0.6931471805599453, abs=1e-3)
+    assert "ner_acc" not in values
+
+
+def test_misaligned_labels_name_split_sentence_and_lengths(databin, tmp_path):
+    data = tmp_path / "data-bin"
+    shutil.copytree(databin, data)
+    # rewrite the valid POS stream with one label too many in sentence 3
+    task = make_task(data)
+    task.load_dataset("valid")
+    tag_dict = task.tag_dictionaries["pos"]
+    prefix = str(data / "valid.src-tgt.pos")
+    original = [t.clone() for t in indexed_dataset.make_dataset(prefix, impl="mmap")]
+    builder = indexed_dataset.make_builder(prefix + ".bin", impl="mmap", vocab_size=len(tag_dict))
+    for i, labels in enumerate(original):
+        if i == 3:
+            labels = torch.cat([labels[:1], labels])
+        builder.add_item(labels)
+    builder.finalize(prefix + ".idx")
+    expected_len = len(original[3]) - 1
+    with pytest.raises(TagAlignmentError, match=rf"valid: sentence 3 has {expected_len + 1} pos labels for {expected_len} source tokens"):
+        make_task(data).load_dataset("valid")
+
+
+def test_missing_label_files_name_the_expected_path(databin, tmp_path):
+    data = tmp_path / "data-bin"
+    shutil.copytree(databin, data)
+    for ext in ("bin", "idx"):
+        (data / f"valid.src-tgt.ner.{ext}").unlink()
+    with pytest.raises(FileNotFoundError, match=r"valid: ner labels not found: expected .*valid\.src-tgt\.ner\.bin"):
+        make_task(data).load_dataset("valid")
+    (data / "dict.ner.txt").unlink()
+    task = make_task(data)  # a trained model can still be loaded with this task...
+    with pytest.raises(FileNotFoundError, match=r"expected .*dict\.ner\.txt"):
+        task.load_dataset("train")  # ...but its labels cannot be read
+    # switched off: no label files needed
+    task = make_task(data, tags="")
+    task.load_dataset("valid")
+    assert "source_tags" not in first_batch(task, "valid", 4)
+
+
+def test_options_that_would_misalign_labels_are_refused(databin):
+    with pytest.raises(ValueError, match="--truncate-source"):
+        make_task(databin, truncate_source=True)
+
+
+def test_tag_loss_weights_are_data(databin):
+    task = make_task(databin)
+    crit = LabelSmoothedCrossEntropyWithTagsCriterion(task, False, 0.1, tag_loss_weights="ner:0.25,chunk:2")
+    assert crit.tag_weight("ner") == 0.25 and crit.tag_weight("chunk") == 2.0
+    assert crit.tag_weight("pos") == 1.0, "a kind not named keeps weight 1"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(tag_loss_weights="pos=1"), "--tag-loss-weights: expected NAME:NUMBER"),
+    (dict(tag_loss_weights="pos:1,pos:2"), "given twice"),
+    (dict(tag_loss_weights="pos:-1"), "must be >= 0"),
+    (dict(tag_loss_weights="pos:0.5", pos_loss_weight=0.7), "contradicts --tag-loss-weights"),
+])
+def test_bad_tag_loss_weights_name_the_option(databin, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        LabelSmoothedCrossEntropyWithTagsCriterion(make_task(databin), False, 0.1, **kwargs)

@@ -1,0 +1,220 @@
+"""tpp-evaluate (tpp_tools.evaluate) on a tiny model trained by
+scripts/train.sh and averaged by tpp-average-checkpoints: the scores match
+sacreBLEU computed independently, the reference is checked before translating, and a
+failed run never touches the results of an earlier one."""
+
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import sacrebleu
+from sacremoses import MosesDetokenizer
+
+from support import REPO, tool_env, train_command
+
+from tpp_tools import evaluate as EVALUATE
+
+
+@pytest.fixture(scope="module")
+def evaluated(nmt_corpus, tmp_path_factory):
+    """Train 100 updates, average the last 3 checkpoints, evaluate the test split with
+    the README's command."""
+    root = tmp_path_factory.mktemp("evaluate")
+    corpus, data = nmt_corpus["corpus"], nmt_corpus["data"]
+    # a checkpoint every update: fairseq skips checkpoint_<epoch>_<update>.pt when the
+    # interval falls on an epoch's last batch, so a sparser interval could leave fewer
+    # than three to average, depending on how the tiny corpus is batched
+    subprocess.run(train_command(data, root / "ckpt", max_update=100, save_interval_updates=1),
+                   check=True, env=tool_env(), capture_output=True)
+    average = root / "ckpt" / "checkpoint_avg3.pt"
+    subprocess.run(["tpp-average-checkpoints", "--inputs", str(root / "ckpt"),
+                    "--num-update-checkpoints", "3", "--output", str(average)],
+                   check=True, env=tool_env(), capture_output=True)
+    out = root / "eval"
+    result = subprocess.run(
+        ["tpp-evaluate", "--data", str(data), "--checkpoint", str(average),
+         "--reference", str(corpus / "raw" / "test.de"), "--out", str(out), "--cpu"],
+        cwd=REPO, env=tool_env(), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return {"root": root, "corpus": corpus, "data": data, "checkpoint": average, "out": out,
+            "stdout": result.stdout}
+
+
+def read_scores(path):
+    fields = dict(line.split(": ", 1) for line in path.read_text().splitlines())
+    return fields
+
+
+def generated_lines(path, prefix):
+    """Lines of fairseq-generate output starting with prefix ('H' or 'T'), in corpus order."""
+    found = {}
+    for line in path.read_text().splitlines():
+        match = re.match(rf"^{prefix}-(\d+)\t", line)
+        if match:
+            found[int(match.group(1))] = line.split("\t")[-1]
+    return [found[i] for i in sorted(found)]
+
+
+def folder_contents(folder):
+    """{name: bytes} of everything in ``folder`` (hidden entries included)."""
+    return {p.name: (p.read_bytes() if p.is_file() else "<dir>") for p in folder.iterdir()}
+
+
+def run_evaluate(*args, module=False):
+    """The README's command, tpp-evaluate (or, with ``module``, ``python -m
+    tpp_tools.evaluate``, which it runs)."""
+    command = [sys.executable, "-m", "tpp_tools.evaluate"] if module else ["tpp-evaluate"]
+    return subprocess.run([*command, *map(str, args)], cwd=REPO,
+                          env=tool_env(), capture_output=True, text=True)
+
+
+def test_detokenized_sacrebleu_and_chrf_match_direct_sacrebleu(evaluated):
+    out, corpus = evaluated["out"], evaluated["corpus"]
+    hypotheses = generated_lines(out / "generate-test.txt", "H")
+    references = (corpus / "raw" / "test.de").read_text().splitlines()
+    assert len(hypotheses) == len(references) == 40
+    assert not any("@@" in h for h in hypotheses), "BPE not removed"
+    detokenizer = MosesDetokenizer(lang="de")
+    detokenized = [detokenizer.detokenize(h.split()) for h in hypotheses]
+    # the per-sentence detokenised hypotheses, in corpus order (for significance tests)
+    assert (out / "hyp.detok").read_text().splitlines() == detokenized
+    metric = sacrebleu.BLEU()
+    direct = metric.corpus_score(detokenized, [references])
+
+    scores = read_scores(out / "bleu.txt")
+    assert scores["sacrebleu_detok"] == f"{direct.score:.2f}"
+    assert direct.score > 1.0, "the tiny model should have learnt something"
+    signature = str(metric.get_signature())
+    assert scores["sacrebleu_detok_signature"] == signature
+    assert "tok:13a" in signature
+    assert signature in evaluated["stdout"]  # printed as well as written
+    # and the sacrebleu command line on the script's own detokenised file agrees
+    cli = subprocess.run(["sacrebleu", str(corpus / "raw" / "test.de"), "-i", str(out / "hyp.detok"),
+                          "-m", "bleu", "-b", "-w", "2"],
+                         env=tool_env(), capture_output=True, text=True, check=True)
+    assert cli.stdout.strip() == scores["sacrebleu_detok"]
+
+    chrf = sacrebleu.CHRF()
+    assert scores["chrf"] == f"{chrf.corpus_score(detokenized, [references]).score:.2f}"
+    assert scores["chrf_signature"] == str(chrf.get_signature())
+
+
+def test_tokenized_compound_split_bleu(evaluated):
+    out = evaluated["out"]
+    generated = out / "generate-test.txt"
+
+    def split(line):
+        return re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", line)
+
+    hypotheses = [split(h) for h in generated_lines(generated, "H")]
+    references = [split(t) for t in generated_lines(generated, "T")]
+    assert any("##AT##-##AT##" in r for r in references), "test data should have compounds"
+    direct = sacrebleu.corpus_bleu(hypotheses, [references], tokenize="none", smooth_method="none")
+    scores = read_scores(out / "bleu.txt")
+    assert scores["bleu_tok_compound_split"] == f"{direct.score:.2f}"
+    assert "tok:none" in scores["bleu_tok_compound_split_signature"]
+
+
+def test_python_api_returns_the_scores(evaluated, tmp_path):
+    scores = EVALUATE.evaluate(evaluated["data"], evaluated["checkpoint"],
+                               evaluated["corpus"] / "raw" / "test.de", tmp_path / "api", cpu=True)
+    written = read_scores(evaluated["out"] / "bleu.txt")
+    for key in ("sacrebleu_detok", "chrf", "bleu_tok_compound_split"):
+        assert f"{scores[key]:.2f}" == written[key]
+        assert scores[f"{key}_signature"] == written[f"{key}_signature"]
+    assert scores["sentences"] == 40
+    assert (tmp_path / "api" / "bleu.txt").read_text() == (evaluated["out"] / "bleu.txt").read_text()
+
+
+def test_refuses_to_overwrite_without_force(evaluated):
+    before = folder_contents(evaluated["out"])
+    result = run_evaluate("--data", evaluated["data"], "--checkpoint", evaluated["checkpoint"],
+                          "--reference", evaluated["corpus"] / "raw" / "test.de",
+                          "--out", evaluated["out"], "--cpu")
+    assert result.returncode == 2 and "--force" in result.stderr
+    assert folder_contents(evaluated["out"]) == before
+
+
+def test_failed_forced_run_keeps_the_previous_results(evaluated, tmp_path):
+    """Issue 11.1: --force with a run that fails must leave the earlier results whole."""
+    out = tmp_path / "eval"
+    shutil.copytree(evaluated["out"], out)
+    before = folder_contents(out)
+    base = ["--data", evaluated["data"], "--checkpoint", evaluated["checkpoint"], "--out", out,
+            "--cpu", "--force"]
+    reference = evaluated["corpus"] / "raw" / "test.de"
+    short = tmp_path / "short.de"
+    short.write_text("\n".join(reference.read_text().splitlines()[:-1]) + "\n")
+    # a reference of the wrong length
+    result = run_evaluate(*base, "--reference", short)
+    assert result.returncode == 2, result.stderr
+    assert folder_contents(out) == before
+    # fairseq-generate itself failing, after it has started (no sentence fits 3 tokens)
+    result = run_evaluate(*base, "--reference", reference, "--max-tokens", "3")
+    assert result.returncode == 1, result.stderr
+    assert "fairseq-generate failed" in result.stderr
+    assert folder_contents(out) == before  # no temporary files left behind either
+    # and a forced run that succeeds replaces them
+    (out / "bleu.txt").write_text("stale\n")
+    result = run_evaluate(*base, "--reference", reference)
+    assert result.returncode == 0, result.stderr
+    assert folder_contents(out) == before
+
+
+def test_reference_is_checked_before_translating_and_counted_like_sacrebleu(evaluated, tmp_path):
+    """Issue 11.2: the reference's line count is checked before fairseq-generate runs,
+    and a last line without a final newline counts."""
+    reference = evaluated["corpus"] / "raw" / "test.de"
+    base = ["--data", evaluated["data"], "--checkpoint", evaluated["checkpoint"], "--cpu"]
+    # no final newline: 40 lines all the same, and the same scores
+    unterminated = tmp_path / "unterminated.de"
+    unterminated.write_text(reference.read_text().rstrip("\n"))
+    result = run_evaluate(*base, "--reference", unterminated, "--out", tmp_path / "a")
+    assert result.returncode == 0, result.stderr
+    scores = read_scores(tmp_path / "a" / "bleu.txt")
+    expected = read_scores(evaluated["out"] / "bleu.txt")
+    for key in ("sacrebleu_detok", "chrf", "bleu_tok_compound_split"):
+        assert scores[key] == expected[key]
+
+    # a reference one line short, together with a fairseq-generate option that would make
+    # generation fail: the reference error (exit 2) proves it was checked first
+    short = tmp_path / "short.de"
+    short.write_text("\n".join(reference.read_text().splitlines()[:-1]) + "\n")
+    result = run_evaluate(*base, "--reference", short, "--out", tmp_path / "b",
+                          "--", "--no-such-generate-option")
+    assert result.returncode == 2, result.stderr
+    assert f"{short}: 39 lines, but split 'test' of {evaluated['data']} has 40 sentences" in result.stderr
+    assert "translating" not in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("problem", ["missing", "not utf-8", "no such split", "bad checkpoint"])
+def test_bad_input_is_named_without_a_traceback(evaluated, tmp_path, problem):
+    args = {"--data": evaluated["data"], "--checkpoint": evaluated["checkpoint"],
+            "--reference": evaluated["corpus"] / "raw" / "test.de", "--out": tmp_path / "out"}
+    if problem == "missing":
+        args["--reference"] = tmp_path / "nowhere.de"
+        expected = f"{tmp_path / 'nowhere.de'}: no such file"
+    elif problem == "not utf-8":
+        bad = tmp_path / "latin1.de"
+        lines = args["--reference"].read_bytes().split(b"\n")
+        lines[2] = "Café".encode("latin-1")
+        bad.write_bytes(b"\n".join(lines))
+        args["--reference"] = bad
+        expected = f"{bad}:3: invalid UTF-8 byte b'\\xe9'"
+    elif problem == "no such split":
+        expected = f"{evaluated['data']}: no 'dev' split"
+    else:
+        damaged = tmp_path / "damaged.pt"
+        damaged.write_bytes(evaluated["checkpoint"].read_bytes()[:1000])
+        args["--checkpoint"] = damaged
+        expected = f"{damaged}: truncated or damaged checkpoint"
+    extra = ["--split", "dev"] if problem == "no such split" else []
+    result = run_evaluate(*[x for pair in args.items() for x in pair], "--cpu", *extra,
+                          module=True)
+    assert result.returncode == 2
+    assert expected in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()

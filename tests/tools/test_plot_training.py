@@ -1,0 +1,173 @@
+"""tpp-plot-training on the log of a real (tiny) fairseq-train run."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from PIL import Image, ImageStat
+
+from support import SAMPLE, VENV_BIN as BIN, head
+from tpp_tools import plot_training as plotter
+
+
+def train_tiny(work, log_format):
+    """Train fairseq's transformer_tiny for 8 updates on ``work/bin``; returns (log file
+    written by --log-file, console output) of that run."""
+    log = work / f"train.{log_format}.log"
+    run = subprocess.run(
+        [str(BIN / "fairseq-train"), str(work / "bin"), "--arch", "transformer_tiny",
+         "--optimizer", "adam", "--lr", "0.001", "--max-tokens", "500", "--max-update", "8",
+         "--max-epoch", "3", "--criterion", "label_smoothed_cross_entropy",
+         "--label-smoothing", "0.1", "--log-format", log_format, "--log-interval", "2",
+         "--log-file", str(log), "--no-save", "--cpu", "--seed", "1",
+         "--num-workers", "0"],
+        check=True, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    console = work / f"console.{log_format}.txt"
+    console.write_text(run.stdout + run.stderr, encoding="utf-8")
+    return log, console
+
+
+@pytest.fixture(scope="module")
+def sample_bin(tmp_path_factory):
+    """200 sample pairs binarized."""
+    work = tmp_path_factory.mktemp("fairseq_run")
+    for split, n in (("train", 200), ("valid", 40)):
+        for lang in ("en", "de"):
+            head(SAMPLE / f"{split}.{lang}", work / f"{split}.{lang}", n)
+    subprocess.run(
+        [str(BIN / "fairseq-preprocess"), "--source-lang", "en", "--target-lang", "de",
+         "--trainpref", str(work / "train"), "--validpref", str(work / "valid"),
+         "--destdir", str(work / "bin"), "--joined-dictionary", "--workers", "1"],
+        check=True, capture_output=True)
+    return work
+
+
+@pytest.fixture(scope="module")
+def fairseq_run(sample_bin):
+    """(--log-file, console output) of a run with --log-format json."""
+    return train_tiny(sample_bin, "json")
+
+
+def assert_real_png(path: Path) -> None:
+    assert path.is_file(), path
+    with Image.open(path) as img:
+        img.verify()  # a truncated or corrupt file raises here
+    with Image.open(path) as img:
+        assert img.format == "PNG"
+        assert img.size == (800, 500), img.size
+        rgb = img.convert("RGB")
+        # a blank canvas has one colour; axes, text and curves give many
+        assert len(rgb.getcolors(maxcolors=1 << 20)) > 20
+        assert max(ImageStat.Stat(rgb).stddev) > 10
+
+
+def test_reads_the_real_log_file(fairseq_run):
+    log, _ = fairseq_run
+    series = plotter.read_log(log)
+    inner = series["train_inner"]
+    steps = [step for step, _ in inner]
+    assert steps == sorted(set(steps)), "duplicate or unsorted training records"
+    assert steps[0] == 2 and steps[-1] == 8  # --log-interval 2, --max-update 8
+    assert all("loss" in v and "ppl" in v for _, v in inner)
+    assert "valid" in series and all("loss" in v for _, v in series["valid"])
+    assert "train" in series  # end-of-epoch averages
+
+
+def test_console_output_gives_the_same_records(fairseq_run):
+    log, console = fairseq_run
+    assert plotter.read_log(console) == plotter.read_log(log)
+
+
+def test_simple_format_gives_the_same_records(fairseq_run, sample_bin, tmp_path):
+    """--log-format simple (what scripts/train.sh logs) is read as well as json: the same
+    run in both formats gives the same series (timings aside)."""
+    json_log, _ = fairseq_run
+    simple_log, simple_console = train_tiny(sample_bin, "simple")
+    assert '{"' not in simple_log.read_text()  # really the other format
+
+    def deterministic(series):
+        timing = {"wps", "ups", "wall", "train_wall", "gb_free"}
+        return {name: [(step, {k: v for k, v in values.items() if k not in timing})
+                       for step, values in points] for name, points in series.items()}
+
+    expected = deterministic(plotter.read_log(json_log))
+    assert set(expected) == {"train_inner", "train", "valid"}
+    assert deterministic(plotter.read_log(simple_log)) == expected
+    assert deterministic(plotter.read_log(simple_console)) == expected
+    out = tmp_path / "plots"
+    assert plotter.main(["--log", str(simple_log), "--out-dir", str(out)]) == 0
+    assert_real_png(out / "loss.png")
+    assert_real_png(out / "perplexity.png")
+
+
+def test_plots_a_real_log(fairseq_run, tmp_path):
+    log, _ = fairseq_run
+    out = tmp_path / "plots"
+    assert plotter.main(["--log", str(log), "--out-dir", str(out)]) == 0
+    assert_real_png(out / "loss.png")
+    assert_real_png(out / "perplexity.png")
+    # plain translation criterion: no tagging metrics, so no tagging plots
+    assert not (out / "tag_accuracy.png").exists()
+    assert not (out / "tag_loss.png").exists()
+
+
+def test_plots_tagging_metrics_when_logged(fairseq_run, tmp_path):
+    """The tagging criterion adds pos_/ner_ keys to the same records: plot them."""
+    log, _ = fairseq_run
+    tagged = tmp_path / "tagged.log"
+    lines = []
+    for i, line in enumerate(log.read_text(encoding="utf-8").splitlines()):
+        if line.startswith('{"'):
+            record = json.loads(line)
+            prefix = next((k[: -len("loss")] for k in record if k.endswith("loss")
+                           and not k.endswith("nll_loss")), "")
+            record.update({f"{prefix}pos_acc": str(40 + i), f"{prefix}ner_acc": str(60 + i),
+                           f"{prefix}pos_loss": str(3 - i / 20), f"{prefix}ner_loss": "1.5"})
+            line = json.dumps(record)
+        lines.append(line)
+    tagged.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    series = plotter.read_log(tagged)
+    assert all("pos_acc" in v for _, v in series["valid"])
+    out = tmp_path / "plots"
+    assert plotter.main(["--log", str(tagged), "--out-dir", str(out)]) == 0
+    for name in ("loss.png", "perplexity.png", "tag_accuracy.png", "tag_loss.png"):
+        assert_real_png(out / name)
+    # re-plotting a plain log over it removes the now stale tagging plots
+    assert plotter.main(["--log", str(log), "--out-dir", str(out), "--force"]) == 0
+    assert not (out / "tag_accuracy.png").exists()
+
+
+def test_refuses_to_overwrite_without_force(fairseq_run, tmp_path, capsys):
+    log, _ = fairseq_run
+    out = tmp_path / "plots"
+    (out).mkdir()
+    (out / "loss.png").write_bytes(b"keep me")
+    assert plotter.main(["--log", str(log), "--out-dir", str(out)]) == 2
+    assert "--force" in capsys.readouterr().err
+    assert (out / "loss.png").read_bytes() == b"keep me"
+    assert plotter.main(["--log", str(log), "--out-dir", str(out), "--force"]) == 0
+    assert_real_png(out / "loss.png")
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "not found"),
+    ("", "empty"),
+    ("  \n\n", "empty"),
+    ("2020-01-01 | INFO | fairseq_cli.train | {'_name': None}\nno json here\n",
+     "no training or validation records"),
+    ('{"epoch": 1, "update": 0.5, "wps": "100"}\n', "no training or validation records"),
+])
+def test_bad_logs_fail_with_a_clear_message(tmp_path, content, message):
+    log = tmp_path / "train.log"
+    if content is not None:
+        log.write_text(content, encoding="utf-8")
+    # through the command line: the exit status is what shell pipelines see
+    run = subprocess.run(["tpp-plot-training", "--log", str(log),
+                          "--out-dir", str(tmp_path / "plots")],
+                         capture_output=True, text=True)
+    assert run.returncode != 0
+    assert message in run.stderr
+    assert "Traceback" not in run.stderr
+    assert not (tmp_path / "plots" / "loss.png").exists()

@@ -1,0 +1,235 @@
+"""scripts/train.sh: the paper's recipe on the command line, resuming a killed run, and
+resuming after a torn checkpoint_last.pt; its log plots as it is."""
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+from support import REPO, SCRIPTS, tool_env, train_command
+
+import tpp_plugin  # noqa: F401  (allow-lists fairseq checkpoint contents for torch.load)
+from tpp_tools import plot_training, recover
+
+SAVED = re.compile(r"Saved checkpoint \S+ \(epoch \d+ @ (\d+) updates")
+
+
+def dry_run(*args, env=None):
+    result = subprocess.run(["bash", str(SCRIPTS / "train.sh"), "--dry-run", *args],
+                            env=env or tool_env(), capture_output=True, text=True, check=True)
+    return shlex.split(result.stdout)
+
+
+def option(command, name):
+    """The value of the last occurrence of ``name`` (fairseq keeps the last one)."""
+    index = len(command) - 1 - command[::-1].index(name)
+    return command[index + 1]
+
+
+def test_paper_recipe_defaults_and_overrides():
+    command = dry_run("--preset", "en-de", "--data", "some/data")
+    assert command[1] == "some/data"
+    expected = {
+        "--arch": "transformer_pp_wmt_en_de_big", "--task": "translation_with_tags",
+        "--criterion": "label_smoothed_cross_entropy_with_tags", "--optimizer": "adam",
+        "--adam-betas": "(0.9, 0.98)", "--lr-scheduler": "inverse_sqrt",
+        "--warmup-updates": "4000", "--label-smoothing": "0.1", "--update-freq": "10",
+        "--max-update": "320000",
+    }
+    for name, value in expected.items():
+        assert option(command, name) == value, name
+    assert int(option(command, "--keep-interval-updates")) >= 10
+    assert int(option(command, "--save-interval-updates")) > 0
+    assert "--no-epoch-checkpoints" in command
+    assert option(command, "--user-dir").endswith("tpp_plugin")
+    assert "--dropout" not in command  # dropouts come from the arch preset
+    assert option(dry_run("--preset", "en-fr"), "--arch") == "transformer_pp_wmt_en_fr_big"
+
+    # variables, flags (flag wins) and pass-through after --
+    env = dict(tool_env(), UPDATE_FREQ="4", MAX_TOKENS="1234", ARCH="transformer_pp")
+    command = dry_run("--update-freq", "2", "--", "--fp16", "--patience", "3", env=env)
+    assert option(command, "--update-freq") == "2"
+    assert option(command, "--max-tokens") == "1234"
+    assert option(command, "--arch") == "transformer_pp"
+    assert command[-3:] == ["--fp16", "--patience", "3"]
+
+    bad = subprocess.run(["bash", str(SCRIPTS / "train.sh"), "--no-such-option"],
+                         env=tool_env(), capture_output=True, text=True)
+    assert bad.returncode != 0 and "--no-such-option" in bad.stderr
+
+
+def wait_for_saved_checkpoint(log_path, process, timeout):
+    """Poll the training log until a checkpoint has been saved; returns its update count."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = SAVED.findall(log_path.read_text())
+        if found:
+            return int(found[-1])
+        assert process.poll() is None, "training ended before writing a checkpoint:\n" + log_path.read_text()
+        time.sleep(0.05)
+    raise AssertionError(f"no checkpoint after {timeout}s:\n{log_path.read_text()}")
+
+
+def num_updates(checkpoint):
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    return state["optimizer_history"][-1]["num_updates"]
+
+
+def test_killed_run_resumes_from_last_checkpoint(nmt_corpus, tmp_path):
+    data = nmt_corpus["data"]
+    save_dir = tmp_path / "ckpt"
+    # first run: far more updates than we let it do; checkpoints every 15 updates
+    log1 = tmp_path / "train1.log"
+    with open(log1, "w") as log:
+        process = subprocess.Popen(train_command(data, save_dir, max_update=5000, save_interval_updates=15),
+                                   env=tool_env(), stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    try:
+        saved_at = wait_for_saved_checkpoint(log1, process, timeout=180)
+        # kill the whole run at once, like a node failure or preemption would
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == -signal.SIGKILL
+    # the kill may land while the next checkpoint is written: take what the log says is saved
+    saved_at = int(SAVED.findall(log1.read_text())[-1])
+    assert saved_at >= 15
+    assert num_updates(save_dir / "checkpoint_last.pt") == saved_at
+
+    # second run: the same command (with a reachable end) continues from that update count
+    target = saved_at + 10
+    log2 = tmp_path / "train2.log"
+    with open(log2, "w") as log:
+        subprocess.run(train_command(data, save_dir, max_update=target, save_interval_updates=15),
+                       env=tool_env(), stdout=log, stderr=subprocess.STDOUT, check=True, timeout=300)
+    text = log2.read_text()
+    assert f"@ {saved_at} updates" in re.search(r"[Ll]oaded checkpoint .*", text).group(0), text
+    logged = [int(n) for n in re.findall(r"num_updates[ =](\d+)", text)]
+    assert logged and min(logged) > saved_at, "the resumed run restarted its update count"
+    assert num_updates(save_dir / "checkpoint_last.pt") == target
+    # the optimizer's learning-rate schedule continued too (no new warm-up from zero)
+    first_lr = float(re.search(r"num_updates=\d+, lr=([0-9.e-]+)", text).group(1))
+    assert first_lr > 1e-3
+
+
+
+def readme_train_command(data, save_dir, max_update, save_interval_updates):
+    """tests' usual train.sh command, run as the README writes it: the script itself
+    (it must be executable), not `bash script`."""
+    command = train_command(data, save_dir, max_update=max_update,
+                            save_interval_updates=save_interval_updates)
+    assert command[0] == "bash"
+    return command[1:]
+
+
+@pytest.fixture(scope="module")
+def trained_run(nmt_corpus, tmp_path_factory):
+    """A tiny run of 20 updates (checkpoints every 5) with the README's command."""
+    root = tmp_path_factory.mktemp("trained")
+    data = nmt_corpus["data"]
+    save_dir = root / "ckpt"
+    result = subprocess.run(readme_train_command(data, save_dir, 20, 5), cwd=REPO,
+                            env=tool_env(), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert num_updates(save_dir / "checkpoint_last.pt") == 20
+    return {"data": data, "save_dir": save_dir}
+
+
+def test_train_sh_log_is_plottable_as_it_is(trained_run, tmp_path):
+    """Issue 11.7: the log train.sh writes plots without options or conversion."""
+    log = trained_run["save_dir"] / "train.log"
+    result = subprocess.run(["tpp-plot-training", "--log", str(log), "--out-dir",
+                             str(tmp_path / "plots")], cwd=REPO, env=tool_env(),
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "plots" / "loss.png").stat().st_size > 0
+    assert (tmp_path / "plots" / "perplexity.png").stat().st_size > 0
+    steps = [step for step, _ in plot_training.read_log(log)["train_inner"]]
+    assert steps[0] == 5 and steps[-1] == 20  # --log-interval 5, --max-update 20
+
+
+@pytest.fixture(scope="module")
+def torn_run(trained_run, tmp_path_factory):
+    """A copy of the 20-update run whose checkpoint_last.pt is then truncated, as a kill
+    during fairseq's copy leaves it, and the README's command run again to 30 updates."""
+    save_dir = tmp_path_factory.mktemp("torn") / "ckpt"
+    shutil.copytree(trained_run["save_dir"], save_dir)
+    last = save_dir / "checkpoint_last.pt"
+    intact = last.read_bytes()
+    interval = {path.name: num_updates(path) for path in save_dir.glob("checkpoint_*_*.pt")}
+    torn = intact[: len(intact) * 2 // 3]
+    last.write_bytes(torn)
+    result = subprocess.run(readme_train_command(trained_run["data"], save_dir, 30, 5),
+                            cwd=REPO, env=tool_env(), capture_output=True, text=True,
+                            timeout=600)
+    return {"save_dir": save_dir, "torn": torn, "intact": intact, "interval": interval,
+            "result": result}
+
+
+def test_torn_checkpoint_last_is_kept_aside_and_training_resumes(torn_run):
+    """Issue 11.6: re-running the README's training command after checkpoint_last.pt was
+    torn resumes from the newest readable checkpoint instead of crashing."""
+    result, save_dir = torn_run["result"], torn_run["save_dir"]
+    messages = result.stderr + result.stdout  # fairseq logs to stdout
+    assert result.returncode == 0, messages[-3000:]
+    assert "PytorchStreamReader" not in messages
+    newest_name, newest = max(torn_run["interval"].items(), key=lambda item: item[1])
+    assert 0 < newest < 20
+    assert f"{save_dir / 'checkpoint_last.pt'} cannot be loaded (truncated or damaged " \
+           "checkpoint" in messages, messages[-3000:]
+    assert f"resuming from {save_dir / newest_name} ({newest} updates)" in messages
+    loaded = re.search(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)", messages)
+    assert loaded and int(loaded.group(1)) == newest, messages[-3000:]
+    assert num_updates(save_dir / "checkpoint_last.pt") == 30
+    # the damaged file is kept, byte for byte, not deleted
+    damaged = list(save_dir.glob("checkpoint_last.pt.damaged-*"))
+    assert len(damaged) == 1 and damaged[0].read_bytes() == torn_run["torn"]
+    # and the log, appended to by both runs, still plots: the second run from update 15
+    steps = [step for step, _ in plot_training.read_log(save_dir / "train.log")["train_inner"]]
+    assert steps[-1] == 30
+
+
+def test_truncation_anywhere_is_detected(torn_run, tmp_path):
+    """The check before resuming (zip directory and checksums, then a memory-mapped
+    safe load) finds a checkpoint cut at any point."""
+    intact = torn_run["intact"]
+    whole = tmp_path / "whole.pt"
+    whole.write_bytes(intact)
+    assert recover.problem_with(whole) is None
+    cut = tmp_path / "cut.pt"
+    for size in (0, 1, 100, 4096, len(intact) // 3, len(intact) - 4096, len(intact) - 22,
+                 len(intact) - 1):
+        cut.write_bytes(intact[:size])
+        assert recover.problem_with(cut) is not None, size
+
+
+def test_no_readable_checkpoint_is_an_error(torn_run, tmp_path):
+    save_dir = tmp_path / "ckpt"
+    save_dir.mkdir()
+    (save_dir / "checkpoint_last.pt").write_bytes(torn_run["torn"])
+    (save_dir / "checkpoint_1_5.pt").write_bytes(torn_run["torn"][:1000])
+    result = subprocess.run(["tpp-recover-checkpoint", "--save-dir", str(save_dir)],
+                            cwd=REPO, env=tool_env(), capture_output=True, text=True)
+    assert result.returncode == 2
+    assert f"skipping {save_dir / 'checkpoint_1_5.pt'}: truncated" in result.stderr
+    assert "no readable checkpoint to resume from" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (save_dir / "checkpoint_last.pt").exists()
+    assert len(list(save_dir.glob("checkpoint_last.pt.damaged-*"))) == 1
+    # with --restore-file naming another file, fairseq resumes from that file, as fairseq
+    # defines it: nothing in the save dir is checked or moved
+    (save_dir / "checkpoint_last.pt").write_bytes(torn_run["torn"])
+    result = subprocess.run(["tpp-recover-checkpoint", "--save-dir", str(save_dir),
+                             "--restore-file", "elsewhere.pt"],
+                            cwd=REPO, env=tool_env(), capture_output=True, text=True)
+    assert result.returncode == 0 and result.stderr == ""
+    assert (save_dir / "checkpoint_last.pt").read_bytes() == torn_run["torn"]

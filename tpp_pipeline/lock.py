@@ -1,0 +1,168 @@
+"""One pipeline run per work folder at a time.
+
+Two runs in one ``--work-dir`` share every temporary name (``tok/train.en.tmp``, the
+BPE text, the staging folder of ``data-bin``) and corrupt each other's output. A run
+therefore holds ``<work-dir>/.lock``:
+
+* the lock itself is ``fcntl.flock`` on that file: the kernel releases it when the
+  holder exits, however it exits, so a crashed run never blocks the next one and two
+  runs racing for a free lock cannot both get it;
+* the file records the holder (``pid``, ``host``, ``started``, the command), so that a
+  refused run can say who holds the lock, and a run that takes over a lock whose holder
+  died says so. A record left by a process on another host is not taken over (flock
+  may not reach across hosts on every network filesystem, and whether that process
+  still runs cannot be checked from here): the error says to remove the file once that
+  run is known to be gone;
+* ``--tag-shard`` runs (array jobs tagging disjoint chunks of one work folder) share the
+  lock with each other (``LOCK_SH``) and exclude every other run.
+"""
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+
+from .errors import DataError
+
+log = logging.getLogger("tpp_pipeline")
+LOCK_NAME = ".lock"
+
+
+def _read_record(handle):
+    handle.seek(0)
+    text = handle.read().strip()
+    if not text:
+        return None
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError:
+        return {"unreadable": text[:200]}
+    return record if isinstance(record, dict) else {"unreadable": text[:200]}
+
+
+def _describe(record):
+    if "unreadable" in record:
+        return f"unreadable record {record['unreadable']!r}"
+    return (f"process {record.get('pid')} on host {record.get('host')}, started "
+            f"{record.get('started')}: {record.get('command', '?')}")
+
+
+def _flock_holders(path):
+    """PIDs holding a flock on ``path``, from /proc/locks (this host only; may be empty)."""
+    try:
+        inode = os.stat(path).st_ino
+        with open("/proc/locks", encoding="ascii", errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return []
+    pids = []
+    for line in lines:
+        fields = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF" (blocked waiters have "->")
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[2] != "->":
+            try:
+                if int(fields[5].split(":")[-1]) == inode:
+                    pids.append(int(fields[4]))
+            except ValueError:
+                continue
+    return sorted(set(pids))
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, TypeError, ValueError):
+        return not isinstance(pid, int) or pid > 0
+    return True
+
+
+def _holder(handle, path):
+    """Who holds the lock, for the refusal message. The record is believed unless it
+    names a dead process of this host: then it is the stale record of a killed run, and
+    the holder (which took the lock a moment ago and has not yet written its own record,
+    or a --tag-shard run, which writes none) is found in /proc/locks."""
+    here = socket.gethostname()
+    record = _read_record(handle)
+    if record is not None and "unreadable" not in record and (
+            record.get("host") != here or _alive(record.get("pid"))):
+        return _describe(record)
+    pids = [pid for pid in _flock_holders(path) if pid != os.getpid()]
+    if pids:
+        return ", ".join(f"process {pid} on host {here}" for pid in pids)
+    return "another process, which has not recorded itself (a --tag-shard run?)"
+
+
+@contextlib.contextmanager
+def work_dir_lock(work_dir, shared=False):
+    """Hold the lock of ``work_dir`` for the duration of the block (see module doc)."""
+    os.makedirs(work_dir, exist_ok=True)
+    path = os.path.join(work_dir, LOCK_NAME)
+    handle = open(path, "a+", encoding="utf-8")
+    try:
+        try:
+            fcntl.flock(handle, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DataError(f"another run of the pipeline is using this work folder "
+                            f"({_holder(handle, path)}); wait for it to finish or stop it",
+                            path) from None
+        except OSError as error:
+            if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                raise
+            log.warning("%s: this filesystem does not support locks (%s); nothing prevents a "
+                        "second run in this work folder", path, error.strerror)
+            yield path
+            return
+        # Holding the lock. A record still in the file belongs to a run that ended
+        # without clearing it (killed), unless it comes from another host.
+        record = _read_record(handle)
+        if record is not None:
+            here = socket.gethostname()
+            if record.get("host") not in (None, here):
+                raise DataError(
+                    f"the lock was left by {_describe(record)}, which this host cannot "
+                    "check; if that run is over, remove this file and start again", path)
+            log.warning("%s: taking over the lock left by %s: that run ended without "
+                        "releasing it", path, _describe(record))
+            if shared:  # another shard may have cleared it already: harmless
+                handle.seek(0)
+                handle.truncate()
+                handle.flush()
+        if not shared:
+            handle.seek(0)
+            handle.truncate()
+            handle.write(json.dumps({
+                "pid": os.getpid(), "host": socket.gethostname(),
+                "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "command": " ".join(sys.argv)[:500]}) + "\n")
+            handle.flush()
+        try:
+            yield path
+        finally:
+            if not shared:
+                handle.seek(0)
+                handle.truncate()  # the record goes before the lock does
+                handle.flush()
+    finally:
+        handle.close()  # releases the flock
+
+
+def exit_cleanly_on_sigterm():
+    """Turn SIGTERM (kill, SLURM's time limit, scancel) into SystemExit in this process,
+    so that the lock record and temporary files are cleaned up on the way out. Worker
+    processes forked later keep the default behaviour."""
+    main_pid = os.getpid()
+
+    def handler(signum, frame):
+        if os.getpid() != main_pid:
+            os._exit(128 + signum)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)

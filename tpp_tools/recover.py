@@ -1,0 +1,191 @@
+"""Before fairseq-train resumes: make sure ``checkpoint_last.pt`` can be loaded.
+
+fairseq writes each checkpoint once under a temporary name and renames it, but
+``checkpoint_last.pt`` and ``checkpoint_best.pt`` are then *copied* from it without
+one. A kill during that copy (a node failure, SLURM's time limit, Ctrl-C at the wrong
+moment) leaves a truncated ``checkpoint_last.pt``, and the next ``fairseq-train`` --
+re-running ``scripts/train.sh``, or the SLURM training job after a requeue -- stops
+with a ``PytorchStreamReader`` traceback instead of resuming.
+
+This tool (``tpp-recover-checkpoint``), run by ``scripts/train.sh`` (and
+``scripts/slurm/train.sbatch``) before fairseq starts:
+
+1. does nothing if ``<save-dir>/checkpoint_last.pt`` does not exist (a fresh run) or if
+   ``--restore-file`` names another file (fairseq then resumes from that file, as
+   fairseq's own ``--restore-file`` semantics say);
+2. checks that ``checkpoint_last.pt`` loads: the zip archive ``torch.save`` writes must
+   be complete (its central directory, at the very end of the file, is what a truncated
+   copy lacks) with every member's checksum right, and torch's safe unpickler must read
+   it (tensors memory-mapped, not loaded);
+3. if it does not load, moves it aside to ``checkpoint_last.pt.damaged-<time>`` (it is
+   never deleted), picks the readable checkpoint of the save dir with the most updates
+   among ``checkpoint_<epoch>_<update>.pt``, ``checkpoint<epoch>.pt`` and
+   ``checkpoint_best.pt``, copies it to ``checkpoint_last.pt`` (temporary name, then
+   rename) and says which. With no readable checkpoint left it stops with an error:
+   run the same command again to start from the beginning.
+
+Usage (the options of a fairseq-train command line; others are ignored, the last value
+of a repeated option counts, as in fairseq)::
+
+    tpp-recover-checkpoint --save-dir checkpoints/en_de
+    tpp-recover-checkpoint --save-dir DIR --checkpoint-suffix -shard0
+
+Exit status: 0 (nothing to do, or recovered), 2 (no readable checkpoint to resume from).
+"""
+
+import argparse
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DEFAULT_RESTORE_FILE = "checkpoint_last.pt"  # fairseq's default for --restore-file
+
+
+class RecoveryError(Exception):
+    """No checkpoint to resume from: reported without a traceback, exit status 2."""
+
+
+def say(message):
+    print(f"tpp-recover-checkpoint: {message}", file=sys.stderr, flush=True)
+
+
+def _quiet_fairseq():
+    import logging
+
+    logging.getLogger("fairseq").setLevel(logging.WARNING)  # import-time notices
+
+
+def problem_with(path):
+    """None if ``path`` is a loadable checkpoint, else the reason it is not."""
+    _quiet_fairseq()
+    from .checkpoint_files import CheckpointError, load_checkpoint
+
+    try:
+        load_checkpoint(path, mmap=True, verify_zip=True)
+    except CheckpointError as error:
+        return error.reason
+    return None
+
+
+def candidates(save_dir, suffix=""):
+    """Checkpoints fairseq writes that a run can resume from: (path, kind rank)."""
+    suffix = re.escape(suffix)
+    patterns = [(re.compile(rf"^checkpoint_\d+_\d+{suffix}\.pt$"), 0),
+                (re.compile(rf"^checkpoint\d+{suffix}\.pt$"), 0),
+                (re.compile(rf"^checkpoint_best{suffix}\.pt$"), 1)]
+    found = []
+    for name in sorted(os.listdir(save_dir)):
+        for pattern, rank in patterns:
+            if pattern.match(name):
+                found.append((Path(save_dir) / name, rank))
+    return found
+
+
+def newest_readable(save_dir, suffix=""):
+    """(path, update count) of the readable checkpoint with the most updates, or None.
+    Unreadable ones are reported and skipped."""
+    from .checkpoint_files import CheckpointError, load_checkpoint, num_updates
+
+    best = None
+    for path, rank in candidates(save_dir, suffix):
+        try:
+            state = load_checkpoint(path, mmap=True, verify_zip=True)
+        except CheckpointError as error:
+            say(f"skipping {path}: {error.reason}")
+            continue
+        updates = num_updates(state)
+        del state
+        if updates is None:
+            say(f"skipping {path}: it does not record its update count")
+            continue
+        # most updates first; on a tie an interval/epoch checkpoint before checkpoint_best
+        key = (updates, -rank, path.stat().st_mtime)
+        if best is None or key > best[0]:
+            best = (key, path, updates)
+    return None if best is None else (best[1], best[2])
+
+
+def copy_atomically(source, target):
+    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
+                                         dir=target.parent)
+    try:
+        with os.fdopen(handle, "wb") as out, open(source, "rb") as src:
+            shutil.copyfileobj(src, out, 16 << 20)
+            out.flush()
+            os.fsync(out.fileno())
+        shutil.copymode(source, temporary)
+        os.replace(temporary, target)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
+def recover(save_dir, restore_file=DEFAULT_RESTORE_FILE, suffix=""):
+    """Make ``<save_dir>/checkpoint_last<suffix>.pt`` loadable (see the module doc).
+
+    Returns the checkpoint now in place of the damaged one, or None when nothing had to
+    be done. Raises :class:`RecoveryError` when no readable checkpoint is left.
+    """
+    if restore_file != DEFAULT_RESTORE_FILE:
+        return None  # fairseq resumes from that file, not from the save dir's last one
+    save_dir = Path(save_dir)
+    last = save_dir / f"checkpoint_last{suffix}.pt"
+    if not last.exists():
+        return None
+    reason = problem_with(last)
+    if reason is None:
+        return None
+    aside = save_dir / f"{last.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
+    number = 1
+    while aside.exists():
+        number += 1
+        aside = save_dir / f"{last.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{number}"
+    os.replace(last, aside)
+    say(f"{last} cannot be loaded ({reason}); moved it to {aside}")
+    found = newest_readable(save_dir, suffix)
+    if found is None:
+        raise RecoveryError(
+            f"{save_dir}: no readable checkpoint to resume from (the damaged "
+            f"{last.name} is kept as {aside.name}); run the same command again to start "
+            "training from the beginning")
+    path, updates = found
+    copy_atomically(path, last)
+    say(f"resuming from {path} ({updates} updates): copied to {last}")
+    return path
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="tpp-recover-checkpoint",
+        description="Check that <save-dir>/checkpoint_last.pt loads before fairseq-train "
+        "resumes from it; if it does not (a torn copy), keep it aside and resume from the "
+        "newest readable checkpoint of the save dir.",
+        epilog="Other options (a whole fairseq-train command line) are ignored.",
+        allow_abbrev=False)
+    parser.add_argument("--save-dir", default="checkpoints",
+                        help="fairseq's --save-dir [checkpoints]")
+    parser.add_argument("--restore-file", default=DEFAULT_RESTORE_FILE,
+                        help="fairseq's --restore-file: anything but the default means "
+                        "fairseq resumes from that file, and nothing is checked here")
+    parser.add_argument("--checkpoint-suffix", default="", help="fairseq's --checkpoint-suffix")
+    args, _ = parser.parse_known_args(argv)
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        recover(args.save_dir, args.restore_file, args.checkpoint_suffix)
+    except RecoveryError as error:
+        say(f"error: {error}")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,720 @@
+"""Does Transformer++ translate better than the Transformer? The quality study.
+
+Four variants, trained with the same data, budget (updates × tokens per update),
+learning-rate schedule and dimensions, several seeds each:
+
+  transformer   (a) fairseq's own ``--arch transformer``: the baseline
+  control       (b) ``transformer_pp`` with 0 convolution heads and no tag losses:
+                    the same network as (a) built by the plugin; must come out
+                    indistinguishable from (a)
+  hybrid        (c) hybrid dot-product/convolution heads, no tag losses
+  hybrid+tags   (d) hybrid heads and the POS/NER losses: Transformer++
+
+Every run is averaged (last ``--average`` checkpoints) and evaluated on the test set
+with sacreBLEU (detokenised BLEU with its signature, chrF) and tokenised
+compound-split BLEU; every variant is compared with (a) by sacreBLEU's paired
+bootstrap resampling on all its seeds' translations (mean, 95% confidence interval,
+p-value). Learning curves (validation loss against updates, every run) go to one plot,
+everything to one Markdown report with the exact commands.
+
+Data: raw text (``--corpus PREFIX``; valid and test sets are carved out of it,
+deduplicated against training on both sides, unless ``--valid``/``--test`` give them),
+which is prepared by the project's pipeline (tokenise, tag, BPE, binarize); or an
+already prepared data folder (``--data``) with the raw test reference
+(``--test-reference``).
+
+    # GPU (one H100, bf16; ~25 minutes):
+    tpp-study --config gpu --corpus corpora/en-de/train -s en -t de --out runs/study_gpu
+    # CPU (2 cores, ~3 hours):
+    tpp-study --config cpu --corpus corpora/en-de/train -s en -t de --out runs/study_cpu
+    # your own held-out test set:
+    tpp-study --config gpu --corpus corpora/en-de/train --test heldout/test -s en -t de ...
+
+Runs live in ``OUT/runs/<variant>-s<seed>-<id>/``, where ``<id>`` is a hash of
+everything that defines the run (variant, seed, model, budget, schedule, data): a
+re-run reuses finished runs and resumes interrupted ones (fairseq resumes from
+``checkpoint_last.pt``), and any change of budget or setting is a new run, never a
+silent reuse. Options after ``--`` go to every fairseq-train command.
+"""
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from .evaluate import plugin_dir
+
+PROG = "tpp-study"
+
+VARIANTS = {
+    "transformer": dict(
+        label="(a) transformer", what="fairseq's transformer",
+        arch="transformer", task="translation", criterion="label_smoothed_cross_entropy", model=[]),
+    "control": dict(
+        label="(b) control", what="transformer_pp, 0 conv heads, no tags",
+        arch="transformer_pp", task="translation", criterion="label_smoothed_cross_entropy",
+        model=["--encoder-conv-heads", "0", "--decoder-conv-heads", "0", "--encoder-tag-layers", ""]),
+    "hybrid": dict(
+        label="(c) hybrid", what="hybrid heads, no tags",
+        arch="transformer_pp", task="translation", criterion="label_smoothed_cross_entropy",
+        model=["--encoder-tag-layers", ""]),
+    "hybrid+tags": dict(
+        label="(d) hybrid+tags", what="hybrid heads + POS/NER losses (Transformer++)",
+        arch="transformer_pp", task="translation_with_tags",
+        criterion="label_smoothed_cross_entropy_with_tags", model=[]),
+}
+
+
+@dataclass
+class Config:
+    """Everything that defines the study's runs, besides variant and seed."""
+    embed_dim: int
+    ffn_dim: int
+    heads: int
+    layers: int
+    max_update: int
+    max_tokens: int
+    update_freq: int
+    lr: float
+    warmup_updates: int
+    dropout: float
+    attention_dropout: float
+    activation_dropout: float
+    label_smoothing: float = 0.1
+    average: int = 5
+    save_interval_updates: int = 0  # 0: max_update / 10
+    validate_interval_updates: int = 0  # 0: max_update / 10
+    dtype: str = "fp32"
+    # data preparation (raw corpora only)
+    bpe_merges: int = 16000
+    max_len: int = 250
+    extra: List[str] = field(default_factory=list)
+
+
+CONFIGS = {
+    # transformer-base size on one GPU, bf16: all variants x 3 seeds in about 25 minutes
+    "gpu": Config(embed_dim=512, ffn_dim=2048, heads=8, layers=6, max_update=2200, max_tokens=8192,
+                  update_freq=1, lr=7e-4, warmup_updates=400, dropout=0.1, attention_dropout=0.1,
+                  activation_dropout=0.1, average=5, dtype="bf16", bpe_merges=16000),
+    # chosen for learning speed on a 2-core CPU (a small model, a small BPE vocabulary,
+    # short segments, small batches, a short warm-up): all variants x 2 seeds in 3 hours
+    "cpu": Config(embed_dim=256, ffn_dim=512, heads=4, layers=3, max_update=1400, max_tokens=2048,
+                  update_freq=1, lr=2e-3, warmup_updates=200, dropout=0.1, attention_dropout=0.0,
+                  activation_dropout=0.0, average=5, dtype="fp32", bpe_merges=8000, max_len=40),
+}
+
+
+class StudyError(Exception):
+    """Bad input: the message says what and where."""
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def log(message: str) -> None:
+    print(f"[study {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def count_lines(path: Path) -> int:
+    """Lines as ``str.splitlines()`` counts them (a last line without newline counts)."""
+    with open(path, encoding="utf-8", newline="") as handle:
+        return len(handle.read().splitlines())
+
+
+def split_size(data: Path, split: str) -> Optional[int]:
+    """Sentences in a binarized split (from the target side's .idx header), or None."""
+    import numpy as np
+
+    idx = sorted(data.glob(f"{split}.*-*.*.idx"))
+    if not idx:
+        return None
+    with open(idx[0], "rb") as handle:
+        header = handle.read(9 + 8 + 1 + 8)
+    return int(np.frombuffer(header[18:26], dtype="<i8")[0])
+
+
+def language_pair(data: Path):
+    for idx in sorted(data.glob("train.*-*.*.idx")):
+        pair = idx.name.split(".")[1]
+        src, _, tgt = pair.partition("-")
+        if src and tgt:
+            return src, tgt
+    raise StudyError(f"{data}: no train.<src>-<tgt>.*.idx: not a fairseq data folder")
+
+
+def fingerprint(data: Path) -> str:
+    """Identity of a data folder: its dictionaries and the sizes of its splits."""
+    digest = hashlib.sha256()
+    for path in sorted(data.glob("dict.*.txt")) + sorted(data.glob("*.idx")):
+        digest.update(path.name.encode())
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()[:16]
+
+
+def run_command(cmd, log_path: Path, env=None) -> None:
+    with open(log_path, "a") as out:
+        out.write("+ " + " ".join(shlex.quote(str(c)) for c in cmd) + "\n")
+        out.flush()
+        proc = subprocess.run([str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT, env=env)
+    if proc.returncode != 0:
+        tail = log_path.read_text(errors="replace").splitlines()[-25:]
+        raise RuntimeError(f"command failed ({proc.returncode}), log {log_path}:\n" + "\n".join(tail))
+
+
+def json_records(log_path: Path):
+    """fairseq's JSON --log-file records (dicts)."""
+    out = []
+    if not log_path.exists():
+        return out
+    for line in log_path.read_text(errors="replace").splitlines():
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def prepare_data(args, cfg: Config) -> Dict[str, Path]:
+    """Carve (if needed) and prepare raw text; or check a prepared data folder.
+    Returns ``data`` (the data-bin), ``reference`` (raw test target), ``source`` (raw
+    test source, optional), ``bpe_codes`` (optional)."""
+    if args.data is not None:
+        data = args.data
+        if not data.is_dir():
+            raise StudyError(f"--data {data}: no such folder")
+        src, tgt = language_pair(data)
+        if args.test_reference is None:
+            raise StudyError("--data needs --test-reference (the raw, untokenised test target)")
+        reference = args.test_reference
+        if not reference.is_file():
+            raise StudyError(f"--test-reference {reference}: no such file")
+        if args.variants_need_tags and not (data / f"dict.pos.txt").exists():
+            raise StudyError(f"{data} has no POS/NER labels (dict.pos.txt) for the hybrid+tags variant: "
+                             "prepare it with tpp-prepare-corpus, or leave that variant out")
+        paths = {"data": data, "reference": reference, "source": args.test_source, "bpe_codes": args.bpe_codes}
+    else:
+        src, tgt = args.source_lang, args.target_lang
+        if not (src and tgt):
+            raise StudyError("--corpus needs -s/--source-lang and -t/--target-lang")
+        from tpp_pipeline.errors import DataError
+        from tpp_pipeline.splits import carve_corpus, side_path
+
+        given = {name: getattr(args, name) for name in ("test", "valid") if getattr(args, name)}
+        sizes = {name: size for name, size in (("test", args.test_size), ("valid", args.valid_size))
+                 if name not in given}
+        try:
+            # the prepared data's identity: inputs (names, sizes, modification times),
+            # carving and preparation settings; any change prepares a new folder
+            identity = {"corpus": [str(side_path(args.corpus, lang).resolve()) for lang in (src, tgt)],
+                        "given": {n: [str(side_path(p, lang).resolve()) for lang in (src, tgt)]
+                                  for n, p in given.items()},
+                        "sizes": sizes, "seed": args.split_seed, "bpe": cfg.bpe_merges,
+                        "max_len": cfg.max_len, "tags": args.variants_need_tags}
+            stats = [(os.path.getsize(f), int(os.path.getmtime(f))) for f in identity["corpus"]]
+            stats += [(os.path.getsize(f), int(os.path.getmtime(f))) for fs in identity["given"].values() for f in fs]
+            digest = hashlib.sha256(json.dumps([identity, stats], sort_keys=True).encode()).hexdigest()[:8]
+            root = args.out / "data" / f"{src}-{tgt}-{digest}"
+            raw = root / "raw"
+            carve_corpus(args.corpus, src, tgt, raw, sizes, seed=args.split_seed, given=given)
+        except DataError as err:
+            raise StudyError(str(err)) from None
+        name = f"{src}_{tgt}_bpe{cfg.bpe_merges}"
+        data = root / "data-bin" / name
+        if not (data / "preprocess.done").exists():
+            log(f"preparing {raw} -> {data} (tokenise, tag, BPE {cfg.bpe_merges}, binarize)")
+            cmd = [sys.executable, "-m", "tpp_pipeline.pipeline", "-s", src, "-t", tgt,
+                   "--trainpref", raw / "train", "--validpref", raw / "valid", "--testpref", raw / "test",
+                   "--name", name, "--work-dir", root / "work", "--data-bin", root / "data-bin",
+                   "--bpe-merges", cfg.bpe_merges, "--max-len", cfg.max_len, "--workers", args.workers]
+            if not args.variants_need_tags:
+                cmd.append("--no-tags")
+            run_command(cmd, root / "prepare.log")
+            (data / "preprocess.done").write_text("ok\n")
+        paths = {"data": data, "reference": raw / f"test.{tgt}", "source": raw / f"test.{src}",
+                 "bpe_codes": root / "work" / "bpe" / "codes"}
+    size = split_size(paths["data"], "test")
+    if size is None:
+        raise StudyError(f"{paths['data']}: no test split (test.*.idx)")
+    ref_lines = count_lines(paths["reference"])
+    if ref_lines != size:
+        raise StudyError(f"test reference {paths['reference']} has {ref_lines} lines but the test split of "
+                         f"{paths['data']} has {size} sentences")
+    paths["src"], paths["tgt"] = language_pair(paths["data"])
+    return paths
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+@dataclass
+class Run:
+    variant: str
+    seed: int
+    folder: Path
+    train_cmd: List[str]
+    spec: dict
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant}-s{self.seed}"
+
+
+def intervals(cfg: Config):
+    save = cfg.save_interval_updates or max(1, cfg.max_update // 10)
+    valid = cfg.validate_interval_updates or max(1, cfg.max_update // 10)
+    return save, valid
+
+
+def train_command(variant: str, seed: int, cfg: Config, data: Path, folder: Path, device: str,
+                  extra: List[str]) -> List[str]:
+    v = VARIANTS[variant]
+    save, valid = intervals(cfg)
+    dims = []
+    for side in ("encoder", "decoder"):
+        dims += [f"--{side}-embed-dim", cfg.embed_dim, f"--{side}-ffn-embed-dim", cfg.ffn_dim,
+                 f"--{side}-attention-heads", cfg.heads, f"--{side}-layers", cfg.layers]
+    precision = {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}[cfg.dtype]
+    cmd = [
+        "fairseq-train", data, "--user-dir", plugin_dir(), "--arch", v["arch"], *v["model"], *dims,
+        "--share-all-embeddings", "--dropout", cfg.dropout, "--attention-dropout", cfg.attention_dropout,
+        "--activation-dropout", cfg.activation_dropout,
+        "--task", v["task"], "--criterion", v["criterion"], "--label-smoothing", cfg.label_smoothing,
+        "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-8",
+        "--lr", cfg.lr, "--lr-scheduler", "inverse_sqrt", "--warmup-updates", cfg.warmup_updates,
+        "--warmup-init-lr", "1e-07", "--max-tokens", cfg.max_tokens, "--update-freq", cfg.update_freq,
+        "--max-update", cfg.max_update, "--seed", seed, *precision,
+        "--save-dir", folder / "checkpoints", "--save-interval-updates", save,
+        "--keep-interval-updates", cfg.average, "--no-epoch-checkpoints", "--save-interval", 1000000,
+        "--validate-interval-updates", valid, "--validate-interval", 1000000,
+        "--log-format", "json", "--log-file", folder / "train.log", "--log-interval", max(1, valid // 4),
+        "--no-progress-bar", "--num-workers", 1 if device == "cuda" else 0,
+        "--skip-invalid-size-inputs-valid-test",
+        *(["--cpu"] if device == "cpu" else []), *cfg.extra, *extra,
+    ]
+    return [str(c) for c in cmd]
+
+
+def plan_runs(args, cfg: Config, data: Path) -> List[Run]:
+    runs = []
+    data_id = fingerprint(data)
+    for variant in args.variants:
+        for seed in args.seeds:
+            spec = {"variant": variant, "seed": seed, "config": asdict(cfg), "data": data_id,
+                    "extra": args.extra, "device": args.device}
+            run_id = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:8]
+            folder = args.out / "runs" / f"{variant.replace('+', '_')}-s{seed}-{run_id}"
+            cmd = train_command(variant, seed, cfg, data, folder, args.device, args.extra)
+            runs.append(Run(variant, seed, folder, cmd, spec))
+    return runs
+
+
+def trained_updates(run: Run) -> int:
+    done = run.folder / "train.done"
+    if done.exists():
+        return int(done.read_text().split()[0])
+    return 0
+
+
+def last_checkpoint_updates(run: Run) -> int:
+    updates = [int(r.get("train_num_updates", r.get("num_updates", 0)) or 0)
+               for r in json_records(run.folder / "train.log")]
+    return max(updates, default=0)
+
+
+def execute(run: Run, cfg: Config, paths, args) -> None:
+    """Train (or resume), average, evaluate one run; each step skipped when done."""
+    run.folder.mkdir(parents=True, exist_ok=True)
+    (run.folder / "run.json").write_text(json.dumps(
+        {**run.spec, "train_command": " ".join(shlex.quote(c) for c in run.train_cmd)}, indent=1) + "\n")
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env["PYTHONWARNINGS"] = "ignore"
+    if args.device == "cpu":
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
+    out_log = run.folder / "run.log"
+    if trained_updates(run) < cfg.max_update:
+        log(f"{run.name}: training ({cfg.max_update} updates) in {run.folder}")
+        started = time.time()
+        run_command(run.train_cmd, out_log, env=env)
+        updates = last_checkpoint_updates(run)
+        if updates < cfg.max_update:
+            raise RuntimeError(f"{run.name}: fairseq-train stopped at update {updates} of {cfg.max_update}")
+        (run.folder / "train.done").write_text(f"{updates} updates, {time.time() - started:.0f} s\n")
+    ckpt = run.folder / "checkpoints"
+    avg = run.folder / "checkpoint_avg.pt"
+    if not avg.exists():
+        interval = sorted(ckpt.glob("checkpoint_*_*.pt"))
+        n = min(cfg.average, len(interval))
+        log(f"{run.name}: averaging the last {n} checkpoints")
+        run_command([sys.executable, "-m", "tpp_tools.average", "--inputs", ckpt,
+                     "--num-update-checkpoints", n, "--output", avg], out_log, env=env)
+    bleu = run.folder / "eval" / "bleu.txt"
+    if not bleu.exists():
+        log(f"{run.name}: translating the test set")
+        cmd = [sys.executable, "-m", "tpp_tools.evaluate", "--data", paths["data"], "--checkpoint", avg,
+               "--reference", paths["reference"], "--out", run.folder / "eval", "--force",
+               "--max-tokens", args.gen_max_tokens]
+        if args.device == "cpu":
+            cmd.append("--cpu")
+        else:  # half-precision inference on the GPU
+            cmd += ["--", "--fp16"]
+        run_command(cmd, out_log, env=env)
+    if not args.keep_checkpoints:  # the averaged model is what the study keeps
+        for path in list(ckpt.glob("checkpoint_*_*.pt")) + [ckpt / "checkpoint_best.pt"]:
+            path.unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def read_scores(path: Path) -> dict:
+    scores = {}
+    for line in path.read_text().splitlines():
+        key, _, value = line.partition(": ")
+        scores[key] = value
+    return scores
+
+
+def t_interval(values: List[float]) -> float:
+    """Half-width of the 95% confidence interval of the mean over seeds (Student's t)."""
+    n = len(values)
+    if n < 2:
+        return float("nan")
+    t95 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365, 9: 2.306, 10: 2.262}
+    return t95.get(n, 1.96) * statistics.stdev(values) / math.sqrt(n)
+
+
+def significance(runs_by_variant: Dict[str, List[Run]], reference: Path, samples: int):
+    """sacreBLEU's paired bootstrap of every variant against the baseline, each
+    variant's seeds pooled (its translations of the test set, seed after seed, against
+    the reference repeated as often)."""
+    from sacrebleu.metrics import BLEU, CHRF
+    from sacrebleu.significance import PairedTest
+
+    refs = reference.read_text(encoding="utf-8").splitlines()
+    names = list(runs_by_variant)
+    seeds = min(len(runs_by_variant[n]) for n in names)
+    systems = []
+    for name in names:
+        hyps = []
+        for run in sorted(runs_by_variant[name], key=lambda r: r.seed)[:seeds]:
+            lines = (run.folder / "eval" / "hyp.detok").read_text(encoding="utf-8").splitlines()
+            if len(lines) != len(refs):
+                raise StudyError(f"{run.folder / 'eval' / 'hyp.detok'}: {len(lines)} lines, reference {len(refs)}")
+            hyps += lines
+        systems.append((name, hyps))
+    test = PairedTest(systems, {"BLEU": BLEU(), "chrF": CHRF()}, [refs * seeds], test_type="bs",
+                      n_samples=samples)
+    signatures, scores = test()
+    # sacreBLEU names the metrics by their own names (e.g. "chrF2")
+    bleu_key = next(k for k in scores if k.startswith("BLEU"))
+    chrf_key = next(k for k in scores if k.startswith("chrF"))
+    out = {}
+    for i, name in enumerate(scores["System"]):
+        out[name] = {"BLEU": scores[bleu_key][i], "chrF": scores[chrf_key][i]}
+    sigs = {"BLEU": str(signatures[bleu_key]), "chrF": str(signatures[chrf_key])}
+    return out, sigs, seeds
+
+
+def plot_curves(runs: List[Run], target: Path) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"transformer": "tab:blue", "control": "tab:green", "hybrid": "tab:orange", "hybrid+tags": "tab:red"}
+    styles = ["-", "--", ":", "-."]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    drawn = False
+    for run in runs:
+        valid = [r for r in json_records(run.folder / "train.log") if "valid_loss" in r]
+        if not valid:
+            continue
+        xs = [int(r["valid_num_updates"]) for r in valid]
+        ys = [float(r["valid_nll_loss"]) for r in valid]
+        ax.plot(xs, ys, styles[(run.seed - 1) % len(styles)], color=colours.get(run.variant, "k"),
+                label=f"{run.variant} seed {run.seed}", linewidth=1.2)
+        drawn = True
+    ax.set_xlabel("updates")
+    ax.set_ylabel("validation NLL (base 2, per target token)")
+    ax.set_title("Learning curves (every variant, every seed)")
+    ax.grid(alpha=0.3)
+    if drawn:
+        ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    tmp = target.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, target)
+    return drawn
+
+
+def chrf_of(run: Run, reference: Path) -> float:
+    from sacrebleu.metrics import CHRF
+
+    hyps = (run.folder / "eval" / "hyp.detok").read_text(encoding="utf-8").splitlines()
+    refs = reference.read_text(encoding="utf-8").splitlines()
+    return CHRF().corpus_score(hyps, [refs]).score
+
+
+def run_facts(run: Run, reference: Path) -> dict:
+    records = json_records(run.folder / "train.log")
+    inner = [r for r in records if "wps" in r and "train_wps" not in r]
+    valid = [r for r in records if "valid_loss" in r]
+    done = (run.folder / "train.done").read_text().split() if (run.folder / "train.done").exists() else []
+    return {
+        "wps": statistics.median(float(r["wps"]) for r in inner[1:] or inner) if inner else float("nan"),
+        "valid_nll": float(valid[-1]["valid_nll_loss"]) if valid else float("nan"),
+        "train_seconds": float(done[2]) if len(done) > 2 else float("nan"),
+        "scores": read_scores(run.folder / "eval" / "bleu.txt"),
+        "chrf": chrf_of(run, reference),
+    }
+
+
+def analysis_section(by_variant, facts, paths) -> List[str]:
+    """The paper's analysis (its Fig. 3 discussion) on the best model of each kind with
+    convolution heads: the cosine similarity of "fire" and "mountain" in the dot-product
+    heads' output and in LocalConv's representation, per encoder layer."""
+    lines = []
+    codes = paths.get("bpe_codes")
+    for variant in ("hybrid", "hybrid+tags"):
+        if variant not in by_variant:
+            continue
+        best = max(by_variant[variant], key=lambda r: float(facts[r.name]["scores"]["sacrebleu_detok"]))
+        cmd = [sys.executable, "-m", "tpp_tools.embedding_similarity", "--path", best.folder / "checkpoint_avg.pt",
+               "--data", paths["data"]]
+        if codes and Path(codes).exists():
+            cmd += ["--bpe-codes", codes]
+        proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+        if not lines:
+            lines += ["## Fire and mountain", "",
+                      "The paper's analysis on the best model (by test BLEU) of each kind with convolution "
+                      "heads: cosine similarity of the two words in the dot-product heads' output and in "
+                      "LocalConv's representation, per encoder layer (paper: 0.21 vs 0.39).", ""]
+        body = proc.stdout.strip() if proc.returncode == 0 else f"(failed: {proc.stderr.strip()[-300:]})"
+        lines += [f"{VARIANTS[variant]['label']}, seed {best.seed}:", "", "```", body, "```", ""]
+    return lines
+
+
+def parameter_count(run: Run) -> int:
+    import torch
+
+    import tpp_plugin  # noqa: F401  (allow-lists fairseq's checkpoint contents)
+
+    state = torch.load(run.folder / "checkpoint_avg.pt", map_location="cpu", weights_only=True)
+    return sum(t.numel() for k, t in state["model"].items() if hasattr(t, "numel")
+               and "tag_heads" not in k and "_float_tensor" not in k and "version" not in k)
+
+
+def write_report(args, cfg: Config, paths, runs: List[Run], command: str, elapsed: float) -> Path:
+    by_variant: Dict[str, List[Run]] = {}
+    for run in runs:
+        by_variant.setdefault(run.variant, []).append(run)
+    facts = {run.name: run_facts(run, paths["reference"]) for run in runs}
+    boot, signatures, pooled = significance(by_variant, paths["reference"], args.bootstrap_samples)
+    plot = args.out / "curves.png"
+    plot_curves(runs, plot)
+
+    def fmt(x, digits=2):
+        return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+    lines = [
+        "# Quality study: Transformer++ against the Transformer", "",
+        f"Data: `{paths['data']}` ({paths['src']}→{paths['tgt']}; test set {count_lines(paths['reference'])} "
+        f"sentences, reference `{paths['reference']}`).",
+        f"Budget (every run): {cfg.max_update} updates × up to {cfg.max_tokens * cfg.update_freq} tokens per update "
+        f"(--max-tokens {cfg.max_tokens} × --update-freq {cfg.update_freq}); Adam (0.9, 0.98), inverse-sqrt "
+        f"schedule, peak lr {cfg.lr}, {cfg.warmup_updates} warm-up updates; d={cfg.embed_dim}, {cfg.heads} heads, "
+        f"FFN {cfg.ffn_dim}, {cfg.layers}+{cfg.layers} layers, shared embeddings, dropout {cfg.dropout} / "
+        f"attention {cfg.attention_dropout} / activation {cfg.activation_dropout}, label smoothing "
+        f"{cfg.label_smoothing}, {cfg.dtype}; average of the last {cfg.average} checkpoints; beam 5, lenpen 0.5.",
+        f"Seeds: {', '.join(map(str, sorted({r.seed for r in runs})))}. Device: {args.device_name}. "
+        f"Wall time of this invocation: {elapsed / 60:.1f} min.", "",
+        "| variant | what | parameters | BLEU (mean over seeds ± 95% CI) | per seed | chrF (mean) "
+        "| tok. BLEU, compound split (mean) | bootstrap BLEU: mean ± 95% CI | p vs (a) "
+        "| bootstrap chrF: mean ± 95% CI | p vs (a) | valid NLL | train words/s |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for variant, vruns in by_variant.items():
+        vruns = sorted(vruns, key=lambda r: r.seed)
+        bleus = [float(facts[r.name]["scores"]["sacrebleu_detok"]) for r in vruns]
+        chrfs = [facts[r.name]["chrf"] for r in vruns]
+        toks = [float(facts[r.name]["scores"]["bleu_tok_compound_split"]) for r in vruns]
+        b, c = boot[variant]["BLEU"], boot[variant]["chrF"]
+        p_b = "—" if variant == args.variants[0] else fmt(b.p_value, 4)
+        p_c = "—" if variant == args.variants[0] else fmt(c.p_value, 4)
+        lines.append(
+            f"| {VARIANTS[variant]['label']} | {VARIANTS[variant]['what']} | {parameter_count(vruns[0]) / 1e6:.2f}M "
+            f"| {statistics.mean(bleus):.2f} ± {fmt(t_interval(bleus))} | {' / '.join(f'{x:.2f}' for x in bleus)} "
+            f"| {statistics.mean(chrfs):.2f} | {statistics.mean(toks):.2f} "
+            f"| {b.mean:.2f} ± {b.ci:.2f} | {p_b} | {c.mean:.2f} ± {c.ci:.2f} | {p_c} "
+            f"| {statistics.mean(facts[r.name]['valid_nll'] for r in vruns):.3f} "
+            f"| {statistics.median(facts[r.name]['wps'] for r in vruns):,.0f} |")
+    first = runs[0]
+    sig = facts[first.name]["scores"]
+    lines += [
+        "",
+        f"Bootstrap: sacreBLEU's paired bootstrap resampling ({args.bootstrap_samples} resamples) of each variant "
+        f"against {VARIANTS[args.variants[0]]['label']}, each system being its {pooled} seeds' translations "
+        "of the test set one after the other (the reference repeated as often); p is the probability of the "
+        "observed difference under the null hypothesis that the two systems are the same.",
+        f"Signatures: BLEU `{signatures['BLEU']}`; chrF `{signatures['chrF']}`; "
+        f"per-run detokenised BLEU `{sig.get('sacrebleu_detok_signature', '')}`; tokenised `"
+        f"{sig.get('bleu_tok_compound_split_signature', '')}`.",
+        "", "![learning curves](curves.png)", "",
+        "## Commands", "", "The study:", "", "```bash", command, "```", "",
+        "Each run's fairseq-train command (the first seed of each variant; the others differ in --seed "
+        "and folder):", "",
+    ]
+    for variant, vruns in by_variant.items():
+        lines += [f"- {variant}:", "", "```bash", " ".join(shlex.quote(c) for c in vruns[0].train_cmd), "```", ""]
+    lines += analysis_section(by_variant, facts, paths)
+    lines += ["Per-run scores and logs: `runs/<variant>-s<seed>-<id>/eval/bleu.txt`, `train.log`, `run.json`."]
+    report = args.out / "report.md"
+    tmp = report.with_suffix(".md.tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, report)
+    summary = {
+        "config": asdict(cfg), "command": command,
+        "runs": {r.name: {"folder": str(r.folder), **{k: v for k, v in facts[r.name].items()}} for r in runs},
+        "bootstrap": {v: {m: vars(x) for m, x in d.items()} for v, d in boot.items()},
+        "signatures": signatures,
+    }
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    return report
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--config", choices=sorted(CONFIGS), default="gpu",
+                   help="model size, budget, schedule and data preparation (default gpu)")
+    src = p.add_argument_group("data (raw text, or a prepared folder)")
+    src.add_argument("--corpus", help="PREFIX of the raw parallel training text PREFIX.{src,tgt}[.xz]")
+    src.add_argument("-s", "--source-lang")
+    src.add_argument("-t", "--target-lang")
+    src.add_argument("--valid", help="PREFIX of a raw valid set (default: carved from --corpus)")
+    src.add_argument("--test", help="PREFIX of a raw test set (default: carved from --corpus)")
+    src.add_argument("--valid-size", type=int, default=1000)
+    src.add_argument("--test-size", type=int, default=2000)
+    src.add_argument("--split-seed", type=int, default=1)
+    src.add_argument("--data", type=Path, help="a prepared data folder (instead of --corpus)")
+    src.add_argument("--test-reference", type=Path, help="with --data: the raw test target")
+    src.add_argument("--test-source", type=Path, help="with --data: the raw test source (optional)")
+    src.add_argument("--bpe-codes", type=Path, help="with --data: its BPE codes (for the fire/mountain analysis)")
+    src.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="data preparation processes")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--variants", default="transformer,control,hybrid,hybrid+tags",
+                   help=f"from {', '.join(VARIANTS)}; the first is the baseline of the tests")
+    p.add_argument("--seeds", default="1,2,3")
+    over = p.add_argument_group("overrides of the configuration (each changes the runs' identity)")
+    for name, kind in (("max_update", int), ("max_tokens", int), ("update_freq", int), ("lr", float),
+                       ("warmup_updates", int), ("embed_dim", int), ("ffn_dim", int), ("heads", int),
+                       ("layers", int), ("dropout", float), ("average", int), ("dtype", str),
+                       ("bpe_merges", int), ("max_len", int), ("save_interval_updates", int),
+                       ("validate_interval_updates", int)):
+        over.add_argument("--" + name.replace("_", "-"), type=kind, dest=name)
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda if available")
+    p.add_argument("--parallel", type=int, default=None,
+                   help="runs at once (default: 4 on a GPU, cores/threads on the CPU)")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads per run (CPU device)")
+    p.add_argument("--gen-max-tokens", type=int, default=None, help="tokens per generation batch")
+    p.add_argument("--bootstrap-samples", type=int, default=1000)
+    p.add_argument("--keep-checkpoints", action="store_true", help="keep every run's interval checkpoints")
+    p.add_argument("--dry-run", action="store_true", help="print the runs and their commands, run nothing")
+    p.add_argument("extra", nargs="*", help="options after -- go to every fairseq-train command")
+    args = p.parse_args(argv)
+    if (args.corpus is None) == (args.data is None):
+        p.error("give either --corpus (raw text) or --data (a prepared folder)")
+    args.variants = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        p.error(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
+    if len(set(args.variants)) != len(args.variants):
+        p.error("--variants: a variant is named twice")
+    try:
+        args.seeds = [int(s) for s in args.seeds.split(",") if s]
+    except ValueError:
+        p.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
+    if len(args.seeds) < 2:
+        p.error("--seeds: at least two seeds (a single run cannot tell a difference from seed noise)")
+    args.variants_need_tags = "hybrid+tags" in args.variants
+    return args
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    cfg = CONFIGS[args.config]
+    cfg = Config(**{**asdict(cfg), **{k: getattr(args, k) for k in asdict(cfg) if getattr(args, k, None) is not None}})
+    if cfg.dtype not in ("fp32", "fp16", "bf16"):
+        print(f"{PROG}: error: --dtype must be fp32, fp16 or bf16, not {cfg.dtype!r}", file=sys.stderr)
+        return 2
+    import torch
+
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "cpu" and cfg.dtype != "fp32" and args.dtype is None:
+        cfg.dtype = "fp32"
+    args.device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({os.cpu_count()} cores)"
+    args.parallel = args.parallel or (4 if args.device == "cuda" else max(1, (os.cpu_count() or 1) // args.threads))
+    args.gen_max_tokens = args.gen_max_tokens or (16384 if args.device == "cuda" else 4096)
+    args.out.mkdir(parents=True, exist_ok=True)
+    command = f"{PROG} " + " ".join(shlex.quote(a) for a in argv)
+    started = time.time()
+    try:
+        paths = prepare_data(args, cfg)
+    except StudyError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+    runs = plan_runs(args, cfg, paths["data"])
+    if args.dry_run:
+        for run in runs:
+            state = "done" if trained_updates(run) >= cfg.max_update else "to train"
+            print(f"{run.name} [{state}] {run.folder}\n  " + " ".join(shlex.quote(c) for c in run.train_cmd))
+        return 0
+    log(f"{len(runs)} runs ({len(args.variants)} variants x {len(args.seeds)} seeds), {args.parallel} at a time "
+        f"on {args.device_name}")
+    failures = []
+    with ThreadPoolExecutor(max_workers=args.parallel) as pool:
+        futures = {pool.submit(execute, run, cfg, paths, args): run for run in runs}
+        for future, run in futures.items():
+            try:
+                future.result()
+                log(f"{run.name}: done")
+            except Exception as err:  # keep the other runs going; report at the end
+                failures.append((run, err))
+                log(f"{run.name}: FAILED: {err}")
+    if failures:
+        print(f"{PROG}: error: {len(failures)} run(s) failed; re-run the same command to resume:",
+              file=sys.stderr)
+        for run, err in failures:
+            print(f"  {run.name}: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 1
+    report = write_report(args, cfg, paths, runs, command, time.time() - started)
+    log(f"report: {report}")
+    print(report.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
