@@ -351,6 +351,10 @@ def execute(run: Run, cfg: Config, paths, args) -> None:
     if trained_updates(run) < cfg.max_update:
         log(f"{run.name}: training ({cfg.max_update} updates) in {run.folder}")
         started = time.time()
+        if (run.folder / "checkpoints" / "checkpoint_last.pt").exists():
+            # an interrupted run resumes; a torn checkpoint_last.pt is set aside first
+            run_command([sys.executable, "-m", "tpp_tools.recover", "--save-dir", run.folder / "checkpoints"],
+                        out_log, env=env)
         run_command(run.train_cmd, out_log, env=env)
         updates = last_checkpoint_updates(run)
         if updates < cfg.max_update:

@@ -16,7 +16,7 @@ from fairseq.logging import metrics
 
 from tpp_plugin.criterions import LabelSmoothedCrossEntropyWithTagsCriterion
 from tpp_plugin.tasks import TranslationWithTagsTask
-from tpp_plugin.tasks.tagged_dataset import TagAlignmentError
+from tpp_pipeline.contract import TagAlignmentError
 from tpp_plugin.tasks.translation_with_tags import TranslationWithTagsConfig
 
 from support import binarize_tagged, build_model, toy_tags

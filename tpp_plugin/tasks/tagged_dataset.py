@@ -11,32 +11,8 @@ every key would otherwise be passed to the encoder at generation time.
 
 from typing import Dict, List
 
-import numpy as np
 import torch
 from fairseq.data import BaseWrapperDataset, Dictionary, LanguagePairDataset, data_utils
-
-
-class TagAlignmentError(ValueError):
-    """A label stream does not line up with the source sentences."""
-
-
-def check_tag_alignment(split: str, tag: str, path: str, src_sizes: np.ndarray, tag_sizes: np.ndarray):
-    """Raise :class:`TagAlignmentError` naming the split, the first misaligned sentence
-    and both lengths. Sizes count the end-of-sentence slot on both sides; the message
-    reports them without it, as a user counts tokens in the text files."""
-    if len(src_sizes) != len(tag_sizes):
-        raise TagAlignmentError(
-            f"{split}: {tag} labels ({path}) have {len(tag_sizes)} sentences, "
-            f"the source has {len(src_sizes)}"
-        )
-    bad = np.flatnonzero(np.asarray(src_sizes) != np.asarray(tag_sizes))
-    if len(bad):
-        i = int(bad[0])
-        raise TagAlignmentError(
-            f"{split}: sentence {i} has {int(tag_sizes[i]) - 1} {tag} labels for "
-            f"{int(src_sizes[i]) - 1} source tokens ({path}; {len(bad)} misaligned "
-            f"sentence(s) in this split)"
-        )
 
 
 class TaggedLanguagePairDataset(BaseWrapperDataset):

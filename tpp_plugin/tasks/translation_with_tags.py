@@ -1,10 +1,11 @@
 """``translation_with_tags``: fairseq's translation task plus per-token source labels.
 
-Data layout (what ``scripts/`` produces), in each data directory::
+Data layout (what ``tpp-prepare-corpus`` produces; the contract is
+:mod:`tpp_pipeline.contract`, shared with the pipeline), in each data directory::
 
     dict.{src}.txt  dict.{tgt}.txt                  # as for --task translation
     {split}.{src}-{tgt}.{src}.bin/.idx  ...{tgt}.bin/.idx
-    dict.{tag}.txt                                  # one per tag type, e.g. pos, ner
+    dict.{tag}.txt                                  # one per tag kind, e.g. pos, ner
     {split}.{src}-{tgt}.{tag}.bin/.idx              # one label per source subword
 
 The labels are training targets only: a model trained with this task translates with
@@ -22,7 +23,14 @@ from fairseq.data import ConcatDataset, Dictionary, data_utils, indexed_dataset
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
-from .tagged_dataset import TaggedLanguagePairDataset, check_tag_alignment
+from tpp_pipeline.contract import (
+    check_tag_alignment,
+    label_dictionary_path,
+    label_stream_prefix,
+    parse_tag_kinds,
+)
+
+from .tagged_dataset import TaggedLanguagePairDataset
 
 logger = logging.getLogger(__name__)
 
@@ -38,13 +46,6 @@ class TranslationWithTagsConfig(TranslationConfig):
     )
 
 
-def parse_tag_names(value: str) -> List[str]:
-    names = [t for t in (value or "").replace(" ", "").split(",") if t]
-    if len(set(names)) != len(names):
-        raise ValueError(f"--tags: a tag type is listed twice in {value!r}")
-    return names
-
-
 @register_task("translation_with_tags", dataclass=TranslationWithTagsConfig)
 class TranslationWithTagsTask(TranslationTask):
     """Translation whose source sentences also carry POS/NER (or any) token labels,
@@ -55,7 +56,7 @@ class TranslationWithTagsTask(TranslationTask):
 
     def __init__(self, cfg: TranslationWithTagsConfig, src_dict, tgt_dict):
         super().__init__(cfg, src_dict, tgt_dict)
-        self.tag_names = parse_tag_names(cfg.tags)
+        self.tag_names = parse_tag_kinds(cfg.tags)
         if self.tag_names and (cfg.truncate_source or getattr(cfg, "prepend_bos", False)):
             raise ValueError(
                 "--truncate-source / --prepend-bos change the source tokens and would "
@@ -68,7 +69,7 @@ class TranslationWithTagsTask(TranslationTask):
         self.tag_dictionaries: Dict[str, Dictionary] = {}
         self.missing_tag_dictionaries: Dict[str, str] = {}
         for name in self.tag_names:
-            path = os.path.join(data_dir, f"dict.{name}.txt")
+            path = label_dictionary_path(data_dir, name)
             if os.path.exists(path):
                 self.tag_dictionaries[name] = Dictionary.load(path)
                 logger.info(f"[{name}] dictionary: {len(self.tag_dictionaries[name])} types")
@@ -101,8 +102,8 @@ class TranslationWithTagsTask(TranslationTask):
         for k in itertools.count():
             split_k = split + (str(k) if k > 0 else "")
             candidates = [
-                os.path.join(data_path, f"{split_k}.{src}-{tgt}.{name}"),
-                os.path.join(data_path, f"{split_k}.{tgt}-{src}.{name}"),
+                label_stream_prefix(data_path, split_k, src, tgt, name),
+                label_stream_prefix(data_path, split_k, tgt, src, name),
             ]
             prefix = next(
                 (p for p in candidates if indexed_dataset.dataset_exists(p, impl=self.cfg.dataset_impl)),
