@@ -154,6 +154,28 @@ def language_pair(data: Path):
     raise StudyError(f"{data}: no train.<src>-<tgt>.*.idx: not a fairseq data folder")
 
 
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file's bytes, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def data_identity(args, cfg: Config, src: str, tgt: str, given: Dict[str, str], sizes: Dict[str, int]) -> str:
+    """Identity of the data a raw corpus becomes: the inputs' contents (not their names
+    or modification times: a corpus copied or unpacked again is the same corpus), the
+    carving and the preparation settings. Any change prepares a new folder."""
+    from tpp_pipeline.splits import side_path
+
+    identity = {"corpus": [file_digest(side_path(args.corpus, lang)) for lang in (src, tgt)],
+                "given": {n: [file_digest(side_path(p, lang)) for lang in (src, tgt)] for n, p in given.items()},
+                "sizes": sizes, "seed": args.split_seed, "bpe": cfg.bpe_merges,
+                "max_len": cfg.max_len, "tags": args.variants_need_tags}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:8]
+
+
 def fingerprint(data: Path) -> str:
     """Identity of a data folder: its dictionaries and the sizes of its splits."""
     digest = hashlib.sha256()
@@ -219,16 +241,7 @@ def prepare_data(args, cfg: Config) -> Dict[str, Path]:
         sizes = {name: size for name, size in (("test", args.test_size), ("valid", args.valid_size))
                  if name not in given}
         try:
-            # the prepared data's identity: inputs (names, sizes, modification times),
-            # carving and preparation settings; any change prepares a new folder
-            identity = {"corpus": [str(side_path(args.corpus, lang).resolve()) for lang in (src, tgt)],
-                        "given": {n: [str(side_path(p, lang).resolve()) for lang in (src, tgt)]
-                                  for n, p in given.items()},
-                        "sizes": sizes, "seed": args.split_seed, "bpe": cfg.bpe_merges,
-                        "max_len": cfg.max_len, "tags": args.variants_need_tags}
-            stats = [(os.path.getsize(f), int(os.path.getmtime(f))) for f in identity["corpus"]]
-            stats += [(os.path.getsize(f), int(os.path.getmtime(f))) for fs in identity["given"].values() for f in fs]
-            digest = hashlib.sha256(json.dumps([identity, stats], sort_keys=True).encode()).hexdigest()[:8]
+            digest = data_identity(args, cfg, src, tgt, given, sizes)
             root = args.out / "data" / f"{src}-{tgt}-{digest}"
             raw = root / "raw"
             carve_corpus(args.corpus, src, tgt, raw, sizes, seed=args.split_seed, given=given)

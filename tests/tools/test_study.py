@@ -2,6 +2,7 @@
 
 import argparse
 import shlex
+from pathlib import Path
 
 from support import binarize_tagged, run
 from tpp_tools import study
@@ -68,3 +69,85 @@ def test_bad_input_is_an_error_naming_it(tmp_path):
     assert shown.returncode == 2
     assert f"tpp-study: error: --data {missing}: no such folder" in shown.stderr
     assert "Traceback" not in shown.stderr
+
+
+def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
+    """Two variants x two seeds of a few updates on a toy corpus: the report and its
+    columns, bootstrap figures equal to sacreBLEU's own paired test on the runs'
+    translations, a re-run that trains nothing, and a changed budget that is new runs."""
+    import json
+
+    from sacrebleu.metrics import BLEU, CHRF
+    from sacrebleu.significance import PairedTest
+
+    data = binarize_tagged(tmp_path / "text", tmp_path / "data-bin", n_train=120)
+    reference = tmp_path / "text" / "test.tgt"
+    out = tmp_path / "study"
+    command = ["tpp-study", "--config", "cpu", "--data", data, "--test-reference", reference,
+               "--out", out, "--variants", "transformer,hybrid+tags", "--seeds", "1,2", "--device", "cpu",
+               "--parallel", "2", "--embed-dim", "32", "--ffn-dim", "64", "--heads", "4", "--layers", "2",
+               "--max-tokens", "256", "--warmup-updates", "2", "--bootstrap-samples", "50"]
+    run(command + ["--max-update", "4"], timeout=900)
+
+    report = (out / "report.md").read_text()
+    for column in ("BLEU (mean over seeds ± 95% CI)", "chrF (mean)", "tok. BLEU, compound split (mean)",
+                   "bootstrap BLEU: mean ± 95% CI", "p vs (a)", "valid NLL", "train words/s"):
+        assert column in report, column
+    assert "| (a) transformer |" in report and "| (d) hybrid+tags |" in report
+    assert "![learning curves](curves.png)" in report and (out / "curves.png").stat().st_size > 0
+    runs = sorted(p.name for p in (out / "runs").iterdir())
+    assert [name.rsplit("-", 1)[0] for name in runs] == [
+        "hybrid_tags-s1", "hybrid_tags-s2", "transformer-s1", "transformer-s2"]
+
+    # the significance figures are sacreBLEU's paired bootstrap on the seeds' translations
+    summary = json.loads((out / "summary.json").read_text())
+    refs = reference.read_text(encoding="utf-8").splitlines()
+    systems = []
+    for variant in ("transformer", "hybrid+tags"):
+        hyps = []
+        for seed in (1, 2):
+            folder = summary["runs"][f"{variant}-s{seed}"]["folder"]
+            hyps += (Path(folder) / "eval" / "hyp.detok").read_text(encoding="utf-8").splitlines()
+        systems.append((variant, hyps))
+    signatures, scores = PairedTest(systems, {"BLEU": BLEU(), "chrF": CHRF()}, [refs * 2],
+                                    test_type="bs", n_samples=50)()
+    assert summary["signatures"]["BLEU"] == str(signatures["BLEU"]) and "bs:50" in summary["signatures"]["BLEU"]
+    ours = summary["bootstrap"]["hybrid+tags"]["BLEU"]
+    theirs = scores["BLEU"][1]
+    assert (ours["mean"], ours["ci"], ours["p_value"]) == (theirs.mean, theirs.ci, theirs.p_value)
+    assert f"{theirs.p_value:.4f}" in report
+
+    # a re-run reuses every finished run: nothing trained, averaged or translated again
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/eval/bleu.txt")}
+    stamps.update({p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/checkpoint_avg.pt")})
+    again = run(command + ["--max-update", "4"], timeout=900)
+    assert ": training (" not in again.stdout and ": translating" not in again.stdout, again.stdout
+    assert again.stdout.count(": done") == 4
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+
+    # a changed budget is a new run, never a silent reuse (the plan the real run follows)
+    planned = run(command + ["--max-update", "6", "--dry-run"], timeout=300).stdout
+    states = [line.split()[:2] for line in planned.splitlines() if line.startswith(("transformer", "hybrid"))]
+    assert states == [["transformer-s1", "[to"], ["transformer-s2", "[to"],
+                      ["hybrid+tags-s1", "[to"], ["hybrid+tags-s2", "[to"]], planned
+    assert not any(name in planned for name in runs)
+
+
+def test_prepared_data_is_identified_by_content_not_by_file_dates(tmp_path):
+    """A corpus unpacked or copied again (new modification times, other folder) is the
+    same data, so its prepared folder and the runs on it are reused; other content is not."""
+    import os
+
+    def identity(prefix):
+        args = argparse.Namespace(corpus=str(prefix), split_seed=1, variants_need_tags=True)
+        return study.data_identity(args, study.CONFIGS["cpu"], "en", "de", {}, {"test": 10, "valid": 10})
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    for folder in (first, second):
+        folder.mkdir()
+        (folder / "train.en").write_text("a house\n")
+        (folder / "train.de").write_text("ein Haus\n")
+    os.utime(second / "train.en", (1, 1))
+    assert identity(first / "train") == identity(second / "train")
+    (second / "train.de").write_text("ein Hund\n")
+    assert identity(first / "train") != identity(second / "train")
