@@ -61,19 +61,19 @@ PROG = "tpp-study"
 VARIANTS = {
     "transformer": dict(
         label="(a) transformer", what="fairseq's transformer",
-        arch="transformer", task="translation", criterion="label_smoothed_cross_entropy", model=[]),
+        arch="transformer", task="translation", criterion="label_smoothed_cross_entropy", model=[], conv=False),
     "control": dict(
         label="(b) control", what="transformer_pp, 0 conv heads, no tags",
         arch="transformer_pp", task="translation", criterion="label_smoothed_cross_entropy",
-        model=["--encoder-conv-heads", "0", "--decoder-conv-heads", "0", "--encoder-tag-layers", ""]),
+        model=["--encoder-conv-heads", "0", "--decoder-conv-heads", "0", "--encoder-tag-layers", ""], conv=False),
     "hybrid": dict(
         label="(c) hybrid", what="hybrid heads, no tags",
         arch="transformer_pp", task="translation", criterion="label_smoothed_cross_entropy",
-        model=["--encoder-tag-layers", ""]),
+        model=["--encoder-tag-layers", ""], conv=True),
     "hybrid+tags": dict(
         label="(d) hybrid+tags", what="hybrid heads + POS/NER losses (Transformer++)",
         arch="transformer_pp", task="translation_with_tags",
-        criterion="label_smoothed_cross_entropy_with_tags", model=[]),
+        criterion="label_smoothed_cross_entropy_with_tags", model=[], conv=True),
 }
 
 
@@ -101,6 +101,8 @@ class Config:
     bpe_merges: int = 16000
     max_len: int = 250
     extra: List[str] = field(default_factory=list)
+    # the conv heads' output scale (--conv-head-scaling of transformer_pp; "none": the paper)
+    conv_head_scaling: str = "none"
 
 
 CONFIGS = {
@@ -303,8 +305,9 @@ def train_command(variant: str, seed: int, cfg: Config, data: Path, folder: Path
         dims += [f"--{side}-embed-dim", cfg.embed_dim, f"--{side}-ffn-embed-dim", cfg.ffn_dim,
                  f"--{side}-attention-heads", cfg.heads, f"--{side}-layers", cfg.layers]
     precision = {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}[cfg.dtype]
+    scaling = ["--conv-head-scaling", cfg.conv_head_scaling] if v["conv"] and cfg.conv_head_scaling != "none" else []
     cmd = [
-        "fairseq-train", data, "--user-dir", plugin_dir(), "--arch", v["arch"], *v["model"], *dims,
+        "fairseq-train", data, "--user-dir", plugin_dir(), "--arch", v["arch"], *v["model"], *scaling, *dims,
         "--share-all-embeddings", "--dropout", cfg.dropout, "--attention-dropout", cfg.attention_dropout,
         "--activation-dropout", cfg.activation_dropout,
         "--task", v["task"], "--criterion", v["criterion"], "--label-smoothing", cfg.label_smoothing,
@@ -328,7 +331,11 @@ def plan_runs(args, cfg: Config, data: Path) -> List[Run]:
     data_id = fingerprint(data)
     for variant in args.variants:
         for seed in args.seeds:
-            spec = {"variant": variant, "seed": seed, "config": asdict(cfg), "data": data_id,
+            config = asdict(cfg)
+            if config["conv_head_scaling"] == "none" or not VARIANTS[variant]["conv"]:
+                # no effect on this run: its identity (and reuse) does not depend on it
+                del config["conv_head_scaling"]
+            spec = {"variant": variant, "seed": seed, "config": config, "data": data_id,
                     "extra": args.extra, "device": args.device}
             run_id = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:8]
             folder = args.out / "runs" / f"{variant.replace('+', '_')}-s{seed}-{run_id}"
@@ -560,7 +567,9 @@ def write_report(args, cfg: Config, paths, runs: List[Run], command: str, elapse
         f"schedule, peak lr {cfg.lr}, {cfg.warmup_updates} warm-up updates; d={cfg.embed_dim}, {cfg.heads} heads, "
         f"FFN {cfg.ffn_dim}, {cfg.layers}+{cfg.layers} layers, shared embeddings, dropout {cfg.dropout} / "
         f"attention {cfg.attention_dropout} / activation {cfg.activation_dropout}, label smoothing "
-        f"{cfg.label_smoothing}, {cfg.dtype}; average of the last {cfg.average} checkpoints; beam 5, lenpen 0.5.",
+        f"{cfg.label_smoothing}, {cfg.dtype}; average of the last {cfg.average} checkpoints; beam 5, lenpen 0.5; "
+        f"conv heads' output scaling (hybrid variants): {cfg.conv_head_scaling}"
+        f"{' (the paper)' if cfg.conv_head_scaling == 'none' else ''}.",
         f"Seeds: {', '.join(map(str, sorted({r.seed for r in runs})))}. Device: {args.device_name}. "
         f"Wall time of this invocation: {elapsed / 60:.1f} min.", "",
         "| variant | what | parameters | BLEU (mean over seeds ± 95% CI) | per seed | chrF (mean) "
@@ -650,6 +659,9 @@ def parse_args(argv=None):
                        ("bpe_merges", int), ("max_len", int), ("save_interval_updates", int),
                        ("validate_interval_updates", int)):
         over.add_argument("--" + name.replace("_", "-"), type=kind, dest=name)
+    over.add_argument("--conv-head-scaling", choices=["none", "inv-sqrt-head-dim"], dest="conv_head_scaling",
+                      help="the hybrid variants' --conv-head-scaling (default none: the paper's; "
+                           "see docs/study.md)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda if available")
     p.add_argument("--parallel", type=int, default=None,
                    help="runs at once (default: 4 on a GPU, cores/threads on the CPU)")

@@ -205,11 +205,39 @@ def test_paper_faithful_defaults_are_pinned():
     args = argparse.Namespace()
     ARCH_CONFIG_REGISTRY["transformer_pp"](args)
     assert args.encoder_conv_centered is False
+    assert args.conv_head_scaling == "none"
     assert (args.encoder_conv_heads, args.decoder_conv_heads) == (4, 4)
     assert args.encoder_conv_kernel_sizes == args.decoder_conv_kernel_sizes == "3,5,7,11,15"
     assert args.encoder_tag_layers == "pos:1,ner:2"
     model = build_model("transformer_pp", encoder_tag_layers="")
     assert all(layer.self_attn.local_conv.lookahead == 0 for layer in model.encoder.layers)
+    assert all(layer.self_attn.conv_output_scale == 1.0
+               for layer in [*model.encoder.layers, *model.decoder.layers])
+
+
+def test_conv_head_scaling_scales_only_the_conv_heads_output_by_inv_sqrt_head_dim():
+    """--conv-head-scaling inv-sqrt-head-dim: the conv heads' LocalConv * Query times
+    1/sqrt(d_h), the dot-product heads and LocalConv untouched; in the parallel forward,
+    the analysis path and an incremental decoding step alike."""
+    torch.manual_seed(0)
+    paper = build_model(encoder_tag_layers="", dropout=0.0).eval()
+    scaled = build_model(encoder_tag_layers="", dropout=0.0, conv_head_scaling="inv-sqrt-head-dim").eval()
+    scaled.load_state_dict(paper.state_dict())
+    a, b = paper.decoder.layers[1].self_attn, scaled.decoder.layers[1].self_attn
+    assert b.conv_output_scale == a.head_dim ** -0.5 == 0.25 and "inv-sqrt-head-dim" in repr(b)
+    x = torch.randn(7, 3, a.embed_dim)
+    ha, hb = a.head_outputs(x), b.head_outputs(x)
+    assert torch.equal(ha["dot"], hb["dot"]) and torch.equal(ha["local"], hb["local"])
+    assert torch.allclose(hb["conv"], ha["conv"] * 0.25, atol=1e-7)
+    assert not torch.allclose(a(x, x, x)[0], b(x, x, x)[0], atol=1e-3)
+    # the decoding step (its own code path) agrees with the parallel forward
+    full = b(x, x, x, need_weights=False)[0]
+    state = {}
+    steps = [b(step, step, step, incremental_state=state, need_weights=False)[0]
+             for step in x.split(1)]
+    assert torch.allclose(torch.cat(steps), full, atol=1e-5)
+    with pytest.raises(ValueError, match="output_scaling"):
+        HybridMultiheadAttention(64, 4, 2, 3, output_scaling="sqrt")
 
 
 def test_centered_encoder_conv_sees_the_next_positions_and_the_decoder_stays_causal():

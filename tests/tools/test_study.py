@@ -151,3 +151,22 @@ def test_prepared_data_is_identified_by_content_not_by_file_dates(tmp_path):
     assert identity(first / "train") == identity(second / "train")
     (second / "train.de").write_text("ein Hund\n")
     assert identity(first / "train") != identity(second / "train")
+
+
+def test_conv_head_scaling_makes_new_runs_of_the_hybrid_variants_only(tmp_path):
+    """The option changes the hybrid variants' command and identity; the transformer and
+    the control, which it cannot affect, keep theirs (and are reused)."""
+    from dataclasses import replace
+
+    data = data_folder(tmp_path / "data")
+    args = argparse.Namespace(variants=list(study.VARIANTS), seeds=[1, 2], extra=[], device="cpu",
+                              out=tmp_path / "out")
+    paper = study.plan_runs(args, study.CONFIGS["cpu"], data)
+    scaled = study.plan_runs(args, replace(study.CONFIGS["cpu"], conv_head_scaling="inv-sqrt-head-dim"), data)
+    for before, after in zip(paper, scaled):
+        unaffected = before.variant in ("transformer", "control")
+        assert (before.folder == after.folder) == unaffected, before.variant
+        assert "--conv-head-scaling" not in before.train_cmd
+        if not unaffected:
+            flag = after.train_cmd.index("--conv-head-scaling")
+            assert after.train_cmd[flag + 1] == "inv-sqrt-head-dim"

@@ -33,6 +33,17 @@ describes lives in the pooling weights of the Query (which words matter to the
 context); :meth:`HybridMultiheadAttention.forward` returns them as the conv heads'
 attention maps when weights are asked for.
 
+**The conv heads' output scale.** ``LocalConv(S) ⊙ Query(S)`` is a product of two
+linear projections of the same input, so its size grows with the *square* of the
+projection weights, while every dot-product head is linear in its value projection.
+The paper gives no scale. Measured in the CPU study's configuration (d=256, 2+2 heads,
+``tpp-study``'s ``docs/study.md``): after 700 updates the conv heads' outputs were 2-6
+times the size of the dot-product heads', the hybrid model learned far more slowly
+than the same model with its conv heads' output set to zero, and multiplying the
+product by ``1/√d_h`` (the factor dot-product attention puts on its logits) removed
+the gap. ``output_scaling="inv-sqrt-head-dim"`` (``--conv-head-scaling``) does that;
+the default ``"none"`` is the paper's unscaled product.
+
 **One input projection.** Every projection of the input — the dot-product heads'
 ``W^Q, W^K, W^V``, LocalConv's pointwise ``W^P``, the Query's ``W^S`` and ``W^Q`` — is
 a slice of one ``in_proj`` (``d x (3·H_a·d_h + 2·H_c·d_h + H_c)``, rounded up to a
@@ -72,6 +83,8 @@ from torch import Tensor, nn
 from .context_query import ContextQuery
 from .local_conv import LocalConv
 
+#: values of ``output_scaling`` (``--conv-head-scaling``): the paper's product, or scaled by 1/sqrt(d_h)
+OUTPUT_SCALINGS = ("none", "inv-sqrt-head-dim")
 #: ``in_proj``'s width is a multiple of this many elements (see ``projection_sizes``)
 ALIGN = 8
 #: the slices of ``in_proj``, in order, and the parameters that held them before the
@@ -100,6 +113,8 @@ class HybridMultiheadAttention(nn.Module):
             the right, as fairseq pads targets: the padding mask is then not needed.
         centered_conv: (encoder only) LocalConv sees ``⌊(F-1)/2⌋·δ`` positions ahead
             as well as behind, instead of the paper's causal window.
+        output_scaling: ``"none"`` (the paper) or ``"inv-sqrt-head-dim"``: the conv
+            heads' output ``LocalConv ⊙ Query`` multiplied by ``1/√d_h``.
     """
 
     def __init__(
@@ -114,6 +129,7 @@ class HybridMultiheadAttention(nn.Module):
         causal: bool = False,
         right_padded: bool = False,
         centered_conv: bool = False,
+        output_scaling: str = "none",
     ):
         super().__init__()
         if embed_dim % num_heads != 0:
@@ -122,9 +138,14 @@ class HybridMultiheadAttention(nn.Module):
             raise ValueError(f"conv_heads must be in 1..{num_heads}, got {conv_heads}")
         if causal and centered_conv:
             raise ValueError("a causal (decoder) self-attention cannot have a centred LocalConv")
+        if output_scaling not in OUTPUT_SCALINGS:
+            raise ValueError(f"output_scaling must be one of {', '.join(OUTPUT_SCALINGS)}, got {output_scaling!r}")
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
+        self.output_scaling = output_scaling
+        #: the factor on ``LocalConv ⊙ Query`` (1.0: the paper's unscaled product)
+        self.conv_output_scale = self.head_dim**-0.5 if output_scaling == "inv-sqrt-head-dim" else 1.0
         self.conv_heads = conv_heads
         self.dot_heads = num_heads - conv_heads
         self.causal = causal
@@ -243,7 +264,7 @@ class HybridMultiheadAttention(nn.Module):
         # padding mask of the new positions only (the cached ones are already folded in)
         new_padding = key_padding_mask[:, -tgt_len:] if key_padding_mask is not None else None
         local, context = self._conv_heads(proj, new_padding, incremental_state)
-        heads.append(local * context)
+        heads.append(self._conv_output(local, context))
         attn = self.out_proj(torch.cat(heads, dim=-1) if len(heads) > 1 else heads[0])
 
         weights: Optional[Tensor] = None
@@ -264,7 +285,7 @@ class HybridMultiheadAttention(nn.Module):
         if self.dot_heads > 0:
             dot, _ = self._dot_product_heads(proj["q"], proj["k"], proj["v"], key_padding_mask, None, None, False)
         local, context = self._conv_heads(proj, key_padding_mask, None)
-        return {"dot": dot, "local": local, "conv": local * context}
+        return {"dot": dot, "local": local, "conv": self._conv_output(local, context)}
 
     def _decode_step(self, x: Tensor, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tensor:
         """One decoding step without padding (the common case of beam search): the
@@ -288,9 +309,15 @@ class HybridMultiheadAttention(nn.Module):
             heads.append(torch.matmul(weights, v).view(bsz, -1))  # B x (Ha*dh)
         local = self.local_conv.step(proj["local"], incremental_state)
         context = self.context_query.step(proj["score"], proj["value"], incremental_state)
-        heads.append(local * context)
+        heads.append(self._conv_output(local, context))
         mixed = torch.cat(heads, dim=-1) if len(heads) > 1 else heads[0]
         return F.linear(mixed, self.out_proj.weight, self.out_proj.bias).unsqueeze(0)
+
+    def _conv_output(self, local: Tensor, context: Tensor) -> Tensor:
+        """The conv heads' output: ``LocalConv ⊙ Query`` (times ``1/√d_h`` if scaled)."""
+        if self.conv_output_scale == 1.0:
+            return local * context
+        return local * context * self.conv_output_scale
 
     def _project(self, x: Tensor) -> Dict[str, Tensor]:
         """All input projections of ``x`` by one matrix product, ``T x B x width`` each."""
@@ -476,5 +503,6 @@ class HybridMultiheadAttention(nn.Module):
         return (
             f"embed_dim={self.embed_dim}, heads={self.num_heads} "
             f"(dot-product {self.dot_heads}, convolution {self.conv_heads}), "
-            f"head_dim={self.head_dim}, causal={self.causal}, right_padded={self.right_padded}"
+            f"head_dim={self.head_dim}, causal={self.causal}, right_padded={self.right_padded}, "
+            f"output_scaling={self.output_scaling}"
         )

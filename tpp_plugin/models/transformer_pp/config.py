@@ -10,6 +10,7 @@ errors name the option.
 from typing import Dict
 
 from ...modules import HybridMultiheadAttention
+from ...modules.hybrid_attention import OUTPUT_SCALINGS
 from ...options import parse_int_list, parse_named
 
 #: the paper's kernel widths for blocks 1..5 (encoder and decoder alike)
@@ -58,6 +59,10 @@ def add_args(parser) -> None:
     parser.add_argument('--encoder-conv-centered', type=_bool, metavar='BOOL',
                         help="centre the encoder's LocalConv window on the current position "
                              "(default False: causal, as the paper describes it)")
+    parser.add_argument('--conv-head-scaling', choices=OUTPUT_SCALINGS, metavar='SCALING',
+                        help="scale of the conv heads' output LocalConv * Query: 'none' (the paper, "
+                             "default) or 'inv-sqrt-head-dim' (times 1/sqrt(d_h); trains far better "
+                             "in the study, see docs/study.md)")
     parser.add_argument('--conv-weight-dropout', type=float, metavar='P',
                         help='DropConnect probability on the normalised LocalConv kernels')
     parser.add_argument('--encoder-tag-layers', type=str, metavar='TAG:LAYER,...',
@@ -82,6 +87,8 @@ class ConvHeadsConfig:
         self.conv_heads = getattr(args, prefix + "conv_heads")
         self.weight_dropout = getattr(args, "conv_weight_dropout", 0.0)
         self.centered = bool(getattr(args, prefix + "conv_centered", False))
+        # checkpoints written before the option existed hold none: the paper's product
+        self.output_scaling = getattr(args, "conv_head_scaling", None) or "none"
         opt = f"{side}-conv"
         if self.heads < 1 or self.embed_dim % self.heads != 0:
             raise ValueError(
@@ -113,6 +120,7 @@ class ConvHeadsConfig:
             conv_weight_dropout=self.weight_dropout,
             causal=causal,
             centered_conv=self.centered and not causal,
+            output_scaling=self.output_scaling,
             # fairseq pads targets on the right (TransformerPPModel.build_model switches
             # this off for a task that pads them on the left)
             right_padded=causal,
