@@ -450,8 +450,13 @@ def significance(runs_by_variant: Dict[str, List[Run]], reference: Path, samples
     bleu_key = next(k for k in scores if k.startswith("BLEU"))
     chrf_key = next(k for k in scores if k.startswith("chrF"))
     out = {}
+    baseline_hyps = systems[0][1]
     for i, name in enumerate(scores["System"]):
-        out[name] = {"BLEU": scores[bleu_key][i], "chrF": scores[chrf_key][i]}
+        out[name] = {"BLEU": scores[bleu_key][i], "chrF": scores[chrf_key][i],
+                     # sacreBLEU gives a system compared with an identical one its smallest
+                     # p-value ("a zero difference should not be attributed to chance"):
+                     # the report says "identical" instead of quoting it
+                     "identical": i > 0 and dict(systems)[name] == baseline_hyps}
     sigs = {"BLEU": str(signatures[bleu_key]), "chrF": str(signatures[chrf_key])}
     return out, sigs, seeds
 
@@ -571,7 +576,10 @@ def write_report(args, cfg: Config, paths, runs: List[Run], command: str, elapse
         f"conv heads' output scaling (hybrid variants): {cfg.conv_head_scaling}"
         f"{' (the paper)' if cfg.conv_head_scaling == 'none' else ''}.",
         f"Seeds: {', '.join(map(str, sorted({r.seed for r in runs})))}. Device: {args.device_name}. "
-        f"Wall time of this invocation: {elapsed / 60:.1f} min.", "",
+        f"Wall time of this invocation: {elapsed / 60:.1f} min; training time per run (median): "
+        f"{statistics.median(facts[r.name]['train_seconds'] for r in runs) / 60:.0f} min "
+        "(words/s and times are as measured under the machine's load at the time: not a speed comparison, "
+        "which is docs/benchmarks.md's).", "",
         "| variant | what | parameters | BLEU (mean over seeds ± 95% CI) | per seed | chrF (mean) "
         "| tok. BLEU, compound split (mean) | bootstrap BLEU: mean ± 95% CI | p vs (a) "
         "| bootstrap chrF: mean ± 95% CI | p vs (a) | valid NLL | train words/s |",
@@ -583,8 +591,12 @@ def write_report(args, cfg: Config, paths, runs: List[Run], command: str, elapse
         chrfs = [facts[r.name]["chrf"] for r in vruns]
         toks = [float(facts[r.name]["scores"]["bleu_tok_compound_split"]) for r in vruns]
         b, c = boot[variant]["BLEU"], boot[variant]["chrF"]
-        p_b = "—" if variant == args.variants[0] else fmt(b.p_value, 4)
-        p_c = "—" if variant == args.variants[0] else fmt(c.p_value, 4)
+        if variant == args.variants[0]:
+            p_b = p_c = "—"
+        elif boot[variant]["identical"]:
+            p_b = p_c = "identical translations"
+        else:
+            p_b, p_c = fmt(b.p_value, 4), fmt(c.p_value, 4)
         lines.append(
             f"| {VARIANTS[variant]['label']} | {VARIANTS[variant]['what']} | {parameter_count(vruns[0]) / 1e6:.2f}M "
             f"| {statistics.mean(bleus):.2f} ± {fmt(t_interval(bleus))} | {' / '.join(f'{x:.2f}' for x in bleus)} "
@@ -599,7 +611,9 @@ def write_report(args, cfg: Config, paths, runs: List[Run], command: str, elapse
         f"Bootstrap: sacreBLEU's paired bootstrap resampling ({args.bootstrap_samples} resamples) of each variant "
         f"against {VARIANTS[args.variants[0]]['label']}, each system being its {pooled} seeds' translations "
         "of the test set one after the other (the reference repeated as often); p is the probability of the "
-        "observed difference under the null hypothesis that the two systems are the same.",
+        "observed difference under the null hypothesis that the two systems are the same. A variant whose "
+        "translations are word for word the baseline's is marked \"identical translations\" (sacreBLEU "
+        "gives such a pair its smallest p-value by design).",
         f"Signatures: BLEU `{signatures['BLEU']}`; chrF `{signatures['chrF']}`; "
         f"per-run detokenised BLEU `{sig.get('sacrebleu_detok_signature', '')}`; tokenised `"
         f"{sig.get('bleu_tok_compound_split_signature', '')}`.",
@@ -619,7 +633,7 @@ def write_report(args, cfg: Config, paths, runs: List[Run], command: str, elapse
     summary = {
         "config": asdict(cfg), "command": command,
         "runs": {r.name: {"folder": str(r.folder), **{k: v for k, v in facts[r.name].items()}} for r in runs},
-        "bootstrap": {v: {m: vars(x) for m, x in d.items()} for v, d in boot.items()},
+        "bootstrap": {v: {m: (vars(x) if m != "identical" else x) for m, x in d.items()} for v, d in boot.items()},
         "signatures": signatures,
     }
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")

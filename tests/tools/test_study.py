@@ -170,3 +170,24 @@ def test_conv_head_scaling_makes_new_runs_of_the_hybrid_variants_only(tmp_path):
         if not unaffected:
             flag = after.train_cmd.index("--conv-head-scaling")
             assert after.train_cmd[flag + 1] == "inv-sqrt-head-dim"
+
+
+def test_a_variant_translating_word_for_word_as_the_baseline_is_marked_identical(tmp_path):
+    """sacreBLEU gives a system compared with an identical one its smallest p-value; the
+    study marks the pair instead of quoting that figure as a significant difference."""
+    reference = tmp_path / "ref.txt"
+    reference.write_text("a small house .\nthe red cat runs .\nit is cold .\n")
+    outputs = {"transformer": "a small house .\nthe cat runs .\nit is warm .\n",
+               "control": "a small house .\nthe cat runs .\nit is warm .\n",
+               "hybrid": "a house .\nthe red cat .\nit is cold .\n"}
+    runs = {}
+    for variant, text in outputs.items():
+        for seed in (1, 2):
+            folder = tmp_path / f"{variant}-{seed}"
+            (folder / "eval").mkdir(parents=True)
+            (folder / "eval" / "hyp.detok").write_text(text)
+            runs.setdefault(variant, []).append(study.Run(variant, seed, folder, [], {}))
+    boot, _, pooled = study.significance(runs, reference, 50)
+    assert pooled == 2
+    assert boot["control"]["identical"] is True and boot["hybrid"]["identical"] is False
+    assert boot["transformer"]["identical"] is False
