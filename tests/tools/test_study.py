@@ -191,3 +191,21 @@ def test_a_variant_translating_word_for_word_as_the_baseline_is_marked_identical
     assert pooled == 2
     assert boot["control"]["identical"] is True and boot["hybrid"]["identical"] is False
     assert boot["transformer"]["identical"] is False
+
+
+def test_a_wrong_reference_or_variant_is_refused_before_any_training(tmp_path):
+    data = binarize_tagged(tmp_path / "text", tmp_path / "data-bin", n_train=60)
+    lines = (tmp_path / "text" / "test.tgt").read_text().splitlines()
+    short = tmp_path / "short.tgt"
+    short.write_text("\n".join(lines[:-1]) + "\n")
+    out = tmp_path / "out"
+    shown = run(["tpp-study", "--config", "cpu", "--data", data, "--test-reference", short, "--out", out,
+                 "--variants", "transformer,hybrid", "--seeds", "1,2", "--device", "cpu"], check=False, timeout=300)
+    assert shown.returncode != 0 and "Traceback" not in shown.stderr
+    assert f"test reference {short} has {len(lines) - 1} lines but the test split of {data} has " \
+           f"{len(lines)} sentences" in shown.stderr
+    assert not (out / "runs").exists()
+    shown = run(["tpp-study", "--data", data, "--test-reference", tmp_path / "text" / "test.tgt", "--out", out,
+                 "--variants", "transformer,hybrd", "--device", "cpu"], check=False, timeout=300)
+    assert shown.returncode == 2 and "--variants: unknown ['hybrd']" in shown.stderr
+    assert not (out / "runs").exists()
