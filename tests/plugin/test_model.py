@@ -251,3 +251,16 @@ def test_centered_encoder_conv_sees_the_next_positions_and_the_decoder_stays_cau
     u[6] = 1.0
     out = conv(u)
     assert (out[4:9, 0].abs().sum(-1) > 0).all() and (out[:4, 0].abs().sum(-1) == 0).all()
+
+
+def test_only_the_cpu_preset_scales_the_conv_heads():
+    """The paper's presets keep its unscaled conv heads; the CPU demo's preset, chosen
+    for learning speed, scales them (the study's finding)."""
+    for arch, expected in (("transformer_pp", "none"), ("transformer_pp_wmt_en_de_big", "none"),
+                           ("transformer_pp_wmt_en_fr_big", "none"), ("transformer_pp_iwslt_de_en", "none"),
+                           ("transformer_pp_tiny", "none"), ("transformer_pp_cpu", "inv-sqrt-head-dim")):
+        args = argparse.Namespace()
+        ARCH_CONFIG_REGISTRY[arch](args)
+        assert args.conv_head_scaling == expected, arch
+    model = build_model("transformer_pp_cpu", encoder_tag_layers="")
+    assert model.encoder.layers[0].self_attn.conv_output_scale == (256 // 4) ** -0.5

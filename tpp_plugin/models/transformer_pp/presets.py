@@ -57,7 +57,9 @@ def transformer_pp_cpu(args):
     """The CPU demo's and the CPU study's model, chosen for learning speed on a few
     cores: d=256, 4 heads (2+2), FFN 512, 3+3 layers, kernels 3,5,7 with dilations
     1,1,2, dropout 0.1 (no attention/activation dropout, no DropConnect), all
-    embeddings shared (one joint dictionary)."""
+    embeddings shared (one joint dictionary), and the conv heads' output scaled by
+    1/sqrt(d_h) (``--conv-head-scaling inv-sqrt-head-dim``: the paper's unscaled
+    heads learned far more slowly at this size in the CPU study, docs/study.md)."""
     _default(args, "encoder_embed_dim", 256)
     _default(args, "encoder_ffn_embed_dim", 512)
     _default(args, "encoder_layers", 3)
@@ -69,6 +71,7 @@ def transformer_pp_cpu(args):
     _default(args, "activation_dropout", 0.0)
     _default(args, "conv_weight_dropout", 0.0)
     _default(args, "share_all_embeddings", True)
+    _default(args, "conv_head_scaling", "inv-sqrt-head-dim")
     transformer_pp_base_architecture(args)
 
 
