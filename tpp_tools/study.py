@@ -718,7 +718,14 @@ def main(argv=None) -> int:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.device == "cpu" and cfg.dtype != "fp32" and args.dtype is None:
         cfg.dtype = "fp32"
-    args.device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({os.cpu_count()} cores)"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        if not args.dry_run:
+            print(f"{PROG}: error: --device cuda: torch {torch.__version__} sees no CUDA GPU on this machine "
+                  "(--dry-run plans a GPU study anywhere)", file=sys.stderr)
+            return 2
+        args.device_name = "a CUDA GPU (planned on a machine without one)"
+    else:
+        args.device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({os.cpu_count()} cores)"
     args.parallel = args.parallel or (4 if args.device == "cuda" else max(1, (os.cpu_count() or 1) // args.threads))
     args.gen_max_tokens = args.gen_max_tokens or (16384 if args.device == "cuda" else 4096)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -209,3 +209,19 @@ def test_a_wrong_reference_or_variant_is_refused_before_any_training(tmp_path):
                  "--variants", "transformer,hybrd", "--device", "cpu"], check=False, timeout=300)
     assert shown.returncode == 2 and "--variants: unknown ['hybrd']" in shown.stderr
     assert not (out / "runs").exists()
+
+
+def test_device_cuda_without_a_gpu_is_an_error_and_a_dry_run_still_plans(tmp_path):
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU: --device cuda is valid here")
+    data = binarize_tagged(tmp_path / "text", tmp_path / "data-bin", n_train=60)
+    command = ["tpp-study", "--data", data, "--test-reference", tmp_path / "text" / "test.tgt",
+               "--out", tmp_path / "out", "--variants", "transformer,hybrid", "--seeds", "1,2", "--device", "cuda"]
+    shown = run(command, check=False, timeout=300)
+    assert shown.returncode == 2 and "Traceback" not in shown.stderr
+    assert "tpp-study: error: --device cuda: torch" in shown.stderr and "sees no CUDA GPU" in shown.stderr
+    planned = run(command + ["--dry-run"], timeout=300).stdout
+    assert planned.count(" [to train] ") == 4 and "--bf16" in planned
