@@ -237,7 +237,7 @@ def prepare_data(args, cfg: Config) -> Dict[str, Path]:
         if not (src and tgt):
             raise StudyError("--corpus needs -s/--source-lang and -t/--target-lang")
         from tpp_pipeline.errors import DataError
-        from tpp_pipeline.splits import carve_corpus, side_path
+        from tpp_pipeline.splits import carve_corpus
 
         given = {name: getattr(args, name) for name in ("test", "valid") if getattr(args, name)}
         sizes = {name: size for name, size in (("test", args.test_size), ("valid", args.valid_size))
