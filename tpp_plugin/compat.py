@@ -21,11 +21,21 @@ checkpoint). Each change logs once, at the first moment it actually changes some
    for a device and fails (fairseq issue #4696). Where torch_xla is not installed a
    TPU cannot have been meant: the parsed arguments are corrected when fairseq turns
    them into its configuration, before anything uses them.
+4. **Debug logging switched on by an import** (fairseq 0.12).
+   ``fairseq.models.wav2vec.wav2vec2_classification`` calls
+   ``logging.basicConfig(level=logging.DEBUG)`` when ``import fairseq`` loads it. In
+   fairseq's own commands that call is too late to matter (they configure logging
+   first); in any other program that imports fairseq (ours, a notebook) the root
+   logger ends up at DEBUG and every library's debug messages are printed — thousands
+   of matplotlib font-cache lines in a plot. The root level is put back where
+   fairseq's commands put it: ``$LOGLEVEL``, else INFO. ``LOGLEVEL=DEBUG`` still
+   gives everything.
 """
 
 import argparse
 import importlib.util
 import logging
+import os
 import sys
 
 import numpy as np
@@ -158,8 +168,21 @@ def bf16_without_tpu() -> None:
             module.convert_namespace_to_omegaconf = convert_namespace_to_omegaconf
 
 
+# --------------------------------------------------------------------------- 4. logging
+
+
+def undo_debug_logging_of_fairseq_import() -> None:
+    """The root logger back from DEBUG to ``$LOGLEVEL`` (default INFO) unless DEBUG was
+    asked for."""
+    root = logging.getLogger()
+    wanted = os.environ.get("LOGLEVEL", "INFO").upper()
+    if root.level == logging.DEBUG and isinstance(logging.getLevelName(wanted), int) and wanted != "DEBUG":
+        root.setLevel(wanted)
+
+
 def apply() -> None:
     """All of the above (idempotent)."""
     allow_fairseq_checkpoints()
     keep_last_batches()
     bf16_without_tpu()
+    undo_debug_logging_of_fairseq_import()
