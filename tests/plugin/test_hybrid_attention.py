@@ -54,7 +54,7 @@ def reference_hybrid(m: HybridMultiheadAttention, x: torch.Tensor, pad: torch.Te
                         if src >= 0:
                             local[c] += kernel[ch, k_] * u[src, ch]
                 pool = [tau for tau in range(T) if allowed(t, tau)] or [t]
-                w = torch.softmax(torch.stack([s[tau, h] for tau in pool]), dim=0)
+                w = torch.softmax(torch.stack([s[tau, h] for tau in pool]) / m.context_query.temperature, dim=0)
                 query = sum(wi * vals[tau, sl] for wi, tau in zip(w, pool))
                 maps[Ha + h, b, t, pool] = w
                 head[t] = local * query
@@ -64,10 +64,11 @@ def reference_hybrid(m: HybridMultiheadAttention, x: torch.Tensor, pad: torch.Te
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("conv_heads", [2, 4])
-def test_module_matches_loop_reference(causal, conv_heads):
+@pytest.mark.parametrize("conv_heads, temperature", [(2, 1.0), (4, 1.0), (2, 0.3)])
+def test_module_matches_loop_reference(causal, conv_heads, temperature):
     torch.manual_seed(0)
-    m = HybridMultiheadAttention(12, 4, conv_heads, kernel_size=3, dilation=2, causal=causal).eval()
+    m = HybridMultiheadAttention(12, 4, conv_heads, kernel_size=3, dilation=2, causal=causal,
+                                 query_temperature=temperature).eval()
     with torch.no_grad():  # non-trivial biases, so that padding handling is visible
         for p in m.parameters():
             p.add_(0.1 * torch.randn_like(p))
@@ -170,9 +171,11 @@ def _incremental_outputs(m, x, chunks, reorder_at=None, new_order=None):
     return torch.cat(outs, dim=0)
 
 
-def test_module_incremental_equals_full_multi_step_chunks():
+@pytest.mark.parametrize("temperature", [1.0, 4.0])
+def test_module_incremental_equals_full_multi_step_chunks(temperature):
     torch.manual_seed(0)
-    m = HybridMultiheadAttention(16, 4, 2, kernel_size=5, dilation=2, causal=True).eval()
+    m = HybridMultiheadAttention(16, 4, 2, kernel_size=5, dilation=2, causal=True,
+                                 query_temperature=temperature).eval()
     x = torch.randn(23, 3, 16)
     full, _ = m(x, x, x)
     # single steps, then several positions at once (fairseq's own lightconv gets this wrong)
@@ -207,6 +210,7 @@ def test_self_attention_only():
         (dict(embed_dim=8, num_heads=4, conv_heads=5, kernel_size=3), "conv_heads"),
         (dict(embed_dim=8, num_heads=4, conv_heads=2, kernel_size=0), "kernel_size"),
         (dict(embed_dim=8, num_heads=4, conv_heads=2, kernel_size=3, dilation=0), "dilation"),
+        (dict(embed_dim=8, num_heads=4, conv_heads=2, kernel_size=3, query_temperature=0.0), "temperature"),
     ],
 )
 def test_module_rejects_bad_sizes(kwargs, message):

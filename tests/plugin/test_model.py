@@ -206,6 +206,7 @@ def test_paper_faithful_defaults_are_pinned():
     ARCH_CONFIG_REGISTRY["transformer_pp"](args)
     assert args.encoder_conv_centered is False
     assert args.conv_head_scaling == "none"
+    assert args.conv_query_temperature == 1.0
     assert (args.encoder_conv_heads, args.decoder_conv_heads) == (4, 4)
     assert args.encoder_conv_kernel_sizes == args.decoder_conv_kernel_sizes == "3,5,7,11,15"
     assert args.encoder_tag_layers == "pos:1,ner:2"
@@ -238,6 +239,36 @@ def test_conv_head_scaling_scales_only_the_conv_heads_output_by_inv_sqrt_head_di
     assert torch.allclose(torch.cat(steps), full, atol=1e-5)
     with pytest.raises(ValueError, match="output_scaling"):
         HybridMultiheadAttention(64, 4, 2, 3, output_scaling="sqrt")
+
+
+def test_conv_query_temperature_reaches_every_query_and_only_divides_its_scores():
+    """--conv-query-temperature T: every layer's Query pools with softmax(s / T), which
+    is the T = 1 model with the score rows of the fused projection divided by T; 0 is
+    an error naming the option, not the default."""
+    torch.manual_seed(0)
+    d = make_dictionary(30)
+    paper = build_model(dictionary=d, encoder_tag_layers="", dropout=0.0).eval()
+    warm = build_model(dictionary=d, encoder_tag_layers="", dropout=0.0, conv_query_temperature=2.5).eval()
+    warm.load_state_dict(paper.state_dict())
+    layers = [*warm.encoder.layers, *warm.decoder.layers]
+    assert all(layer.self_attn.context_query.temperature == 2.5 for layer in layers)
+    assert "temperature=2.5" in repr(warm.decoder.layers[0].self_attn.context_query)
+    with torch.no_grad():  # the same pooling in the T = 1 model: score rows / 2.5
+        for layer in [*paper.encoder.layers, *paper.decoder.layers]:
+            attn = layer.self_attn
+            start = sum(w for n, w in attn.projection_sizes[:attn._names.index("score")])
+            rows = slice(start, start + attn.conv_heads)
+            attn.in_proj.weight[rows] /= 2.5
+            attn.in_proj.bias[rows] /= 2.5
+    src, prev = random_tokens(d, 3, 6), random_tokens(d, 3, 5, seed=1)
+    lengths = torch.full((3,), 6)
+    with torch.no_grad():
+        out_warm = warm(src, lengths, prev)[0]
+        assert torch.allclose(out_warm, paper(src, lengths, prev)[0], atol=1e-5)
+        warm.encoder.layers[0].self_attn.context_query.temperature = 1.0  # it is used
+        assert not torch.allclose(warm(src, lengths, prev)[0], out_warm, atol=1e-4)
+    with pytest.raises(ValueError, match="--conv-query-temperature"):
+        build_model(encoder_tag_layers="", conv_query_temperature=0.0)
 
 
 def test_centered_encoder_conv_sees_the_next_positions_and_the_decoder_stays_causal():

@@ -22,6 +22,12 @@ i.e. a summary of the whole sentence (encoder), or of its prefix (decoder: a *pr
 softmax*, so that no position sees the future). The weights ``α`` are the head's
 word-context weights; :meth:`ContextQuery.weights` returns them for visualisation.
 
+The paper gives the pooling no temperature. Ours (``temperature`` θ,
+``--conv-query-temperature``, default 1, i.e. none) divides the scores,
+``α_τ ∝ e^{s_τ / θ}``: θ > 1 pools more evenly at initialisation and lets Adam move
+the distribution more slowly (its steps are of a fixed size in ``W^Q``), θ < 1 the
+reverse.
+
 The projections ``W^S`` and ``W^Q`` are slices of the fused input projection of the
 :class:`~tpp_plugin.modules.HybridMultiheadAttention` that owns this module; this
 module pools.
@@ -122,13 +128,22 @@ class ContextQuery(nn.Module):
         num_heads: ``H_c``.
         head_dim: ``d_h``.
         causal: prefix softmax (decoder) instead of a sentence-wide one (encoder).
+        temperature: the scores are divided by it before the softmax (1: the paper).
     """
 
-    def __init__(self, num_heads: int, head_dim: int, causal: bool):
+    def __init__(self, num_heads: int, head_dim: int, causal: bool, temperature: float = 1.0):
         super().__init__()
+        if not temperature > 0:
+            raise ValueError(f"the Query's pooling temperature must be > 0, got {temperature}")
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.causal = causal
+        self.temperature = float(temperature)
+
+    def _logits(self, scores: Tensor) -> Tensor:
+        """The scores in float32, divided by the temperature (exactly as given at 1)."""
+        scores = scores.float()
+        return scores if self.temperature == 1.0 else scores / self.temperature
 
     def forward(
         self,
@@ -151,7 +166,7 @@ class ContextQuery(nn.Module):
             returned in the dtype of ``values``.
         """
         tgt_len, bsz, _ = values.shape
-        scores = scores.float()
+        scores = self._logits(scores)
         if padding_mask is not None:
             scores = scores.masked_fill(padding_mask.transpose(0, 1).unsqueeze(-1), MASKED)
         values32 = values.float().reshape(tgt_len, bsz, self.num_heads, self.head_dim)
@@ -183,7 +198,7 @@ class ContextQuery(nn.Module):
         :meth:`forward`, with the least work per step."""
         bsz = values.size(0)
         key = self._get_full_incremental_state_key("context_query")
-        s = scores.float()  # B x H
+        s = self._logits(scores)  # B x H
         v = values.float().view(bsz, self.num_heads, self.head_dim)  # B x H x dh
         buffer = incremental_state.get(key)
         if buffer is None:
@@ -202,7 +217,7 @@ class ContextQuery(nn.Module):
         the distribution the query of position ``t`` pools with (in the encoder every row
         is the same sentence-wide distribution). ``scores`` is ``T x B x H``."""
         tgt_len = scores.size(0)
-        logits = scores.float().permute(1, 2, 0).unsqueeze(2).expand(-1, -1, tgt_len, -1)
+        logits = self._logits(scores).permute(1, 2, 0).unsqueeze(2).expand(-1, -1, tgt_len, -1)
         allowed = None
         if padding_mask is not None:
             allowed = ~padding_mask[:, None, None, :]
@@ -241,4 +256,5 @@ class ContextQuery(nn.Module):
         return self.set_incremental_state(incremental_state, "context_query", buffer)
 
     def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}, head_dim={self.head_dim}, causal={self.causal}"
+        return (f"num_heads={self.num_heads}, head_dim={self.head_dim}, causal={self.causal}, "
+                f"temperature={self.temperature:g}")

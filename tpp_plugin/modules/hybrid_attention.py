@@ -115,6 +115,7 @@ class HybridMultiheadAttention(nn.Module):
             as well as behind, instead of the paper's causal window.
         output_scaling: ``"none"`` (the paper) or ``"inv-sqrt-head-dim"``: the conv
             heads' output ``LocalConv ⊙ Query`` multiplied by ``1/√d_h``.
+        query_temperature: the Query's pooling temperature (1: the paper).
     """
 
     def __init__(
@@ -130,6 +131,7 @@ class HybridMultiheadAttention(nn.Module):
         right_padded: bool = False,
         centered_conv: bool = False,
         output_scaling: str = "none",
+        query_temperature: float = 1.0,
     ):
         super().__init__()
         if embed_dim % num_heads != 0:
@@ -173,7 +175,7 @@ class HybridMultiheadAttention(nn.Module):
         self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
         self.local_conv = LocalConv(conv_dim, kernel_size, dilation=dilation, weight_dropout=conv_weight_dropout,
                                     centered=centered_conv)
-        self.context_query = ContextQuery(conv_heads, self.head_dim, causal=causal)
+        self.context_query = ContextQuery(conv_heads, self.head_dim, causal=causal, temperature=query_temperature)
         self.out_proj = nn.Linear(embed_dim, embed_dim)
         self.reset_parameters()
 

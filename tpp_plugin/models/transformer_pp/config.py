@@ -63,6 +63,9 @@ def add_args(parser) -> None:
                         help="scale of the conv heads' output LocalConv * Query: 'none' (the paper, "
                              "default) or 'inv-sqrt-head-dim' (times 1/sqrt(d_h); trains far better "
                              "in the study, see docs/study.md)")
+    parser.add_argument('--conv-query-temperature', type=float, metavar='T',
+                        help="the conv heads' Query pools with softmax(scores / T) (default 1: "
+                             "the paper, which has no temperature)")
     parser.add_argument('--conv-weight-dropout', type=float, metavar='P',
                         help='DropConnect probability on the normalised LocalConv kernels')
     parser.add_argument('--encoder-tag-layers', type=str, metavar='TAG:LAYER,...',
@@ -89,6 +92,8 @@ class ConvHeadsConfig:
         self.centered = bool(getattr(args, prefix + "conv_centered", False))
         # checkpoints written before the option existed hold none: the paper's product
         self.output_scaling = getattr(args, "conv_head_scaling", None) or "none"
+        temperature = getattr(args, "conv_query_temperature", None)  # None: an older checkpoint
+        self.query_temperature = 1.0 if temperature is None else float(temperature)
         opt = f"{side}-conv"
         if self.heads < 1 or self.embed_dim % self.heads != 0:
             raise ValueError(
@@ -105,6 +110,8 @@ class ConvHeadsConfig:
                     f"({','.join(map(str, values))}) for --{side}-layers {self.num_layers}")
             if any(v < 1 for v in values):
                 raise ValueError(f"--{option} values must be >= 1, got {values}")
+        if not self.query_temperature > 0:
+            raise ValueError(f"--conv-query-temperature must be > 0, got {self.query_temperature}")
         if not 0.0 <= self.weight_dropout < 1.0:
             raise ValueError(f"--conv-weight-dropout must be in [0, 1), got {self.weight_dropout}")
 
@@ -121,6 +128,7 @@ class ConvHeadsConfig:
             causal=causal,
             centered_conv=self.centered and not causal,
             output_scaling=self.output_scaling,
+            query_temperature=self.query_temperature,
             # fairseq pads targets on the right (TransformerPPModel.build_model switches
             # this off for a task that pads them on the left)
             right_padded=causal,

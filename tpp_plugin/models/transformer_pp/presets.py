@@ -33,6 +33,7 @@ def transformer_pp_base_architecture(args):
     _default(args, "conv_weight_dropout", 0.1)
     _default(args, "encoder_conv_centered", False)
     _default(args, "conv_head_scaling", "none")
+    _default(args, "conv_query_temperature", 1.0)
     _default(args, "encoder_tag_layers", "pos:1,ner:2")
 
 
