@@ -181,8 +181,9 @@ def undo_debug_logging_of_fairseq_import() -> None:
 
 
 def apply() -> None:
-    """All of the above (idempotent)."""
+    """All of the above (idempotent); the logging level first, so that the others'
+    messages are filtered by it."""
+    undo_debug_logging_of_fairseq_import()
     allow_fairseq_checkpoints()
     keep_last_batches()
     bf16_without_tpu()
-    undo_debug_logging_of_fairseq_import()

@@ -28,7 +28,7 @@ def test_fairseq_alone_leaves_debug_logging_on():
 
 
 @pytest.mark.parametrize("loglevel, shown, hidden", [
-    (None, ["probe-info"], ["probe-debug", "DEBUG:matplotlib"]),
+    (None, ["probe-info"], ["probe-debug", "DEBUG"]),
     ("WARNING", [], ["probe-info", "probe-debug"]),
     ("DEBUG", ["probe-info", "probe-debug"], []),
 ])
