@@ -11,7 +11,7 @@ from fairseq.modules import MultiheadAttention
 
 from tpp_plugin.modules import HybridMultiheadAttention
 
-from support import build_model, make_dictionary, random_tokens
+from support import FakeTask, build_model, make_dictionary, random_tokens
 
 
 def decoder_logits(model, encoder_out, tokens, incremental_state=None):
@@ -87,6 +87,34 @@ def test_zero_conv_heads_is_a_plain_transformer_and_trains():
     assert attn and all(type(m) is MultiheadAttention for m in attn)
     losses = train_a_few_steps(model, d)
     assert losses[-1] < 0.8 * losses[0]
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_zero_conv_heads_is_initialised_weight_for_weight_as_fairseqs_transformer(shared):
+    """Same seed, same draws in the same order: the quality study's control (b) starts
+    from the very weights of its baseline (a), and (dropout drawing alike) trains to the
+    same translations. Would fail if a stack built its layers anywhere but where
+    fairseq's __init__ builds them (before the output projection, which draws too)."""
+    from fairseq.models.transformer import TransformerModel
+
+    d = make_dictionary(40)
+    dims = dict(encoder_embed_dim=32, encoder_ffn_embed_dim=64, encoder_layers=3, encoder_attention_heads=4,
+                decoder_embed_dim=32, decoder_ffn_embed_dim=64, decoder_layers=3, decoder_attention_heads=4,
+                share_all_embeddings=shared)
+    torch.manual_seed(1)
+    ours = build_model("transformer_pp", dictionary=d, encoder_conv_heads=0, decoder_conv_heads=0,
+                       encoder_tag_layers="", **dims)
+    args = argparse.Namespace(**dims)
+    ARCH_CONFIG_REGISTRY["transformer"](args)
+    torch.manual_seed(1)
+    theirs = TransformerModel.build_model(args, FakeTask(d))
+    a, b = ours.state_dict(), theirs.state_dict()
+    assert list(a) == list(b)
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
+    # and the hybrid model still gives each layer its own kernel width
+    hybrid = build_model("transformer_pp", dictionary=d, encoder_tag_layers="", **dims)
+    for stack in (hybrid.encoder, hybrid.decoder):
+        assert [layer.self_attn.local_conv.kernel_size for layer in stack.layers] == [3, 5, 7]
 
 
 def test_hybrid_model_uses_conv_heads_in_every_self_attention():

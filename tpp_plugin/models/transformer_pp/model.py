@@ -14,7 +14,6 @@ hooks rather than by rewriting layers:
    criterion asks, so generation needs nothing but the source text.
 """
 
-import copy
 import logging
 from typing import Dict, List, Optional
 
@@ -36,14 +35,24 @@ from .layers import TransformerPPDecoderLayer, TransformerPPEncoderLayer, wrap_l
 logger = logging.getLogger(__name__)
 
 
-def without_layers(cfg, side: str):
-    """A copy of fairseq's config whose ``side`` stack has no layers: fairseq's
-    ``__init__`` builds ``cfg.<side>.layers`` interchangeable layers through a hook that
-    is not told their index, while ours differ per layer (kernel width, dilation), so
-    the stacks below build their layers themselves, layer ``i`` from setting ``i``."""
-    stackless = copy.deepcopy(cfg)
-    getattr(stackless, side).layers = 0
-    return stackless
+class LayerCounter:
+    """The index of the layer a stack builds next. fairseq's ``__init__`` builds a
+    stack's layers in order, ``0 .. L-1``, through a hook that is not told the index,
+    while ours differ per layer (kernel width, dilation). Building them inside fairseq's
+    ``__init__``, where it builds them, keeps its order of random draws: the plugin's
+    model with 0 conv heads is then initialised weight for weight as fairseq's
+    ``transformer`` with the same seed (tested), which is what makes the quality
+    study's control (b) identical to its baseline (a)."""
+
+    def __init__(self, stack: str):
+        self.stack = stack
+        self.built = 0
+
+    def next(self, num_layers: int) -> int:
+        if self.built >= num_layers:
+            raise RuntimeError(f"the {self.stack} has built its {num_layers} layers already")
+        self.built += 1
+        return self.built - 1
 
 
 class TransformerPPEncoder(TransformerEncoderBase):
@@ -52,13 +61,13 @@ class TransformerPPEncoder(TransformerEncoderBase):
 
     def __init__(self, cfg, dictionary, embed_tokens, tag_classes: Dict[str, int], tag_layers: Dict[str, int]):
         self.conv = ConvHeadsConfig(cfg, "encoder")
-        super().__init__(without_layers(cfg, "encoder"), dictionary, embed_tokens)
-        self.cfg = cfg
-        self.layers.extend(self.build_encoder_layer(cfg, i) for i in range(cfg.encoder.layers))
-        self.num_layers = len(self.layers)
+        self.layer_counter = LayerCounter("encoder")
+        super().__init__(cfg, dictionary, embed_tokens)
         self.tag_heads = TagHeads(cfg.encoder.embed_dim, tag_classes, tag_layers)
 
-    def build_encoder_layer(self, cfg, layer_idx: int = 0):
+    def build_encoder_layer(self, cfg, layer_idx: Optional[int] = None):
+        if layer_idx is None:  # fairseq's __init__, layer after layer
+            layer_idx = self.layer_counter.next(cfg.encoder.layers)
         layer = TransformerPPEncoderLayer(cfg, layer_idx, self.conv, return_fc=self.return_fc)
         return wrap_layer(layer, cfg)
 
@@ -75,13 +84,13 @@ class TransformerPPDecoder(TransformerDecoderBase):
         if getattr(cfg, "base_layers", 0):
             raise ValueError("--base-layers is not supported by transformer_pp")
         self.conv = ConvHeadsConfig(cfg, "decoder")
-        super().__init__(without_layers(cfg, "decoder"), dictionary, embed_tokens,
+        self.layer_counter = LayerCounter("decoder")
+        super().__init__(cfg, dictionary, embed_tokens,
                          no_encoder_attn=no_encoder_attn, output_projection=output_projection)
-        self.cfg = cfg
-        self.layers.extend(self.build_decoder_layer(cfg, no_encoder_attn, i) for i in range(cfg.decoder.layers))
-        self.num_layers = len(self.layers)
 
-    def build_decoder_layer(self, cfg, no_encoder_attn=False, layer_idx: int = 0):
+    def build_decoder_layer(self, cfg, no_encoder_attn=False, layer_idx: Optional[int] = None):
+        if layer_idx is None:  # fairseq's __init__, layer after layer
+            layer_idx = self.layer_counter.next(cfg.decoder.layers)
         layer = TransformerPPDecoderLayer(cfg, layer_idx, self.conv, no_encoder_attn=no_encoder_attn)
         return wrap_layer(layer, cfg)
 
