@@ -9,6 +9,7 @@ Command lines: ``tpp-prepare-corpus`` (``pipeline``), ``tpp-prepare-wmt14`` (``w
 - ``textio``       -- strict UTF-8 line reading and atomic (temp name + rename) writing;
 - ``steps``        -- skip-if-done bookkeeping shared by all steps;
 - ``lock``         -- one run per work folder;
+- ``workers``      -- tokenisation and BPE pools, never forked from a threaded process;
 - ``moses``        -- punctuation normalisation and tokenisation (sacremoses);
 - ``cleaning``     -- length/ratio filtering of parallel (and tag) files;
 - ``tagging``      -- spaCy POS/NER labels on Moses tokens, sharded and resumable;

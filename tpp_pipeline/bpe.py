@@ -8,7 +8,6 @@ known exactly rather than re-derived from ``@@`` markers.
 """
 
 import logging
-import multiprocessing
 import os
 import shutil
 
@@ -16,6 +15,7 @@ from .errors import DataError
 from .projection import check_label_count, project_labels
 from .contract import TAG_KINDS
 from .textio import atomic_files, atomic_open, iter_lines
+from .workers import pool_context
 
 log = logging.getLogger("tpp_pipeline")
 _LINES_PER_TASK = 2000
@@ -106,8 +106,8 @@ def apply_bpe(codes_path, text_path, out_path, tag_paths=(), tag_out_paths=(), w
             _init_worker(codes_path)
             _write(map(_process_block, tasks), outs, tag_out_paths)
         else:
-            with multiprocessing.Pool(workers, initializer=_init_worker,
-                                      initargs=(codes_path,)) as pool:
+            with pool_context().Pool(workers, initializer=_init_worker,
+                                     initargs=(codes_path,)) as pool:
                 _write(pool.imap(_process_block, tasks), outs, tag_out_paths)
 
 

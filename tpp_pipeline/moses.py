@@ -6,12 +6,12 @@ splitting (``well @-@ known``) and XML escaping (``&amp;``, ``&apos;``...) -- so
 BPE text looks like the data fairseq's published models were trained on.
 """
 
-import multiprocessing
 import unicodedata
 
 from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
 from .textio import atomic_open, iter_lines
+from .workers import pool_context
 
 # Lines handed to a worker at a time: large enough to amortise inter-process traffic.
 _LINES_PER_TASK = 2000
@@ -76,6 +76,6 @@ def tokenize_file(in_path, out_path, lang, workers=1, utf8_errors="strict"):
             for block in _blocks(in_path, utf8_errors):
                 out.writelines(line + "\n" for line in _preprocess_block(block))
             return
-        with multiprocessing.Pool(workers, initializer=_init_worker, initargs=(lang,)) as pool:
+        with pool_context().Pool(workers, initializer=_init_worker, initargs=(lang,)) as pool:
             for block in pool.imap(_preprocess_block, _blocks(in_path, utf8_errors)):
                 out.writelines(line + "\n" for line in block)
