@@ -58,6 +58,13 @@ from .evaluate import plugin_dir
 
 PROG = "tpp-study"
 
+#: part of every run's identity: raised whenever a change of the code changes what a
+#: run computes from the same command (initial weights, numerics), so that runs made
+#: before it are trained again instead of reused next to runs made after it.
+#: 2: transformer_pp builds its layers in fairseq's order again (other initial weights
+#: for the hybrid variants; the control starts from the transformer's weights)
+RUN_VERSION = 2
+
 VARIANTS = {
     "transformer": dict(
         label="(a) transformer", what="fairseq's transformer",
@@ -337,6 +344,8 @@ def plan_runs(args, cfg: Config, data: Path) -> List[Run]:
                 del config["conv_head_scaling"]
             spec = {"variant": variant, "seed": seed, "config": config, "data": data_id,
                     "extra": args.extra, "device": args.device}
+            if RUN_VERSION > 1:  # version 1: the runs made before the field existed
+                spec["run_version"] = RUN_VERSION
             run_id = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:8]
             folder = args.out / "runs" / f"{variant.replace('+', '_')}-s{seed}-{run_id}"
             cmd = train_command(variant, seed, cfg, data, folder, args.device, args.extra)

@@ -4,19 +4,30 @@ import argparse
 import shlex
 from pathlib import Path
 
+import pytest
+
 from support import binarize_tagged, run
 from tpp_tools import study
 
 # Run folders of a study planned by scripts/run_study.py before the runner moved into
-# tpp_tools, on the data folder of data_folder() below: a study started then is resumed
-# (its finished runs reused) only if these stay the same.
-RUN_FOLDERS = {
+# tpp_tools, on the data folder of data_folder() below (run version 1): a study started
+# then is resumed (its finished runs reused) only if these stay the same.
+RUN_FOLDERS_V1 = {
     "cpu": ["transformer-s1-c85b93f2", "transformer-s2-63050a12", "control-s1-83b39d14",
             "control-s2-9500e6e6", "hybrid-s1-3dc1f37d", "hybrid-s2-9787e633",
             "hybrid_tags-s1-8352a9d9", "hybrid_tags-s2-66490b27"],
     "gpu": ["transformer-s1-9c2a95cd", "transformer-s2-d3983fd6", "control-s1-cb148a55",
             "control-s2-e86443aa", "hybrid-s1-bca49e8a", "hybrid-s2-f8968cae",
             "hybrid_tags-s1-b12b34f2", "hybrid_tags-s2-8f3699a1"],
+}
+# The same at run version 2 (transformer_pp's layers built in fairseq's order again).
+RUN_FOLDERS = {
+    "cpu": ["transformer-s1-f3eb4a60", "transformer-s2-0682d0fb", "control-s1-29bcae9d",
+            "control-s2-d58e7218", "hybrid-s1-6982a150", "hybrid-s2-072d545d",
+            "hybrid_tags-s1-60e4f29c", "hybrid_tags-s2-3b463723"],
+    "gpu": ["transformer-s1-cd1264cd", "transformer-s2-d80a367c", "control-s1-ca3a8ffc",
+            "control-s2-be875bae", "hybrid-s1-969b0041", "hybrid-s2-2f4d9de7",
+            "hybrid_tags-s1-d50927bd", "hybrid_tags-s2-ff3f3bd1"],
 }
 
 
@@ -30,14 +41,17 @@ def data_folder(folder):
     return folder
 
 
-def test_run_identity_is_that_of_the_former_runner(tmp_path):
+@pytest.mark.parametrize("version, folders", [(1, RUN_FOLDERS_V1), (2, RUN_FOLDERS)])
+def test_run_identity_changes_with_the_run_version_only(tmp_path, monkeypatch, version, folders):
+    assert study.RUN_VERSION == 2
+    monkeypatch.setattr(study, "RUN_VERSION", version)
     data = data_folder(tmp_path / "data")
     assert study.fingerprint(data) == "9ef634b2722143c4"
     for config, device in (("cpu", "cpu"), ("gpu", "cuda")):
         args = argparse.Namespace(variants=list(study.VARIANTS), seeds=[1, 2], extra=[],
                                   device=device, out=tmp_path / "out")
         runs = study.plan_runs(args, study.CONFIGS[config], data)
-        assert [r.folder.name for r in runs] == RUN_FOLDERS[config], config
+        assert [r.folder.name for r in runs] == folders[config], config
         assert all(r.folder.parent == tmp_path / "out" / "runs" for r in runs)
 
 
@@ -170,6 +184,18 @@ def test_conv_head_scaling_makes_new_runs_of_the_hybrid_variants_only(tmp_path):
         if not unaffected:
             flag = after.train_cmd.index("--conv-head-scaling")
             assert after.train_cmd[flag + 1] == "inv-sqrt-head-dim"
+
+
+def test_a_new_run_version_makes_new_runs_of_every_variant(tmp_path, monkeypatch):
+    """Runs made by code that computed differently are never reused."""
+    data = data_folder(tmp_path / "data")
+    args = argparse.Namespace(variants=list(study.VARIANTS), seeds=[1], extra=[], device="cpu",
+                              out=tmp_path / "out")
+    now = study.plan_runs(args, study.CONFIGS["cpu"], data)
+    monkeypatch.setattr(study, "RUN_VERSION", study.RUN_VERSION + 1)
+    later = study.plan_runs(args, study.CONFIGS["cpu"], data)
+    assert len(now) == 4 and all(a.folder != b.folder for a, b in zip(now, later))
+    assert all(a.variant == b.variant and a.seed == b.seed for a, b in zip(now, later))
 
 
 def test_a_variant_translating_word_for_word_as_the_baseline_is_marked_identical(tmp_path):
