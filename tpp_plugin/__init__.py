@@ -11,4 +11,4 @@ compat.apply()
 
 from . import criterions, models, tasks  # noqa: E402,F401  (registration side effects)
 
-__version__ = "0.2.0"
+__version__ = "0.2.1"
