@@ -9,6 +9,11 @@ threads held at the moment of the fork (Python 3.12 warns about exactly this). A
 load what they need in their initializer, so nothing is lost by not inheriting the
 parent's memory. (Tagging still forks, on purpose: its workers share the spaCy model
 the parent loaded, and its figures in docs/benchmarks.md are measured that way.)
+
+The price is Python's usual one for non-forked workers: each worker imports the
+caller's main module again, so a script that calls the pipeline's functions itself
+(rather than through ``tpp-prepare-corpus`` or ``python -m``) must do so under
+``if __name__ == "__main__":``; without it every worker would re-run the script.
 """
 
 import multiprocessing
