@@ -11,6 +11,11 @@ Models (same width, heads, FFN, layers, dropouts, shared embeddings, data, batch
                    layer for layer the same network as ``transformer`` — the control.
                    Its ratio must come out at 1.0× (within the printed spread); if it
                    does not, the benchmark measures something besides the model.
+* ``transformer-b`` fairseq's ``transformer`` again, measured as if it were another
+                   model: the harness's own control. On a GPU the first control also
+                   compares two attention implementations (fairseq's passes masks to
+                   ``scaled_dot_product_attention``, ours passes none where it can), so
+                   there this one is the test of the harness (a default model on GPUs).
 
 How. Every model is built by fairseq from the same command line except ``--arch`` and
 its own options, and trained by fairseq's own ``Trainer`` (its optimizer, its fp16/bf16
@@ -30,6 +35,11 @@ statistics there), minus that of the same process before building the model.
     python benchmarks/bench_model.py --data data-bin/mine --sizes 128            # CPU
     python benchmarks/bench_model.py --quick                                      # synthetic, ~2 min
     python benchmarks/bench_model.py --data DIR --device cuda --dtype bf16 --sizes 512,1024 --mfu
+
+On a GPU the defaults are 16,384 tokens per batch and two batches per step
+(``--update-freq 2``): with 8,192 tokens and one batch per step fairseq's steps are bound
+by the host (Python and kernel launches; the GPU is busy a third of the time or less, see
+``profile_model.py``) and the harness control spread by ±30–90% from step to step.
 
 Without ``--data`` a synthetic corpus is generated and binarized. ``--mfu`` also
 prints the model-FLOPs utilisation of training (formula in :func:`train_flops`).
@@ -54,6 +64,10 @@ PLUGIN = REPO / "tpp_plugin"
 
 MODELS = {
     "transformer": ["--arch", "transformer"],
+    # fairseq's transformer once more, as if it were another model: the harness's own
+    # control (on a GPU, where tpp-conv0 and transformer differ in their attention
+    # kernels, this is the one that must come out at 1.0×)
+    "transformer-b": ["--arch", "transformer"],
     "tpp": ["--arch", "transformer_pp", "--encoder-tag-layers", ""],
     "tpp-conv0": ["--arch", "transformer_pp", "--encoder-tag-layers", "",
                   "--encoder-conv-heads", "0", "--decoder-conv-heads", "0"],
@@ -72,12 +86,13 @@ def parse_args(argv=None):
     p.add_argument("--data", type=Path, help="binarized data folder (default: a synthetic corpus)")
     p.add_argument("--sizes", default="256", help=f"model widths d, from {sorted(SIZES)}")
     p.add_argument("--layers", type=int, default=5, help="encoder and decoder layers each")
-    p.add_argument("--models", default="transformer,tpp,tpp-conv0")
+    p.add_argument("--models", default=None,
+                   help="default: transformer,tpp,tpp-conv0 (on a GPU also transformer-b)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"],
                    help="training precision (fairseq's --fp16 / --bf16); generation runs in it too")
     p.add_argument("--max-tokens", type=int, default=None,
-                   help="tokens per batch (default: 2048 on CPU, 8192 on GPU)")
+                   help="tokens per batch (default: 2048 on CPU, 16384 on GPU)")
     p.add_argument("--rounds", type=int, default=12, help="timed training steps per model")
     p.add_argument("--warmup", type=int, default=3, help="untimed training steps per model first")
     p.add_argument("--gen-batches", type=int, default=4, help="timed generation batches per model")
@@ -86,15 +101,19 @@ def parse_args(argv=None):
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--no-generation", action="store_true")
     p.add_argument("--no-memory", action="store_true")
+    p.add_argument("--update-freq", type=int, default=None,
+                   help="batches per timed training step (fairseq's --update-freq: gradients of N "
+                        "batches accumulated, one optimizer step; default 1 on CPU, 2 on GPU)")
+    p.add_argument("--no-cudnn-attention", action="store_true",
+                   help="GPU: keep scaled_dot_product_attention off its cuDNN backend (all models)")
     p.add_argument("--mfu", action="store_true", help="model-FLOPs utilisation of training (GPU)")
     p.add_argument("--threads", type=int, default=0, help="torch threads on the CPU (0: torch's default)")
     p.add_argument("--quick", action="store_true", help="synthetic data, d=128, few rounds")
     p.add_argument("--json", type=Path, help="also write every measurement here")
-    p.add_argument("--isolate", type=int, default=None, metavar="N",
+    p.add_argument("--isolate", type=int, default=0, metavar="N",
                    help="measure every model in a process of its own, N repetitions with the models "
-                        "alternating (default: 3 on a GPU, where three trainers sharing one process and "
-                        "one allocator were seen to slow each other down; 0 on the CPU: one process, "
-                        "models taking turns step by step)")
+                        "alternating (default 0: one process, models taking turns step by step; on an "
+                        "H100, separate processes of the *same* model differed by 20-40%%)")
     p.add_argument("--memory-child", nargs=2, metavar=("MODEL", "SIZE"), help=argparse.SUPPRESS)
     p.add_argument("--child", nargs=2, metavar=("MODEL", "SIZE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -104,14 +123,15 @@ def parse_args(argv=None):
     for s in args.sizes:
         if s not in SIZES:
             p.error(f"--sizes: {s} is not one of {sorted(SIZES)}")
+    gpu = args.device == "cuda"
+    if args.models is None:
+        args.models = "transformer,transformer-b,tpp-conv0,tpp" if gpu else "transformer,tpp,tpp-conv0"
     args.models = [m for m in args.models.split(",") if m]
     for m in args.models:
         if m not in MODELS:
             p.error(f"--models: unknown {m!r}; choose from {list(MODELS)}")
-    gpu = args.device == "cuda"
-    if args.isolate is None:
-        args.isolate = 3 if gpu else 0
-    args.max_tokens = args.max_tokens or (8192 if gpu else 2048)
+    args.update_freq = args.update_freq or (2 if gpu else 1)
+    args.max_tokens = args.max_tokens or (16384 if gpu else 2048)
     args.gen_batch = args.gen_batch or (128 if gpu else 20)
     return args
 
@@ -224,6 +244,28 @@ def synchronize(args):
         torch.cuda.synchronize()
 
 
+@contextlib.contextmanager
+def peak_kept_through_fairseq():
+    """fairseq's ``Trainer.train_step`` reads and *resets* the allocator's peak itself (for
+    its ``gb_free`` metric), so a peak read after the step would miss the activations.
+    Inside this context every reset first records the peak it clears; the list yielded
+    holds those and, on exit, the peak since the last reset."""
+    import torch
+
+    peaks, reset = [], torch.cuda.reset_peak_memory_stats
+
+    def recording_reset(*a, **k):
+        peaks.append(torch.cuda.max_memory_allocated())
+        reset(*a, **k)
+
+    torch.cuda.reset_peak_memory_stats = recording_reset
+    try:
+        yield peaks
+    finally:
+        torch.cuda.reset_peak_memory_stats = reset
+        peaks.append(torch.cuda.max_memory_allocated())
+
+
 def timed(fn, args):
     synchronize(args)
     start = time.perf_counter()
@@ -311,10 +353,12 @@ def measure_training(size, args, results):
             base = torch.cuda.memory_allocated()
         cfg, task, trainer = build_trainer(name, size, args)
         if batches is None:
-            batches = fixed_batches(task, cfg, "train", args.warmup + args.rounds, max_tokens=args.max_tokens)
+            n = args.update_freq
+            flat = fixed_batches(task, cfg, "train", (args.warmup + args.rounds) * n, max_tokens=args.max_tokens)
+            batches = [flat[i * n:(i + 1) * n] for i in range(args.warmup + args.rounds)]  # one step each
             vocab = len(task.target_dictionary)
         for batch in batches[: args.warmup]:  # warm-up (the optimizer's state appears)
-            trainer.train_step([batch])
+            trainer.train_step(batch)
         trainers[name] = (cfg, task, trainer)
         if args.device == "cuda":
             synchronize(args)
@@ -325,7 +369,7 @@ def measure_training(size, args, results):
         # library set-up (kernel selection, workspaces) that a long run pays only once
         for name in args.models:
             for batch in batches[args.warmup:]:
-                trainers[name][2].train_step([batch])
+                trainers[name][2].train_step(batch)
     times = {name: [] for name in args.models}
     memory = {}
     for r in range(args.rounds):
@@ -337,11 +381,13 @@ def measure_training(size, args, results):
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
                 before = torch.cuda.memory_allocated()
-            seconds, _ = timed(lambda: trainer.train_step([batch]), args)
+                with peak_kept_through_fairseq() as peaks:
+                    seconds, _ = timed(lambda: trainer.train_step(batch), args)
+                memory[name] = max(memory.get(name, 0), max(peaks) - before)
+            else:
+                seconds, _ = timed(lambda: trainer.train_step(batch), args)
             times[name].append(seconds)
-            if args.device == "cuda":
-                memory[name] = max(memory.get(name, 0), torch.cuda.max_memory_allocated() - before)
-    tokens = [b["ntokens"] for b in batches[args.warmup:]]
+    tokens = [sum(b["ntokens"] for b in step) for step in batches[args.warmup:]]
     for name in args.models:
         cfg, task, trainer = trainers[name]
         wps = [n / s for n, s in zip(tokens, times[name])]
@@ -355,10 +401,8 @@ def measure_training(size, args, results):
             entry["train_memory"] = entry["persistent"] + memory[name]
         if args.mfu:
             flops = []
-            for b, sec in zip(batches[args.warmup:], times[name]):
-                b = dict(b)
-                b["_vocab"] = vocab
-                flops.append(train_flops(cfg, b) / sec)
+            for step, sec in zip(batches[args.warmup:], times[name]):
+                flops.append(sum(train_flops(cfg, dict(b, _vocab=vocab)) for b in step) / sec)
             entry["train_tflops"] = statistics.median(flops) / 1e12
     return trainers
 
@@ -520,6 +564,9 @@ def child_command(name, size, args):
            "--gen-batches", str(args.gen_batches), "--gen-batch", str(args.gen_batch),
            "--gen-len", str(args.gen_len), "--beam", str(args.beam), "--threads", str(args.threads),
            "--models", name, "--isolate", "0"]
+    cmd += ["--update-freq", str(args.update_freq)]
+    if args.no_cudnn_attention:
+        cmd.append("--no-cudnn-attention")
     if args.no_generation:
         cmd.append("--no-generation")
     if args.mfu:
@@ -570,6 +617,8 @@ def main(argv=None):
         name, size = args.memory_child
         memory_child(name, int(size), args)
         return
+    if args.device == "cuda" and args.no_cudnn_attention:
+        torch.backends.cuda.enable_cudnn_sdp(False)
     if args.child:
         name, size = args.child
         if args.device == "cuda":
@@ -612,7 +661,12 @@ def main(argv=None):
             shutil.rmtree(work, ignore_errors=True)
     how = (f"each model in its own process, {args.isolate} repetitions" if args.isolate
            else "one process, models taking turns step by step")
-    print(f"{how}; {args.rounds} timed steps per model (after {args.warmup} untimed), {args.gen_batches} generation "
+    how += f"; {args.rounds} timed steps per model (after {args.warmup} untimed)"
+    if args.update_freq > 1:
+        how += f" of {args.update_freq} batches each (--update-freq)"
+    if args.no_cudnn_attention:
+        how += "; cuDNN attention off"
+    print(f"{how}, {args.gen_batches} generation "
           f"batches of {args.gen_batch} sentences, --max-tokens {args.max_tokens}, data {args.data}; "
           f"total {(time.perf_counter() - started) / 60:.1f} min.")
     if args.json:
