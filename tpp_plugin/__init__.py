@@ -5,9 +5,16 @@ task and the ``label_smoothed_cross_entropy_with_tags`` criterion, after applyin
 plugin's corrections to the fairseq and torch it runs on (:mod:`tpp_plugin.compat`).
 """
 
-from . import compat
+import logging
+import sys
 
-compat.apply()
+# the root logger's level before fairseq is first imported (None: it already was), so
+# that a DEBUG level the program chose itself is told apart from the one fairseq's import sets
+_root_level = None if "fairseq" in sys.modules else logging.getLogger().level
+
+from . import compat  # noqa: E402  (imports fairseq)
+
+compat.apply(root_level_before_fairseq=_root_level)
 
 from . import criterions, models, tasks  # noqa: E402,F401  (registration side effects)
 

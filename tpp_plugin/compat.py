@@ -29,7 +29,9 @@ checkpoint). Each change logs once, at the first moment it actually changes some
    logger ends up at DEBUG and every library's debug messages are printed — thousands
    of matplotlib font-cache lines in a plot. The root level is put back where
    fairseq's commands put it: ``$LOGLEVEL``, else INFO. ``LOGLEVEL=DEBUG`` still
-   gives everything.
+   gives everything, and so does a DEBUG level the program set itself before it
+   imported the plugin (or fairseq through it); where fairseq was imported first, the
+   two cannot be told apart and ``$LOGLEVEL`` decides.
 """
 
 import argparse
@@ -171,19 +173,22 @@ def bf16_without_tpu() -> None:
 # --------------------------------------------------------------------------- 4. logging
 
 
-def undo_debug_logging_of_fairseq_import() -> None:
+def undo_debug_logging_of_fairseq_import(root_level_before_fairseq=None) -> None:
     """The root logger back from DEBUG to ``$LOGLEVEL`` (default INFO) unless DEBUG was
-    asked for."""
+    asked for: by ``$LOGLEVEL``, or by the program before fairseq was imported
+    (``root_level_before_fairseq``, None where that is not known)."""
     root = logging.getLogger()
+    if root_level_before_fairseq == logging.DEBUG:
+        return
     wanted = os.environ.get("LOGLEVEL", "INFO").upper()
     if root.level == logging.DEBUG and isinstance(logging.getLevelName(wanted), int) and wanted != "DEBUG":
         root.setLevel(wanted)
 
 
-def apply() -> None:
+def apply(root_level_before_fairseq=None) -> None:
     """All of the above (idempotent); the logging level first, so that the others'
     messages are filtered by it."""
-    undo_debug_logging_of_fairseq_import()
+    undo_debug_logging_of_fairseq_import(root_level_before_fairseq)
     allow_fairseq_checkpoints()
     keep_last_batches()
     bf16_without_tpu()

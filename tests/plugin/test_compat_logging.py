@@ -36,3 +36,19 @@ def test_plugin_import_puts_the_root_level_back_to_loglevel(loglevel, shown, hid
     err = _stderr("fairseq, tpp_plugin", **({"LOGLEVEL": loglevel} if loglevel else {}))
     assert all(text in err for text in shown), err
     assert not any(text in err for text in hidden), err
+
+
+@pytest.mark.parametrize("first, shown", [
+    ("", True),                   # the program chose DEBUG before the plugin loaded fairseq
+    ("import fairseq; ", False),  # fairseq first: not distinguishable, $LOGLEVEL (INFO) decides
+])
+def test_a_debug_level_the_program_chose_itself_is_kept(first, shown):
+    code = ("import logging; logging.basicConfig(level=logging.DEBUG); " + first +
+            "import tpp_plugin; log = logging.getLogger('probe'); log.debug('probe-debug')")
+    environment = {k: v for k, v in os.environ.items() if k != "LOGLEVEL"}
+    environment.update(PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=environment,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert ("probe-debug" in done.stderr) is shown, done.stderr
+
