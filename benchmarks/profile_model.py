@@ -6,7 +6,9 @@ For each model it prints the wall time of a step (device synchronised), the time
 GPU spent in kernels during it (their sum; one stream, so they do not overlap) and the
 ratio of the two — a step whose GPU is busy for a third of its wall time is bound by
 the host (Python, kernel launches, synchronisations), not by the GPU — then the
-operators that took the most device time (CPU time on the CPU).
+operators that took the most device time (CPU time on the CPU). The profiler adds host
+time to every operator call, more to a model that makes more calls: for the busy
+fraction of a normal step, divide the kernel time by ``bench_model.py``'s step time.
 
     python benchmarks/profile_model.py --data DIR --device cuda --dtype bf16 --size 1024
     python benchmarks/profile_model.py --data DIR --size 128 --models tpp --steps 3   # CPU
