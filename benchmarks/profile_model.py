@@ -18,14 +18,23 @@ transformer, tpp, tpp-conv0).
 """
 
 import argparse
+import importlib.util
 import logging
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_model  # noqa: E402  (the benchmark's models, command lines and batches)
+
+def _load_bench_model():
+    """``bench_model.py`` beside this script (its models, command lines and batches),
+    loaded by path: the benchmarks are scripts, not an installed package."""
+    spec = importlib.util.spec_from_file_location("bench_model", Path(__file__).resolve().parent / "bench_model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench_model = _load_bench_model()
 
 
 def parse_args(argv=None):
