@@ -39,7 +39,7 @@ statistics there), minus that of the same process before building the model.
 On a GPU the defaults are 16,384 tokens per batch and two batches per step
 (``--update-freq 2``): with 8,192 tokens and one batch per step fairseq's steps are bound
 by the host (Python and kernel launches; the GPU is busy a third of the time or less, see
-``profile_model.py``) and the harness control spread by ±30–90% from step to step.
+``profile_model.py``) and the harness control spread by ±90–130% from step to step.
 
 Without ``--data`` a synthetic corpus is generated and binarized. ``--mfu`` also
 prints the model-FLOPs utilisation of training (formula in :func:`train_flops`).
@@ -237,6 +237,27 @@ def fixed_batches(task, cfg, split, count, max_tokens=None, max_sentences=None, 
     return batches
 
 
+def training_steps(task, cfg, count, args):
+    """``count`` training steps of ``args.update_freq`` batches each (one optimizer step
+    per list), from :func:`fixed_batches`."""
+    n = args.update_freq
+    flat = fixed_batches(task, cfg, "train", count * n, max_tokens=args.max_tokens)
+    return [flat[i * n:(i + 1) * n] for i in range(count)]
+
+
+def gpu_settings(args):
+    """The same backend settings for every model: TF32 matrix products (float32 runs),
+    and cuDNN's attention off where ``--no-cudnn-attention`` asks."""
+    import torch
+
+    if args.device != "cuda":
+        return
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    if args.no_cudnn_attention:
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def synchronize(args):
     if args.device == "cuda":
         import torch
@@ -353,9 +374,7 @@ def measure_training(size, args, results):
             base = torch.cuda.memory_allocated()
         cfg, task, trainer = build_trainer(name, size, args)
         if batches is None:
-            n = args.update_freq
-            flat = fixed_batches(task, cfg, "train", (args.warmup + args.rounds) * n, max_tokens=args.max_tokens)
-            batches = [flat[i * n:(i + 1) * n] for i in range(args.warmup + args.rounds)]  # one step each
+            batches = training_steps(task, cfg, args.warmup + args.rounds, args)
             vocab = len(task.target_dictionary)
         for batch in batches[: args.warmup]:  # warm-up (the optimizer's state appears)
             trainer.train_step(batch)
@@ -617,21 +636,15 @@ def main(argv=None):
         name, size = args.memory_child
         memory_child(name, int(size), args)
         return
-    if args.device == "cuda" and args.no_cudnn_attention:
-        torch.backends.cuda.enable_cudnn_sdp(False)
+    gpu_settings(args)
     if args.child:
         name, size = args.child
-        if args.device == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = True
         results = {}
         trainers = measure_training(int(size), args, results)
         if not args.no_generation:
             measure_generation(trainers, args, results)
         print("BENCH_RESULT " + json.dumps(results[name]), flush=True)
         return
-    if args.device == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
     work = None
     if args.data is None:
         work = Path(tempfile.mkdtemp(prefix="bench_model_"))

@@ -69,9 +69,7 @@ def device_kernel_us(prof) -> float:
     for event in prof.events():
         # fairseq's record_function ranges ("forward", "optimizer", ...) appear on the
         # device too, as user annotations spanning kernels: count the kernels only
-        if getattr(event, "is_user_annotation", False):
-            continue
-        if getattr(event, "device_type", None) is not None and event.device_type.name == "CUDA":
+        if event.device_type.name == "CUDA" and not event.is_user_annotation:
             total += event.time_range.elapsed_us()
     return total
 
@@ -80,13 +78,8 @@ def profile(name, args):
     import torch
     from torch.profiler import ProfilerActivity
 
-    bench_args = argparse.Namespace(data=args.data, layers=args.layers, device=args.device,
-                                    dtype=args.dtype, max_tokens=args.max_tokens)
-    cfg, task, trainer = bench_model.build_trainer(name, args.size, bench_args)
-    n = args.update_freq
-    flat = bench_model.fixed_batches(task, cfg, "train", (args.warmup + args.steps) * n,
-                                     max_tokens=args.max_tokens)
-    batches = [flat[i * n:(i + 1) * n] for i in range(args.warmup + args.steps)]  # one step each
+    cfg, task, trainer = bench_model.build_trainer(name, args.size, args)
+    batches = bench_model.training_steps(task, cfg, args.warmup + args.steps, args)
     # the warm-up steps, then every profiled batch once untimed: a batch shape's first
     # step pays one-off set-up (cuDNN builds an attention graph per new shape)
     for batch in batches:
@@ -95,7 +88,7 @@ def profile(name, args):
     walls = []
     with torch.profiler.profile(activities=activities) as prof:
         for batch in batches[args.warmup:]:
-            seconds, _ = bench_model.timed(lambda: trainer.train_step(batch), bench_args)
+            seconds, _ = bench_model.timed(lambda: trainer.train_step(batch), args)
             walls.append(seconds)
     wall = sum(walls)
     line = f"## {name}: d={args.size}, {args.dtype}, {args.device}; wall per step {1000 * statistics.median(walls):.1f} ms (median of {len(walls)})"
@@ -103,14 +96,8 @@ def profile(name, args):
         busy = device_kernel_us(prof) / 1e6
         line += f"; GPU kernels {1000 * busy / len(walls):.1f} ms per step = {100 * busy / wall:.0f}% of the wall time"
     print(line, flush=True)
-    sort = "self_cpu_time_total"
-    if args.device == "cuda":
-        sort = "self_device_time_total"
-    try:
-        table = prof.key_averages().table(sort_by=sort, row_limit=args.row_limit)
-    except (AttributeError, KeyError, ValueError):  # older torch: the CUDA name
-        table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=args.row_limit)
-    print(table, flush=True)
+    sort = "self_device_time_total" if args.device == "cuda" else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=sort, row_limit=args.row_limit), flush=True)
     del trainer
     if args.device == "cuda":
         torch.cuda.empty_cache()
@@ -118,13 +105,8 @@ def profile(name, args):
 
 def main(argv=None):
     args = parse_args(argv)
-    import torch
-
     logging.disable(logging.WARNING)
-    if args.device == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        if args.no_cudnn_attention:
-            torch.backends.cuda.enable_cudnn_sdp(False)
+    bench_model.gpu_settings(args)
     started = time.perf_counter()
     for name in args.models:
         profile(name, args)

@@ -13,10 +13,10 @@ PROBE = ("import logging, {module}, matplotlib.pyplot; log = logging.getLogger('
          "log.debug('probe-debug'); log.info('probe-info')")
 
 
-def _stderr(module: str, **env) -> str:
+def _stderr(module: str, code: str = PROBE, **env) -> str:
     environment = {k: v for k, v in os.environ.items() if k != "LOGLEVEL"}
     environment.update(env, PYTHONPATH=str(ROOT), MPLBACKEND="Agg")
-    done = subprocess.run([sys.executable, "-c", PROBE.format(module=module)], cwd=ROOT, env=environment,
+    done = subprocess.run([sys.executable, "-c", code.format(module=module)], cwd=ROOT, env=environment,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     return done.stderr
@@ -43,12 +43,7 @@ def test_plugin_import_puts_the_root_level_back_to_loglevel(loglevel, shown, hid
     ("import fairseq; ", False),  # fairseq first: not distinguishable, $LOGLEVEL (INFO) decides
 ])
 def test_a_debug_level_the_program_chose_itself_is_kept(first, shown):
-    code = ("import logging; logging.basicConfig(level=logging.DEBUG); " + first +
-            "import tpp_plugin; log = logging.getLogger('probe'); log.debug('probe-debug')")
-    environment = {k: v for k, v in os.environ.items() if k != "LOGLEVEL"}
-    environment.update(PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=environment,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert ("probe-debug" in done.stderr) is shown, done.stderr
-
+    code = ("import logging; logging.basicConfig(level=logging.DEBUG); {module}"
+            "import tpp_plugin; logging.getLogger('probe').debug('probe-debug')")
+    err = _stderr(first, code)
+    assert ("probe-debug" in err) is shown, err
