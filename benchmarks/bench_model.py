@@ -245,6 +245,13 @@ def training_steps(task, cfg, count, args):
     return [flat[i * n:(i + 1) * n] for i in range(count)]
 
 
+def beam_search(task, model, args):
+    """fairseq's ``SequenceGenerator`` for one model: beam ``--beam``, every output forced
+    to ``--gen-len`` tokens (then EOS), so all models decode the same number of steps."""
+    gen_args = argparse.Namespace(beam=args.beam, max_len_a=0, max_len_b=args.gen_len, min_len=args.gen_len)
+    return task.build_generator([model], gen_args)
+
+
 def gpu_settings(args):
     """The same backend settings for every model: TF32 matrix products (float32 runs),
     and cuDNN's attention off where ``--no-cudnn-attention`` asks."""
@@ -434,8 +441,7 @@ def measure_generation(trainers, args, results):
     for name in args.models:
         cfg, task, trainer = trainers[name]
         model = trainer.model.eval()
-        gen_args = argparse.Namespace(beam=args.beam, max_len_a=0, max_len_b=args.gen_len, min_len=args.gen_len)
-        generators[name] = task.build_generator([model], gen_args)
+        generators[name] = beam_search(task, model, args)
         if samples is None:
             samples = fixed_batches(task, cfg, "test", args.gen_batches + 1, max_sentences=args.gen_batch)
     if args.device == "cuda":

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Where a training step's time goes: ``torch.profiler`` over a few of fairseq's
-training steps, one model at a time, on the batches that ``bench_model.py`` times.
+training steps, one model at a time, on the batches that ``bench_model.py`` times; with
+``--generation``, where a beam-search step's time goes.
 
 For each model it prints the wall time of a step (device synchronised), the time the
 GPU spent in kernels during it (their sum; one stream, so they do not overlap) and the
@@ -12,6 +13,18 @@ fraction of a normal step, divide the kernel time by ``bench_model.py``'s step t
 
     python benchmarks/profile_model.py --data DIR --device cuda --dtype bf16 --size 1024
     python benchmarks/profile_model.py --data DIR --size 128 --models tpp --steps 3   # CPU
+    python benchmarks/profile_model.py --data DIR --size 512 --generation             # CPU
+
+``--generation`` times beam search (``bench_model.py``'s: beam 5, outputs forced to
+``--gen-len`` tokens, models taking turns batch by batch) and, inside it, the decoder's
+self-attention: its forward passes and the reordering of its caches after every beam
+step, and the encoder's self-attention (hooks; the device synchronised around each
+call). That is the only part of beam search in which ``transformer_pp`` differs from
+``transformer``: cross-attention, feed-forward layers, output projection and the search
+itself are the same. Its share
+``s`` of ``transformer``'s decoding time bounds what any replacement of the
+self-attention can gain: ``1 / (1 - s·(1 - r))`` for one that costs ``r`` times as
+much, printed for ``r = 0`` (a self-attention that costs nothing) and ``r = 1/2``.
 
 Same models, command lines and batches as ``bench_model.py`` (``--models`` from
 transformer, tpp, tpp-conv0).
@@ -53,6 +66,13 @@ def parse_args(argv=None):
                    help="batches per step (fairseq's --update-freq; default 1 on CPU, 2 on GPU)")
     p.add_argument("--no-cudnn-attention", action="store_true", help="GPU: SDPA without its cuDNN backend")
     p.add_argument("--row-limit", type=int, default=25)
+    p.add_argument("--threads", type=int, default=0, help="torch threads on the CPU (0: torch's default)")
+    p.add_argument("--generation", action="store_true",
+                   help="time beam search and the self-attention in it instead of training")
+    p.add_argument("--gen-batches", type=int, default=4, help="--generation: timed batches per model")
+    p.add_argument("--gen-batch", type=int, default=None, help="sentences per batch (default 20 CPU, 128 GPU)")
+    p.add_argument("--gen-len", type=int, default=30, help="forced output length (tokens before EOS)")
+    p.add_argument("--beam", type=int, default=5)
     args = p.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
     for m in args.models:
@@ -60,6 +80,7 @@ def parse_args(argv=None):
             p.error(f"--models: unknown {m!r}; choose from {list(bench_model.MODELS)}")
     args.max_tokens = args.max_tokens or (16384 if args.device == "cuda" else 2048)
     args.update_freq = args.update_freq or (2 if args.device == "cuda" else 1)
+    args.gen_batch = args.gen_batch or (128 if args.device == "cuda" else 20)
     return args
 
 
@@ -103,13 +124,95 @@ def profile(name, args):
         torch.cuda.empty_cache()
 
 
+class SelfAttentionClock:
+    """Seconds spent in the self-attention modules of one model: their forward passes
+    (hooks, encoder and decoder) and the reordering of the decoder's caches after every
+    beam-search step (``reorder_incremental_state`` of the module and of its submodules,
+    which fairseq calls one by one); the device synchronised on the way in and out."""
+
+    def __init__(self, model, args):
+        self.seconds, self._started, self._args = 0.0, 0.0, args
+        for layer in [*model.encoder.layers, *model.decoder.layers]:
+            layer.self_attn.register_forward_pre_hook(self._enter)
+            layer.self_attn.register_forward_hook(self._leave)
+        for layer in model.decoder.layers:
+            for module in layer.self_attn.modules():
+                if hasattr(module, "reorder_incremental_state"):
+                    module.reorder_incremental_state = self._timed(module.reorder_incremental_state)
+
+    def _enter(self, *_):
+        bench_model.synchronize(self._args)
+        self._started = time.perf_counter()
+
+    def _leave(self, *_):
+        bench_model.synchronize(self._args)
+        self.seconds += time.perf_counter() - self._started
+
+    def _timed(self, reorder):
+        def timed_reorder(*args, **kwargs):
+            self._enter()
+            result = reorder(*args, **kwargs)
+            self._leave()
+            return result
+
+        return timed_reorder
+
+
+def report_generation(args):
+    """Beam search of every model, taking turns batch by batch (as ``bench_model.py``
+    does), and the share of it spent in self-attention."""
+    import torch
+
+    runs, samples = {}, None
+    for name in args.models:
+        cfg, task, trainer = bench_model.build_trainer(name, args.size, args)
+        model = trainer.model.eval()
+        runs[name] = (task, model, bench_model.beam_search(task, model, args), SelfAttentionClock(model, args))
+        if samples is None:
+            samples = bench_model.fixed_batches(task, cfg, "test", args.gen_batches + 1, max_sentences=args.gen_batch)
+    if args.device == "cuda":
+        from fairseq import utils
+
+        samples = [utils.move_to_cuda(s) for s in samples]
+    totals = {name: [] for name in args.models}
+    shares = {name: [] for name in args.models}
+    with torch.no_grad():
+        for name, (task, model, generator, _) in runs.items():  # untimed (on a GPU every batch once)
+            for sample in samples if args.device == "cuda" else samples[:1]:
+                task.inference_step(generator, [model], sample)
+        for r, sample in enumerate(samples[1:]):
+            for name in args.models[r % len(args.models):] + args.models[: r % len(args.models)]:
+                task, model, generator, clock = runs[name]
+                clock.seconds = 0.0
+                seconds, _ = bench_model.timed(lambda: task.inference_step(generator, [model], sample), args)
+                totals[name].append(seconds)
+                shares[name].append(clock.seconds / seconds)
+    print(f"## beam search: d={args.size}, {args.dtype}, {args.device}; beam {args.beam}, "
+          f"{args.gen_batch} sentences per batch, {args.gen_len}-token outputs; medians of "
+          f"{args.gen_batches} batches, models taking turns", flush=True)
+    print("| model | seconds per batch | self-attention | rest | self-attention share |"
+          " speed-up if it cost nothing / half as much |")
+    print("|---|---:|---:|---:|---:|---|")
+    for name in args.models:
+        total, share = statistics.median(totals[name]), statistics.median(shares[name])
+        print(f"| {name} | {total:.3f} | {total * share:.3f} | {total * (1 - share):.3f} | {100 * share:.1f}% | "
+              f"{1 / (1 - share):.2f}× / {1 / (1 - share / 2):.2f}× |", flush=True)
+
+
 def main(argv=None):
     args = parse_args(argv)
     logging.disable(logging.WARNING)
     bench_model.gpu_settings(args)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    for name in args.models:
-        profile(name, args)
+    if args.generation:
+        report_generation(args)
+    else:
+        for name in args.models:
+            profile(name, args)
     print(f"total {time.perf_counter() - started:.0f} s", flush=True)
 
 
