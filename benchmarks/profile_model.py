@@ -25,6 +25,9 @@ itself are the same. Its share
 ``s`` of ``transformer``'s decoding time bounds what any replacement of the
 self-attention can gain: ``1 / (1 - s·(1 - r))`` for one that costs ``r`` times as
 much, printed for ``r = 0`` (a self-attention that costs nothing) and ``r = 1/2``.
+For fairseq's own attention the last column is the share of the decoder's
+self-attention time spent in its four projections (``q``, ``k``, ``v``, output): the
+part that a model with the same projections cannot save.
 
 Same models, command lines and batches as ``bench_model.py`` (``--models`` from
 transformer, tpp, tpp-conv0).
@@ -124,38 +127,63 @@ def profile(name, args):
         torch.cuda.empty_cache()
 
 
-class SelfAttentionClock:
-    """Seconds spent in the self-attention modules of one model: their forward passes
-    (hooks, encoder and decoder) and the reordering of the decoder's caches after every
-    beam-search step (``reorder_incremental_state`` of the module and of its submodules,
-    which fairseq calls one by one); the device synchronised on the way in and out."""
+class Clock:
+    """Seconds spent inside the calls it is attached to (the device synchronised on the
+    way in and out)."""
 
-    def __init__(self, model, args):
+    def __init__(self, args):
         self.seconds, self._started, self._args = 0.0, 0.0, args
-        for layer in [*model.encoder.layers, *model.decoder.layers]:
-            layer.self_attn.register_forward_pre_hook(self._enter)
-            layer.self_attn.register_forward_hook(self._leave)
-        for layer in model.decoder.layers:
-            for module in layer.self_attn.modules():
-                if hasattr(module, "reorder_incremental_state"):
-                    module.reorder_incremental_state = self._timed(module.reorder_incremental_state)
 
-    def _enter(self, *_):
+    def enter(self, *_):
         bench_model.synchronize(self._args)
         self._started = time.perf_counter()
 
-    def _leave(self, *_):
+    def leave(self, *_):
         bench_model.synchronize(self._args)
         self.seconds += time.perf_counter() - self._started
 
-    def _timed(self, reorder):
-        def timed_reorder(*args, **kwargs):
-            self._enter()
-            result = reorder(*args, **kwargs)
-            self._leave()
+    def attach(self, module):
+        """Time every forward pass of ``module``."""
+        module.register_forward_pre_hook(self.enter)
+        module.register_forward_hook(self.leave)
+
+    def wrap(self, method):
+        """``method``, timed."""
+        def timed(*args, **kwargs):
+            self.enter()
+            result = method(*args, **kwargs)
+            self.leave()
             return result
 
-        return timed_reorder
+        return timed
+
+
+def self_attention_clocks(model, args):
+    """Clocks on one model: ``all`` its self-attention — forward passes (encoder and
+    decoder) and the reordering of the decoder's caches after every beam-search step
+    (``reorder_incremental_state`` of the module and of its submodules, which fairseq
+    calls one by one); ``decoder``, the decoder's part of it; and, for fairseq's own
+    ``MultiheadAttention``, ``projections``: the four projections inside the decoder's
+    (``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``; absent for other attention
+    modules, whose decoding step need not call its projections as modules)."""
+    from fairseq.modules import MultiheadAttention
+
+    clocks = {"all": Clock(args), "decoder": Clock(args)}
+    decoder = [layer.self_attn for layer in model.decoder.layers]
+    for module in [layer.self_attn for layer in model.encoder.layers] + decoder:
+        clocks["all"].attach(module)
+    for attention in decoder:
+        clocks["decoder"].attach(attention)
+        for module in attention.modules():
+            if hasattr(module, "reorder_incremental_state"):
+                timed = clocks["all"].wrap(clocks["decoder"].wrap(module.reorder_incremental_state))
+                module.reorder_incremental_state = timed
+    if all(type(m) is MultiheadAttention for m in decoder):
+        clocks["projections"] = Clock(args)
+        for module in decoder:
+            for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+                clocks["projections"].attach(getattr(module, name))
+    return clocks
 
 
 def report_generation(args):
@@ -167,7 +195,7 @@ def report_generation(args):
     for name in args.models:
         cfg, task, trainer = bench_model.build_trainer(name, args.size, args)
         model = trainer.model.eval()
-        runs[name] = (task, model, bench_model.beam_search(task, model, args), SelfAttentionClock(model, args))
+        runs[name] = (task, model, bench_model.beam_search(task, model, args), self_attention_clocks(model, args))
         if samples is None:
             samples = bench_model.fixed_batches(task, cfg, "test", args.gen_batches + 1, max_sentences=args.gen_batch)
     if args.device == "cuda":
@@ -176,27 +204,32 @@ def report_generation(args):
         samples = [utils.move_to_cuda(s) for s in samples]
     totals = {name: [] for name in args.models}
     shares = {name: [] for name in args.models}
+    projection_shares = {name: [] for name in args.models}
     with torch.no_grad():
         for name, (task, model, generator, _) in runs.items():  # untimed (on a GPU every batch once)
             for sample in samples if args.device == "cuda" else samples[:1]:
                 task.inference_step(generator, [model], sample)
         for r, sample in enumerate(samples[1:]):
             for name in args.models[r % len(args.models):] + args.models[: r % len(args.models)]:
-                task, model, generator, clock = runs[name]
-                clock.seconds = 0.0
+                task, model, generator, clocks = runs[name]
+                for clock in clocks.values():
+                    clock.seconds = 0.0
                 seconds, _ = bench_model.timed(lambda: task.inference_step(generator, [model], sample), args)
                 totals[name].append(seconds)
-                shares[name].append(clock.seconds / seconds)
+                shares[name].append(clocks["all"].seconds / seconds)
+                if "projections" in clocks:
+                    projection_shares[name].append(clocks["projections"].seconds / clocks["decoder"].seconds)
     print(f"## beam search: d={args.size}, {args.dtype}, {args.device}; beam {args.beam}, "
           f"{args.gen_batch} sentences per batch, {args.gen_len}-token outputs; medians of "
           f"{args.gen_batches} batches, models taking turns", flush=True)
     print("| model | seconds per batch | self-attention | rest | self-attention share |"
-          " speed-up if it cost nothing / half as much |")
-    print("|---|---:|---:|---:|---:|---|")
+          " speed-up if it cost nothing / half as much | projections' share of the decoder's |")
+    print("|---|---:|---:|---:|---:|---|---:|")
     for name in args.models:
         total, share = statistics.median(totals[name]), statistics.median(shares[name])
+        projection = f"{100 * statistics.median(projection_shares[name]):.0f}%" if projection_shares[name] else "—"
         print(f"| {name} | {total:.3f} | {total * share:.3f} | {total * (1 - share):.3f} | {100 * share:.1f}% | "
-              f"{1 / (1 - share):.2f}× / {1 / (1 - share / 2):.2f}× |", flush=True)
+              f"{1 / (1 - share):.2f}× / {1 / (1 - share / 2):.2f}× | {projection} |", flush=True)
 
 
 def main(argv=None):
