@@ -433,34 +433,50 @@ def measure_training(size, args, results):
     return trainers
 
 
-def measure_generation(trainers, args, results):
-    import torch
-    from fairseq import utils
+def test_batches(task, cfg, args):
+    """The generation batches: one untimed, then ``--gen-batches`` timed (on the device)."""
+    samples = fixed_batches(task, cfg, "test", args.gen_batches + 1, max_sentences=args.gen_batch)
+    if args.device == "cuda":
+        from fairseq import utils
 
-    generators, samples = {}, None
+        samples = [utils.move_to_cuda(s) for s in samples]
+    return samples
+
+
+def generation_turns(runs, samples, args, before=None):
+    """Beam search of every model of ``runs`` (``{name: (task, model, generator)}``):
+    first untimed (on a GPU every batch once: a batch shape's first run pays one-off
+    set-up; on the CPU the first batch), then the models take turns batch by batch on
+    the other batches, the order rotating. Yields ``(name, seconds, hypotheses)`` for each
+    timed batch; ``before(name)``, if given, runs just before it. (fairseq's
+    ``inference_step`` runs without gradients itself.)"""
+    names = list(runs)
+    for task, model, generator in runs.values():
+        for sample in samples if args.device == "cuda" else samples[:1]:
+            task.inference_step(generator, [model], sample)
+    for r, sample in enumerate(samples[1:]):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            task, model, generator = runs[name]
+            if before is not None:
+                before(name)
+            seconds, hyps = timed(lambda: task.inference_step(generator, [model], sample), args)
+            yield name, seconds, hyps
+
+
+def measure_generation(trainers, args, results):
+    runs, samples = {}, None
     for name in args.models:
         cfg, task, trainer = trainers[name]
         model = trainer.model.eval()
-        generators[name] = beam_search(task, model, args)
+        runs[name] = (task, model, beam_search(task, model, args))
         if samples is None:
-            samples = fixed_batches(task, cfg, "test", args.gen_batches + 1, max_sentences=args.gen_batch)
-    if args.device == "cuda":
-        samples = [utils.move_to_cuda(s) for s in samples]
+            samples = test_batches(task, cfg, args)
     times = {name: [] for name in args.models}
+    for name, seconds, hyps in generation_turns(runs, samples, args):
+        lengths = {len(h[0]["tokens"]) for h in hyps}
+        assert lengths == {args.gen_len + 1}, f"{name}: output lengths {lengths}"
+        times[name].append(seconds)
     sentences = [s["nsentences"] for s in samples[1:]]
-    with torch.no_grad():
-        for name in args.models:  # warm-up (on a GPU: every batch once)
-            task, model = trainers[name][1], trainers[name][2].model
-            for sample in samples if args.device == "cuda" else samples[:1]:
-                task.inference_step(generators[name], [model], sample)
-        for r, sample in enumerate(samples[1:]):
-            order = args.models[r % len(args.models):] + args.models[: r % len(args.models)]
-            for name in order:
-                task, model = trainers[name][1], trainers[name][2].model
-                seconds, hyps = timed(lambda: task.inference_step(generators[name], [model], sample), args)
-                lengths = {len(h[0]["tokens"]) for h in hyps}
-                assert lengths == {args.gen_len + 1}, f"{name}: output lengths {lengths}"
-                times[name].append(seconds)
     for name in args.models:
         rates = [n / s for n, s in zip(sentences, times[name])]
         results[name]["gen_sent_per_s"] = statistics.median(rates)

@@ -187,38 +187,29 @@ def self_attention_clocks(model, args):
 
 
 def report_generation(args):
-    """Beam search of every model, taking turns batch by batch (as ``bench_model.py``
-    does), and the share of it spent in self-attention."""
-    import torch
-
-    runs, samples = {}, None
+    """Beam search of every model, taking turns batch by batch (``bench_model.py``'s
+    loop), and the share of it spent in self-attention."""
+    runs, clocks, samples = {}, {}, None
     for name in args.models:
         cfg, task, trainer = bench_model.build_trainer(name, args.size, args)
         model = trainer.model.eval()
-        runs[name] = (task, model, bench_model.beam_search(task, model, args), self_attention_clocks(model, args))
+        runs[name] = (task, model, bench_model.beam_search(task, model, args))
+        clocks[name] = self_attention_clocks(model, args)
         if samples is None:
-            samples = bench_model.fixed_batches(task, cfg, "test", args.gen_batches + 1, max_sentences=args.gen_batch)
-    if args.device == "cuda":
-        from fairseq import utils
+            samples = bench_model.test_batches(task, cfg, args)
 
-        samples = [utils.move_to_cuda(s) for s in samples]
+    def reset(name):
+        for clock in clocks[name].values():
+            clock.seconds = 0.0
+
     totals = {name: [] for name in args.models}
     shares = {name: [] for name in args.models}
     projection_shares = {name: [] for name in args.models}
-    with torch.no_grad():
-        for name, (task, model, generator, _) in runs.items():  # untimed (on a GPU every batch once)
-            for sample in samples if args.device == "cuda" else samples[:1]:
-                task.inference_step(generator, [model], sample)
-        for r, sample in enumerate(samples[1:]):
-            for name in args.models[r % len(args.models):] + args.models[: r % len(args.models)]:
-                task, model, generator, clocks = runs[name]
-                for clock in clocks.values():
-                    clock.seconds = 0.0
-                seconds, _ = bench_model.timed(lambda: task.inference_step(generator, [model], sample), args)
-                totals[name].append(seconds)
-                shares[name].append(clocks["all"].seconds / seconds)
-                if "projections" in clocks:
-                    projection_shares[name].append(clocks["projections"].seconds / clocks["decoder"].seconds)
+    for name, seconds, _ in bench_model.generation_turns(runs, samples, args, before=reset):
+        totals[name].append(seconds)
+        shares[name].append(clocks[name]["all"].seconds / seconds)
+        if "projections" in clocks[name]:
+            projection_shares[name].append(clocks[name]["projections"].seconds / clocks[name]["decoder"].seconds)
     print(f"## beam search: d={args.size}, {args.dtype}, {args.device}; beam {args.beam}, "
           f"{args.gen_batch} sentences per batch, {args.gen_len}-token outputs; medians of "
           f"{args.gen_batches} batches, models taking turns", flush=True)
