@@ -17,8 +17,15 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+import torch
 
 from support import REPO, console_script_names
+
+if not torch.cuda.is_available():
+    # Without a GPU, LocalConv's Triton kernels run in Triton's interpreter
+    # (tests/plugin/test_local_conv_triton.py). Triton reads this when it is imported,
+    # so it is set before any test module can import it.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def install_into_throwaway_venv(folder):

@@ -87,3 +87,29 @@ def test_incremental_decoding_on_the_gpu_equals_full_forward():
         for t in range(prev.size(1)):
             steps.append(model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0])
     assert (torch.cat(steps, 1) - full).abs().max() < 1e-4
+
+
+def test_model_with_triton_local_conv_trains_like_the_taps_in_bfloat16():
+    """--local-conv-impl triton at the base preset's size, bfloat16, training mode without
+    dropout: the same loss and gradients as the taps, within bfloat16's rounding (both
+    sum in float32; the order of the sums differs)."""
+    torch.manual_seed(0)
+    d = make_dictionary(200)
+    options = dict(encoder_tag_layers="", dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+                   conv_weight_dropout=0.0)
+    taps = build_model("transformer_pp", dictionary=d, **options).cuda().bfloat16().train()
+    fused = build_model("transformer_pp", dictionary=d, local_conv_impl="triton", **options)
+    fused.load_state_dict(taps.state_dict())
+    fused = fused.cuda().bfloat16().train()
+    src = random_tokens(d, 16, 48).cuda()
+    src[3, :7] = d.pad()
+    prev = random_tokens(d, 16, 40, seed=1).cuda()
+    lengths = src.ne(d.pad()).sum(1)
+    losses, grads = [], []
+    for model in (taps, fused):
+        loss = F.log_softmax(model(src, lengths, prev)[0].float(), -1).mean()
+        loss.backward()
+        losses.append(loss.item())
+        grads.append(torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None]))
+    assert abs(losses[0] - losses[1]) < 1e-3 * abs(losses[0])
+    assert ((grads[1] - grads[0]).norm() / grads[0].norm()).item() < 2e-2

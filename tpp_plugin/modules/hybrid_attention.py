@@ -116,6 +116,8 @@ class HybridMultiheadAttention(nn.Module):
         output_scaling: ``"none"`` (the paper) or ``"inv-sqrt-head-dim"``: the conv
             heads' output ``LocalConv ⊙ Query`` multiplied by ``1/√d_h``.
         query_temperature: the Query's pooling temperature (1: the paper).
+        local_conv_impl: ``"taps"`` or ``"triton"``: how LocalConv convolves CUDA
+            tensors (:class:`~tpp_plugin.modules.LocalConv`).
     """
 
     def __init__(
@@ -132,6 +134,7 @@ class HybridMultiheadAttention(nn.Module):
         centered_conv: bool = False,
         output_scaling: str = "none",
         query_temperature: float = 1.0,
+        local_conv_impl: str = "taps",
     ):
         super().__init__()
         if embed_dim % num_heads != 0:
@@ -174,7 +177,7 @@ class HybridMultiheadAttention(nn.Module):
         self.in_proj = nn.Linear(embed_dim, sum(w for _, w in self.projection_sizes))
         self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
         self.local_conv = LocalConv(conv_dim, kernel_size, dilation=dilation, weight_dropout=conv_weight_dropout,
-                                    centered=centered_conv)
+                                    centered=centered_conv, impl=local_conv_impl)
         self.context_query = ContextQuery(conv_heads, self.head_dim, causal=causal, temperature=query_temperature)
         self.out_proj = nn.Linear(embed_dim, embed_dim)
         self.reset_parameters()

@@ -35,6 +35,11 @@ per tap in the backward pass). Incremental decoding keeps only the last ``(F-1)�
 inputs ``U``, so a step costs ``O(F·C)`` whatever the length decoded so far, and any
 number of new positions can be fed at once (the buffer and the new positions are
 convolved together).
+
+On a GPU that loop is ``F`` small kernels forward and ``3F`` backward. ``impl="triton"``
+(``--local-conv-impl triton``) runs the same function as one Triton kernel forward and
+two backward for tensors on a CUDA device (:mod:`tpp_plugin.modules.local_conv_triton`);
+the decoding step and the CPU use the taps either way.
 """
 
 from typing import Dict, Optional
@@ -44,6 +49,11 @@ import torch.nn.functional as F
 from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor, nn
+
+from . import local_conv_triton
+
+#: LocalConv's implementations of a full-sequence convolution (``--local-conv-impl``)
+LOCAL_CONV_IMPLS = ("taps", "triton")
 
 
 class DilatedDepthwiseConv(torch.autograd.Function):
@@ -120,11 +130,17 @@ class LocalConv(nn.Module):
         kernel_size: ``F``, the number of taps.
         dilation: ``δ``, the distance between taps.
         weight_dropout: DropConnect probability on the normalised kernel.
+        centered: see :attr:`lookahead`.
+        impl: ``"taps"`` (:class:`DilatedDepthwiseConv`, any device) or ``"triton"``
+            (:class:`~tpp_plugin.modules.local_conv_triton.TritonDilatedDepthwiseConv`
+            for CUDA tensors, the taps elsewhere).
     """
 
     def __init__(self, channels: int, kernel_size: int, dilation: int = 1, weight_dropout: float = 0.0,
-                 centered: bool = False):
+                 centered: bool = False, impl: str = "taps"):
         super().__init__()
+        if impl not in LOCAL_CONV_IMPLS:
+            raise ValueError(f"impl must be one of {', '.join(LOCAL_CONV_IMPLS)}, got {impl!r}")
         if kernel_size < 1:
             raise ValueError(f"kernel_size must be >= 1, got {kernel_size}")
         if dilation < 1:
@@ -132,6 +148,7 @@ class LocalConv(nn.Module):
         self.channels = channels
         self.kernel_size = kernel_size
         self.dilation = dilation
+        self.impl = impl
         #: positions ahead of ``t`` that output ``t`` sees: 0 (causal, the paper's) or,
         #: ``centered``, ``⌊(F-1)/2⌋·δ`` (taps ``t-⌈(F-1)/2⌉δ .. t+⌊(F-1)/2⌋δ``; encoder only)
         self.lookahead = ((kernel_size - 1) // 2) * dilation if centered else 0
@@ -243,7 +260,17 @@ class LocalConv(nn.Module):
             # a decoding step: its F taps are rows 0, δ, ..., (F-1)δ of the buffer
             taps = u[:: self.dilation] if span > 0 else u
             return (taps.float() * kernel.float().unsqueeze(1)).sum(dim=0, keepdim=True).type_as(u)
-        return DilatedDepthwiseConv.apply(u, kernel, self.dilation, out_len, self.lookahead)
+        return self._convolution(u).apply(u, kernel, self.dilation, out_len, self.lookahead)
+
+    def _convolution(self, u: Tensor):
+        """The autograd function that convolves ``u``: Triton's kernels where asked for
+        and ``u`` can use them, else the taps."""
+        if self.impl == "triton" and local_conv_triton.usable_on(u):
+            if not local_conv_triton.available():
+                raise RuntimeError("--local-conv-impl triton needs Triton (pip install triton); "
+                                   "--local-conv-impl taps runs without it")
+            return local_conv_triton.TritonDilatedDepthwiseConv
+        return DilatedDepthwiseConv
 
     def reorder_incremental_state(
         self,
@@ -275,5 +302,5 @@ class LocalConv(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"{self.channels}, kernel_size={self.kernel_size}, dilation={self.dilation}, "
-            f"lookahead={self.lookahead}, weight_dropout={self.weight_dropout_module.p}"
+            f"lookahead={self.lookahead}, weight_dropout={self.weight_dropout_module.p}, impl={self.impl}"
         )

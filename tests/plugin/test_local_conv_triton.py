@@ -1,0 +1,143 @@
+"""LocalConv's Triton kernels (``--local-conv-impl triton``) compute the same function as
+the loop over taps, forward and both gradients: compiled on a CUDA GPU where there is
+one, otherwise on the CPU through Triton's interpreter (``TRITON_INTERPRET=1``, which
+tests/conftest.py sets on machines without a GPU). Also: the option reaches every
+LocalConv of a model and changes nothing in its output or gradients, and the default
+stays the taps."""
+
+import argparse
+
+import pytest
+import torch
+from fairseq.models import ARCH_CONFIG_REGISTRY
+
+from support import build_model, make_dictionary, random_tokens
+from tpp_plugin.modules import LocalConv
+from tpp_plugin.modules import local_conv_triton
+from tpp_plugin.models.transformer_pp.config import ConvHeadsConfig
+from tpp_plugin.modules.local_conv import DilatedDepthwiseConv
+
+triton = pytest.importorskip("triton", reason="Triton is installed with the test requirements on Linux")
+TritonConv = local_conv_triton.TritonDilatedDepthwiseConv
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and not local_conv_triton.interpreting():
+    pytest.skip("no GPU, and TRITON_INTERPRET is not set (tests/conftest.py sets it)", allow_module_level=True)
+
+
+def relative_error(got, expected):
+    return ((got.double() - expected.double()).norm() / expected.double().norm()).item()
+
+
+def conv_and_grads(fn, u, kernel, dilation, out_len, lookahead, grad):
+    out = fn.apply(u, kernel, dilation, out_len, lookahead)
+    grad_u, grad_kernel = torch.autograd.grad(out, (u, kernel), grad)
+    return out, grad_u, grad_kernel
+
+
+# (len(u), out_len, batch, channels, taps, dilation, lookahead): a whole sequence; new
+# positions behind a buffered history; a centred (encoder) kernel; a kernel wider than
+# the sequence; rows and channels that are not multiples of the kernels' blocks
+SHAPES = [
+    (9, 9, 3, 8, 5, 1, 0),
+    (13, 13, 2, 70, 3, 2, 0),
+    (20, 4, 3, 16, 7, 2, 0),
+    (11, 11, 2, 8, 5, 2, 4),
+    (5, 5, 2, 8, 15, 2, 0),
+    (37, 37, 5, 130, 15, 2, 0),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "L{}-out{}-B{}-C{}-F{}-d{}-a{}".format(*s))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_triton_kernels_equal_the_taps(shape, dtype):
+    length, out_len, bsz, channels, taps, dilation, lookahead = shape
+    torch.manual_seed(hash(shape) % 1000)
+    # u as the attention hands it over: a slice of a wider projection (not contiguous)
+    u = torch.randn(length, bsz, channels + 10, dtype=dtype, device=DEVICE)[:, :, 3 : 3 + channels]
+    u.requires_grad_(True)
+    kernel = torch.randn(channels, taps, dtype=dtype, device=DEVICE).softmax(-1).t()  # F x C, a view
+    kernel = kernel.detach().requires_grad_(True)
+    grad = torch.randn(out_len, bsz, channels, dtype=dtype, device=DEVICE)
+    expected = conv_and_grads(DilatedDepthwiseConv, u, kernel, dilation, out_len, lookahead, grad)
+    got = conv_and_grads(TritonConv, u, kernel, dilation, out_len, lookahead, grad)
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-6
+    for name, g, e in zip(("output", "input gradient", "kernel gradient"), got, expected):
+        assert g.dtype == e.dtype and g.shape == e.shape, name
+        assert relative_error(g, e) < tolerance, name
+
+
+def test_triton_kernels_in_bfloat16_sum_in_float32():
+    """In bfloat16 the kernels sum the taps in float32 and round once, so every element
+    lies within one bfloat16 step (2^-7 relative) of the float64 result. (Triton's
+    interpreter converts to bfloat16 by truncation, a GPU rounds to nearest: the bound
+    holds for both.)"""
+    torch.manual_seed(0)
+    u = torch.randn(33, 4, 72, device=DEVICE).bfloat16().requires_grad_(True)
+    kernel = torch.randn(72, 11, device=DEVICE).softmax(-1).t().bfloat16().detach().requires_grad_(True)
+    grad = torch.randn(33, 4, 72, device=DEVICE).bfloat16()
+    exact = conv_and_grads(DilatedDepthwiseConv, u.double().detach().requires_grad_(True),
+                           kernel.double().detach().requires_grad_(True), 2, 33, 0, grad.double())
+    got = conv_and_grads(TritonConv, u, kernel, 2, 33, 0, grad)
+    for name, g, e in zip(("output", "input gradient", "kernel gradient"), got, exact):
+        assert g.dtype == torch.bfloat16, name
+        step = e.abs() * 2.0**-7 + 1e-30  # one bfloat16 step above |e|: 2^-7 relative
+        assert ((g.double() - e).abs() <= step).all(), name
+
+
+def test_triton_kernels_accept_empty_batches_and_single_positions():
+    kernel = torch.randn(4, 3, device=DEVICE).softmax(-1).t()
+    assert TritonConv.apply(torch.randn(0, 2, 4, device=DEVICE), kernel, 1, 0, 0).shape == (0, 2, 4)
+    u = torch.randn(1, 2, 4, device=DEVICE, requires_grad=True)
+    out = TritonConv.apply(u, kernel, 2, 1, 0)
+    assert torch.allclose(out, u * kernel[-1])  # one position sees only itself
+    (grad_u,) = torch.autograd.grad(out.sum(), u)
+    assert torch.allclose(grad_u, kernel[-1].expand_as(u))
+
+
+def test_local_conv_uses_triton_only_where_asked_and_possible(monkeypatch):
+    u = torch.randn(6, 2, 8, device=DEVICE)
+    assert LocalConv(8, 3)._convolution(u) is DilatedDepthwiseConv
+    assert LocalConv(8, 3, impl="triton")._convolution(u) is TritonConv
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # a CPU tensor without the interpreter: the taps
+    assert LocalConv(8, 3, impl="triton")._convolution(u.cpu()) is DilatedDepthwiseConv
+    with pytest.raises(ValueError, match="taps, triton"):
+        LocalConv(8, 3, impl="cuda")
+
+
+def test_option_reaches_every_local_conv_and_changes_no_output():
+    torch.manual_seed(0)
+    d = make_dictionary(30)
+    taps = build_model(dictionary=d, encoder_conv_dilations="1,2", decoder_conv_dilations="2,1")
+    fused = build_model(dictionary=d, encoder_conv_dilations="1,2", decoder_conv_dilations="2,1",
+                        local_conv_impl="triton")
+    fused.load_state_dict(taps.state_dict())  # same parameters: the option is not one
+    taps, fused = taps.to(DEVICE), fused.to(DEVICE)
+    convs = [m for m in fused.modules() if isinstance(m, LocalConv)]
+    assert len(convs) == 4 and all(m.impl == "triton" for m in convs)
+    assert all(m.impl == "taps" for m in taps.modules() if isinstance(m, LocalConv))
+    src = random_tokens(d, 3, 9).to(DEVICE)
+    src[1, :2] = d.pad()  # left-padded source: LocalConv's padding mask
+    prev = random_tokens(d, 3, 11, seed=1).to(DEVICE)
+    lengths = src.ne(d.pad()).sum(1)
+    taps.eval(), fused.eval()  # no dropout: the same computation
+    outputs = []
+    for model in (taps, fused):
+        out = model(src, lengths, prev)[0]
+        out.logsumexp(-1).sum().backward()
+        outputs.append((out, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (out_taps, grads_taps), (out_fused, grads_fused) = outputs
+    assert (out_fused - out_taps).abs().max() < 1e-5
+    assert grads_fused.keys() == grads_taps.keys()
+    for name, g in grads_taps.items():
+        assert (grads_fused[name] - g).abs().max() <= 1e-5 * (1 + g.abs().max()), name
+
+
+def test_presets_default_to_the_taps_and_old_checkpoints_load():
+    """The default stays the taps until the Triton kernels are measured faster on a
+    GPU; a checkpoint written before the option existed has none and gets the taps."""
+    model = build_model("transformer_pp")
+    assert {m.impl for m in model.modules() if isinstance(m, LocalConv)} == {"taps"}
+    args = argparse.Namespace()
+    ARCH_CONFIG_REGISTRY["transformer_pp"](args)
+    del args.local_conv_impl
+    assert ConvHeadsConfig(args, "decoder").attention(0, 0.0, causal=True).local_conv.impl == "taps"
