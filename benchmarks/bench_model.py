@@ -11,7 +11,7 @@ Models (same width, heads, FFN, layers, dropouts, shared embeddings, data, batch
                    layer for layer the same network as ``transformer`` — the control.
                    Its ratio must come out at 1.0× (within the printed spread); if it
                    does not, the benchmark measures something besides the model.
-* ``tpp-triton``   ``tpp`` with ``--local-conv-impl triton``: LocalConv as Triton
+* ``tpp-triton``   ``tpp`` with ``--conv-heads-impl triton``: the conv heads as Triton
                    kernels on a GPU (on the CPU the same as ``tpp``; ask for it with
                    ``--models``).
 * ``transformer-b`` fairseq's ``transformer`` again, measured as if it were another
@@ -74,7 +74,7 @@ MODELS = {
     "tpp": ["--arch", "transformer_pp", "--encoder-tag-layers", ""],
     "tpp-conv0": ["--arch", "transformer_pp", "--encoder-tag-layers", "",
                   "--encoder-conv-heads", "0", "--decoder-conv-heads", "0"],
-    "tpp-triton": ["--arch", "transformer_pp", "--encoder-tag-layers", "", "--local-conv-impl", "triton"],
+    "tpp-triton": ["--arch", "transformer_pp", "--encoder-tag-layers", "", "--conv-heads-impl", "triton"],
 }
 
 #: d -> (heads, FFN); 512 is the base preset's size, 1024 the big presets'

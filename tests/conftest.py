@@ -23,7 +23,7 @@ from support import REPO, console_script_names
 
 if not torch.cuda.is_available():
     # Without a GPU, LocalConv's Triton kernels run in Triton's interpreter
-    # (tests/plugin/test_local_conv_triton.py). Triton reads this when it is imported,
+    # (tests/plugin/test_conv_heads_triton.py). Triton reads this when it is imported,
     # so it is set before any test module can import it.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

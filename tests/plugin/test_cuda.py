@@ -90,7 +90,7 @@ def test_incremental_decoding_on_the_gpu_equals_full_forward():
 
 
 def test_model_with_triton_local_conv_trains_like_the_taps_in_bfloat16():
-    """--local-conv-impl triton at the base preset's size, bfloat16, training mode without
+    """--conv-heads-impl triton at the base preset's size, bfloat16, training mode without
     dropout: the same loss and gradients as the taps, within bfloat16's rounding (both
     sum in float32; the order of the sums differs)."""
     torch.manual_seed(0)
@@ -98,7 +98,7 @@ def test_model_with_triton_local_conv_trains_like_the_taps_in_bfloat16():
     options = dict(encoder_tag_layers="", dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
                    conv_weight_dropout=0.0)
     taps = build_model("transformer_pp", dictionary=d, **options).cuda().bfloat16().train()
-    fused = build_model("transformer_pp", dictionary=d, local_conv_impl="triton", **options)
+    fused = build_model("transformer_pp", dictionary=d, conv_heads_impl="triton", **options)
     fused.load_state_dict(taps.state_dict())
     fused = fused.cuda().bfloat16().train()
     src = random_tokens(d, 16, 48).cuda()

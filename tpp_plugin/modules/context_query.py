@@ -197,19 +197,17 @@ class ContextQuery(nn.Module):
         of the new position; returns its query, ``B x (H·d_h)``. The same merge as
         :meth:`forward`, with the least work per step."""
         bsz = values.size(0)
-        key = self._get_full_incremental_state_key("context_query")
         s = self._logits(scores)  # B x H
         v = values.float().view(bsz, self.num_heads, self.head_dim)  # B x H x dh
-        buffer = incremental_state.get(key)
-        if buffer is None:
+        state = self.step_state(incremental_state)  # B x H x (1 + dh)
+        if state is None:
             query, lse = v, s
         else:
-            state = buffer["state"]  # B x H x (1 + dh)
             prev_lse, prev_q = state[..., 0], state[..., 1:]
             lse = torch.logaddexp(prev_lse, s)
             share = torch.exp(s - lse).unsqueeze(-1)  # in [0, 1]
             query = torch.addcmul(prev_q, share, v - prev_q)
-        incremental_state[key] = {"state": torch.cat([lse.unsqueeze(-1), query], dim=-1)}
+        self.set_step_state(incremental_state, torch.cat([lse.unsqueeze(-1), query], dim=-1))
         return query.reshape(bsz, -1).to(values.dtype)
 
     def weights(self, scores: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:
@@ -229,6 +227,15 @@ class ContextQuery(nn.Module):
         if allowed is not None:
             logits = logits.masked_fill(~allowed, float("-inf"))
         return F.softmax(logits, dim=-1).type_as(scores)
+
+    def step_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Optional[Tensor]:
+        """The running state ``(L, q)`` of the decoded prefix, ``B x H x (1 + d_h)``
+        float32 (None before the first position)."""
+        buffer = incremental_state.get(self._get_full_incremental_state_key("context_query"))
+        return None if buffer is None else buffer.get("state")
+
+    def set_step_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]], state: Tensor) -> None:
+        incremental_state[self._get_full_incremental_state_key("context_query")] = {"state": state}
 
     def reorder_incremental_state(
         self,

@@ -80,6 +80,7 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor, nn
 
+from . import conv_heads_triton
 from .context_query import ContextQuery
 from .local_conv import LocalConv
 
@@ -116,8 +117,9 @@ class HybridMultiheadAttention(nn.Module):
         output_scaling: ``"none"`` (the paper) or ``"inv-sqrt-head-dim"``: the conv
             heads' output ``LocalConv ⊙ Query`` multiplied by ``1/√d_h``.
         query_temperature: the Query's pooling temperature (1: the paper).
-        local_conv_impl: ``"taps"`` or ``"triton"``: how LocalConv convolves CUDA
-            tensors (:class:`~tpp_plugin.modules.LocalConv`).
+        conv_heads_impl: ``"taps"`` or ``"triton"``: on CUDA tensors, LocalConv's
+            convolution and the conv heads' decoding step as Triton kernels
+            (:mod:`~tpp_plugin.modules.conv_heads_triton`).
     """
 
     def __init__(
@@ -134,7 +136,7 @@ class HybridMultiheadAttention(nn.Module):
         centered_conv: bool = False,
         output_scaling: str = "none",
         query_temperature: float = 1.0,
-        local_conv_impl: str = "taps",
+        conv_heads_impl: str = "taps",
     ):
         super().__init__()
         if embed_dim % num_heads != 0:
@@ -176,8 +178,9 @@ class HybridMultiheadAttention(nn.Module):
         self._widths = [w for _, w in self.projection_sizes]
         self.in_proj = nn.Linear(embed_dim, sum(w for _, w in self.projection_sizes))
         self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
+        self.conv_heads_impl = conv_heads_impl
         self.local_conv = LocalConv(conv_dim, kernel_size, dilation=dilation, weight_dropout=conv_weight_dropout,
-                                    centered=centered_conv, impl=local_conv_impl)
+                                    centered=centered_conv, impl=conv_heads_impl)
         self.context_query = ContextQuery(conv_heads, self.head_dim, causal=causal, temperature=query_temperature)
         self.out_proj = nn.Linear(embed_dim, embed_dim)
         self.reset_parameters()
@@ -312,11 +315,29 @@ class HybridMultiheadAttention(nn.Module):
             logits = torch.matmul(q * self.scaling, k.transpose(-1, -2))  # B x Ha x 1 x t
             weights = F.softmax(logits, dim=-1, dtype=torch.float32).type_as(v)
             heads.append(torch.matmul(weights, v).view(bsz, -1))  # B x (Ha*dh)
-        local = self.local_conv.step(proj["local"], incremental_state)
-        context = self.context_query.step(proj["score"], proj["value"], incremental_state)
-        heads.append(self._conv_output(local, context))
+        heads.append(self._conv_step(proj, incremental_state))
         mixed = torch.cat(heads, dim=-1) if len(heads) > 1 else heads[0]
         return F.linear(mixed, self.out_proj.weight, self.out_proj.bias).unsqueeze(0)
+
+    def _conv_step(self, proj: Dict[str, Tensor], incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tensor:
+        """The conv heads' output for one decoding step (``B x Hc·dh``): LocalConv's and
+        the Query's steps and their product, as one Triton kernel where asked for and
+        possible, else as the modules' own steps (the same states either way)."""
+        u = proj["local"]
+        conv = self.local_conv
+        differentiable = torch.is_grad_enabled() and u.requires_grad  # the kernel is not
+        if (self.conv_heads_impl == "triton" and conv.receptive_field > 0 and not differentiable
+                and conv_heads_triton.usable_on(u)):
+            ring, head = conv.ring(u, incremental_state)
+            out, state = conv_heads_triton.conv_step(
+                u, proj["score"], proj["value"], conv.weight, ring, head,
+                self.context_query.step_state(incremental_state), conv.dilation,
+                self.context_query.temperature, self.conv_output_scale)
+            self.context_query.set_step_state(incremental_state, state)
+            return out
+        local = conv.step(u, incremental_state)
+        context = self.context_query.step(proj["score"], proj["value"], incremental_state)
+        return self._conv_output(local, context)
 
     def _conv_output(self, local: Tensor, context: Tensor) -> Tensor:
         """The conv heads' output: ``LocalConv ⊙ Query`` (times ``1/√d_h`` if scaled)."""

@@ -37,12 +37,12 @@ number of new positions can be fed at once (the buffer and the new positions are
 convolved together).
 
 On a GPU that loop is ``F`` small kernels forward and ``3F`` backward. ``impl="triton"``
-(``--local-conv-impl triton``) runs the same function as one Triton kernel forward and
-two backward for tensors on a CUDA device (:mod:`tpp_plugin.modules.local_conv_triton`);
+(``--conv-heads-impl triton``) runs the same function as one Triton kernel forward and
+two backward for tensors on a CUDA device (:mod:`tpp_plugin.modules.conv_heads_triton`);
 the decoding step and the CPU use the taps either way.
 """
 
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -50,10 +50,7 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor, nn
 
-from . import local_conv_triton
-
-#: LocalConv's implementations of a full-sequence convolution (``--local-conv-impl``)
-LOCAL_CONV_IMPLS = ("taps", "triton")
+from . import conv_heads_triton
 
 
 class DilatedDepthwiseConv(torch.autograd.Function):
@@ -132,15 +129,15 @@ class LocalConv(nn.Module):
         weight_dropout: DropConnect probability on the normalised kernel.
         centered: see :attr:`lookahead`.
         impl: ``"taps"`` (:class:`DilatedDepthwiseConv`, any device) or ``"triton"``
-            (:class:`~tpp_plugin.modules.local_conv_triton.TritonDilatedDepthwiseConv`
+            (:class:`~tpp_plugin.modules.conv_heads_triton.TritonDilatedDepthwiseConv`
             for CUDA tensors, the taps elsewhere).
     """
 
     def __init__(self, channels: int, kernel_size: int, dilation: int = 1, weight_dropout: float = 0.0,
                  centered: bool = False, impl: str = "taps"):
         super().__init__()
-        if impl not in LOCAL_CONV_IMPLS:
-            raise ValueError(f"impl must be one of {', '.join(LOCAL_CONV_IMPLS)}, got {impl!r}")
+        if impl not in conv_heads_triton.IMPLS:
+            raise ValueError(f"impl must be one of {', '.join(conv_heads_triton.IMPLS)}, got {impl!r}")
         if kernel_size < 1:
             raise ValueError(f"kernel_size must be >= 1, got {kernel_size}")
         if dilation < 1:
@@ -187,6 +184,16 @@ class LocalConv(nn.Module):
             return u * kernel[0]
         if torch.is_grad_enabled() and u.requires_grad:  # a differentiable step: no in-place ring
             return self.forward(u.unsqueeze(0), None, incremental_state)[0]
+        ring, head = self.ring(u, incremental_state)
+        ring[head] = u
+        taps = ring.index_select(0, self._tap_rows(head, ring.device))  # F x B x C
+        return (taps.float() * kernel.float().unsqueeze(1)).sum(dim=0).type_as(u)
+
+    def ring(self, u: Tensor, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tuple[Tensor, int]:
+        """The decoding buffer as a ring of ``(F-1)·δ + 1`` rows (``R x B x C``) and the
+        row that the new position ``u`` (``B x C``) is to be written to, which the caller
+        writes; the state already points past it. (Kernel width 1 needs no ring.)"""
+        span = self.receptive_field
         key = self._step_key
         buffer = incremental_state.get(key)
         if buffer is None:
@@ -195,10 +202,8 @@ class LocalConv(nn.Module):
             ring, head = buffer["ring"], buffer["head"]
         else:  # left by a multi-position call: its rows, oldest first, then a free slot
             ring, head = torch.cat([buffer["history"], u.new_zeros(1, u.size(0), u.size(1))]), span
-        ring[head] = u
         incremental_state[key] = {"ring": ring, "head": (head + 1) % (span + 1)}
-        taps = ring.index_select(0, self._tap_rows(head, ring.device))  # F x B x C
-        return (taps.float() * kernel.float().unsqueeze(1)).sum(dim=0).type_as(u)
+        return ring, head
 
     def _tap_rows(self, head: int, device) -> Tensor:
         """The ring rows of the taps of the position written at ``head``, oldest first
@@ -265,11 +270,11 @@ class LocalConv(nn.Module):
     def _convolution(self, u: Tensor):
         """The autograd function that convolves ``u``: Triton's kernels where asked for
         and ``u`` can use them, else the taps."""
-        if self.impl == "triton" and local_conv_triton.usable_on(u):
-            if not local_conv_triton.available():
-                raise RuntimeError("--local-conv-impl triton needs Triton (pip install triton); "
-                                   "--local-conv-impl taps runs without it")
-            return local_conv_triton.TritonDilatedDepthwiseConv
+        if self.impl == "triton" and conv_heads_triton.usable_on(u):
+            if not conv_heads_triton.available():
+                raise RuntimeError("--conv-heads-impl triton needs Triton (pip install triton); "
+                                   "--conv-heads-impl taps runs without it")
+            return conv_heads_triton.TritonDilatedDepthwiseConv
         return DilatedDepthwiseConv
 
     def reorder_incremental_state(

@@ -11,7 +11,7 @@ from typing import Dict
 
 from ...modules import HybridMultiheadAttention
 from ...modules.hybrid_attention import OUTPUT_SCALINGS
-from ...modules.local_conv import LOCAL_CONV_IMPLS
+from ...modules.conv_heads_triton import IMPLS as CONV_HEADS_IMPLS
 from ...options import parse_int_list, parse_named
 
 #: the paper's kernel widths for blocks 1..5 (encoder and decoder alike)
@@ -69,10 +69,11 @@ def add_args(parser) -> None:
                              "the paper, which has no temperature)")
     parser.add_argument('--conv-weight-dropout', type=float, metavar='P',
                         help='DropConnect probability on the normalised LocalConv kernels')
-    parser.add_argument('--local-conv-impl', choices=LOCAL_CONV_IMPLS, metavar='IMPL',
-                        help="how LocalConv convolves on a GPU: 'taps' (default; one element-wise "
-                             "operation per tap, any device) or 'triton' (one Triton kernel forward, "
-                             "two backward, for CUDA tensors; the CPU always uses 'taps')")
+    parser.add_argument('--conv-heads-impl', choices=CONV_HEADS_IMPLS, metavar='IMPL',
+                        help="how the conv heads run on a GPU: 'taps' (default; PyTorch operations, "
+                             "one per LocalConv tap) or 'triton' (Triton kernels for CUDA tensors: "
+                             "LocalConv in one launch forward and two backward, a decoding step of "
+                             "the conv heads in one; the CPU always uses 'taps')")
     parser.add_argument('--encoder-tag-layers', type=str, metavar='TAG:LAYER,...',
                         help='token classifiers on the base encoders: tag kind and the '
                              '(1-based) encoder layer it reads, e.g. "pos:1,ner:2"; '
@@ -99,7 +100,7 @@ class ConvHeadsConfig:
         self.output_scaling = getattr(args, "conv_head_scaling", None) or "none"
         temperature = getattr(args, "conv_query_temperature", None)  # None: an older checkpoint
         self.query_temperature = 1.0 if temperature is None else float(temperature)
-        self.local_conv_impl = getattr(args, "local_conv_impl", None) or "taps"  # None: an older checkpoint
+        self.conv_heads_impl = getattr(args, "conv_heads_impl", None) or "taps"  # None: an older checkpoint
         opt = f"{side}-conv"
         if self.heads < 1 or self.embed_dim % self.heads != 0:
             raise ValueError(
@@ -135,7 +136,7 @@ class ConvHeadsConfig:
             centered_conv=self.centered and not causal,
             output_scaling=self.output_scaling,
             query_temperature=self.query_temperature,
-            local_conv_impl=self.local_conv_impl,
+            conv_heads_impl=self.conv_heads_impl,
             # fairseq pads targets on the right (TransformerPPModel.build_model switches
             # this off for a task that pads them on the left)
             right_padded=causal,

@@ -1,11 +1,13 @@
-"""LocalConv's convolution as Triton kernels: one launch forward, two backward.
+"""The convolution heads as Triton kernels (``--conv-heads-impl triton``), for tensors on
+a CUDA device: LocalConv's convolution in one launch forward and two backward, and a
+decoding step of the conv heads (LocalConv, Query and their product) in one launch.
 
-The same function as :class:`~tpp_plugin.modules.local_conv.DilatedDepthwiseConv`, whose
-loop over the ``F`` taps launches one element-wise kernel per tap forward and three per
-tap backward (41 taps per stack with the paper's widths 3, 5, 7, 11, 15), each reading
-and writing a float32 buffer of the whole ``T x B x C`` activation. Here every tap is
-summed in registers, in float32, and each output is written once. Written in terms of
-one kernel,
+**LocalConv's convolution.** The same function as
+:class:`~tpp_plugin.modules.local_conv.DilatedDepthwiseConv`, whose loop over the ``F``
+taps launches one element-wise kernel per tap forward and three per tap backward (41
+taps per stack with the paper's widths 3, 5, 7, 11, 15), each reading and writing a
+float32 buffer of the whole ``T x B x C`` activation. Here every tap is summed in
+registers, in float32, and each output is written once. Written in terms of one kernel,
 
 .. math::
 
@@ -27,16 +29,30 @@ Rows are fairseq's time-major ``(t, b)`` pairs, tiled ``BLOCK_R x BLOCK_C`` with
 channels innermost, so every load and store is contiguous along channels; any strides
 are accepted (``u`` is a slice of the attention's fused input projection).
 
-Tensors on a CUDA device only. ``TRITON_INTERPRET=1`` (set before this module builds
-its kernels) runs the same kernels on the CPU through Triton's interpreter, slowly:
-that is how the tests check them on machines without a GPU.
+**A decoding step** of the ``H_c`` conv heads, one program per (sentence, head), does
+what :meth:`LocalConv.step <tpp_plugin.modules.LocalConv.step>`,
+:meth:`ContextQuery.step <tpp_plugin.modules.ContextQuery.step>` and the product do in
+about a dozen operations: write the new ``u`` into LocalConv's ring, softmax the
+head's kernel rows, sum the ``F`` taps, merge the new position into the Query's running
+``(L, q)`` and return ``LocalConv ⊙ Query`` (times the output scale), all in float32.
+The states are the modules' own, so beam reordering, multi-position calls and the two
+implementations mix freely.
+
+Tensors on a CUDA device only. ``TRITON_INTERPRET=1`` (set before Triton is imported)
+runs the same kernels on the CPU through Triton's interpreter, slowly: that is how the
+tests check them on machines without a GPU.
 """
 
 import functools
 import os
 
+from typing import Optional, Tuple
+
 import torch
 from torch import Tensor
+
+#: the implementations of the conv heads (``--conv-heads-impl``)
+IMPLS = ("taps", "triton")
 
 #: rows (``(t, b)`` pairs) and channels per program: 8 elements per thread of 4 warps,
 #: 72-80 registers per thread for sm_90 (ptxas; 32 x 64 took 145-159). Not timed on a GPU yet.
@@ -114,7 +130,54 @@ def _kernels(interpret: bool):
         dst = part_ptr + (split * taps + k) * channels + cols
         tl.store(dst, tl.sum(acc, axis=0), mask=col_ok)
 
-    return taps_kernel, kernel_grad_kernel
+    @triton.jit
+    def conv_step_kernel(u_ptr, s_ptr, v_ptr, w_ptr, ring_ptr, state_ptr, new_state_ptr, out_ptr,
+                         head_row, ring_rows, heads, head_dim, taps, dilation, temperature, out_scale,
+                         su, ss, sv, swc, swf, srt, srb, so,
+                         HAS_STATE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_F: tl.constexpr):
+        b = tl.program_id(0)  # sentence (beam) row
+        h = tl.program_id(1)  # conv head
+        d = tl.arange(0, BLOCK_D)
+        d_ok = d < head_dim
+        c = h * head_dim + d  # the head's channels
+        f = tl.arange(0, BLOCK_F)
+        f_ok = f < taps
+        u = tl.load(u_ptr + b * su + c, mask=d_ok)
+        tl.store(ring_ptr + head_row * srt + b * srb + c, u, mask=d_ok)  # the new position's row
+        u = u.to(tl.float32)
+        # the head's normalised kernel rows, softmax over taps: BLOCK_D x BLOCK_F
+        both = d_ok[:, None] & f_ok[None, :]
+        w = tl.load(w_ptr + c[:, None] * swc + f[None, :] * swf, mask=both)
+        # (taps past F weigh nothing; channels past d_h get zeros and are never stored)
+        w = tl.where(f_ok[None, :], tl.where(both, w.to(tl.float32), 0.0), float("-inf"))
+        w = tl.exp(w - tl.max(w, axis=1)[:, None])
+        kernel = w / tl.sum(w, axis=1)[:, None]
+        # tap k reads the row written (F-1-k)·δ steps ago; the last tap is u itself
+        rows = (head_row - (taps - 1 - f) * dilation + ring_rows) % ring_rows
+        past = both & (f < taps - 1)[None, :]
+        x = tl.load(ring_ptr + rows[None, :] * srt + b * srb + c[:, None], mask=past)
+        x = tl.where(past, x.to(tl.float32), 0.0)
+        x = tl.where((f == taps - 1)[None, :], u[:, None], x)
+        local = tl.sum(kernel * x, axis=1)
+        # the Query: merge the new position into the running (log-normaliser, mean)
+        s = tl.load(s_ptr + b * ss + h).to(tl.float32) / temperature
+        v = tl.load(v_ptr + b * sv + c, mask=d_ok).to(tl.float32)
+        row = (b * heads + h) * (head_dim + 1)
+        if HAS_STATE:
+            prev_lse = tl.load(state_ptr + row)
+            prev_q = tl.load(state_ptr + row + 1 + d, mask=d_ok)
+            top = tl.maximum(prev_lse, s)
+            lse = top + tl.log(tl.exp(prev_lse - top) + tl.exp(s - top))
+            query = prev_q + tl.exp(s - lse) * (v - prev_q)
+        else:
+            lse = s
+            query = v
+        tl.store(new_state_ptr + row, lse)
+        tl.store(new_state_ptr + row + 1 + d, query, mask=d_ok)
+        out = local * query * out_scale
+        tl.store(out_ptr + b * so + c, out.to(out_ptr.dtype.element_ty), mask=d_ok)
+
+    return taps_kernel, kernel_grad_kernel, conv_step_kernel
 
 
 def _acc_dtype(dtype: torch.dtype):
@@ -127,7 +190,7 @@ def _taps(x: Tensor, kernel: Tensor, out_len: int, a: int, s: int) -> Tensor:
     """``y[t] = Σ_k kernel[k] ⊙ x[t - (a + k·s)]`` for ``t < out_len``, in ``x``'s dtype."""
     import triton
 
-    taps_kernel, _ = _kernels(interpreting())
+    taps_kernel = _kernels(interpreting())[0]
     bsz, channels = x.size(1), x.size(2)
     y = x.new_empty(out_len, bsz, channels)
     if y.numel() == 0:
@@ -143,7 +206,7 @@ def _kernel_grad(grad_out: Tensor, u: Tensor, taps: int, a: int, s: int) -> Tens
     (float64 for float64 input)."""
     import triton
 
-    _, kernel_grad_kernel = _kernels(interpreting())
+    kernel_grad_kernel = _kernels(interpreting())[1]
     out_len, bsz, channels = grad_out.shape
     acc_dtype = torch.promote_types(u.dtype, torch.float32)
     rows = out_len * bsz
@@ -185,3 +248,34 @@ class TritonDilatedDepthwiseConv(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             grad_kernel = _kernel_grad(grad_out, u, kernel.size(0), a, -dilation).to(kernel.dtype)
         return grad_u, grad_kernel, None, None, None
+
+
+def conv_step(u: Tensor, scores: Tensor, values: Tensor, weight: Tensor, ring: Tensor, head_row: int,
+              state: Optional[Tensor], dilation: int, temperature: float, out_scale: float) -> Tuple[Tensor, Tensor]:
+    """One decoding step of the conv heads: ``u`` and ``values`` ``B x C``, ``scores``
+    ``B x H_c`` (rows of the fused projection: channels contiguous), ``weight`` LocalConv's
+    ``C x F`` (before the softmax), ``ring`` its ``R x B x C`` ring, whose row
+    ``head_row`` receives ``u``, and ``state`` the Query's ``B x H_c x (1 + d_h)`` float32
+    state (None at the first step). Returns ``LocalConv ⊙ Query · out_scale`` (``B x C``,
+    in ``u``'s dtype) and the Query's new state."""
+    import triton
+
+    conv_step_kernel = _kernels(interpreting())[2]
+    bsz, channels = u.shape
+    heads = scores.size(1)
+    head_dim = channels // heads
+    taps = weight.size(1)
+    for name, t in (("u", u), ("scores", scores), ("values", values), ("ring", ring)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"conv_step: {name} must be contiguous along its last axis")
+    out = torch.empty_like(u, memory_format=torch.contiguous_format)
+    new_state = torch.empty(bsz, heads, head_dim + 1, dtype=torch.float32, device=u.device)
+    if state is not None and not state.is_contiguous():
+        state = state.contiguous()
+    conv_step_kernel[(bsz, heads)](
+        u, scores, values, weight, ring, new_state if state is None else state, new_state, out,
+        head_row, ring.size(0), heads, head_dim, taps, dilation, float(temperature), float(out_scale),
+        u.stride(0), scores.stride(0), values.stride(0), *weight.stride(), ring.stride(0), ring.stride(1),
+        out.stride(0), HAS_STATE=state is not None, BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_F=triton.next_power_of_2(taps))
+    return out, new_state

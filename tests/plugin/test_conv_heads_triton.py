@@ -1,0 +1,287 @@
+"""The conv heads' Triton kernels (``--conv-heads-impl triton``) compute the same functions
+as the PyTorch operations: LocalConv's convolution forward and both gradients, and a
+decoding step of the conv heads (with beam reordering, after a multi-position call,
+mixed with the PyTorch step). Compiled on a CUDA GPU where there is one, otherwise on
+the CPU through Triton's interpreter (``TRITON_INTERPRET=1``, which tests/conftest.py
+sets on machines without a GPU); and compiled ahead of time for an H100 by Triton's own
+compiler in any case. Also: the option reaches every conv head of a model and changes
+nothing in its output, gradients or step-by-step decoding, and the default stays the
+PyTorch operations."""
+
+import argparse
+
+import pytest
+import torch
+from fairseq.models import ARCH_CONFIG_REGISTRY
+
+from support import build_model, make_dictionary, random_tokens
+from tpp_plugin.modules import HybridMultiheadAttention, LocalConv, conv_heads_triton
+from tpp_plugin.models.transformer_pp.config import ConvHeadsConfig
+from tpp_plugin.modules.local_conv import DilatedDepthwiseConv
+
+triton = pytest.importorskip("triton", reason="Triton is installed with the test requirements on Linux")
+TritonConv = conv_heads_triton.TritonDilatedDepthwiseConv
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and not conv_heads_triton.interpreting():
+    pytest.skip("no GPU, and TRITON_INTERPRET is not set (tests/conftest.py sets it)", allow_module_level=True)
+
+
+def relative_error(got, expected):
+    return ((got.double() - expected.double()).norm() / expected.double().norm()).item()
+
+
+def conv_and_grads(fn, u, kernel, dilation, out_len, lookahead, grad):
+    out = fn.apply(u, kernel, dilation, out_len, lookahead)
+    grad_u, grad_kernel = torch.autograd.grad(out, (u, kernel), grad)
+    return out, grad_u, grad_kernel
+
+
+# (len(u), out_len, batch, channels, taps, dilation, lookahead): a whole sequence; new
+# positions behind a buffered history; a centred (encoder) kernel; a kernel wider than
+# the sequence; rows and channels that are not multiples of the kernels' blocks
+SHAPES = [
+    (9, 9, 3, 8, 5, 1, 0),
+    (13, 13, 2, 70, 3, 2, 0),
+    (20, 4, 3, 16, 7, 2, 0),
+    (11, 11, 2, 8, 5, 2, 4),
+    (5, 5, 2, 8, 15, 2, 0),
+    (31, 31, 3, 130, 15, 2, 0),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "L{}-out{}-B{}-C{}-F{}-d{}-a{}".format(*s))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_triton_kernels_equal_the_taps(shape, dtype):
+    length, out_len, bsz, channels, taps, dilation, lookahead = shape
+    torch.manual_seed(hash(shape) % 1000)
+    # u as the attention hands it over: a slice of a wider projection (not contiguous)
+    u = torch.randn(length, bsz, channels + 10, dtype=dtype, device=DEVICE)[:, :, 3 : 3 + channels]
+    u.requires_grad_(True)
+    kernel = torch.randn(channels, taps, dtype=dtype, device=DEVICE).softmax(-1).t()  # F x C, a view
+    kernel = kernel.detach().requires_grad_(True)
+    grad = torch.randn(out_len, bsz, channels, dtype=dtype, device=DEVICE)
+    expected = conv_and_grads(DilatedDepthwiseConv, u, kernel, dilation, out_len, lookahead, grad)
+    got = conv_and_grads(TritonConv, u, kernel, dilation, out_len, lookahead, grad)
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-6
+    for name, g, e in zip(("output", "input gradient", "kernel gradient"), got, expected):
+        assert g.dtype == e.dtype and g.shape == e.shape, name
+        assert relative_error(g, e) < tolerance, name
+
+
+def test_triton_kernels_in_bfloat16_sum_in_float32():
+    """In bfloat16 the kernels sum the taps in float32 and round once, so every element
+    lies within one bfloat16 step (2^-7 relative) of the float64 result. (Triton's
+    interpreter converts to bfloat16 by truncation, a GPU rounds to nearest: the bound
+    holds for both.)"""
+    torch.manual_seed(0)
+    u = torch.randn(33, 4, 72, device=DEVICE).bfloat16().requires_grad_(True)
+    kernel = torch.randn(72, 11, device=DEVICE).softmax(-1).t().bfloat16().detach().requires_grad_(True)
+    grad = torch.randn(33, 4, 72, device=DEVICE).bfloat16()
+    exact = conv_and_grads(DilatedDepthwiseConv, u.double().detach().requires_grad_(True),
+                           kernel.double().detach().requires_grad_(True), 2, 33, 0, grad.double())
+    got = conv_and_grads(TritonConv, u, kernel, 2, 33, 0, grad)
+    for name, g, e in zip(("output", "input gradient", "kernel gradient"), got, exact):
+        assert g.dtype == torch.bfloat16, name
+        step = e.abs() * 2.0**-7 + 1e-30  # one bfloat16 step above |e|: 2^-7 relative
+        assert ((g.double() - e).abs() <= step).all(), name
+
+
+def test_triton_kernels_accept_empty_batches_and_single_positions():
+    kernel = torch.randn(4, 3, device=DEVICE).softmax(-1).t()
+    assert TritonConv.apply(torch.randn(0, 2, 4, device=DEVICE), kernel, 1, 0, 0).shape == (0, 2, 4)
+    u = torch.randn(1, 2, 4, device=DEVICE, requires_grad=True)
+    out = TritonConv.apply(u, kernel, 2, 1, 0)
+    assert torch.allclose(out, u * kernel[-1])  # one position sees only itself
+    (grad_u,) = torch.autograd.grad(out.sum(), u)
+    assert torch.allclose(grad_u, kernel[-1].expand_as(u))
+
+
+def test_local_conv_uses_triton_only_where_asked_and_possible(monkeypatch):
+    u = torch.randn(6, 2, 8, device=DEVICE)
+    assert LocalConv(8, 3)._convolution(u) is DilatedDepthwiseConv
+    assert LocalConv(8, 3, impl="triton")._convolution(u) is TritonConv
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # a CPU tensor without the interpreter: the taps
+    assert LocalConv(8, 3, impl="triton")._convolution(u.cpu()) is DilatedDepthwiseConv
+    with pytest.raises(ValueError, match="taps, triton"):
+        LocalConv(8, 3, impl="cuda")
+
+
+def test_option_reaches_every_conv_head_and_changes_no_output():
+    torch.manual_seed(0)
+    d = make_dictionary(30)
+    taps = build_model(dictionary=d, encoder_conv_dilations="1,2", decoder_conv_dilations="2,1")
+    fused = build_model(dictionary=d, encoder_conv_dilations="1,2", decoder_conv_dilations="2,1",
+                        conv_heads_impl="triton")
+    fused.load_state_dict(taps.state_dict())  # same parameters: the option is not one
+    taps, fused = taps.to(DEVICE), fused.to(DEVICE)
+    convs = [m for m in fused.modules() if isinstance(m, LocalConv)]
+    assert len(convs) == 4 and all(m.impl == "triton" for m in convs)
+    attentions = [m for m in fused.modules() if isinstance(m, HybridMultiheadAttention)]
+    assert len(attentions) == 4 and all(m.conv_heads_impl == "triton" for m in attentions)
+    assert all(m.impl == "taps" for m in taps.modules() if isinstance(m, LocalConv))
+    src = random_tokens(d, 3, 9).to(DEVICE)
+    src[1, :2] = d.pad()  # left-padded source: LocalConv's padding mask
+    prev = random_tokens(d, 3, 11, seed=1).to(DEVICE)
+    lengths = src.ne(d.pad()).sum(1)
+    taps.eval(), fused.eval()  # no dropout: the same computation
+    outputs = []
+    for model in (taps, fused):
+        out = model(src, lengths, prev)[0]
+        out.logsumexp(-1).sum().backward()
+        outputs.append((out, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (out_taps, grads_taps), (out_fused, grads_fused) = outputs
+    assert (out_fused - out_taps).abs().max() < 1e-5
+    assert grads_fused.keys() == grads_taps.keys()
+    for name, g in grads_taps.items():
+        assert (grads_fused[name] - g).abs().max() <= 1e-5 * (1 + g.abs().max()), name
+
+
+def test_presets_default_to_the_taps_and_old_checkpoints_load():
+    """The default stays the taps until the Triton kernels are measured faster on a
+    GPU; a checkpoint written before the option existed has none and gets the taps."""
+    model = build_model("transformer_pp")
+    assert {m.impl for m in model.modules() if isinstance(m, LocalConv)} == {"taps"}
+    args = argparse.Namespace()
+    ARCH_CONFIG_REGISTRY["transformer_pp"](args)
+    del args.conv_heads_impl
+    attention = ConvHeadsConfig(args, "decoder").attention(0, 0.0, causal=True)
+    assert attention.conv_heads_impl == "taps" and attention.local_conv.impl == "taps"
+
+
+def decode(attention, x, state, steps, reorder_at, new_order):
+    """A 3-position call, then one position at a time, beams reordered once."""
+    outputs = [attention(x[:3], None, None, incremental_state=state, need_weights=False)[0]]
+    for t in range(3, steps):
+        if t == reorder_at:
+            attention.reorder_incremental_state(state, new_order)
+        outputs.append(attention(x[t : t + 1], None, None, incremental_state=state, need_weights=False)[0])
+    return torch.cat(outputs)
+
+
+# (d, heads, conv heads, F, dilation, output scaling, temperature): d_h = 6 is no power
+# of two; F = 15 with dilation 2 is the widest paper layer
+STEP_SHAPES = [
+    (16, 4, 2, 5, 2, "none", 1.0),
+    (24, 4, 3, 3, 1, "inv-sqrt-head-dim", 0.5),
+    (64, 8, 4, 15, 2, "none", 1.0),
+    (40, 4, 2, 7, 3, "none", 2.0),
+]
+
+
+@pytest.mark.parametrize("shape", STEP_SHAPES, ids=lambda s: "d{}-H{}-Hc{}-F{}-dil{}-{}-T{}".format(*s))
+def test_decoding_step_kernel_equals_the_modules_steps(shape):
+    d, heads, conv_heads, taps, dilation, scaling, temperature = shape
+    torch.manual_seed(sum(shape[:5]))
+    options = dict(kernel_size=taps, dilation=dilation, causal=True, output_scaling=scaling,
+                   query_temperature=temperature)
+    reference = HybridMultiheadAttention(d, heads, conv_heads, **options).to(DEVICE).eval()
+    fused = HybridMultiheadAttention(d, heads, conv_heads, conv_heads_impl="triton", **options).to(DEVICE).eval()
+    fused.load_state_dict(reference.state_dict())
+    x = torch.randn(18, 4, d, device=DEVICE)
+    new_order = torch.tensor([1, 1, 3, 0], device=DEVICE)
+    with torch.no_grad():
+        expected = decode(reference, x, {}, 18, 9, new_order)
+        got = decode(fused, x, {}, 18, 9, new_order)
+        # the two steps keep the same states: switching in the middle changes nothing
+        state = {}
+        first = decode(fused, x[:12], state, 12, 9, new_order)
+        fused.conv_heads_impl = "taps"
+        rest = torch.cat([fused(x[t : t + 1], None, None, incremental_state=state, need_weights=False)[0]
+                          for t in range(12, 18)])
+    assert (got - expected).abs().max() < 1e-5
+    assert (torch.cat([first, rest]) - expected).abs().max() < 1e-5
+
+
+def test_decoding_step_kernel_in_bfloat16():
+    """In bfloat16 the kernel computes in float32 and rounds once; the PyTorch step
+    rounds LocalConv and the Query to bfloat16 before their product. Both stay within a
+    few bfloat16 steps of the float32 result."""
+    torch.manual_seed(0)
+    exact = HybridMultiheadAttention(64, 8, 4, kernel_size=7, dilation=2, causal=True).to(DEVICE).eval()
+    fused = HybridMultiheadAttention(64, 8, 4, kernel_size=7, dilation=2, causal=True,
+                                     conv_heads_impl="triton").to(DEVICE).eval()
+    fused.load_state_dict(exact.state_dict())
+    fused.bfloat16()
+    x = torch.randn(20, 6, 64, device=DEVICE)
+    order = torch.arange(6, device=DEVICE).flip(0)
+    with torch.no_grad():
+        expected = decode(exact, x, {}, 20, 9, order)
+        got = decode(fused, x.bfloat16(), {}, 20, 9, order).float()
+        fused.conv_heads_impl = "taps"
+        taps = decode(fused, x.bfloat16(), {}, 20, 9, order).float()
+    assert torch.isfinite(got).all()
+    scale = expected.abs().mean()
+    assert (got - expected).abs().mean() < 0.02 * scale
+    assert (got - expected).abs().mean() <= 1.5 * (taps - expected).abs().mean()
+
+
+def test_model_decodes_step_by_step_as_in_parallel_with_the_kernels():
+    """As tests/plugin/test_model.py checks for the PyTorch steps: beam search's step by
+    step decoding, reordering included, equals the parallel forward."""
+    torch.manual_seed(0)
+    d = make_dictionary(30)
+    model = build_model(dictionary=d, encoder_conv_dilations="1,2", decoder_conv_dilations="2,3",
+                        conv_heads_impl="triton").to(DEVICE).eval()
+    beam, steps, reorder_step = 4, 16, 7
+    src = random_tokens(d, 1, 9).repeat(beam, 1).to(DEVICE)
+    enc = model.encoder(src, src_lengths=torch.full((beam,), 9, device=DEVICE))
+    hist = torch.cat([torch.full((beam, 1), d.eos()), random_tokens(d, beam, steps - 1, seed=3)], dim=1).to(DEVICE)
+    new_order = torch.tensor([1, 1, 3, 0], device=DEVICE)
+    state, step_logits = {}, []
+    with torch.no_grad():
+        for t in range(steps):
+            if t == reorder_step:
+                model.decoder.reorder_incremental_state_scripting(state, new_order)
+                enc = model.encoder.reorder_encoder_out(enc, new_order)
+                hist = torch.cat([hist[new_order, :t], hist[:, t:]], dim=1)
+            step_logits.append(model.decoder(hist[:, : t + 1], encoder_out=enc, incremental_state=state)[0][:, 0])
+        full = model.decoder(hist, encoder_out=enc)[0]
+    for t in range(steps):
+        got = step_logits[t][new_order] if t < reorder_step else step_logits[t]
+        assert (got - full[:, t]).abs().max() <= 1e-5, f"step {t}"
+
+
+COMPILE_FOR_HOPPER = r"""
+import inspect
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from tpp_plugin.modules import conv_heads_triton as m
+
+taps, grad, step = m._kernels(False)
+blocks = {"BLOCK_R": m.BLOCK_R, "BLOCK_C": m.BLOCK_C}
+for dtype in ("bf16", "fp16", "fp32"):
+    variants = [
+        (taps, {p: "*" + dtype for p in ("x_ptr", "y_ptr", "k_ptr")}, dict(ACC=tl.float32, **blocks)),
+        (grad, {"g_ptr": "*" + dtype, "u_ptr": "*" + dtype, "part_ptr": "*fp32"}, dict(ACC=tl.float32, **blocks)),
+    ] + [
+        (step, {**{p: "*" + dtype for p in ("u_ptr", "s_ptr", "v_ptr", "w_ptr", "ring_ptr", "out_ptr")},
+                "state_ptr": "*fp32", "new_state_ptr": "*fp32", "temperature": "fp32", "out_scale": "fp32"},
+         dict(HAS_STATE=has_state, BLOCK_D=64, BLOCK_F=16))
+        for has_state in (False, True)
+    ]
+    for kernel, types, constants in variants:
+        signature = {name: types.get(name, "i32") for name in inspect.signature(kernel.fn).parameters}
+        signature.update({name: "constexpr" for name in constants})
+        binary = triton.compile(ASTSource(kernel, signature, constexprs=constants), target=GPUTarget("cuda", 90, 32))
+        print(kernel.fn.__name__, dtype, len(binary.asm["cubin"]))
+"""
+
+
+def test_kernels_compile_to_hopper_machine_code():
+    """The interpreter is lax about types; Triton's compiler is not. Every kernel, in
+    every training dtype, compiled ahead of time for an H100 (sm_90) by Triton's own
+    compiler and ptxas, which need no GPU."""
+    import os
+    import subprocess
+    import sys
+
+    from support import REPO
+
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
+    proc = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.split()
+    compiled = [(name, dtype) for name, dtype, size in zip(lines[::3], lines[1::3], lines[2::3]) if int(size) > 0]
+    assert len(compiled) == 12, proc.stdout
