@@ -201,6 +201,11 @@ def _taps(x: Tensor, kernel: Tensor, out_len: int, a: int, s: int) -> Tensor:
     return y
 
 
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _kernel_grad(grad_out: Tensor, u: Tensor, taps: int, a: int, s: int) -> Tensor:
     """``Σ_{t,b} grad_out[t] ⊙ u[t - (a + k·s)]`` for every tap ``k``: ``F x C`` in float32
     (float64 for float64 input)."""
@@ -213,7 +218,7 @@ def _kernel_grad(grad_out: Tensor, u: Tensor, taps: int, a: int, s: int) -> Tens
     row_blocks = max(1, triton.cdiv(rows, BLOCK_R))
     col_blocks = triton.cdiv(channels, BLOCK_C)
     # enough programs to fill the device (a few per multiprocessor), each over whole row blocks
-    programs = 4 * (torch.cuda.get_device_properties(u.device).multi_processor_count if u.is_cuda else 1)
+    programs = 4 * (_multiprocessors(u.device) if u.is_cuda else 1)
     splits = min(row_blocks, max(1, triton.cdiv(programs, taps * col_blocks)))
     rows_per_program = triton.cdiv(row_blocks, splits) * BLOCK_R
     splits = triton.cdiv(rows, rows_per_program) if rows else 1
