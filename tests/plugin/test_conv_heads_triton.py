@@ -86,6 +86,19 @@ def test_triton_kernels_in_bfloat16_sum_in_float32():
         assert ((g.double() - e).abs() <= step).all(), name
 
 
+@pytest.mark.parametrize("programs", [1, 2, 3, 7, 1000])
+def test_kernel_gradient_splits_rows_among_programs(programs):
+    """A GPU splits the rows among a few programs per multiprocessor; any split gives the
+    same sums (one program each where there is no GPU, unless asked)."""
+    torch.manual_seed(programs)
+    u = torch.randn(23, 3, 70, dtype=torch.float64, device=DEVICE)
+    grad = torch.randn(23, 3, 70, dtype=torch.float64, device=DEVICE)
+    kernel = torch.randn(70, 5, dtype=torch.float64, device=DEVICE).softmax(-1).t().requires_grad_(True)
+    (expected,) = torch.autograd.grad(DilatedDepthwiseConv.apply(u, kernel, 2, 23, 0), kernel, grad)
+    got = conv_heads_triton._kernel_grad(grad, u, 5, 8, -2, programs=programs)  # a = (F-1)·δ, s = -δ
+    assert relative_error(got, expected) < 1e-12
+
+
 def test_triton_kernels_accept_empty_batches_and_single_positions():
     kernel = torch.randn(4, 3, device=DEVICE).softmax(-1).t()
     assert TritonConv.apply(torch.randn(0, 2, 4, device=DEVICE), kernel, 1, 0, 0).shape == (0, 2, 4)
@@ -158,6 +171,19 @@ def decode(attention, x, state, steps, reorder_at, new_order):
     return torch.cat(outputs)
 
 
+def count_kernel_steps(monkeypatch):
+    """Record every call of the fused step (so a test knows the kernel ran)."""
+    calls = []
+    original = conv_heads_triton.conv_step
+
+    def recording(*args, **kwargs):
+        calls.append(args[0].shape)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(conv_heads_triton, "conv_step", recording)
+    return calls
+
+
 # (d, heads, conv heads, F, dilation, output scaling, temperature): d_h = 6 is no power
 # of two; F = 15 with dilation 2 is the widest paper layer
 STEP_SHAPES = [
@@ -169,7 +195,7 @@ STEP_SHAPES = [
 
 
 @pytest.mark.parametrize("shape", STEP_SHAPES, ids=lambda s: "d{}-H{}-Hc{}-F{}-dil{}-{}-T{}".format(*s))
-def test_decoding_step_kernel_equals_the_modules_steps(shape):
+def test_decoding_step_kernel_equals_the_modules_steps(shape, monkeypatch):
     d, heads, conv_heads, taps, dilation, scaling, temperature = shape
     torch.manual_seed(sum(shape[:5]))
     options = dict(kernel_size=taps, dilation=dilation, causal=True, output_scaling=scaling,
@@ -179,17 +205,22 @@ def test_decoding_step_kernel_equals_the_modules_steps(shape):
     fused.load_state_dict(reference.state_dict())
     x = torch.randn(18, 4, d, device=DEVICE)
     new_order = torch.tensor([1, 1, 3, 0], device=DEVICE)
+    launches = count_kernel_steps(monkeypatch)
     with torch.no_grad():
         expected = decode(reference, x, {}, 18, 9, new_order)
+        assert not launches
         got = decode(fused, x, {}, 18, 9, new_order)
-        # the two steps keep the same states: switching in the middle changes nothing
-        state = {}
-        first = decode(fused, x[:12], state, 12, 9, new_order)
-        fused.conv_heads_impl = "taps"
-        rest = torch.cat([fused(x[t : t + 1], None, None, incremental_state=state, need_weights=False)[0]
-                          for t in range(12, 18)])
+        assert len(launches) == 15  # every single-position step ran the kernel
+        # the two steps keep the same states: switching in the middle, either way,
+        # changes nothing
+        for first_impl, then in (("triton", "taps"), ("taps", "triton")):
+            fused.conv_heads_impl, state = first_impl, {}
+            first = decode(fused, x[:12], state, 12, 9, new_order)
+            fused.conv_heads_impl = then
+            rest = torch.cat([fused(x[t : t + 1], None, None, incremental_state=state, need_weights=False)[0]
+                              for t in range(12, 18)])
+            assert (torch.cat([first, rest]) - expected).abs().max() < 1e-5, (first_impl, then)
     assert (got - expected).abs().max() < 1e-5
-    assert (torch.cat([first, rest]) - expected).abs().max() < 1e-5
 
 
 def test_decoding_step_kernel_in_bfloat16():
@@ -213,6 +244,36 @@ def test_decoding_step_kernel_in_bfloat16():
     scale = expected.abs().mean()
     assert (got - expected).abs().mean() < 0.02 * scale
     assert (got - expected).abs().mean() <= 1.5 * (taps - expected).abs().mean()
+
+
+def test_decoding_step_with_gradients_takes_the_differentiable_path(monkeypatch):
+    """The kernel has no backward: where a step must be differentiated (gradients on,
+    parameters that want them) the PyTorch step runs, and LocalConv's kernel gets its
+    gradient."""
+    torch.manual_seed(0)
+    reference = HybridMultiheadAttention(16, 4, 2, kernel_size=3, causal=True).to(DEVICE).eval()
+    fused = HybridMultiheadAttention(16, 4, 2, kernel_size=3, causal=True, conv_heads_impl="triton")
+    fused = fused.to(DEVICE).eval()
+    fused.load_state_dict(reference.state_dict())
+    launches = count_kernel_steps(monkeypatch)
+    x = torch.randn(4, 2, 16, device=DEVICE)
+    for module in (reference, fused):
+        decode(module, x, {}, 4, 99, None).sum().backward()
+    assert not launches
+    assert fused.local_conv.weight.grad.abs().sum() > 0
+    assert torch.allclose(fused.local_conv.weight.grad, reference.local_conv.weight.grad, atol=1e-6)
+
+
+def test_decoding_step_kernel_rejects_a_state_of_another_batch():
+    """A wrong shape would read out of bounds on a GPU: the step checks first."""
+    u = torch.randn(3, 8, device=DEVICE)
+    scores, values = torch.randn(3, 2, device=DEVICE), torch.randn(3, 8, device=DEVICE)
+    weight, ring = torch.randn(8, 3, device=DEVICE), torch.zeros(3, 3, 8, device=DEVICE)
+    with pytest.raises(ValueError, match=r"state is \(2, 2, 5\), expected \(3, 2, 5\)"):
+        conv_heads_triton.conv_step(u, scores, values, weight, ring, 0, torch.zeros(2, 2, 5, device=DEVICE),
+                                    1, 1.0, 1.0)
+    with pytest.raises(ValueError, match=r"ring is \(2, 3, 8\), expected \(3, 3, 8\)"):
+        conv_heads_triton.conv_step(u, scores, values, weight, ring[:2], 0, None, 1, 1.0, 1.0)
 
 
 def test_model_decodes_step_by_step_as_in_parallel_with_the_kernels():
@@ -255,16 +316,21 @@ for dtype in ("bf16", "fp16", "fp32"):
         (taps, {p: "*" + dtype for p in ("x_ptr", "y_ptr", "k_ptr")}, dict(ACC=tl.float32, **blocks)),
         (grad, {"g_ptr": "*" + dtype, "u_ptr": "*" + dtype, "part_ptr": "*fp32"}, dict(ACC=tl.float32, **blocks)),
     ] + [
-        (step, {**{p: "*" + dtype for p in ("u_ptr", "s_ptr", "v_ptr", "w_ptr", "ring_ptr", "out_ptr")},
+        (step, {**{p: "*" + dtype for p in ("u_ptr", "s_ptr", "v_ptr", "w_ptr", "ring_ptr", "row_ptr", "out_ptr")},
                 "state_ptr": "*fp32", "new_state_ptr": "*fp32", "temperature": "fp32", "out_scale": "fp32"},
          dict(HAS_STATE=has_state, BLOCK_D=64, BLOCK_F=16))
         for has_state in (False, True)
     ]
     for kernel, types, constants in variants:
-        signature = {name: types.get(name, "i32") for name in inspect.signature(kernel.fn).parameters}
-        signature.update({name: "constexpr" for name in constants})
-        binary = triton.compile(ASTSource(kernel, signature, constexprs=constants), target=GPUTarget("cuda", 90, 32))
-        print(kernel.fn.__name__, dtype, len(binary.asm["cubin"]))
+        # integer arguments as they come, and (Triton compiles a variant for integer
+        # arguments equal to 1, as constants) all of them equal to 1
+        ints = [name for name in inspect.signature(kernel.fn).parameters if name not in types and name not in constants]
+        for ones in (False, True):
+            signature = {name: types.get(name, "i32") for name in inspect.signature(kernel.fn).parameters}
+            fixed = dict(constants, **({name: 1 for name in ints} if ones else {}))
+            signature.update({name: "constexpr" for name in fixed})
+            binary = triton.compile(ASTSource(kernel, signature, constexprs=fixed), target=GPUTarget("cuda", 90, 32))
+            print(kernel.fn.__name__, dtype, len(binary.asm["cubin"]))
 """
 
 
@@ -284,4 +350,4 @@ def test_kernels_compile_to_hopper_machine_code():
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.split()
     compiled = [(name, dtype) for name, dtype, size in zip(lines[::3], lines[1::3], lines[2::3]) if int(size) > 0]
-    assert len(compiled) == 12, proc.stdout
+    assert len(compiled) == 24, proc.stdout

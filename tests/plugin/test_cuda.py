@@ -110,6 +110,11 @@ def test_model_with_triton_local_conv_trains_like_the_taps_in_bfloat16():
         loss = F.log_softmax(model(src, lengths, prev)[0].float(), -1).mean()
         loss.backward()
         losses.append(loss.item())
-        grads.append(torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None]))
+        grads.append({n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None})
     assert abs(losses[0] - losses[1]) < 1e-3 * abs(losses[0])
-    assert ((grads[1] - grads[0]).norm() / grads[0].norm()).item() < 2e-2
+    assert grads[0].keys() == grads[1].keys()
+    # parameter by parameter: LocalConv's kernels are a small part of the whole gradient
+    for name, expected in grads[0].items():
+        error = (grads[1][name] - expected).norm() / expected.norm().clamp_min(1e-12)
+        assert error < 5e-2, (name, error.item())
+    assert any("local_conv.weight" in name for name in grads[0])

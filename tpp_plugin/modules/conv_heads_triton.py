@@ -43,6 +43,7 @@ runs the same kernels on the CPU through Triton's interpreter, slowly: that is h
 tests check them on machines without a GPU.
 """
 
+import contextlib
 import functools
 import os
 
@@ -50,9 +51,11 @@ from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 #: the implementations of the conv heads (``--conv-heads-impl``)
 IMPLS = ("taps", "triton")
+MISSING = "--conv-heads-impl triton needs Triton (pip install triton); --conv-heads-impl taps runs without it"
 
 #: rows (``(t, b)`` pairs) and channels per program: 8 elements per thread of 4 warps,
 #: 72-80 registers per thread for sm_90 (ptxas; 32 x 64 took 145-159). Not timed on a GPU yet.
@@ -131,19 +134,19 @@ def _kernels(interpret: bool):
         tl.store(dst, tl.sum(acc, axis=0), mask=col_ok)
 
     @triton.jit
-    def conv_step_kernel(u_ptr, s_ptr, v_ptr, w_ptr, ring_ptr, state_ptr, new_state_ptr, out_ptr,
+    def conv_step_kernel(u_ptr, s_ptr, v_ptr, w_ptr, ring_ptr, row_ptr, state_ptr, new_state_ptr, out_ptr,
                          head_row, ring_rows, heads, head_dim, taps, dilation, temperature, out_scale,
                          su, ss, sv, swc, swf, srt, srb, so,
                          HAS_STATE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_F: tl.constexpr):
-        b = tl.program_id(0)  # sentence (beam) row
+        b = tl.program_id(0).to(tl.int64)  # sentence (beam) row
         h = tl.program_id(1)  # conv head
         d = tl.arange(0, BLOCK_D)
         d_ok = d < head_dim
-        c = h * head_dim + d  # the head's channels
+        c = (h * head_dim + d).to(tl.int64)  # the head's channels
         f = tl.arange(0, BLOCK_F)
         f_ok = f < taps
         u = tl.load(u_ptr + b * su + c, mask=d_ok)
-        tl.store(ring_ptr + head_row * srt + b * srb + c, u, mask=d_ok)  # the new position's row
+        tl.store(row_ptr + b * srb + c, u, mask=d_ok)  # the ring's row head_row: the new position
         u = u.to(tl.float32)
         # the head's normalised kernel rows, softmax over taps: BLOCK_D x BLOCK_F
         both = d_ok[:, None] & f_ok[None, :]
@@ -153,7 +156,7 @@ def _kernels(interpret: bool):
         w = tl.exp(w - tl.max(w, axis=1)[:, None])
         kernel = w / tl.sum(w, axis=1)[:, None]
         # tap k reads the row written (F-1-k)·δ steps ago; the last tap is u itself
-        rows = (head_row - (taps - 1 - f) * dilation + ring_rows) % ring_rows
+        rows = ((head_row - (taps - 1 - f) * dilation + ring_rows) % ring_rows).to(tl.int64)
         past = both & (f < taps - 1)[None, :]
         x = tl.load(ring_ptr + rows[None, :] * srt + b * srb + c[:, None], mask=past)
         x = tl.where(past, x.to(tl.float32), 0.0)
@@ -196,8 +199,10 @@ def _taps(x: Tensor, kernel: Tensor, out_len: int, a: int, s: int) -> Tensor:
     if y.numel() == 0:
         return y
     grid = (triton.cdiv(out_len * bsz, BLOCK_R), triton.cdiv(channels, BLOCK_C))
-    taps_kernel[grid](x, y, kernel, x.size(0), out_len, bsz, channels, *x.stride(), *y.stride(), *kernel.stride(),
-                      a, s, kernel.size(0), ACC=_acc_dtype(x.dtype), BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C)
+    with _device_of(x):
+        taps_kernel[grid](x, y, kernel, x.size(0), out_len, bsz, channels, *x.stride(), *y.stride(),
+                          *kernel.stride(), a, s, kernel.size(0), ACC=_acc_dtype(x.dtype), BLOCK_R=BLOCK_R,
+                          BLOCK_C=BLOCK_C)
     return y
 
 
@@ -206,9 +211,15 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _kernel_grad(grad_out: Tensor, u: Tensor, taps: int, a: int, s: int) -> Tensor:
+def _device_of(t: Tensor):
+    """Launches on ``t``'s GPU (Triton launches on the current one)."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+def _kernel_grad(grad_out: Tensor, u: Tensor, taps: int, a: int, s: int, programs: Optional[int] = None) -> Tensor:
     """``Σ_{t,b} grad_out[t] ⊙ u[t - (a + k·s)]`` for every tap ``k``: ``F x C`` in float32
-    (float64 for float64 input)."""
+    (float64 for float64 input). The rows are split among about ``programs`` programs
+    (default: four per multiprocessor), whose partial sums are added here."""
     import triton
 
     kernel_grad_kernel = _kernels(interpreting())[1]
@@ -218,15 +229,17 @@ def _kernel_grad(grad_out: Tensor, u: Tensor, taps: int, a: int, s: int) -> Tens
     row_blocks = max(1, triton.cdiv(rows, BLOCK_R))
     col_blocks = triton.cdiv(channels, BLOCK_C)
     # enough programs to fill the device (a few per multiprocessor), each over whole row blocks
-    programs = 4 * (_multiprocessors(u.device) if u.is_cuda else 1)
+    if programs is None:
+        programs = 4 * (_multiprocessors(u.device) if u.is_cuda else 1)
     splits = min(row_blocks, max(1, triton.cdiv(programs, taps * col_blocks)))
     rows_per_program = triton.cdiv(row_blocks, splits) * BLOCK_R
     splits = triton.cdiv(rows, rows_per_program) if rows else 1
     part = torch.zeros(splits, taps, channels, dtype=acc_dtype, device=u.device)
     if rows:
-        kernel_grad_kernel[(taps, col_blocks, splits)](
-            grad_out, u, part, out_len, u.size(0), bsz, channels, *grad_out.stride(), *u.stride(),
-            a, s, taps, rows_per_program, ACC=_acc_dtype(u.dtype), BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C)
+        with _device_of(u):
+            kernel_grad_kernel[(taps, col_blocks, splits)](
+                grad_out, u, part, out_len, u.size(0), bsz, channels, *grad_out.stride(), *u.stride(),
+                a, s, taps, rows_per_program, ACC=_acc_dtype(u.dtype), BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C)
     return part.sum(0)
 
 
@@ -243,6 +256,7 @@ class TritonDilatedDepthwiseConv(torch.autograd.Function):
         return _taps(u, kernel, out_len, a, -dilation)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_out: Tensor):
         u, kernel = ctx.saved_tensors
         a, dilation = ctx.a, ctx.dilation
@@ -270,17 +284,30 @@ def conv_step(u: Tensor, scores: Tensor, values: Tensor, weight: Tensor, ring: T
     heads = scores.size(1)
     head_dim = channels // heads
     taps = weight.size(1)
-    for name, t in (("u", u), ("scores", scores), ("values", values), ("ring", ring)):
-        if t.stride(-1) != 1:
-            raise ValueError(f"conv_step: {name} must be contiguous along its last axis")
+    # a wrong shape would read out of bounds on a GPU, where nothing checks it
+    expected = {"scores": (bsz, heads), "values": (bsz, channels), "weight": (channels, taps),
+                "ring": ((taps - 1) * dilation + 1, bsz, channels), "state": (bsz, heads, head_dim + 1)}
+    if state is not None and state.dtype != torch.float32:
+        raise ValueError(f"conv_step: the Query's state must be float32, not {state.dtype}")
+    for name, t in (("u", u), ("scores", scores), ("values", values), ("weight", weight), ("ring", ring),
+                    ("state", state)):
+        if t is None:
+            continue
+        if name in expected and tuple(t.shape) != expected[name]:
+            raise ValueError(f"conv_step: {name} is {tuple(t.shape)}, expected {expected[name]}")
+        if t.stride(-1) != 1 or t.device != u.device:
+            raise ValueError(f"conv_step: {name} must be on {u.device} and contiguous along its last axis")
+    if channels != heads * head_dim or not 0 <= head_row < ring.size(0):
+        raise ValueError(f"conv_step: {channels} channels, {heads} heads, ring row {head_row} of {ring.size(0)}")
     out = torch.empty_like(u, memory_format=torch.contiguous_format)
     new_state = torch.empty(bsz, heads, head_dim + 1, dtype=torch.float32, device=u.device)
     if state is not None and not state.is_contiguous():
         state = state.contiguous()
-    conv_step_kernel[(bsz, heads)](
-        u, scores, values, weight, ring, new_state if state is None else state, new_state, out,
-        head_row, ring.size(0), heads, head_dim, taps, dilation, float(temperature), float(out_scale),
-        u.stride(0), scores.stride(0), values.stride(0), *weight.stride(), ring.stride(0), ring.stride(1),
-        out.stride(0), HAS_STATE=state is not None, BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_F=triton.next_power_of_2(taps))
+    with _device_of(u):
+        conv_step_kernel[(bsz, heads)](
+            u, scores, values, weight, ring, ring[head_row], new_state if state is None else state, new_state, out,
+            head_row, ring.size(0), heads, head_dim, taps, dilation, float(temperature), float(out_scale),
+            u.stride(0), scores.stride(0), values.stride(0), *weight.stride(), ring.stride(0), ring.stride(1),
+            out.stride(0), HAS_STATE=state is not None, BLOCK_D=triton.next_power_of_2(head_dim),
+            BLOCK_F=triton.next_power_of_2(taps))
     return out, new_state

@@ -325,13 +325,16 @@ class HybridMultiheadAttention(nn.Module):
         possible, else as the modules' own steps (the same states either way)."""
         u = proj["local"]
         conv = self.local_conv
-        differentiable = torch.is_grad_enabled() and u.requires_grad  # the kernel is not
+        inputs = (u, proj["score"], proj["value"], conv.weight)
+        differentiable = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)  # the kernel is not
         if (self.conv_heads_impl == "triton" and conv.receptive_field > 0 and not differentiable
                 and conv_heads_triton.usable_on(u)):
+            if not conv_heads_triton.available():
+                raise RuntimeError(conv_heads_triton.MISSING)
+            state = self.context_query.step_state(incremental_state)
             ring, head = conv.ring(u, incremental_state)
             out, state = conv_heads_triton.conv_step(
-                u, proj["score"], proj["value"], conv.weight, ring, head,
-                self.context_query.step_state(incremental_state), conv.dilation,
+                u, proj["score"], proj["value"], conv.weight, ring, head, state, conv.dilation,
                 self.context_query.temperature, self.conv_output_scale)
             self.context_query.set_step_state(incremental_state, state)
             return out

@@ -38,8 +38,10 @@ convolved together).
 
 On a GPU that loop is ``F`` small kernels forward and ``3F`` backward. ``impl="triton"``
 (``--conv-heads-impl triton``) runs the same function as one Triton kernel forward and
-two backward for tensors on a CUDA device (:mod:`tpp_plugin.modules.conv_heads_triton`);
-the decoding step and the CPU use the taps either way.
+two backward for tensors on a CUDA device (:mod:`tpp_plugin.modules.conv_heads_triton`;
+the CPU uses the taps either way). :meth:`LocalConv.step` stays PyTorch operations: the
+attention that owns the module fuses its decoding step with the Query's in one kernel
+instead, on the same ring (:meth:`LocalConv.ring`).
 """
 
 from typing import Dict, Optional, Tuple
@@ -272,8 +274,7 @@ class LocalConv(nn.Module):
         and ``u`` can use them, else the taps."""
         if self.impl == "triton" and conv_heads_triton.usable_on(u):
             if not conv_heads_triton.available():
-                raise RuntimeError("--conv-heads-impl triton needs Triton (pip install triton); "
-                                   "--conv-heads-impl taps runs without it")
+                raise RuntimeError(conv_heads_triton.MISSING)
             return conv_heads_triton.TritonDilatedDepthwiseConv
         return DilatedDepthwiseConv
 
