@@ -4,6 +4,7 @@ fairseq-generate / fairseq-interactive with --task translation on tag-less data 
 two-process data-parallel training and validation."""
 
 import json
+import os
 import math
 import re
 import shutil
@@ -222,3 +223,43 @@ def test_checkpoint_written_by_version_0_1_generates_the_same(tmp_path):
     for (gid, gscore, ghyp), (eid, escore, ehyp) in zip(got, expected):
         assert (gid, ghyp) == (eid, ehyp)
         assert float(gscore) == pytest.approx(float(escore), abs=1e-4)
+
+
+def test_triton_conv_heads_train_and_translate_as_the_pytorch_ones(trained, tmp_path):
+    """--conv-heads-impl triton through fairseq's own commands (here the kernels run in
+    Triton's interpreter, TRITON_INTERPRET=1 from conftest.py; on a GPU compiled): the
+    same losses as the PyTorch operations, and the checkpoint translates as the same
+    checkpoint with them (the option is no parameter: --model-overrides switches it)."""
+    pytest.importorskip("triton")
+    import tpp_plugin  # noqa: F401  (allow-lists what fairseq checkpoints hold)
+
+    if not torch.cuda.is_available():
+        assert os.environ.get("TRITON_INTERPRET") == "1"  # else the CPU runs the PyTorch operations
+    data = trained["data"]
+    losses = {}
+    for impl in ("taps", "triton"):
+        log = tmp_path / f"{impl}.log"
+        run(["fairseq-train", data, *TRAIN_FLAGS, "--conv-heads-impl", impl,
+             "--save-dir", tmp_path / impl, "--log-file", log, "--max-update", "4", "--log-interval", "2",
+             "--max-tokens", "300", "--disable-validation"], timeout=600)
+        losses[impl] = {int(r["num_updates"]): float(r["loss"]) for r in records(log, "train_inner")}
+    assert sorted(losses["taps"]) == [2, 4]
+    assert losses["triton"].keys() == losses["taps"].keys()
+    for update, loss in losses["taps"].items():
+        assert losses["triton"][update] == pytest.approx(loss, rel=1e-4), update
+    state = torch.load(tmp_path / "triton" / "checkpoint_last.pt", map_location="cpu", weights_only=True)
+    assert state["cfg"]["model"].conv_heads_impl == "triton"
+
+    def hypotheses(*extra):
+        """{sentence id: (score, tokens)} of fairseq-generate's H- lines."""
+        gen = run(["fairseq-generate", data, "--user-dir", PLUGIN_DIR,
+                   "--path", tmp_path / "triton" / "checkpoint_last.pt", "--gen-subset", "test",
+                   "--beam", "2", "--batch-size", "20", "--max-len-a", "0", "--max-len-b", "6", "--cpu", *extra])
+        lines = [line.split("\t") for line in gen.stdout.splitlines() if line.startswith("H-")]
+        return {key: (float(score), tokens) for key, score, tokens in lines}
+
+    fused = hypotheses()
+    plain = hypotheses("--model-overrides", "{'conv_heads_impl': 'taps'}")
+    assert len(fused) == 20 and fused.keys() == plain.keys()
+    for key, (score, tokens) in plain.items():
+        assert fused[key][1] == tokens and fused[key][0] == pytest.approx(score, abs=1e-5), key
