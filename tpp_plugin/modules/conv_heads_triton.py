@@ -62,6 +62,7 @@ MISSING = "--conv-heads-impl triton needs Triton (pip install triton); --conv-he
 BLOCK_R, BLOCK_C = 16, 64
 
 
+@functools.lru_cache(maxsize=None)
 def available() -> bool:
     """Whether Triton can be imported."""
     try:
@@ -79,6 +80,16 @@ def interpreting() -> bool:
 def usable_on(t: Tensor) -> bool:
     """Whether these kernels can run on ``t``'s device and dtype."""
     return (t.is_cuda or interpreting()) and t.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def runs(impl: str, t: Tensor) -> bool:
+    """Whether implementation ``impl`` runs these kernels on ``t`` (``"triton"`` and a
+    tensor they can run on); an error if that needs Triton and it is not installed."""
+    if impl != "triton" or not usable_on(t):
+        return False
+    if not available():
+        raise RuntimeError(MISSING)
+    return True
 
 
 @functools.lru_cache(maxsize=2)

@@ -325,12 +325,10 @@ class HybridMultiheadAttention(nn.Module):
         possible, else as the modules' own steps (the same states either way)."""
         u = proj["local"]
         conv = self.local_conv
-        inputs = (u, proj["score"], proj["value"], conv.weight)
-        differentiable = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)  # the kernel is not
-        if (self.conv_heads_impl == "triton" and conv.receptive_field > 0 and not differentiable
-                and conv_heads_triton.usable_on(u)):
-            if not conv_heads_triton.available():
-                raise RuntimeError(conv_heads_triton.MISSING)
+        # the kernel has no backward: a step that is to be differentiated takes the modules'
+        differentiable = torch.is_grad_enabled() and any(
+            t.requires_grad for t in (u, proj["score"], proj["value"], conv.weight))
+        if conv.receptive_field > 0 and not differentiable and conv_heads_triton.runs(self.conv_heads_impl, u):
             state = self.context_query.step_state(incremental_state)
             ring, head = conv.ring(u, incremental_state)
             out, state = conv_heads_triton.conv_step(

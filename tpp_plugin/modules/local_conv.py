@@ -272,9 +272,7 @@ class LocalConv(nn.Module):
     def _convolution(self, u: Tensor):
         """The autograd function that convolves ``u``: Triton's kernels where asked for
         and ``u`` can use them, else the taps."""
-        if self.impl == "triton" and conv_heads_triton.usable_on(u):
-            if not conv_heads_triton.available():
-                raise RuntimeError(conv_heads_triton.MISSING)
+        if conv_heads_triton.runs(self.impl, u):
             return conv_heads_triton.TritonDilatedDepthwiseConv
         return DilatedDepthwiseConv
 
