@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import tpp_plugin  # noqa: F401  (allow-lists fairseq checkpoint contents for torch.load)
 from support import PLUGIN_DIR, REPO, SCRIPTS, binarize_tagged, run, tool_env, toy_tags
 
 pytestmark = pytest.mark.slow
@@ -196,55 +195,6 @@ def test_bf16_training_runs_on_a_machine_without_xla(trained, tmp_path):
     assert losses[-1] < 0.8 * losses[0], losses
     state = torch.load(tmp_path / "ck" / "checkpoint_last.pt", map_location="cpu", weights_only=True)
     assert state["cfg"]["common"]["bf16"] and not state["cfg"]["common"]["tpu"]
-
-
-def _optimizer_tensors(checkpoint: Path):
-    """How many tensors the optimizer state of a checkpoint keeps (1: flat)."""
-    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    return len(state["last_optimizer_state"]["param_groups"][0]["params"])
-
-
-def test_bf16_keeps_a_flat_master_copy_and_resumes_checkpoints_of_either_layout(trained, tmp_path):
-    """--bf16 keeps fairseq's float32 master copy as one flat tensor, as --fp16 does
-    (--fp16-no-flatten-grads: one per parameter, fairseq's --bf16 until now): the same
-    losses, step for step; and a checkpoint of either layout resumes with the other
-    (the optimizer state converted), continuing as the uninterrupted run does."""
-    flags = [*TRAIN_FLAGS, "--bf16", "--max-update", "40", "--log-interval", "10", "--disable-validation",
-             "--save-interval-updates", "20", "--keep-interval-updates", "-1"]
-    per_parameter = ["--fp16-no-flatten-grads"]
-
-    def train(name, *extra, restore=None):
-        save = tmp_path / name
-        if restore is not None:  # the checkpoint of update 20 of an earlier run
-            (restore,) = restore.glob("checkpoint_*_20.pt")
-            save.mkdir()
-            shutil.copy(restore, save / "checkpoint_last.pt")
-        log = tmp_path / f"{name}.log"
-        proc = run(["fairseq-train", trained["data"], *flags, *extra, "--save-dir", save, "--log-file", log],
-                   timeout=600)
-        losses = {int(r["num_updates"]): float(r["loss"]) for r in records(log, "train_inner")}
-        return proc.stdout + proc.stderr, save, losses
-
-    out, flat, flat_losses = train("flat")
-    assert "the float32 master copy of" in out and "kept as one flat tensor" in out
-    assert _optimizer_tensors(flat / "checkpoint_last.pt") == 1
-    out, split, split_losses = train("split", *per_parameter)
-    assert "kept as one flat tensor" not in out
-    n_tensors = _optimizer_tensors(split / "checkpoint_last.pt")
-    assert n_tensors > 50
-    assert sorted(flat_losses) == [10, 20, 30, 40]
-    # element-wise the same Adam on the same float32 values (no clipping): equal losses
-    assert flat_losses == pytest.approx(split_losses, rel=1e-6, abs=1e-6)
-
-    # per-parameter checkpoint -> flat run, and flat checkpoint -> per-parameter run
-    out, save, resumed = train("split_to_flat", restore=split)
-    assert "converted (one per parameter -> flat" in out
-    assert sorted(resumed) == [30, 40] and resumed == pytest.approx({u: split_losses[u] for u in (30, 40)}, abs=2e-3)
-    assert _optimizer_tensors(save / "checkpoint_last.pt") == 1
-    out, save, resumed = train("flat_to_split", *per_parameter, restore=flat)
-    assert "converted (flat -> one per parameter" in out
-    assert sorted(resumed) == [30, 40] and resumed == pytest.approx({u: flat_losses[u] for u in (30, 40)}, abs=2e-3)
-    assert _optimizer_tensors(save / "checkpoint_last.pt") == n_tensors
 
 
 def test_fp16_without_cuda_keeps_fairseqs_own_error(trained, tmp_path):
