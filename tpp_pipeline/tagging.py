@@ -23,6 +23,7 @@ joins the chunks once every shard is done.
 """
 
 import concurrent.futures
+import contextlib
 import importlib.util
 import json
 import logging
@@ -30,11 +31,12 @@ import multiprocessing
 import os
 import re
 import shutil
+import tempfile
 import time
 
 from .contract import TAG_KINDS
 from .errors import DataError
-from .textio import atomic_files, atomic_open, count_lines, iter_lines
+from .textio import atomic_files, count_lines, iter_lines
 
 log = logging.getLogger("tpp_pipeline")
 
@@ -165,20 +167,31 @@ class TagJob:
 
 
 def _prepare_chunk_dir(job, config, force):
-    """Create the chunk folder, or check that its chunks were made with ``config``."""
+    """Create the chunk folder, or check that its chunks were made with ``config``.
+
+    The shards of an array job prepare the same folders at the same moment, so the
+    record is published without a shared temporary name: each writes its own complete
+    copy and hard-links it into place; the first link wins, and every shard (the winner
+    included) checks its settings against the record that is there.
+    """
     config_path = os.path.join(job.chunk_dir, "config.json")
     if force and os.path.isdir(job.chunk_dir):
         shutil.rmtree(job.chunk_dir)
     os.makedirs(job.chunk_dir, exist_ok=True)
-    if os.path.exists(config_path):
-        with open(config_path, encoding="utf-8") as handle:
-            saved = json.load(handle)
-        if saved != config:
-            raise DataError("tag chunks here were made with other settings or input "
-                            f"({saved} != {config}); pass --force to start over", config_path)
-        return
-    with atomic_open(config_path) as handle:
-        json.dump(config, handle, sort_keys=True)
+    if not os.path.exists(config_path):
+        handle, tmp = tempfile.mkstemp(prefix=".config.", suffix=".tmp", dir=job.chunk_dir)
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8") as out:
+                json.dump(config, out, sort_keys=True)
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, config_path)
+        finally:
+            os.remove(tmp)
+    with open(config_path, encoding="utf-8") as handle:
+        saved = json.load(handle)
+    if saved != config:
+        raise DataError("tag chunks here were made with other settings or input "
+                        f"({saved} != {config}); pass --force to start over", config_path)
 
 
 _worker_labeler = None
