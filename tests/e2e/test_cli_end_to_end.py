@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import tpp_plugin  # noqa: F401  (allow-lists fairseq checkpoint contents for torch.load)
+
 from support import PLUGIN_DIR, REPO, SCRIPTS, binarize_tagged, run, tool_env, toy_tags
 
 pytestmark = pytest.mark.slow
