@@ -14,6 +14,12 @@ Models (same width, heads, FFN, layers, dropouts, shared embeddings, data, batch
 * ``tpp-triton``   ``tpp`` with ``--conv-heads-impl triton``: the conv heads as Triton
                    kernels on a GPU (on the CPU the same as ``tpp``; ask for it with
                    ``--models``).
+* ``transformer-split`` fairseq's ``transformer`` with ``--fp16-no-flatten-grads``: with
+                   ``--dtype bf16``, the float32 master copy kept one tensor per
+                   parameter, as fairseq's ``--bf16`` keeps it without the plugin
+                   (which keeps it flat on a GPU, as ``--fp16`` does:
+                   ``tpp_plugin/compat.py``; on the CPU these are ``transformer``/``tpp``);
+                   ``tpp-split`` the same for ``tpp``. Ask for them with ``--models``.
 * ``transformer-b`` fairseq's ``transformer`` again, measured as if it were another
                    model: the harness's own control. On a GPU the first control also
                    compares two attention implementations (fairseq's passes masks to
@@ -75,6 +81,9 @@ MODELS = {
     "tpp-conv0": ["--arch", "transformer_pp", "--encoder-tag-layers", "",
                   "--encoder-conv-heads", "0", "--decoder-conv-heads", "0"],
     "tpp-triton": ["--arch", "transformer_pp", "--encoder-tag-layers", "", "--conv-heads-impl", "triton"],
+    # --bf16's master copy one tensor per parameter (fairseq's own --bf16), not flat
+    "transformer-split": ["--arch", "transformer", "--fp16-no-flatten-grads"],
+    "tpp-split": ["--arch", "transformer_pp", "--encoder-tag-layers", "", "--fp16-no-flatten-grads"],
 }
 
 #: d -> (heads, FFN); 512 is the base preset's size, 1024 the big presets'

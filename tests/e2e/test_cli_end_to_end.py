@@ -9,6 +9,7 @@ import math
 import re
 import shutil
 import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -197,6 +198,61 @@ def test_bf16_training_runs_on_a_machine_without_xla(trained, tmp_path):
     assert losses[-1] < 0.8 * losses[0], losses
     state = torch.load(tmp_path / "ck" / "checkpoint_last.pt", map_location="cpu", weights_only=True)
     assert state["cfg"]["common"]["bf16"] and not state["cfg"]["common"]["tpu"]
+
+
+def _optimizer_tensors(checkpoint: Path):
+    """How many tensors the optimizer state of a checkpoint keeps (1: flat)."""
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    return len(state["last_optimizer_state"]["param_groups"][0]["params"])
+
+
+#: fairseq-train with --bf16's flat master copy taken on the CPU too (on a GPU it is the default)
+TRAIN_FLAT_ON_THE_CPU = ("import sys; from tpp_plugin import compat; "
+                         "compat.FLAT_BF16_DEVICE_TYPES = frozenset({'cuda', 'cpu'}); "
+                         "from fairseq_cli.train import cli_main; sys.argv[0] = 'fairseq-train'; cli_main()")
+
+
+def test_bf16_flat_master_copy_trains_alike_and_resumes_checkpoints_of_either_layout(trained, tmp_path):
+    """--bf16's float32 master copy as one flat tensor (as fairseq's --fp16 keeps it; the
+    plugin's default on a GPU) gives the same losses, step for step, as one tensor per
+    parameter (fairseq's --bf16, and the default on the CPU); and a checkpoint of either
+    layout resumes with the other (the optimizer state converted), continuing as the
+    uninterrupted run does."""
+    flags = [*TRAIN_FLAGS, "--bf16", "--max-update", "40", "--log-interval", "10", "--disable-validation",
+             "--save-interval-updates", "20", "--keep-interval-updates", "-1"]
+
+    def train(name, flat, restore=None):
+        save = tmp_path / name
+        if restore is not None:  # the checkpoint of update 20 of an earlier run
+            (restore,) = restore.glob("checkpoint_*_20.pt")
+            save.mkdir()
+            shutil.copy(restore, save / "checkpoint_last.pt")
+        log = tmp_path / f"{name}.log"
+        command = [sys.executable, "-c", TRAIN_FLAT_ON_THE_CPU] if flat else ["fairseq-train"]
+        proc = run([*command, trained["data"], *flags, "--save-dir", save, "--log-file", log], timeout=600)
+        losses = {int(r["num_updates"]): float(r["loss"]) for r in records(log, "train_inner")}
+        return proc.stdout + proc.stderr, save, losses
+
+    out, flat, flat_losses = train("flat", flat=True)
+    assert "the float32 master copy of" in out and "kept as one flat tensor" in out
+    assert _optimizer_tensors(flat / "checkpoint_last.pt") == 1
+    out, split, split_losses = train("split", flat=False)
+    assert "kept as one flat tensor" not in out
+    n_tensors = _optimizer_tensors(split / "checkpoint_last.pt")
+    assert n_tensors > 50
+    assert sorted(flat_losses) == [10, 20, 30, 40]
+    # element-wise the same Adam on the same float32 values (no clipping): equal losses
+    assert flat_losses == pytest.approx(split_losses, rel=1e-6, abs=1e-6)
+
+    # per-parameter checkpoint -> flat run (a CPU run resumed on a GPU), and the other way round
+    out, save, resumed = train("split_to_flat", flat=True, restore=split)
+    assert "converted (one per parameter -> flat" in out
+    assert sorted(resumed) == [30, 40] and resumed == pytest.approx({u: split_losses[u] for u in (30, 40)}, abs=2e-3)
+    assert _optimizer_tensors(save / "checkpoint_last.pt") == 1
+    out, save, resumed = train("flat_to_split", flat=False, restore=flat)
+    assert "converted (flat -> one per parameter" in out
+    assert sorted(resumed) == [30, 40] and resumed == pytest.approx({u: flat_losses[u] for u in (30, 40)}, abs=2e-3)
+    assert _optimizer_tensors(save / "checkpoint_last.pt") == n_tensors
 
 
 def test_fp16_without_cuda_keeps_fairseqs_own_error(trained, tmp_path):

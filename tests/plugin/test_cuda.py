@@ -118,3 +118,23 @@ def test_model_with_triton_local_conv_trains_like_the_taps_in_bfloat16():
         error = (grads[1][name] - expected).norm() / expected.norm().clamp_min(1e-12)
         assert error < 5e-2, (name, error.item())
     assert any("local_conv.weight" in name for name in grads[0])
+
+
+def test_bf16_master_copy_is_flat_on_the_gpu_and_updates_like_per_parameter():
+    """tpp_plugin.compat section 5 as it is (no device added): on a GPU, --bf16's float32
+    master copy is one flat tensor, and 5 Adam updates give the same parameters as the
+    per-parameter copy (--fp16-no-flatten-grads)."""
+    from test_compat_optimizer import build, module, train
+
+    models, optimizers = [], []
+    for extra in ([], ["--fp16-no-flatten-grads"]):
+        model = module().cuda()
+        models.append(model)
+        optimizers.append(build(model, *extra))
+    assert optimizers[0].has_flat_params and not optimizers[1].has_flat_params
+    (master,) = optimizers[0].fp32_params.values()
+    assert master.is_cuda and master.dtype == torch.float32
+    for model, optimizer in zip(models, optimizers):
+        train(model, optimizer, 5, device="cuda")
+    for p, q in zip(*(m.parameters() for m in models)):
+        assert torch.equal(p, q)

@@ -1,0 +1,145 @@
+"""--bf16 keeps fairseq's float32 master copy flat on a GPU, as --fp16 does
+(tpp_plugin.compat, section 5): fairseq's own FP16Optimizer and Adam on a small
+bfloat16 module; the same updates as the per-parameter copy, and optimizer states of
+either layout load into the other. The flat layout is taken on the CPU here by adding
+"cpu" to the devices that get it (on the CPU it stays per parameter otherwise);
+tests/e2e/test_cli_end_to_end.py does it through fairseq's training command and
+tests/plugin/test_cuda.py on a GPU as it is."""
+
+import copy
+
+import pytest
+import torch
+from fairseq import options
+from fairseq.dataclass import utils as dataclass_utils
+from fairseq.optim.fp16_optimizer import FP16Optimizer
+
+import tpp_plugin  # noqa: F401  (installs the corrections)
+from tpp_plugin import compat
+
+
+@pytest.fixture(autouse=True)
+def flat_on_the_cpu(monkeypatch):
+    monkeypatch.setattr(compat, "FLAT_BF16_DEVICE_TYPES", frozenset({"cuda", "cpu"}))
+
+
+def config(*extra):
+    """fairseq's configuration of ``fairseq-train --cpu --bf16`` with Adam."""
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, input_args=[
+        "unused-data", "--arch", "transformer", "--cpu", "--bf16", "--optimizer", "adam",
+        "--adam-betas", "(0.9, 0.98)", "--lr", "0.01", "--weight-decay", "0.01", *extra])
+    # looked up now: the plugin corrects --bf16's implied --tpu there
+    return dataclass_utils.convert_namespace_to_omegaconf(args)
+
+
+def module():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.LayerNorm(5), torch.nn.Linear(5, 3)).bfloat16()
+
+
+def build(model, *extra):
+    return FP16Optimizer.build_optimizer(config(*extra), list(model.parameters()))
+
+
+def train(model, optimizer, steps, seed=1, device="cpu"):
+    """``steps`` updates on fixed random batches (fairseq's order: backward, norm, step)."""
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        x = torch.randn(4, 6, generator=generator).bfloat16().to(device)
+        optimizer.backward(model(x).float().pow(2).mean())
+        optimizer.clip_grad_norm(0.0)
+        optimizer.step()
+
+
+def test_bf16_master_copy_is_flat_unless_asked_per_parameter():
+    flat = build(module())
+    assert flat.has_flat_params
+    (master,) = flat.fp32_params.values()
+    assert master.dtype == torch.float32 and master.numel() == sum(p.numel() for p in module().parameters())
+    assert not build(module(), "--fp16-no-flatten-grads").has_flat_params
+
+
+def test_bf16_master_copy_stays_per_parameter_on_the_cpu(monkeypatch):
+    monkeypatch.setattr(compat, "FLAT_BF16_DEVICE_TYPES", frozenset({"cuda"}))
+    assert not build(module()).has_flat_params
+
+
+def test_optimizers_without_flat_parameters_keep_one_tensor_per_parameter():
+    """fairseq's own --fp16 would refuse Adafactor's flat copy; --bf16 keeps it per parameter."""
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, input_args=[
+        "unused-data", "--arch", "transformer", "--cpu", "--bf16", "--optimizer", "adafactor", "--lr", "0.01"])
+    optimizer = FP16Optimizer.build_optimizer(dataclass_utils.convert_namespace_to_omegaconf(args), list(module().parameters()))
+    assert not optimizer.has_flat_params
+
+
+def test_flat_and_per_parameter_copies_update_alike():
+    a, b = module(), module()
+    train(a, build(a), 5)
+    train(b, build(b, "--fp16-no-flatten-grads"), 5)
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("saved_flags, other_flags", [
+    (["--fp16-no-flatten-grads"], []),  # a per-parameter checkpoint resumed flat
+    ([], ["--fp16-no-flatten-grads"]),  # and the other way round
+])
+def test_state_of_either_layout_resumes_in_the_other(saved_flags, other_flags):
+    """3 updates, the state saved; resumed from it (the master copy rebuilt from the
+    bfloat16 parameters, as fairseq resumes) in the other layout, 3 more updates give
+    the parameters that 3 more give in the saved layout: Adam's moments and step count
+    carried over (without them the parameters differ)."""
+    model = module()
+    optimizer = build(model, *saved_flags)
+    train(model, optimizer, 3)
+    state = copy.deepcopy(optimizer.state_dict())
+
+    def resume(flags, load=True):
+        resumed_model = copy.deepcopy(model)
+        resumed = build(resumed_model, *flags)
+        if load:
+            resumed.load_state_dict(copy.deepcopy(state))
+        train(resumed_model, resumed, 3, seed=2)
+        return resumed, list(resumed_model.parameters())
+
+    _, same = resume(saved_flags)
+    other_optimizer, other = resume(other_flags)
+    assert other_optimizer.has_flat_params == (not other_flags)
+    (group,) = other_optimizer.optimizer.state_dict()["param_groups"]
+    assert group["lr"] == 0.01 and group["betas"] == (0.9, 0.98)
+    for p, q in zip(same, other):
+        assert torch.equal(p, q)
+    _, fresh = resume(other_flags, load=False)
+    assert not all(torch.equal(p, q) for p, q in zip(same, fresh))
+
+
+def test_a_state_that_cannot_be_converted_is_an_error_naming_the_way_out():
+    model = module()
+    per_parameter = build(model, "--fp16-no-flatten-grads")
+    train(model, per_parameter, 2)
+    state = per_parameter.state_dict()
+    flat = build(module())
+
+    uneven = copy.deepcopy(state)
+    uneven["state"][1]["step"] += 1
+    with pytest.raises(RuntimeError, match=r"state 'step'.*differs between parameters.*--reset-optimizer"):
+        flat.load_state_dict(uneven)
+
+    wrong_size = copy.deepcopy(state)
+    wrong_size["state"][0]["exp_avg"] = torch.zeros(7)
+    with pytest.raises(RuntimeError, match=r"state 'exp_avg'.*parameter's size.*--reset-optimizer"):
+        flat.load_state_dict(wrong_size)
+
+    missing = copy.deepcopy(state)
+    del missing["state"][2]
+    with pytest.raises(RuntimeError, match=r"1 of 6 parameters have none.*--reset-optimizer"):
+        flat.load_state_dict(missing)
+
+
+def test_states_of_the_same_layout_load_unchanged():
+    optimizer = build(module())
+    state = {"state": {}, "param_groups": [{"params": [0], "lr": 0.5}]}
+    assert compat.match_state_layout(optimizer, state) is state
