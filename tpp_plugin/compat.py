@@ -222,13 +222,13 @@ FLAT_BF16_DEVICE_TYPES = frozenset({"cuda"})
 
 def _flat_bf16_wanted(cfg, params) -> bool:
     """--bf16 with the parameters on one GPU, where fairseq's --fp16 would flatten the
-    master copy."""
+    master copy (a TPU's parameters are on an "xla" device: per parameter, as fairseq
+    keeps them there)."""
     devices = {p.device for p in params}
     if len(devices) != 1 or next(iter(devices)).type not in FLAT_BF16_DEVICE_TYPES:
         return False
     common, distributed = cfg.common, cfg.distributed_training
-    return (bool(getattr(common, "bf16", False)) and not getattr(common, "tpu", False)
-            and not getattr(common, "fp16_no_flatten_grads", False)
+    return (bool(getattr(common, "bf16", False)) and not getattr(common, "fp16_no_flatten_grads", False)
             and getattr(distributed, "zero_sharding", "none") in (None, "none")
             and not getattr(cfg.optimizer, "pipeline_model_parallel", False))
 

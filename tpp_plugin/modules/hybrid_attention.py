@@ -325,13 +325,11 @@ class HybridMultiheadAttention(nn.Module):
         possible, else as the modules' own steps (the same states either way)."""
         u = proj["local"]
         conv = self.local_conv
-        kernel = self.conv_heads_impl == "triton" and conv.receptive_field > 0
-        if kernel:  # (only then: this runs once per layer and token with the default taps too)
-            # the kernel has no backward: a step that is to be differentiated takes the modules'
-            differentiable = torch.is_grad_enabled() and any(
-                t.requires_grad for t in (u, proj["score"], proj["value"], conv.weight))
-            kernel = not differentiable and conv_heads_triton.runs(self.conv_heads_impl, u)
-        if kernel:
+        # the kernel has no backward: a step that is to be differentiated takes the modules'
+        # (looked at last: runs() answers at once for the default taps, on every step)
+        if (conv.receptive_field > 0 and conv_heads_triton.runs(self.conv_heads_impl, u)
+                and not (torch.is_grad_enabled() and any(
+                    t.requires_grad for t in (u, proj["score"], proj["value"], conv.weight)))):
             state = self.context_query.step_state(incremental_state)
             ring, head = conv.ring(u, incremental_state)
             out, state = conv_heads_triton.conv_step(
