@@ -13,7 +13,7 @@ from tpp_plugin.modules.local_conv import DilatedDepthwiseConv
 def reference_hybrid(m: HybridMultiheadAttention, x: torch.Tensor, pad: torch.Tensor):
     """Loop-by-loop evaluation of the module's equations for ``x`` (``T x B x d``) with
     padding mask ``pad`` (``B x T``). Returns the output ``T x B x d`` and the per-head
-    maps ``H x B x T x T``."""
+    maps ``H x B x T x T``; differentiable."""
     T, B, d = x.shape
     dh, Ha, Hc = m.head_dim, m.dot_heads, m.conv_heads
     F_, dil = m.local_conv.kernel_size, m.local_conv.dilation
@@ -33,8 +33,11 @@ def reference_hybrid(m: HybridMultiheadAttention, x: torch.Tensor, pad: torch.Te
             q, k, v = (lin(p, xb)[:, sl] for p in ("q", "k", "v"))
             head = torch.zeros(T, dh, dtype=torch.float64)
             for t in range(T):
-                scores = [q[t] @ k[tau] / math.sqrt(dh) if allowed(t, tau) else -math.inf for tau in range(T)]
-                w = torch.softmax(torch.tensor(scores, dtype=torch.float64), dim=0)
+                if not any(allowed(t, tau) for tau in range(T)):
+                    continue  # a padding row that sees nothing (its output is not used)
+                scores = [q[t] @ k[tau] / math.sqrt(dh) if allowed(t, tau) else x.new_tensor(-math.inf).double()
+                          for tau in range(T)]
+                w = torch.softmax(torch.stack(scores), dim=0)
                 maps[h, b, t] = w
                 head[t] = sum(w[tau] * v[tau] for tau in range(T))
             heads.append(head)
@@ -130,6 +133,61 @@ def test_dilated_depthwise_conv_forward_and_gradients(kernel_size, dilation, his
     assert torch.allclose(out, expected)
     assert torch.autograd.gradcheck(lambda a, b: DilatedDepthwiseConv.apply(a, b, dilation, T, lookahead),
                                     (u, kernel))
+
+
+@pytest.mark.parametrize("lookahead", [0, 2])
+def test_dilated_depthwise_conv_reads_padding_rows_as_zeros(lookahead):
+    """With ``padding``, the function equals itself on a copy of ``u`` whose padding
+    rows are zero, forward and backward (the padding rows' gradient is zero), without
+    keeping that copy: it keeps ``u`` (a view) and the mask."""
+    torch.manual_seed(0)
+    T, B, C = 9, 3, 4
+    u = torch.randn(T, B, C + 2, dtype=torch.float64)[:, :, 1 : 1 + C].requires_grad_()
+    kernel = torch.randn(5, C, dtype=torch.float64, requires_grad=True)
+    padding = torch.zeros(T, B, 1, dtype=torch.bool)
+    padding[:3, 1] = True  # left padding
+    padding[-2:, 2] = True  # right padding
+    kept = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+        out = DilatedDepthwiseConv.apply(u, kernel, 2, T, lookahead, padding)
+    assert all(t.untyped_storage().data_ptr() in {u.untyped_storage().data_ptr(), kernel.data_ptr(),
+                                                   padding.data_ptr()} for t in kept)
+    expected = DilatedDepthwiseConv.apply(u.masked_fill(padding, 0.0), kernel, 2, T, lookahead)
+    grad = torch.randn_like(out)
+    got, want = torch.autograd.grad(out, (u, kernel), grad), torch.autograd.grad(expected, (u, kernel), grad)
+    assert torch.equal(out, expected)
+    for g, w in zip(got, want):
+        assert torch.allclose(g, w, atol=1e-12)
+    assert torch.all(got[0][padding.expand(T, B, C)] == 0)
+    assert torch.autograd.gradcheck(lambda a, b: DilatedDepthwiseConv.apply(a, b, 2, T, lookahead, padding),
+                                    (u, kernel))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_module_gradients_match_loop_reference(causal):
+    """The module's gradients (input and every parameter, with padding, in training
+    mode without dropout) against autograd through the loop reference, float64: the
+    hand-written backward passes of LocalConv and the Query included. Outputs at
+    padding positions are not used by anyone, so they get no gradient."""
+    torch.manual_seed(1)
+    m = HybridMultiheadAttention(12, 4, 2, kernel_size=3, dilation=2, causal=causal).double().train()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    T, B = 7, 3
+    x = torch.randn(T, B, 12, dtype=torch.float64, requires_grad=True)
+    pad = torch.zeros(B, T, dtype=torch.bool)
+    pad[1, :2] = True
+    if causal:
+        pad[2, -2:] = True
+    grad = torch.randn(T, B, 12, dtype=torch.float64).masked_fill(pad.t().unsqueeze(-1), 0.0)
+    inputs = [x, *m.parameters()]
+    got = torch.autograd.grad(m(x, x, x, key_padding_mask=pad, need_weights=False)[0], inputs, grad)
+    want = torch.autograd.grad(reference_hybrid(m, x, pad)[0], inputs, grad, allow_unused=True)
+    for (name, _), g, w in zip([("input", x), *m.named_parameters()], got, want):
+        w = torch.zeros_like(g) if w is None else w  # the alignment rows of in_proj are never read
+        # 1e-6: LocalConv's kernel softmax runs in float32 even in a float64 module
+        assert torch.allclose(g, w, rtol=1e-6, atol=1e-6), name
 
 
 def test_local_conv_in_bfloat16_sums_in_float32():

@@ -18,7 +18,7 @@ from tpp_plugin.criterions.label_smoothed_cross_entropy_with_tags import (
     LabelSmoothedCrossEntropyWithTagsCriterion as Criterion,
 )
 from tpp_plugin.modules import HybridMultiheadAttention
-from tpp_plugin.modules.context_query import ContextQuery, prefix_softmax
+from tpp_plugin.modules.context_query import ContextQuery, PooledQuery, prefix_softmax, prefix_softmax_transposed
 
 
 def model_inputs(dictionary, bsz=4, src_len=9, tgt_len=7, seed=0):
@@ -149,6 +149,111 @@ def test_context_query_step_by_step_equals_parallel(dtype, tolerance):
     inc = torch.cat(outs)
     real = ~pad.t()
     assert (inc[real].float() - full[real].float()).abs().max() <= tolerance
+
+
+def pooled_query_by_autograd(scores, values, heads, causal):
+    """The Query of a whole sequence as autograd differentiates it through
+    :func:`prefix_softmax` (decoder) or a softmax (encoder): the reference of
+    :class:`PooledQuery`'s backward pass. ``scores`` ``T x B x H``, ``values`` ``T x B x C``."""
+    length, bsz, channels = values.shape
+    v = values.reshape(length, bsz, heads, -1)
+    if causal:
+        q, _ = prefix_softmax(scores.permute(1, 2, 0), v.permute(1, 2, 0, 3), block=16)
+        return q.permute(2, 0, 1, 3).reshape(length, bsz, channels)
+    weights = torch.softmax(scores, dim=0)
+    return (weights.unsqueeze(-1) * v).sum(0, keepdim=True).reshape(1, bsz, channels)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("length", [1, 7, 16, 17, 50, 300])
+def test_pooled_query_gradients(causal, length):
+    """float64 gradcheck of the backward pass that rebuilds the pooling weights from the
+    saved log-normalisers (blocks of 16: one block, a partial second, 19 blocks whose
+    forward needs two levels), and the same gradients as autograd's."""
+    torch.manual_seed(length)
+    scores = (3 * torch.randn(length, 2, 3, dtype=torch.float64)).requires_grad_()
+    values = torch.randn(length, 2, 12, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda s, v: PooledQuery.apply(s, v, 3, causal, 16), (scores, values))
+    out = PooledQuery.apply(scores, values, 3, causal, 16)
+    expected = pooled_query_by_autograd(scores, values, 3, causal)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (scores, values), grad)
+    want = torch.autograd.grad(expected, (scores, values), grad)
+    assert (out - expected).abs().max() < 1e-12
+    for g, w in zip(got, want):
+        assert (g - w).abs().max() < 1e-10
+
+
+def test_prefix_softmax_transposed_is_the_transpose_of_the_weights():
+    """``y = Aᵀ x`` against the explicit ``T x T`` matrix of pooling weights, with scores
+    spanning 400 nats (no factor of the split weights may overflow) over 3 blocks."""
+    torch.manual_seed(0)
+    length = 40
+    scores = 20 * torch.randn(2, length, dtype=torch.float64)
+    scores[:, 0], scores[:, 20] = -250.0, 150.0
+    _, lse = prefix_softmax(scores, torch.zeros(2, length, 1, dtype=torch.float64), block=16)
+    weights = torch.exp(scores[:, None, :] - lse[:, :, None]).tril()  # B x t x τ
+    x = torch.randn(2, length, 5, dtype=torch.float64)
+    y = prefix_softmax_transposed(scores, lse, x, block=16)
+    assert torch.isfinite(y).all()
+    assert (y - weights.transpose(1, 2) @ x).abs().max() < 1e-12
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_pooled_query_gradients_in_float32_and_bfloat16(causal):
+    """The module's gradients, T = 600 (two levels of blocks) with padding, against
+    autograd through the float64 reference on the same inputs: float32 within 1e-5 of
+    the gradient's scale; bfloat16 (output and gradients rounded to 8 bits; the backward
+    reads the output rounded) within 2e-2."""
+    torch.manual_seed(0)
+    length, bsz, heads, head_dim = 600, 2, 2, 8
+    scores = 4 * torch.randn(length, bsz, heads)
+    values = torch.randn(length, bsz, heads * head_dim)
+    pad = torch.zeros(bsz, length, dtype=torch.bool)
+    pad[1, -40:] = True  # right padding, as fairseq pads targets
+    grad = torch.randn(length if causal else 1, bsz, heads * head_dim)
+    grad[-40:, 1] = 0.0 if causal else grad[-40:, 1]  # padding outputs are never used
+    for dtype, tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        # the reference: float64 on the same (rounded) inputs
+        s64, v64 = scores.to(dtype).double().requires_grad_(), values.to(dtype).double().requires_grad_()
+        reference = pooled_query_by_autograd(s64.masked_fill(pad.t().unsqueeze(-1), -1e9), v64, heads, causal)
+        want = torch.autograd.grad(reference, (s64, v64), grad.to(dtype).double())
+        query = ContextQuery(heads, head_dim, causal=causal)
+        s, v = scores.to(dtype).requires_grad_(), values.to(dtype).requires_grad_()
+        out = query(s, v, pad)
+        got = torch.autograd.grad(out, (s, v), grad.to(dtype))
+        for g, w in zip(got, want):
+            assert g.dtype == dtype and torch.isfinite(g.float()).all()
+            assert (g.double() - w).abs().max() <= tolerance * w.abs().max(), dtype
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_conv_heads_keep_no_float32_copies_and_no_masked_copies_for_backward(causal):
+    """What a bfloat16 training forward of the module keeps for its backward pass: no
+    float32 tensor larger than the scores (one value per position and head), no ``K x K``
+    block of pooling weights, and nothing of the conv heads' input but the fused
+    projection it is a slice of (the padding applied again in the backward pass)."""
+    torch.manual_seed(0)
+    length, bsz, dim, heads = 40, 4, 64, 4
+    m = HybridMultiheadAttention(dim, heads, 2, kernel_size=5, causal=causal, right_padded=causal).bfloat16().train()
+    x = torch.randn(length, bsz, dim, dtype=torch.bfloat16, requires_grad=True)
+    pad = torch.zeros(bsz, length, dtype=torch.bool)
+    pad[1, -5:] = True
+    kept = []
+    projections = []
+    m.in_proj.register_forward_hook(lambda mod, inp, out: projections.append(out))
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+        m(x, x, x, key_padding_mask=pad, need_weights=False)[0].float().sum().backward()
+    conv_width = 2 * (dim // heads)
+    projection = projections[0].untyped_storage().data_ptr()
+    for t in kept:
+        if t.dtype == torch.float32:
+            assert t.numel() <= length * bsz * heads, f"float32 {tuple(t.shape)} kept"
+        elif t.numel() == length * bsz * conv_width and t.dim() == 3:
+            # T x B x C in bf16: the conv heads' output pieces (LocalConv, Query) or a
+            # slice of the projection; a masked copy of LocalConv's input would be another
+            assert (t.untyped_storage().data_ptr() == projection or t.grad_fn is not None
+                    and "MaskedFill" not in type(t.grad_fn).__name__), tuple(t.shape)
 
 
 # ----------------------------------------------------------------------------- fused kernels

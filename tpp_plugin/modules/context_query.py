@@ -53,6 +53,13 @@ matrix, and every block is a batched matrix product. Incremental decoding keeps 
 pair ``(L, q)`` per head (one ``B x H x (1 + d_h)`` float32 tensor) and merges each new
 position (or chunk of positions) into it, so a step costs ``O(d_h)`` whatever the
 length decoded so far. Both equal the step-by-step definition to float32 rounding.
+
+**What training keeps.** Differentiated by autograd, the blocks above would keep their
+``K x K`` logits and weights and a float32 copy of the values for the backward pass:
+in a decoder layer, several activations of the model's width. :class:`PooledQuery` (a
+whole sequence, no incremental state: every training forward) keeps only the scores,
+``L`` and its own output, and rebuilds the weights in the backward pass from them,
+``α_{t,τ} = e^{s_τ - L_t}``, blockwise again (:func:`prefix_softmax_transposed`).
 """
 
 import math
@@ -120,6 +127,119 @@ def prefix_softmax(scores: Tensor, values: Tensor, block: int = BLOCK) -> Tuple[
     return q[..., :length, :], lse[..., :length]
 
 
+def prefix_softmax_transposed(scores: Tensor, lse: Tensor, x: Tensor, block: int = BLOCK) -> Tensor:
+    """``y_τ = Σ_{t≥τ} e^{s_τ - L_t} x_t``: the transpose of the prefix softmax's weights
+    (``A_{tτ} = e^{s_τ - L_t}``, ``τ ≤ t``), rebuilt from the scores and the
+    log-normalisers ``L`` of :func:`prefix_softmax`, applied to ``x`` (``... x T x m``).
+    Its backward pass is this product (see :class:`PooledQuery`).
+
+    Inside a block the weights are an explicit ``K x K`` matrix. Across blocks, for
+    ``τ`` in block ``j`` (last position ``e_j``) and ``t`` after it, the weight splits
+    as ``e^{s_τ - L_{e_j}} · e^{L_{e_j} - L_t}``: both factors are at most 1 (``L`` only
+    grows along the sequence), so ``G_j = Σ_{t > e_j} e^{L_{e_j} - L_t} x_t`` is one
+    ``n x T`` matrix product and nothing overflows. Memory ``O(T·(K + n))``."""
+    length = scores.size(-1)
+    if length <= block:
+        causal = torch.ones(length, length, dtype=torch.bool, device=scores.device).tril()
+        # weights[..., t, τ] = e^{s_τ - L_t} for τ <= t
+        weights = torch.exp((scores.unsqueeze(-2) - lse.unsqueeze(-1)).masked_fill(~causal, float("-inf")))
+        return torch.matmul(weights.transpose(-1, -2), x)
+    blocks = math.ceil(length / block)
+    extra = blocks * block - length
+    # positions after the end weigh nothing either way: e^{-inf - L} = e^{s - inf} = 0
+    scores = F.pad(scores, (0, extra), value=float("-inf"))
+    lse = F.pad(lse, (0, extra), value=float("inf"))
+    x = F.pad(x, (0, 0, 0, extra))
+    lead = scores.shape[:-1]
+    width = x.size(-1)
+    y = prefix_softmax_transposed(
+        scores.reshape(*lead, blocks, block),  # ... x n x K
+        lse.reshape(*lead, blocks, block),
+        x.reshape(*lead, blocks, block, width),  # ... x n x K x m
+    ).reshape(*lead, blocks * block, width)
+    ends = lse.reshape(*lead, blocks, block)[..., -1]  # ... x n: L at each block's last position
+    later = (torch.arange(blocks * block, device=x.device) // block)[None, :] > torch.arange(
+        blocks, device=x.device)[:, None]  # n x T: t lies in a block after j
+    carry = torch.exp((ends.unsqueeze(-1) - lse.unsqueeze(-2)).masked_fill(~later, float("-inf")))  # ... x n x T
+    totals = torch.matmul(carry, x)  # ... x n x m: G_j
+    share = torch.exp(scores.reshape(*lead, blocks, block) - ends.unsqueeze(-1))  # ... x n x K
+    y = y + (share.unsqueeze(-1) * totals.unsqueeze(-2)).reshape(*lead, blocks * block, width)
+    return y[..., :length, :]
+
+
+class PooledQuery(torch.autograd.Function):
+    """The Query of a whole sequence at once (training: no incremental state), keeping
+    only the scores, the log-normalisers and its own output for the backward pass.
+
+    Autograd through :func:`prefix_softmax` would keep every block's ``K x K`` logits and
+    weights and a float32 copy of the values — in a decoder layer several activations of
+    the model's width. This function computes in float32 without keeping any of that,
+    returns the query in the values' dtype and layout (``T x B x H·d_h``, the tensor the
+    product ``LocalConv ⊙ Query`` keeps anyway) and keeps the values as given (a slice of
+    the fused input projection, which the layer keeps anyway). Its backward pass, with
+    ``g_t`` the output's gradient, ``A`` the pooling weights (``α_{t,τ}``) and ``c_t =
+    -g_t · q_t``:
+
+    .. math::
+
+        \\frac{\\partial}{\\partial v_\\tau} = \\sum_{t} A_{t\\tau}\\, g_t, \\qquad
+        \\frac{\\partial}{\\partial s_\\tau} = v_\\tau \\cdot \\frac{\\partial}{\\partial v_\\tau}
+            + \\sum_{t} A_{t\\tau}\\, c_t
+
+    one product with ``Aᵀ`` (:func:`prefix_softmax_transposed`; in the encoder every row
+    of ``A`` is the same ``α``). In half precision ``q_t`` is read from the output, rounded
+    to the model's dtype, as a softmax's backward reads its output. A row whose whole
+    prefix is padding (left padding in a decoder) has an ``L`` that float32 cannot tell
+    apart from the masked score, so its weights are not rebuilt exactly; its output is
+    never used, and in a model it gets no gradient."""
+
+    @staticmethod
+    def forward(ctx, scores: Tensor, values: Tensor, num_heads: int, causal: bool, block: int) -> Tensor:
+        # scores: T x B x H float32 logits; values: T x B x (H*dh), any float dtype
+        tgt_len, bsz, channels = values.shape
+        acc = torch.promote_types(values.dtype, torch.float32)  # float32, or float64 for float64 input
+        scores = scores.to(acc)
+        v = values.to(acc).reshape(tgt_len, bsz, num_heads, -1)  # T x B x H x dh
+        if causal:
+            query, lse = prefix_softmax(scores.permute(1, 2, 0), v.permute(1, 2, 0, 3), block)  # B x H x T (x dh)
+            # B x H x T x dh -> T x B x (H*dh)
+            out = query.permute(2, 0, 1, 3).reshape(tgt_len, bsz, channels).to(values.dtype)
+        else:
+            lse = torch.logsumexp(scores, dim=0)  # B x H
+            weights = torch.exp(scores - lse)  # T x B x H
+            out = torch.einsum("tbh,tbhd->bhd", weights, v).reshape(1, bsz, channels).to(values.dtype)
+        ctx.save_for_backward(scores, values, lse, out)
+        ctx.num_heads, ctx.causal, ctx.block = num_heads, causal, block
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: Tensor):
+        scores, values, lse, out = ctx.saved_tensors
+        tgt_len, bsz, channels = values.shape
+        heads = ctx.num_heads
+        acc = scores.dtype
+        v = values.to(acc).reshape(tgt_len, bsz, heads, -1)  # T x B x H x dh
+        g = grad_out.to(acc).reshape(grad_out.size(0), bsz, heads, -1)  # T x B x H x dh (1 x ... in the encoder)
+        if ctx.causal:
+            q = out.to(acc).reshape(tgt_len, bsz, heads, -1)
+            c = -(g * q).sum(-1, keepdim=True)  # T x B x H x 1
+            # A^T [g, c], heads first: B x H x T x (dh + 1)
+            y = prefix_softmax_transposed(scores.permute(1, 2, 0), lse,
+                                          torch.cat([g, c], dim=-1).permute(1, 2, 0, 3), ctx.block)
+            y = y.permute(2, 0, 1, 3)  # T x B x H x (dh + 1)
+            grad_v, grad_c = y[..., :-1], y[..., -1]
+            grad_s = (v * grad_v).sum(-1) + grad_c  # T x B x H
+        else:
+            weights = torch.exp(scores - lse)  # T x B x H
+            gv = (v * g).sum(-1)  # T x B x H: g · v_τ
+            gq = (weights * gv).sum(0)  # B x H: g · q, from the values in float32
+            grad_v = weights.unsqueeze(-1) * g  # T x B x H x dh
+            grad_s = weights * (gv - gq)
+        grad_values = grad_v.reshape(tgt_len, bsz, channels).to(values.dtype)
+        return grad_s, grad_values, None, None, None
+
+
 @with_incremental_state
 class ContextQuery(nn.Module):
     """Softmax-pooled summary of a sequence, per head; prefix-causal when ``causal``.
@@ -169,6 +289,8 @@ class ContextQuery(nn.Module):
         scores = self._logits(scores)
         if padding_mask is not None:
             scores = scores.masked_fill(padding_mask.transpose(0, 1).unsqueeze(-1), MASKED)
+        if incremental_state is None:
+            return PooledQuery.apply(scores, values, self.num_heads, self.causal, BLOCK)
         values32 = values.float().reshape(tgt_len, bsz, self.num_heads, self.head_dim)
         if not self.causal:
             if incremental_state is not None:

@@ -254,30 +254,36 @@ def _kernel_grad(grad_out: Tensor, u: Tensor, taps: int, a: int, s: int, program
     return part.sum(0)
 
 
+def _masked(x: Tensor, padding: Optional[Tensor]) -> Tensor:
+    """``x`` with the rows of ``padding`` (True) set to zero (``x`` itself without one)."""
+    return x if padding is None else x.masked_fill(padding, 0.0)
+
+
 class TritonDilatedDepthwiseConv(torch.autograd.Function):
     """:class:`~tpp_plugin.modules.local_conv.DilatedDepthwiseConv` (same arguments, same
     result) as Triton kernels."""
 
     @staticmethod
-    def forward(ctx, u: Tensor, kernel: Tensor, dilation: int, out_len: int, lookahead: int = 0) -> Tensor:
+    def forward(ctx, u: Tensor, kernel: Tensor, dilation: int, out_len: int, lookahead: int = 0,
+                padding: Optional[Tensor] = None) -> Tensor:
         taps = kernel.size(0)
         a = (taps - 1) * dilation - (u.size(0) - out_len + lookahead)  # out[t] reads u[t - a + k·δ]
-        ctx.save_for_backward(u, kernel)
+        ctx.save_for_backward(u, kernel, padding)
         ctx.a, ctx.dilation = a, dilation
-        return _taps(u, kernel, out_len, a, -dilation)
+        return _taps(_masked(u, padding), kernel, out_len, a, -dilation)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out: Tensor):
-        u, kernel = ctx.saved_tensors
+        u, kernel, padding = ctx.saved_tensors
         a, dilation = ctx.a, ctx.dilation
         grad_u = grad_kernel = None
         if ctx.needs_input_grad[0]:
             # ∂u[j] = Σ_k K[k] ∂out[j + a - k·δ]: the forward kernel with the taps mirrored
-            grad_u = _taps(grad_out, kernel, u.size(0), -a, dilation)
+            grad_u = _masked(_taps(grad_out, kernel, u.size(0), -a, dilation), padding)
         if ctx.needs_input_grad[1]:
-            grad_kernel = _kernel_grad(grad_out, u, kernel.size(0), a, -dilation).to(kernel.dtype)
-        return grad_u, grad_kernel, None, None, None
+            grad_kernel = _kernel_grad(grad_out, _masked(u, padding), kernel.size(0), a, -dilation).to(kernel.dtype)
+        return grad_u, grad_kernel, None, None, None, None
 
 
 def conv_step(u: Tensor, scores: Tensor, values: Tensor, weight: Tensor, ring: Tensor, head_row: int,

@@ -62,10 +62,16 @@ class DilatedDepthwiseConv(torch.autograd.Function):
 
     Shapes: ``u`` is ``L x B x C``, ``kernel`` is ``F x C``; the output is
     ``out_len x B x C`` in ``u``'s dtype. Sums are taken in float32 (or float64 for
-    float64 input), also for half-precision input."""
+    float64 input), also for half-precision input. ``padding`` (``L x B x 1``, True at
+    padding positions) reads those rows of ``u`` as zeros: the masked copy is made
+    again in the backward pass instead of being kept (``u`` itself, a slice of the
+    layer's fused projection, is kept by the layer anyway)."""
 
     @staticmethod
-    def forward(ctx, u: Tensor, kernel: Tensor, dilation: int, out_len: int, lookahead: int = 0) -> Tensor:
+    def forward(ctx, u: Tensor, kernel: Tensor, dilation: int, out_len: int, lookahead: int = 0,
+                padding: Optional[Tensor] = None) -> Tensor:
+        ctx.save_for_backward(u, kernel, padding)
+        u = _masked(u, padding)
         offset = u.size(0) - out_len + lookahead
         taps = kernel.size(0)
         acc_dtype = torch.promote_types(u.dtype, torch.float32)
@@ -77,13 +83,13 @@ class DilatedDepthwiseConv(torch.autograd.Function):
                 continue
             dst, src = _overlap(lag, out_len, u.size(0))
             acc[dst].addcmul_(u[src], kernel32[k])
-        ctx.save_for_backward(u, kernel)
         ctx.dilation, ctx.out_len, ctx.lookahead = dilation, out_len, lookahead
         return acc.to(u.dtype)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
-        u, kernel = ctx.saved_tensors
+        u, kernel, padding = ctx.saved_tensors
+        u = _masked(u, padding)
         dilation, out_len = ctx.dilation, ctx.out_len
         offset = u.size(0) - out_len + ctx.lookahead
         taps = kernel.size(0)
@@ -106,10 +112,15 @@ class DilatedDepthwiseConv(torch.autograd.Function):
                 prod = grad_out[dst].to(acc_dtype) * u[src]
                 grad_kernel32[k] = prod.flatten(0, 1).sum(0)
         if ctx.needs_input_grad[0]:
-            grad_u = grad_u32.to(u.dtype)
+            grad_u = _masked(grad_u32, padding).to(u.dtype)
         if ctx.needs_input_grad[1]:
             grad_kernel = grad_kernel32.to(kernel.dtype)
-        return grad_u, grad_kernel, None, None, None
+        return grad_u, grad_kernel, None, None, None, None
+
+
+def _masked(x: Tensor, padding: Optional[Tensor]) -> Tensor:
+    """``x`` with the rows of ``padding`` (True) set to zero (``x`` itself without one)."""
+    return x if padding is None else x.masked_fill(padding, 0.0)
 
 
 def _overlap(lag: int, out_len: int, in_len: int):
@@ -252,12 +263,13 @@ class LocalConv(nn.Module):
         Returns:
             ``T x B x C``
         """
-        if padding_mask is not None:
-            u = u.masked_fill(padding_mask.transpose(0, 1).unsqueeze(-1), 0.0)
+        padding = padding_mask.transpose(0, 1).unsqueeze(-1) if padding_mask is not None else None  # T x B x 1
         out_len = u.size(0)
         span = self.receptive_field
         if incremental_state is not None and self.lookahead:
             raise RuntimeError("a centred LocalConv sees the future: it cannot decode step by step")
+        if incremental_state is not None:
+            u, padding = _masked(u, padding), None
         if incremental_state is not None and span > 0:
             buffer = self._get_input_buffer(incremental_state)
             u = torch.cat([self._history(buffer, u), u], dim=0)  # (span + T) x B x C
@@ -267,7 +279,7 @@ class LocalConv(nn.Module):
             # a decoding step: its F taps are rows 0, δ, ..., (F-1)δ of the buffer
             taps = u[:: self.dilation] if span > 0 else u
             return (taps.float() * kernel.float().unsqueeze(1)).sum(dim=0, keepdim=True).type_as(u)
-        return self._convolution(u).apply(u, kernel, self.dilation, out_len, self.lookahead)
+        return self._convolution(u).apply(u, kernel, self.dilation, out_len, self.lookahead, padding)
 
     def _convolution(self, u: Tensor):
         """The autograd function that convolves ``u``: Triton's kernels where asked for
