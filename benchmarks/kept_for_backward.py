@@ -22,20 +22,12 @@ run, and read the self-attention rows with that in mind.
 
 import argparse
 import collections
-import importlib.util
 import re
+import sys
 from pathlib import Path
 
-
-def _load_bench_model():
-    """``bench_model.py`` beside this script, loaded by path."""
-    spec = importlib.util.spec_from_file_location("bench_model", Path(__file__).resolve().parent / "bench_model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench_model = _load_bench_model()
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_model.py beside this script
+import bench_model  # noqa: E402
 
 
 def parse_args(argv=None):
