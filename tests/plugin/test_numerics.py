@@ -201,19 +201,20 @@ def test_prefix_softmax_transposed_is_the_transpose_of_the_weights():
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_pooled_query_gradients_in_float32_and_bfloat16(causal):
-    """The module's gradients, T = 600 (two levels of blocks) with padding, against
-    autograd through the float64 reference on the same inputs: float32 within 1e-5 of
-    the gradient's scale; bfloat16 (output and gradients rounded to 8 bits; the backward
-    reads the output rounded) within 2e-2."""
+    """The module's gradients, T = 600 (10 blocks) with padding, against autograd
+    through the float64 reference on the same inputs: float32 within 1e-4 of the
+    gradient's scale (autograd through the float32 blocks is 5e-5 off here: the values
+    share a mean, 1 ± 0.1, so ``v_τ - q_t`` is far smaller than either), bfloat16
+    (output and gradients rounded to 8 bits) within 1e-2 — a ``q`` read back in bfloat16
+    would put 4% errors into the scores' gradient."""
     torch.manual_seed(0)
     length, bsz, heads, head_dim = 600, 2, 2, 8
     scores = 4 * torch.randn(length, bsz, heads)
-    values = torch.randn(length, bsz, heads * head_dim)
+    values = 1 + 0.1 * torch.randn(length, bsz, heads * head_dim)
     pad = torch.zeros(bsz, length, dtype=torch.bool)
     pad[1, -40:] = True  # right padding, as fairseq pads targets
     grad = torch.randn(length if causal else 1, bsz, heads * head_dim)
-    grad[-40:, 1] = 0.0 if causal else grad[-40:, 1]  # padding outputs are never used
-    for dtype, tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+    for dtype, tolerance in ((torch.float32, 1e-4), (torch.bfloat16, 1e-2)):
         # the reference: float64 on the same (rounded) inputs
         s64, v64 = scores.to(dtype).double().requires_grad_(), values.to(dtype).double().requires_grad_()
         reference = pooled_query_by_autograd(s64.masked_fill(pad.t().unsqueeze(-1), -1e9), v64, heads, causal)
@@ -222,9 +223,31 @@ def test_pooled_query_gradients_in_float32_and_bfloat16(causal):
         s, v = scores.to(dtype).requires_grad_(), values.to(dtype).requires_grad_()
         out = query(s, v, pad)
         got = torch.autograd.grad(out, (s, v), grad.to(dtype))
-        for g, w in zip(got, want):
+        for name, g, w in zip(("scores", "values"), got, want):
             assert g.dtype == dtype and torch.isfinite(g.float()).all()
-            assert (g.double() - w).abs().max() <= tolerance * w.abs().max(), dtype
+            assert (g.double() - w).abs().max() <= tolerance * w.abs().max(), (dtype, name)
+
+
+def test_pooled_query_gives_no_gradient_through_rows_that_pool_padding_only():
+    """Left padding in a decoder: the rows before the first real position pool padding
+    only, and their weights cannot be rebuilt from a log-normaliser float32 cannot tell
+    from the masked score. Their outputs are never used; they pass no gradient, and
+    every other gradient is exact."""
+    torch.manual_seed(0)
+    length, bsz, heads = 100, 2, 2
+    query = ContextQuery(heads, 4, causal=True)
+    scores = 3 * torch.randn(length, bsz, heads, requires_grad=True)
+    values = torch.randn(length, bsz, heads * 4, requires_grad=True)
+    pad = torch.zeros(bsz, length, dtype=torch.bool)
+    pad[1, :70] = True  # past the first block
+    grad = torch.randn(length, bsz, heads * 4)  # also on the padding rows
+    got = torch.autograd.grad(query(scores, values, pad), (scores, values), grad)
+    s64, v64 = scores.detach().double().requires_grad_(), values.detach().double().requires_grad_()
+    reference = pooled_query_by_autograd(s64.masked_fill(pad.t().unsqueeze(-1), -1e9), v64, heads, True)
+    want = torch.autograd.grad(reference, (s64, v64), grad.double().masked_fill(pad.t().unsqueeze(-1), 0.0))
+    for g, w in zip(got, want):
+        assert torch.isfinite(g).all()
+        assert (g.double() - w).abs().max() < 1e-5
 
 
 @pytest.mark.parametrize("causal", [True, False])

@@ -57,9 +57,10 @@ length decoded so far. Both equal the step-by-step definition to float32 roundin
 **What training keeps.** Differentiated by autograd, the blocks above would keep their
 ``K x K`` logits and weights and a float32 copy of the values for the backward pass:
 in a decoder layer, several activations of the model's width. :class:`PooledQuery` (a
-whole sequence, no incremental state: every training forward) keeps only the scores,
-``L`` and its own output, and rebuilds the weights in the backward pass from them,
-``α_{t,τ} = e^{s_τ - L_t}``, blockwise again (:func:`prefix_softmax_transposed`).
+whole sequence, no incremental state: every training forward) keeps only the scores
+and the values it was given, computes ``q`` and ``L`` again in the backward pass and
+rebuilds the weights from them, ``α_{t,τ} = e^{s_τ - L_t}``, blockwise again
+(:func:`prefix_softmax_transposed`).
 """
 
 import math
@@ -137,7 +138,8 @@ def prefix_softmax_transposed(scores: Tensor, lse: Tensor, x: Tensor, block: int
     ``τ`` in block ``j`` (last position ``e_j``) and ``t`` after it, the weight splits
     as ``e^{s_τ - L_{e_j}} · e^{L_{e_j} - L_t}``: both factors are at most 1 (``L`` only
     grows along the sequence), so ``G_j = Σ_{t > e_j} e^{L_{e_j} - L_t} x_t`` is one
-    ``n x T`` matrix product and nothing overflows. Memory ``O(T·(K + n))``."""
+    ``n x T`` matrix product and nothing overflows. Memory ``O(T·K + n·T)``, ``n = T/K``
+    (the ``n x T`` factors: 3% of a ``T x T`` matrix at ``T = 2048``)."""
     length = scores.size(-1)
     if length <= block:
         causal = torch.ones(length, length, dtype=torch.bool, device=scores.device).tril()
@@ -156,6 +158,7 @@ def prefix_softmax_transposed(scores: Tensor, lse: Tensor, x: Tensor, block: int
         scores.reshape(*lead, blocks, block),  # ... x n x K
         lse.reshape(*lead, blocks, block),
         x.reshape(*lead, blocks, block, width),  # ... x n x K x m
+        block,
     ).reshape(*lead, blocks * block, width)
     ends = lse.reshape(*lead, blocks, block)[..., -1]  # ... x n: L at each block's last position
     later = (torch.arange(blocks * block, device=x.device) // block)[None, :] > torch.arange(
@@ -169,14 +172,14 @@ def prefix_softmax_transposed(scores: Tensor, lse: Tensor, x: Tensor, block: int
 
 class PooledQuery(torch.autograd.Function):
     """The Query of a whole sequence at once (training: no incremental state), keeping
-    only the scores, the log-normalisers and its own output for the backward pass.
+    only its inputs for the backward pass: the scores and the values as given.
 
     Autograd through :func:`prefix_softmax` would keep every block's ``K x K`` logits and
     weights and a float32 copy of the values — in a decoder layer several activations of
     the model's width. This function computes in float32 without keeping any of that,
-    returns the query in the values' dtype and layout (``T x B x H·d_h``, the tensor the
-    product ``LocalConv ⊙ Query`` keeps anyway) and keeps the values as given (a slice of
-    the fused input projection, which the layer keeps anyway). Its backward pass, with
+    returns the query in the values' dtype and layout (``T x B x H·d_h``) and keeps only
+    the scores and the values as given (a slice of the fused input projection, which the
+    layer keeps anyway). Its backward pass, with
     ``g_t`` the output's gradient, ``A`` the pooling weights (``α_{t,τ}``) and ``c_t =
     -g_t · q_t``:
 
@@ -187,57 +190,71 @@ class PooledQuery(torch.autograd.Function):
             + \\sum_{t} A_{t\\tau}\\, c_t
 
     one product with ``Aᵀ`` (:func:`prefix_softmax_transposed`; in the encoder every row
-    of ``A`` is the same ``α``). In half precision ``q_t`` is read from the output, rounded
-    to the model's dtype, as a softmax's backward reads its output. A row whose whole
-    prefix is padding (left padding in a decoder) has an ``L`` that float32 cannot tell
-    apart from the masked score, so its weights are not rebuilt exactly; its output is
-    never used, and in a model it gets no gradient."""
+    of ``A`` is the same ``α``). The backward pass computes ``q`` and ``L`` again, in
+    float32, from the kept scores and values (one more pooling forward, nothing more
+    kept): ``v_τ - q_t`` can be far smaller than ``q_t``, so a ``q`` rounded to half
+    precision would put its rounding error, magnified, into the scores' gradient. A row
+    whose whole prefix is padding (left padding in a decoder) has an ``L`` that float32
+    cannot tell apart from the masked score, so its weights cannot be rebuilt; its
+    output is never used, and it gets no gradient here (its ``g_t`` is taken as 0)."""
 
     @staticmethod
     def forward(ctx, scores: Tensor, values: Tensor, num_heads: int, causal: bool, block: int) -> Tensor:
         # scores: T x B x H float32 logits; values: T x B x (H*dh), any float dtype
         tgt_len, bsz, channels = values.shape
-        acc = torch.promote_types(values.dtype, torch.float32)  # float32, or float64 for float64 input
-        scores = scores.to(acc)
-        v = values.to(acc).reshape(tgt_len, bsz, num_heads, -1)  # T x B x H x dh
-        if causal:
-            query, lse = prefix_softmax(scores.permute(1, 2, 0), v.permute(1, 2, 0, 3), block)  # B x H x T (x dh)
-            # B x H x T x dh -> T x B x (H*dh)
-            out = query.permute(2, 0, 1, 3).reshape(tgt_len, bsz, channels).to(values.dtype)
-        else:
-            lse = torch.logsumexp(scores, dim=0)  # B x H
-            weights = torch.exp(scores - lse)  # T x B x H
-            out = torch.einsum("tbh,tbhd->bhd", weights, v).reshape(1, bsz, channels).to(values.dtype)
-        ctx.save_for_backward(scores, values, lse, out)
+        query, _ = PooledQuery._pool(scores, values, num_heads, causal, block)
+        if causal:  # B x H x T x dh -> T x B x (H*dh)
+            out = query.permute(2, 0, 1, 3).reshape(tgt_len, bsz, channels)
+        else:  # B x H x dh -> 1 x B x (H*dh)
+            out = query.reshape(1, bsz, channels)
+        ctx.save_for_backward(scores, values)
         ctx.num_heads, ctx.causal, ctx.block = num_heads, causal, block
-        return out
+        return out.to(values.dtype)
+
+    @staticmethod
+    def _pool(scores: Tensor, values: Tensor, heads: int, causal: bool, block: int) -> Tuple[Tensor, Tensor]:
+        """The queries and log-normalisers in float32 (float64 for float64 input):
+        ``B x H x T x dh`` and ``B x H x T`` (causal), ``B x H x dh`` and ``B x H``."""
+        tgt_len, bsz, _ = values.shape
+        acc = torch.promote_types(values.dtype, torch.float32)
+        s = scores.to(acc).permute(1, 2, 0)  # B x H x T
+        v = values.to(acc).reshape(tgt_len, bsz, heads, -1).permute(1, 2, 0, 3)  # B x H x T x dh
+        if causal:
+            return prefix_softmax(s, v, block)
+        lse = torch.logsumexp(s, dim=-1)  # B x H
+        return torch.matmul(torch.exp(s - lse.unsqueeze(-1)).unsqueeze(-2), v).squeeze(-2), lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: Tensor):
-        scores, values, lse, out = ctx.saved_tensors
+        scores, values = ctx.saved_tensors
         tgt_len, bsz, channels = values.shape
         heads = ctx.num_heads
-        acc = scores.dtype
-        v = values.to(acc).reshape(tgt_len, bsz, heads, -1)  # T x B x H x dh
-        g = grad_out.to(acc).reshape(grad_out.size(0), bsz, heads, -1)  # T x B x H x dh (1 x ... in the encoder)
+        query, lse = PooledQuery._pool(scores, values, heads, ctx.causal, ctx.block)
+        acc = query.dtype
+        s = scores.to(acc).permute(1, 2, 0)  # B x H x T
+        v = values.to(acc).reshape(tgt_len, bsz, heads, -1).permute(1, 2, 0, 3)  # B x H x T x dh
+        # T x B x (H*dh) -> B x H x T x dh (T = 1 in the encoder)
+        g = grad_out.to(acc).reshape(grad_out.size(0), bsz, heads, -1).permute(1, 2, 0, 3)
+        # the scores' gradient depends on v_τ - q_t only: centring both on the values' mean
+        # keeps the products below small where the values share a large mean
+        center = v.mean(dim=-2, keepdim=True)  # B x H x 1 x dh
+        v = v - center
+        query = query - (center if ctx.causal else center.squeeze(-2))
         if ctx.causal:
-            q = out.to(acc).reshape(tgt_len, bsz, heads, -1)
-            c = -(g * q).sum(-1, keepdim=True)  # T x B x H x 1
-            # A^T [g, c], heads first: B x H x T x (dh + 1)
-            y = prefix_softmax_transposed(scores.permute(1, 2, 0), lse,
-                                          torch.cat([g, c], dim=-1).permute(1, 2, 0, 3), ctx.block)
-            y = y.permute(2, 0, 1, 3)  # T x B x H x (dh + 1)
-            grad_v, grad_c = y[..., :-1], y[..., -1]
-            grad_s = (v * grad_v).sum(-1) + grad_c  # T x B x H
+            c = -(g * query).sum(-1, keepdim=True)  # B x H x T x 1
+            dead = (lse <= MASKED / 2).unsqueeze(-1)  # rows that pool padding only
+            y = prefix_softmax_transposed(s, lse, torch.cat([g, c], dim=-1).masked_fill(dead, 0.0), ctx.block)
+            grad_v, grad_c = y[..., :-1], y[..., -1]  # A^T g, A^T c
+            grad_s = (v * grad_v).sum(-1) + grad_c  # B x H x T
         else:
-            weights = torch.exp(scores - lse)  # T x B x H
-            gv = (v * g).sum(-1)  # T x B x H: g · v_τ
-            gq = (weights * gv).sum(0)  # B x H: g · q, from the values in float32
-            grad_v = weights.unsqueeze(-1) * g  # T x B x H x dh
-            grad_s = weights * (gv - gq)
-        grad_values = grad_v.reshape(tgt_len, bsz, channels).to(values.dtype)
-        return grad_s, grad_values, None, None, None
+            weights = torch.exp(s - lse.unsqueeze(-1))  # B x H x T
+            gv = (v * g).sum(-1)  # B x H x T: g · v_τ
+            grad_v = weights.unsqueeze(-1) * g  # B x H x T x dh
+            grad_s = weights * (gv - (g.squeeze(-2) * query).sum(-1, keepdim=True))  # g · (v_τ - q)
+        # B x H x T x dh -> T x B x (H*dh)
+        grad_values = grad_v.permute(2, 0, 1, 3).reshape(tgt_len, bsz, channels).to(values.dtype)
+        return grad_s.permute(2, 0, 1), grad_values, None, None, None
 
 
 @with_incremental_state
