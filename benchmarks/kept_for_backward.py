@@ -22,12 +22,14 @@ run, and read the self-attention rows with that in mind.
 
 import argparse
 import collections
+import importlib.util
 import re
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_model.py beside this script
-import bench_model  # noqa: E402
+# bench_model.py beside this script, loaded by path (the benchmarks are scripts, not a package)
+_spec = importlib.util.spec_from_file_location("bench_model", Path(__file__).resolve().parent / "bench_model.py")
+bench_model = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_model)
 
 
 def parse_args(argv=None):
