@@ -228,9 +228,9 @@ def test_decoding_step_kernel_equals_the_modules_steps(shape, monkeypatch):
 
 
 def test_decoding_step_kernel_in_bfloat16():
-    """In bfloat16 the kernel computes in float32 and rounds once; the PyTorch step
-    rounds LocalConv and the Query to bfloat16 before their product. Both stay within a
-    few bfloat16 steps of the float32 result."""
+    """In bfloat16 both steps compute LocalConv, the Query and their product in float32
+    and round once, as the product is written. Both stay within a few bfloat16 steps of
+    the float32 result."""
     torch.manual_seed(0)
     exact = HybridMultiheadAttention(64, 8, 4, kernel_size=7, dilation=2, causal=True).to(DEVICE).eval()
     fused = HybridMultiheadAttention(64, 8, 4, kernel_size=7, dilation=2, causal=True,

@@ -229,24 +229,34 @@ def _incremental_outputs(m, x, chunks, reorder_at=None, new_order=None):
     return torch.cat(outs, dim=0)
 
 
-@pytest.mark.parametrize("temperature", [1.0, 4.0])
-def test_module_incremental_equals_full_multi_step_chunks(temperature):
+# without gradients (as fairseq decodes) a single position takes the module's decoding
+# step, which writes in place; with gradients, the differentiable path
+STEP_PATHS = [pytest.param(torch.no_grad, id="decoding-step"), pytest.param(torch.enable_grad, id="autograd")]
+
+
+@pytest.mark.parametrize("grad_mode", STEP_PATHS)
+@pytest.mark.parametrize("conv_heads, temperature, scaling", [(2, 1.0, "none"), (2, 4.0, "inv-sqrt-head-dim"),
+                                                              (4, 1.0, "none")])
+def test_module_incremental_equals_full_multi_step_chunks(conv_heads, temperature, scaling, grad_mode):
     torch.manual_seed(0)
-    m = HybridMultiheadAttention(16, 4, 2, kernel_size=5, dilation=2, causal=True,
-                                 query_temperature=temperature).eval()
+    m = HybridMultiheadAttention(16, 4, conv_heads, kernel_size=5, dilation=2, causal=True,
+                                 query_temperature=temperature, output_scaling=scaling).eval()
     x = torch.randn(23, 3, 16)
     full, _ = m(x, x, x)
     # single steps, then several positions at once (fairseq's own lightconv gets this wrong)
-    inc = _incremental_outputs(m, x, [1] * 10 + [3, 1, 5, 4])
+    with grad_mode():
+        inc = _incremental_outputs(m, x, [1] * 10 + [3, 1, 5, 4])
     assert (inc - full).abs().max() <= 1e-5
 
 
-def test_module_incremental_reorder_follows_history():
+@pytest.mark.parametrize("grad_mode", STEP_PATHS)
+def test_module_incremental_reorder_follows_history(grad_mode):
     torch.manual_seed(0)
     m = HybridMultiheadAttention(16, 4, 2, kernel_size=3, dilation=3, causal=True).eval()
     x = torch.randn(22, 4, 16)
     new_order = torch.tensor([2, 2, 0, 3])
-    inc = _incremental_outputs(m, x, [1] * 22, reorder_at=11, new_order=new_order)
+    with grad_mode():
+        inc = _incremental_outputs(m, x, [1] * 22, reorder_at=11, new_order=new_order)
     # the history after the reorder: rows take the first 11 positions of the rows they copy
     hist = torch.cat([x[:11, new_order], x[11:]], dim=0)
     full, _ = m(hist, hist, hist)

@@ -333,21 +333,34 @@ class ContextQuery(nn.Module):
 
     def step(self, scores: Tensor, values: Tensor, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tensor:
         """One decoding step (causal): ``scores`` ``B x H`` and ``values`` ``B x (H·d_h)``
-        of the new position; returns its query, ``B x (H·d_h)``. The same merge as
-        :meth:`forward`, with the least work per step."""
+        of the new position; returns its query, ``B x H x d_h`` **in float32** (a view of
+        the new state: the caller casts once, where it combines the heads). The merge of
+        :meth:`forward` with the fewest operations, since decoding calls it once per
+        layer and token and on a GPU each is a kernel launch: the new position's weight
+        ``e^{s - L'}`` with ``L' = logaddexp(L, s)`` is ``sigmoid(s - L)``, so
+
+        .. math::
+
+            L' = \\operatorname{logaddexp}(L, s), \\qquad
+            q' = q + \\sigma(s - L)\\,(v - q),
+
+        both written straight into the new state; the bf16/fp16 scores and values are
+        promoted to float32 by the operations that read them (five operations in any
+        precision, where casting first, merging and concatenating took nine)."""
         bsz = values.size(0)
-        s = self._logits(scores)  # B x H
-        v = values.float().view(bsz, self.num_heads, self.head_dim)  # B x H x dh
-        state = self.step_state(incremental_state)  # B x H x (1 + dh)
-        if state is None:
-            query, lse = v, s
+        s = scores if self.temperature == 1.0 else self._logits(scores)  # B x H
+        v = values.view(bsz, self.num_heads, self.head_dim)  # B x H x dh, values' dtype
+        state = self.step_state(incremental_state)  # B x H x (1 + dh), float32
+        if state is None:  # the prefix of one position is itself
+            new = torch.cat([s.unsqueeze(-1), v], dim=-1).float()
         else:
-            prev_lse, prev_q = state[..., 0], state[..., 1:]
-            lse = torch.logaddexp(prev_lse, s)
-            share = torch.exp(s - lse).unsqueeze(-1)  # in [0, 1]
-            query = torch.addcmul(prev_q, share, v - prev_q)
-        self.set_step_state(incremental_state, torch.cat([lse.unsqueeze(-1), query], dim=-1))
-        return query.reshape(bsz, -1).to(values.dtype)
+            lse, query = state[..., 0], state[..., 1:]
+            share = torch.sigmoid(s - lse).unsqueeze(-1)  # B x H x 1, in [0, 1]
+            new = torch.empty_like(state)
+            torch.logaddexp(lse, s, out=new[..., 0])
+            torch.addcmul(query, share, v - query, out=new[..., 1:])
+        self.set_step_state(incremental_state, new)
+        return new[..., 1:]
 
     def weights(self, scores: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:
         """The word-context weights ``α`` (for visualisation): ``B x H x T x T``, row ``t``

@@ -287,13 +287,15 @@ class TritonDilatedDepthwiseConv(torch.autograd.Function):
 
 
 def conv_step(u: Tensor, scores: Tensor, values: Tensor, weight: Tensor, ring: Tensor, head_row: int,
-              state: Optional[Tensor], dilation: int, temperature: float, out_scale: float) -> Tuple[Tensor, Tensor]:
+              state: Optional[Tensor], dilation: int, temperature: float, out_scale: float,
+              out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """One decoding step of the conv heads: ``u`` and ``values`` ``B x C``, ``scores``
     ``B x H_c`` (rows of the fused projection: channels contiguous), ``weight`` LocalConv's
     ``C x F`` (before the softmax), ``ring`` its ``R x B x C`` ring, whose row
     ``head_row`` receives ``u``, and ``state`` the Query's ``B x H_c x (1 + d_h)`` float32
     state (None at the first step). Returns ``LocalConv ⊙ Query · out_scale`` (``B x C``,
-    in ``u``'s dtype) and the Query's new state."""
+    in ``u``'s dtype; written into ``out`` if given: ``B x C``, rows of any stride) and the
+    Query's new state."""
     import triton
 
     conv_step_kernel = _kernels(interpreting())[2]
@@ -306,8 +308,10 @@ def conv_step(u: Tensor, scores: Tensor, values: Tensor, weight: Tensor, ring: T
                 "ring": ((taps - 1) * dilation + 1, bsz, channels), "state": (bsz, heads, head_dim + 1)}
     if state is not None and state.dtype != torch.float32:
         raise ValueError(f"conv_step: the Query's state must be float32, not {state.dtype}")
+    if out is not None:
+        expected["out"] = (bsz, channels)
     for name, t in (("u", u), ("scores", scores), ("values", values), ("weight", weight), ("ring", ring),
-                    ("state", state)):
+                    ("state", state), ("out", out)):
         if t is None:
             continue
         if name in expected and tuple(t.shape) != expected[name]:
@@ -316,7 +320,8 @@ def conv_step(u: Tensor, scores: Tensor, values: Tensor, weight: Tensor, ring: T
             raise ValueError(f"conv_step: {name} must be on {u.device} and contiguous along its last axis")
     if channels != heads * head_dim or not 0 <= head_row < ring.size(0):
         raise ValueError(f"conv_step: {channels} channels, {heads} heads, ring row {head_row} of {ring.size(0)}")
-    out = torch.empty_like(u, memory_format=torch.contiguous_format)
+    if out is None:
+        out = torch.empty_like(u, memory_format=torch.contiguous_format)
     new_state = torch.empty(bsz, heads, head_dim + 1, dtype=torch.float32, device=u.device)
     if state is not None and not state.is_contiguous():
         state = state.contiguous()

@@ -65,10 +65,11 @@ forward pass reads a value back from the device.
 
 The module is a drop-in for fairseq's :class:`~fairseq.modules.MultiheadAttention` in
 the *self*-attention slot of encoder and decoder layers: same call signature, same
-``T x B x d`` layout, same incremental-state protocol (``prev_key``/``prev_value`` for
-the dot-product heads; :class:`LocalConv` and :class:`ContextQuery` keep their own
-bounded states and reorder them themselves, since fairseq calls
-``reorder_incremental_state`` on every submodule).
+``T x B x d`` layout, the same kind of incremental state (the dot-product heads' keys
+and values, as one ``prev_kv`` tensor ``B x H_a x 2 x t x d_h``, so that a decoding step
+concatenates and beam search reorders one tensor instead of two; :class:`LocalConv` and
+:class:`ContextQuery` keep their own bounded states and reorder them themselves, since
+fairseq calls ``reorder_incremental_state`` on every submodule).
 """
 
 import math
@@ -251,7 +252,7 @@ class HybridMultiheadAttention(nn.Module):
             need_weights = True
         tgt_len, bsz, embed_dim = query.shape
         if (incremental_state is not None and tgt_len == 1 and not need_weights and attn_mask is None
-                and key_padding_mask is None and not self.training):
+                and key_padding_mask is None and not self.training and not torch.is_grad_enabled()):
             return self._decode_step(query, incremental_state), None
         assert embed_dim == self.embed_dim, f"expected width {self.embed_dim}, got {embed_dim}"
         if key_padding_mask is not None:
@@ -296,50 +297,57 @@ class HybridMultiheadAttention(nn.Module):
         return {"dot": dot, "local": local, "conv": self._conv_output(local, context)}
 
     def _decode_step(self, x: Tensor, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tensor:
-        """One decoding step without padding (the common case of beam search): the
-        same computation as :meth:`forward`, on ``B x ...`` matrices, with as few
-        operations as possible, since it runs once per layer and output token."""
+        """One decoding step without padding and without autograd (beam search: fairseq
+        decodes under ``torch.no_grad``): the same computation as :meth:`forward`, on
+        ``B x ...`` matrices, with outputs written in place and as few
+        operations as possible, since it runs once per layer and output token and on a
+        GPU every operation is a kernel launch (decoding is bound by them there, not by
+        arithmetic): the keys and values are cached as one tensor (one concatenation
+        per step, one reordering), and the heads write their outputs straight into the
+        input of ``W^O`` instead of being concatenated and cast."""
         bsz = x.size(1)
-        parts = torch.split(F.linear(x[0], self.in_proj.weight, self.in_proj.bias), self._widths, dim=-1)
-        proj = dict(zip(self._names, parts))  # B x width each
-        heads = []
+        proj = F.linear(x[0], self.in_proj.weight, self.in_proj.bias)  # B x width
+        parts = dict(zip(self._names, torch.split(proj, self._widths, dim=-1)))  # B x width each
+        dot_dim = self.dot_heads * self.head_dim
+        mixed = x.new_empty(bsz, self.embed_dim)  # the heads' outputs side by side
         if self.dot_heads > 0:
-            shape = (bsz, self.dot_heads, 1, self.head_dim)
-            q, k, v = proj["q"].view(shape), proj["k"].view(shape), proj["v"].view(shape)
+            # k and v are adjacent slices of the projection: B x 2*Ha*dh -> B x Ha x 2 x 1 x dh
+            kv = proj[:, dot_dim : 3 * dot_dim].view(bsz, 2, self.dot_heads, 1, self.head_dim).transpose(1, 2)
             key = self._get_full_incremental_state_key("attn_state")
             saved = incremental_state.get(key)
-            if saved is not None and saved.get("prev_key") is not None:
-                k = torch.cat([saved["prev_key"], k], dim=2)  # B x Ha x t x dh
-                v = torch.cat([saved["prev_value"], v], dim=2)
-            incremental_state[key] = {"prev_key": k, "prev_value": v}
-            logits = torch.matmul(q * self.scaling, k.transpose(-1, -2))  # B x Ha x 1 x t
-            weights = F.softmax(logits, dim=-1, dtype=torch.float32).type_as(v)
-            heads.append(torch.matmul(weights, v).view(bsz, -1))  # B x (Ha*dh)
-        heads.append(self._conv_step(proj, incremental_state))
-        mixed = torch.cat(heads, dim=-1) if len(heads) > 1 else heads[0]
+            if saved is not None and saved.get("prev_kv") is not None:
+                kv = torch.cat([saved["prev_kv"], kv], dim=3)  # B x Ha x 2 x t x dh
+            incremental_state[key] = {"prev_kv": kv}
+            q = parts["q"].view(bsz, self.dot_heads, 1, self.head_dim)
+            # one fused kernel (softmax in float32 inside) where scaling, two products, the
+            # softmax and its casts were five operations
+            dot = F.scaled_dot_product_attention(q, kv[:, :, 0], kv[:, :, 1])  # B x Ha x 1 x dh
+            mixed[:, :dot_dim] = dot.view(bsz, dot_dim)
+        self._conv_step(parts, incremental_state, out=mixed[:, dot_dim:])
         return F.linear(mixed, self.out_proj.weight, self.out_proj.bias).unsqueeze(0)
 
-    def _conv_step(self, proj: Dict[str, Tensor], incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tensor:
-        """The conv heads' output for one decoding step (``B x Hc·dh``): LocalConv's and
-        the Query's steps and their product, as one Triton kernel where asked for and
-        possible, else as the modules' own steps (the same states either way)."""
+    def _conv_step(self, proj: Dict[str, Tensor], incremental_state: Dict[str, Dict[str, Optional[Tensor]]],
+                   out: Tensor) -> None:
+        """The conv heads' output for one decoding step, written into ``out`` (``B x
+        Hc·dh``, a slice of ``W^O``'s input): LocalConv's and the Query's steps (float32)
+        and their product, cast as it is written; or all of it as one Triton kernel where
+        asked for and possible (the same states either way)."""
         u = proj["local"]
         conv = self.local_conv
-        # the kernel has no backward: a step that is to be differentiated takes the modules'
-        # (looked at last: runs() answers at once for the default taps, on every step)
-        if (conv.receptive_field > 0 and conv_heads_triton.runs(self.conv_heads_impl, u)
-                and not (torch.is_grad_enabled() and any(
-                    t.requires_grad for t in (u, proj["score"], proj["value"], conv.weight)))):
+        if conv.receptive_field > 0 and conv_heads_triton.runs(self.conv_heads_impl, u):
             state = self.context_query.step_state(incremental_state)
             ring, head = conv.ring(u, incremental_state)
-            out, state = conv_heads_triton.conv_step(
+            _, state = conv_heads_triton.conv_step(
                 u, proj["score"], proj["value"], conv.weight, ring, head, state, conv.dilation,
-                self.context_query.temperature, self.conv_output_scale)
+                self.context_query.temperature, self.conv_output_scale, out=out)
             self.context_query.set_step_state(incremental_state, state)
-            return out
-        local = conv.step(u, incremental_state)
-        context = self.context_query.step(proj["score"], proj["value"], incremental_state)
-        return self._conv_output(local, context)
+            return
+        local = conv.step(u, incremental_state)  # B x Hc*dh, float32
+        context = self.context_query.step(proj["score"], proj["value"], incremental_state)  # B x Hc x dh, float32
+        heads = out.view(context.shape)  # B x Hc*dh -> B x Hc x dh
+        torch.mul(local.view(context.shape), context, out=heads)
+        if self.conv_output_scale != 1.0:
+            heads.mul_(self.conv_output_scale)
 
     def _conv_output(self, local: Tensor, context: Tensor) -> Tensor:
         """The conv heads' output: ``LocalConv ⊙ Query`` (times ``1/√d_h`` if scaled)."""
@@ -386,31 +394,21 @@ class HybridMultiheadAttention(nn.Module):
         past = 0
         if incremental_state is not None:
             saved = self._get_input_buffer(incremental_state)
-            prev_key = saved.get("prev_key")
-            prev_value = saved.get("prev_value")
-            if prev_key is not None and prev_value is not None:
-                past = prev_key.size(2)
-                k = torch.cat([prev_key, k], dim=2)  # B x Ha x (past + T) x dh
-                v = torch.cat([prev_value, v], dim=2)
-            saved["prev_key"] = k
-            saved["prev_value"] = v
+            kv = torch.stack([k, v], dim=2)  # B x Ha x 2 x T x dh
+            if saved.get("prev_kv") is not None:
+                past = saved["prev_kv"].size(3)
+                kv = torch.cat([saved["prev_kv"], kv], dim=3)  # B x Ha x 2 x (past + T) x dh
+            saved["prev_kv"] = kv
             self._set_input_buffer(incremental_state, saved)
+            k, v = kv[:, :, 0], kv[:, :, 1]
         src_len = k.size(2)
 
         mask = self._dot_mask(attn_mask, key_padding_mask, tgt_len, src_len, past, q.dtype, device)
         use_causal_flag = mask is None and self.causal and tgt_len > 1 and past == 0
         dropout_p = self.dropout_module.p if self.training else 0.0
-        if tgt_len == 1 and dropout_p == 0.0:
-            # a decoding step: for one query, two small matrix products beat the fused
-            # kernel's set-up on CPU (same softmax(q k^T / sqrt(d_h) + mask) v)
-            logits = torch.matmul(q * self.scaling, k.transpose(-1, -2))  # B x Ha x 1 x S
-            if mask is not None:
-                logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
-            out = torch.matmul(F.softmax(logits, dim=-1, dtype=torch.float32).type_as(v), v)
-        else:
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=use_causal_flag
-            )  # B x Ha x T x dh
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=use_causal_flag
+        )  # B x Ha x T x dh
         weights = None
         if need_weights:
             logits = torch.matmul(q, k.transpose(-1, -2)).float() * self.scaling
