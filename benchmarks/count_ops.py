@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""How many operators ``transformer_pp`` and fairseq's ``transformer`` run per beam-search
+step and per training step: on a GPU each operator that computes is one kernel launch,
+and where the kernels are small (beam search's steps; see docs/benchmarks.md) the host's
+time per launch, not the arithmetic, sets the speed. A count, not a timing: the same on
+every run and every machine, so it can be compared on a CPU for code meant for a GPU.
+
+Same models, command lines and batches as ``bench_model.py``. Every ATen operator that
+reaches the backend is counted (through a ``TorchDispatchMode``), in two classes:
+*launches*, operators that compute (each a kernel on a GPU), and *free*, views and
+allocations (``view``, ``transpose``, ``empty``, ...: host time only, no kernel).
+
+* **Beam search**: fairseq's ``SequenceGenerator`` on one fixed batch, outputs forced to
+  ``--short`` and then ``--long`` tokens; the difference divided by the difference in
+  length is what one more decoding step costs, by part: the decoder's self-attention,
+  the reordering of the incremental states (fairseq's ``reorder_incremental_state``,
+  which visits every module), and the rest (embeddings, cross-attention, feed-forward
+  layers, output layer and the search itself, the same in both models).
+* **Training**: the criterion's forward and the backward pass of one batch.
+
+Where the CPU and a GPU dispatch differently, the counts differ too: on the CPU a
+softmax that returns float32 from bf16 input casts first (one more operator; a GPU
+does both in one kernel), and ``scaled_dot_product_attention`` with attention dropout
+runs as a dozen separate operators instead of one fused kernel (training only). Both
+hit every model alike where both models do the same thing; compare models within one
+run, and run with ``--device cuda`` for a GPU's own counts.
+
+    python benchmarks/count_ops.py --data DIR --size 1024 --dtype bf16
+    python benchmarks/count_ops.py --data DIR --size 1024 --dtype bf16 --models transformer,tpp,tpp-triton --device cuda
+"""
+
+import argparse
+import collections
+import importlib.util
+from pathlib import Path
+
+# bench_model.py beside this script, loaded by path (the benchmarks are scripts, not a package)
+_spec = importlib.util.spec_from_file_location("bench_model", Path(__file__).resolve().parent / "bench_model.py")
+bench_model = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_model)
+
+#: operators that compute nothing: views of their input, allocations, metadata
+FREE = {
+    "view", "_unsafe_view", "_reshape_alias", "reshape", "as_strided", "alias", "t", "transpose", "permute",
+    "expand", "unsqueeze", "squeeze", "select", "slice", "narrow", "split", "split_with_sizes", "unbind",
+    "detach", "lift_fresh", "empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided",
+    "_local_scalar_dense", "unflatten", "flatten", "resize_", "promote_types", "result_type",
+}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--data", type=Path, help="binarized data folder (default: a synthetic corpus)")
+    p.add_argument("--size", type=int, default=512, choices=sorted(bench_model.SIZES))
+    p.add_argument("--layers", type=int, default=5)
+    p.add_argument("--models", default="transformer,tpp-conv0,tpp")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default="bf16", choices=["fp32", "fp16", "bf16"])
+    p.add_argument("--max-tokens", type=int, default=2048, help="the training batch")
+    p.add_argument("--gen-batch", type=int, default=8, help="sentences in the beam-search batch")
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--short", type=int, default=10, help="forced output length of the first search")
+    p.add_argument("--long", type=int, default=20, help="... and of the second")
+    args = p.parse_args(argv)
+    args.models = [m for m in args.models.split(",") if m]
+    for m in args.models:
+        if m not in bench_model.MODELS:
+            p.error(f"--models: unknown {m!r}; choose from {list(bench_model.MODELS)}")
+    if not 0 < args.short < args.long:
+        p.error("--short and --long: two output lengths, the first smaller")
+    args.update_freq = 1
+    return args
+
+
+class Counter:
+    """Counts the operators dispatched inside ``with counter.counting(part):``."""
+
+    def __init__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        self.counts = collections.Counter()  # (part, "launches" | "free") -> n
+        self.parts = ["rest"]
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kind = "free" if func.overloadpacket.__name__ in FREE else "launches"
+                counter.counts[(counter.parts[-1], kind)] += 1
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Mode()
+
+    def enter(self, part):
+        self.parts.append(part)
+
+    def leave(self):
+        self.parts.pop()
+
+
+def beam_step_counts(name, args, trainer, task, cfg):
+    """Operators of one more decoding step, by part, from two searches of different lengths."""
+    import torch
+
+    model = trainer.model.eval()
+    counter = Counter()
+    hooks = []
+    for layer in model.decoder.layers:
+        hooks.append(layer.self_attn.register_forward_pre_hook(lambda m, i: counter.enter("self-attention")))
+        hooks.append(layer.self_attn.register_forward_hook(lambda m, i, o: counter.leave()))
+    reorder = model.decoder.reorder_incremental_state_scripting
+
+    def counted_reorder(*a, **k):
+        counter.enter("state reordering")
+        try:
+            return reorder(*a, **k)
+        finally:
+            counter.leave()
+
+    model.decoder.reorder_incremental_state_scripting = counted_reorder
+    sample = bench_model.fixed_batches(task, cfg, "test", 1, max_sentences=args.gen_batch)[0]
+    if args.device == "cuda":
+        from fairseq import utils
+
+        sample = utils.move_to_cuda(sample)
+    totals = {}
+    for length in (args.short, args.long):
+        generator = bench_model.beam_search(task, model, argparse.Namespace(beam=args.beam, gen_len=length))
+        task.inference_step(generator, [model], sample)  # once uncounted: one-off set-up
+        counter.counts.clear()
+        with counter.mode:
+            hyps = task.inference_step(generator, [model], sample)
+        assert {len(h[0]["tokens"]) for h in hyps} == {length + 1}, f"{name}: outputs not forced to {length}"
+        totals[length] = collections.Counter(counter.counts)
+    for hook in hooks:
+        hook.remove()
+    del model.decoder.reorder_incremental_state_scripting
+    steps = args.long - args.short
+    return {key: (totals[args.long][key] - totals[args.short][key]) / steps
+            for key in set(totals[args.long]) | set(totals[args.short])}
+
+
+def training_counts(args, trainer, task, cfg):
+    """Operators of the criterion's forward and of the backward pass, one batch."""
+    model = trainer.model.train()
+    batch = bench_model.fixed_batches(task, cfg, "train", 1, max_tokens=args.max_tokens)[0]
+    sample, _ = trainer._prepare_sample(batch)
+    counter = Counter()
+    with counter.mode:
+        counter.enter("forward")
+        loss, _, _ = trainer.criterion(model, sample)
+        counter.leave()
+        counter.enter("backward")
+        loss.backward()
+        counter.leave()
+    model.zero_grad(set_to_none=True)
+    return dict(counter.counts)
+
+
+def main(argv=None):
+    import logging
+    import shutil
+    import tempfile
+
+    args = parse_args(argv)
+    logging.disable(logging.WARNING)
+    work = None
+    if args.data is None:
+        work = Path(tempfile.mkdtemp(prefix="count_ops_"))
+        args.data = bench_model.synthetic_data(work)
+    try:
+        beam, train = {}, {}
+        for name in args.models:
+            cfg, task, trainer = bench_model.build_trainer(name, args.size, args)
+            train[name] = training_counts(args, trainer, task, cfg)
+            beam[name] = beam_step_counts(name, args, trainer, task, cfg)
+            del trainer
+    finally:
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def table(title, results, parts):
+        print(f"\n{title}")
+        print(f"{'part':<22}" + "".join(f"{name:>22}" for name in args.models))
+        for part in parts + ["total"]:
+            cells = []
+            for name in args.models:
+                r = results[name]
+                pick = (lambda kind: sum(v for (p, k), v in r.items() if k == kind)) if part == "total" else \
+                    (lambda kind: r.get((part, kind), 0))
+                cells.append(f"{pick('launches'):>10.1f} + {pick('free'):>6.1f} free")
+            print(f"{part:<22}" + "".join(f"{c:>22}" for c in cells))
+        if "transformer" in results:
+            base = sum(v for (p, k), v in results["transformer"].items() if k == "launches")
+            ratios = ", ".join(f"{n} {sum(v for (p, k), v in r.items() if k == 'launches') / base:.2f}x"
+                               for n, r in results.items())
+            print(f"launches, ratio to transformer: {ratios}")
+
+    where = f"d={args.size}, {args.layers}+{args.layers} layers, {args.dtype}, {args.device}"
+    table(f"operators per beam-search step ({where}; beam {args.beam}, {args.gen_batch} sentences; "
+          f"launches + free)", beam, ["self-attention", "state reordering", "rest"])
+    table(f"operators per training batch ({where}; --max-tokens {args.max_tokens}; launches + free)",
+          train, ["forward", "backward"])
+
+
+if __name__ == "__main__":
+    main()
