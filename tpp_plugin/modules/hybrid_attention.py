@@ -344,16 +344,16 @@ class HybridMultiheadAttention(nn.Module):
             return
         local = conv.step(u, incremental_state)  # B x Hc*dh, float32
         context = self.context_query.step(proj["score"], proj["value"], incremental_state)  # B x Hc x dh, float32
-        heads = out.view(context.shape)  # B x Hc*dh -> B x Hc x dh
-        torch.mul(local.view(context.shape), context, out=heads)
-        if self.conv_output_scale != 1.0:
-            heads.mul_(self.conv_output_scale)
+        # B x Hc*dh -> B x Hc x dh
+        self._conv_output(local.view(context.shape), context, out=out.view(context.shape))
 
-    def _conv_output(self, local: Tensor, context: Tensor) -> Tensor:
-        """The conv heads' output: ``LocalConv ⊙ Query`` (times ``1/√d_h`` if scaled)."""
-        if self.conv_output_scale == 1.0:
-            return local * context
-        return local * context * self.conv_output_scale
+    def _conv_output(self, local: Tensor, context: Tensor, out: Optional[Tensor] = None) -> Tensor:
+        """The conv heads' output: ``LocalConv ⊙ Query`` (times ``1/√d_h`` if scaled),
+        written into ``out`` if given (cast to its dtype as it is written)."""
+        product = torch.mul(local, context, out=out)
+        if self.conv_output_scale != 1.0:
+            product.mul_(self.conv_output_scale)  # the product's backward needs its inputs only
+        return product
 
     def _project(self, x: Tensor) -> Dict[str, Tensor]:
         """All input projections of ``x`` by one matrix product, ``T x B x width`` each."""

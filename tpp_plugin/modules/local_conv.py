@@ -174,15 +174,15 @@ class LocalConv(nn.Module):
     def reset_parameters(self):
         nn.init.xavier_uniform_(self.weight)
 
-    def normalized_kernel(self, dtype: Optional[torch.dtype] = None) -> Tensor:
+    def normalized_kernel(self) -> Tensor:
         """The kernel after softmax over taps (in float32) and DropConnect, ``F x C``, in
-        the weight's dtype (or ``dtype``). Computed from the current weight at every
-        call: it is a ``C x F`` softmax, and fairseq's optimizers write parameters in
-        place without telling anyone, so nothing derived from a weight may be kept
-        between calls."""
+        the precision of the convolution's sums (float32, float64 for a float64 module):
+        the taps are multiplied by it as it is, with no rounding to bf16/fp16 and back.
+        Computed from the current weight at every call: it is a ``C x F`` softmax, and
+        fairseq's optimizers write parameters in place without telling anyone, so
+        nothing derived from a weight may be kept between calls."""
         kernel = F.softmax(self.weight, dim=-1, dtype=torch.float32)
-        if dtype != torch.float32:
-            kernel = kernel.to(dtype or self.weight.dtype)
+        kernel = kernel.to(torch.promote_types(self.weight.dtype, torch.float32))
         if self.training and self.weight_dropout_module.p > 0:
             # DropConnect: drop individual (normalised) tap weights, not activations.
             kernel = self.weight_dropout_module(kernel)
@@ -190,16 +190,16 @@ class LocalConv(nn.Module):
 
     def step(self, u: Tensor, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tensor:
         """One decoding step: ``u`` is the new position's ``U`` (``B x C``); returns
-        ``B x C`` **in float32** (the sum's precision: the caller casts once, where it
-        combines the heads). Same as :meth:`forward` with one position and an incremental
+        ``B x C`` **in the sums' precision** (float32 for half-precision input: the caller
+        casts once, where it combines the heads). Same as :meth:`forward` with one position and an incremental
         state, with the fewest operations per step, since decoding calls it once per
         layer and token and on a GPU each operation is a kernel launch: the buffer is a
         ring of ``(F-1)·δ + 1`` rows into which the new row is written in place, the
-        ``F`` taps are gathered from it, and the product with the float32 kernel
-        promotes them to float32 as it multiplies (write, gather, multiply, sum, and
+        ``F`` taps are gathered from it, and the product with the kernel (float32)
+        promotes them as it multiplies (write, gather, multiply, sum, and
         the kernel's softmax: five operations in any precision). Inference only (the ring
         is written in place): a step to be differentiated is :meth:`forward`'s."""
-        kernel = self.normalized_kernel(torch.float32)  # F x C
+        kernel = self.normalized_kernel()  # F x C
         span = self.receptive_field
         if span == 0:
             return u * kernel[0]
@@ -280,9 +280,7 @@ class LocalConv(nn.Module):
             buffer = self._get_input_buffer(incremental_state)
             u = torch.cat([self._history(buffer, u), u], dim=0)  # (span + T) x B x C
             self._set_input_buffer(incremental_state, {"history": u[-span:]})
-        # in the precision of the sums (float32, float64 for float64): the convolution
-        # reads it as it is, with no rounding to bf16/fp16 and back
-        kernel = self.normalized_kernel(torch.promote_types(self.weight.dtype, torch.float32))
+        kernel = self.normalized_kernel()
         if out_len == 1 and incremental_state is not None:
             # a decoding step: its F taps are rows 0, δ, ..., (F-1)δ of the buffer
             taps = u[:: self.dilation] if span > 0 else u
