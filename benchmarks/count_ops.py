@@ -179,21 +179,20 @@ def main(argv=None):
         if work is not None:
             shutil.rmtree(work, ignore_errors=True)
 
+    def count(result, kind, part=None):
+        """Launches or free operators of one part (all parts: None)."""
+        return sum(v for (p, k), v in result.items() if k == kind and part in (None, p))
+
     def table(title, results, parts):
         print(f"\n{title}")
         print(f"{'part':<22}" + "".join(f"{name:>22}" for name in args.models))
-        for part in parts + ["total"]:
-            cells = []
-            for name in args.models:
-                r = results[name]
-                pick = (lambda kind: sum(v for (p, k), v in r.items() if k == kind)) if part == "total" else \
-                    (lambda kind: r.get((part, kind), 0))
-                cells.append(f"{pick('launches'):>10.1f} + {pick('free'):>6.1f} free")
-            print(f"{part:<22}" + "".join(f"{c:>22}" for c in cells))
+        for part in parts + [None]:
+            cells = [f"{count(r, 'launches', part):>10.1f} + {count(r, 'free', part):>6.1f} free"
+                     for r in results.values()]
+            print(f"{part or 'total':<22}" + "".join(f"{c:>22}" for c in cells))
         if "transformer" in results:
-            base = sum(v for (p, k), v in results["transformer"].items() if k == "launches")
-            ratios = ", ".join(f"{n} {sum(v for (p, k), v in r.items() if k == 'launches') / base:.2f}x"
-                               for n, r in results.items())
+            base = count(results["transformer"], "launches")
+            ratios = ", ".join(f"{n} {count(r, 'launches') / base:.2f}x" for n, r in results.items())
             print(f"launches, ratio to transformer: {ratios}")
 
     where = f"d={args.size}, {args.layers}+{args.layers} layers, {args.dtype}, {args.device}"
