@@ -14,6 +14,10 @@ Models (same width, heads, FFN, layers, dropouts, shared embeddings, data, batch
 * ``tpp-triton``   ``tpp`` with ``--conv-heads-impl triton``: the conv heads as Triton
                    kernels on a GPU (on the CPU the same as ``tpp``; ask for it with
                    ``--models``).
+* ``tpp-cudnn``    ``tpp`` with ``--cudnn-attention true``: its dot-product heads may
+                   use cuDNN's attention kernel (on GPUs that rank it first). Every batch
+                   shape runs once before the timing, so this measures the kernel with
+                   its plans built, not the plan builds (``--models``).
 * ``transformer-split`` fairseq's ``transformer`` with ``--fp16-no-flatten-grads``: with
                    ``--dtype bf16``, the float32 master copy kept one tensor per
                    parameter, as fairseq's ``--bf16`` keeps it without the plugin
@@ -81,6 +85,7 @@ MODELS = {
     "tpp-conv0": ["--arch", "transformer_pp", "--encoder-tag-layers", "",
                   "--encoder-conv-heads", "0", "--decoder-conv-heads", "0"],
     "tpp-triton": ["--arch", "transformer_pp", "--encoder-tag-layers", "", "--conv-heads-impl", "triton"],
+    "tpp-cudnn": ["--arch", "transformer_pp", "--encoder-tag-layers", "", "--cudnn-attention", "true"],
     # --bf16's master copy one tensor per parameter (fairseq's own --bf16), not flat
     "transformer-split": ["--arch", "transformer", "--fp16-no-flatten-grads"],
     "tpp-split": ["--arch", "transformer_pp", "--encoder-tag-layers", "", "--fp16-no-flatten-grads"],

@@ -75,6 +75,48 @@ def test_decoder_and_unpadded_encoder_self_attention_run_on_flash_attention():
     assert torch.isfinite(out.float()).all()
 
 
+class _AttentionKernels(torch.utils._python_dispatch.TorchDispatchMode):
+    """The names of the attention kernels that scaled_dot_product_attention dispatched to."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if "scaled_dot_product" in func.__name__:
+            self.names.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_self_attention_keeps_off_cudnn_attention_in_half_precision():
+    """cuDNN's attention builds a plan for every new shape (hybrid_attention.attention):
+    a bfloat16 training step, padded and unpadded, and decoding steps run the flash or
+    memory-efficient kernels, never cuDNN's, which this GPU may rank first."""
+    torch.manual_seed(0)
+    d = make_dictionary(50)
+    model = build_model("transformer_pp", dictionary=d, encoder_tag_layers="",
+                        encoder_layers=2, decoder_layers=2).cuda().bfloat16().train()
+    src = random_tokens(d, 8, 30).cuda()
+    prev = random_tokens(d, 8, 25, seed=1).cuda()
+    lengths = torch.full((8,), 30, device="cuda")
+    with _AttentionKernels() as kernels:
+        model(src, lengths, prev)[0].float().logsumexp(-1).mean().backward()
+        src[2, :6] = d.pad()
+        model(src, lengths, prev)[0].float().logsumexp(-1).mean().backward()
+        model.eval()
+        with torch.no_grad():
+            enc = model.encoder(src, src_lengths=lengths)
+            state = {}
+            for t in range(6):
+                model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
+    # at least the decoding steps' (2 layers x 6 steps) were fused kernels: without
+    # dropout no call falls back to the unfused math path, which the mode would not name
+    forward = [n for n in kernels.names if "backward" not in n]
+    assert len(forward) >= 6 * 2, kernels.names
+    assert not [n for n in kernels.names if "cudnn" in n], kernels.names
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+
+
 def test_model_in_bfloat16_on_the_gpu_is_close_to_float32():
     torch.manual_seed(0)
     d = make_dictionary(50)

@@ -63,6 +63,11 @@ no real position can see a padding position and the padding mask is dropped as w
 passes no mask at all for a batch without padding (fairseq passes ``None`` then). No
 forward pass reads a value back from the device.
 
+**No cuDNN attention** (unless ``cudnn_attention``, ``--cudnn-attention``): see
+:func:`attention`. fairseq's batches change shape almost every step, and a decoding
+step's key length grows by one per token; cuDNN's kernel builds a plan for every new
+shape, the flash and memory-efficient kernels do not.
+
 The module is a drop-in for fairseq's :class:`~fairseq.modules.MultiheadAttention` in
 the *self*-attention slot of encoder and decoder layers: same call signature, same
 ``T x B x d`` layout, the same kind of incremental state (the dot-product heads' keys
@@ -84,6 +89,36 @@ from torch import Tensor, nn
 from . import conv_heads_triton
 from .context_query import ContextQuery
 from .local_conv import LocalConv
+
+def attention(q: Tensor, k: Tensor, v: Tensor, cudnn: bool = False, **kwargs) -> Tensor:
+    """``F.scaled_dot_product_attention(q, k, v, **kwargs)`` with cuDNN's backend switched
+    off for the call, unless ``cudnn``: PyTorch's other backends (flash, memory-efficient,
+    math) choose as they would.
+
+    Why. On Hopper and newer GPUs PyTorch puts cuDNN's attention first for half
+    precision. cuDNN runs a plan built for the exact problem: PyTorch caches plans under
+    the batch size, both sequence lengths and the strides, per thread and without bound,
+    and builds one on the host for every new combination (tens of milliseconds each).
+    fairseq batches by ``--max-tokens`` over length buckets, so training meets a new
+    shape almost every step, and every beam-search step has a key length it has not had
+    before in this batch size. On an H100 (PyTorch 2.11, bf16) profiled training steps
+    spent 10-17 ms of host time per cuDNN attention call on average, and ``fairseq-train
+    --bf16`` ran 2.5x slower than float32 over 300 updates (docs/gpu.md). The flash and
+    memory-efficient kernels take any shape without a build.
+
+    The switch is PyTorch's process-wide flag (``torch.backends.cuda.enable_cudnn_sdp``),
+    set for the call and restored after it (0.3 µs; ``sdpa_kernel`` costs 16 µs, too
+    much for a decoding step that runs once per layer and token). It does nothing on the
+    CPU, which has no cuDNN attention; it is set there all the same, so that the CPU tests
+    see it. The backend of the backward pass is the forward's."""
+    if cudnn or not torch.backends.cuda.cudnn_sdp_enabled():
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+
 
 #: values of ``output_scaling`` (``--conv-head-scaling``): the paper's product, or scaled by 1/sqrt(d_h)
 OUTPUT_SCALINGS = ("none", "inv-sqrt-head-dim")
@@ -121,6 +156,8 @@ class HybridMultiheadAttention(nn.Module):
         conv_heads_impl: ``"taps"`` or ``"triton"``: on CUDA tensors, LocalConv's
             convolution and the conv heads' decoding step as Triton kernels
             (:mod:`~tpp_plugin.modules.conv_heads_triton`).
+        cudnn_attention: let the dot-product heads use cuDNN's attention kernel
+            (off: see :func:`attention`).
     """
 
     def __init__(
@@ -138,6 +175,7 @@ class HybridMultiheadAttention(nn.Module):
         output_scaling: str = "none",
         query_temperature: float = 1.0,
         conv_heads_impl: str = "taps",
+        cudnn_attention: bool = False,
     ):
         super().__init__()
         if embed_dim % num_heads != 0:
@@ -180,6 +218,7 @@ class HybridMultiheadAttention(nn.Module):
         self.in_proj = nn.Linear(embed_dim, sum(w for _, w in self.projection_sizes))
         self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
         self.conv_heads_impl = conv_heads_impl
+        self.cudnn_attention = cudnn_attention
         self.local_conv = LocalConv(conv_dim, kernel_size, dilation=dilation, weight_dropout=conv_weight_dropout,
                                     centered=centered_conv, impl=conv_heads_impl)
         self.context_query = ContextQuery(conv_heads, self.head_dim, causal=causal, temperature=query_temperature)
@@ -321,7 +360,7 @@ class HybridMultiheadAttention(nn.Module):
             q = parts["q"].view(bsz, self.dot_heads, 1, self.head_dim)
             # one fused kernel (softmax in float32 inside) where scaling, two products, the
             # softmax and its casts were five operations
-            dot = F.scaled_dot_product_attention(q, kv[:, :, 0], kv[:, :, 1])  # B x Ha x 1 x dh
+            dot = attention(q, kv[:, :, 0], kv[:, :, 1], self.cudnn_attention)  # B x Ha x 1 x dh
             mixed[:, :dot_dim] = dot.view(bsz, dot_dim)
         self._conv_step(parts, incremental_state, out=mixed[:, dot_dim:])
         return F.linear(mixed, self.out_proj.weight, self.out_proj.bias).unsqueeze(0)
@@ -406,8 +445,8 @@ class HybridMultiheadAttention(nn.Module):
         mask = self._dot_mask(attn_mask, key_padding_mask, tgt_len, src_len, past, q.dtype, device)
         use_causal_flag = mask is None and self.causal and tgt_len > 1 and past == 0
         dropout_p = self.dropout_module.p if self.training else 0.0
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=use_causal_flag
+        out = attention(
+            q, k, v, self.cudnn_attention, attn_mask=mask, dropout_p=dropout_p, is_causal=use_causal_flag
         )  # B x Ha x T x dh
         weights = None
         if need_weights:
@@ -530,5 +569,5 @@ class HybridMultiheadAttention(nn.Module):
             f"embed_dim={self.embed_dim}, heads={self.num_heads} "
             f"(dot-product {self.dot_heads}, convolution {self.conv_heads}), "
             f"head_dim={self.head_dim}, causal={self.causal}, right_padded={self.right_padded}, "
-            f"output_scaling={self.output_scaling}"
+            f"output_scaling={self.output_scaling}, cudnn_attention={self.cudnn_attention}"
         )
