@@ -98,6 +98,15 @@ SIZES = {128: (4, 512), 256: (4, 1024), 512: (8, 2048), 1024: (16, 4096)}
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 
 
+def check_device(parser, args) -> None:
+    """``--device cuda`` where PyTorch sees no CUDA device is an error: fairseq's trainer
+    would run the models on the CPU without a word, and the figures would be the CPU's."""
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device cuda: PyTorch {torch.__version__} sees no CUDA device here")
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -135,6 +144,7 @@ def parse_args(argv=None):
     p.add_argument("--memory-child", nargs=2, metavar=("MODEL", "SIZE"), help=argparse.SUPPRESS)
     p.add_argument("--child", nargs=2, metavar=("MODEL", "SIZE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    check_device(p, args)
     if args.quick:
         args.sizes, args.rounds, args.warmup, args.gen_batches = "128", 6, 2, 2
     args.sizes = [int(s) for s in str(args.sizes).split(",") if s]

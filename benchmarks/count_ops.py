@@ -63,6 +63,7 @@ def parse_args(argv=None):
     p.add_argument("--short", type=int, default=10, help="forced output length of the first search")
     p.add_argument("--long", type=int, default=20, help="... and of the second")
     args = p.parse_args(argv)
+    bench_model.check_device(p, args)
     args.models = [m for m in args.models.split(",") if m]
     for m in args.models:
         if m not in bench_model.MODELS:

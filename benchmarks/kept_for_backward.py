@@ -43,6 +43,7 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="bf16", choices=["fp32", "fp16", "bf16"])
     p.add_argument("--max-tokens", type=int, default=4096)
     args = p.parse_args(argv)
+    bench_model.check_device(p, args)
     args.models = [m for m in args.models.split(",") if m]
     args.update_freq = 1
     return args

@@ -77,6 +77,7 @@ def parse_args(argv=None):
     p.add_argument("--gen-len", type=int, default=30, help="forced output length (tokens before EOS)")
     p.add_argument("--beam", type=int, default=5)
     args = p.parse_args(argv)
+    bench_model.check_device(p, args)
     args.models = [m for m in args.models.split(",") if m]
     for m in args.models:
         if m not in bench_model.MODELS:

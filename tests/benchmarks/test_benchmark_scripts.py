@@ -1,0 +1,105 @@
+"""The benchmark scripts that count rather than time (their figures are the same on every
+machine, so they can be checked): attention_shapes.py against fairseq's own batches,
+and every benchmark's refusal of ``--device cuda`` where there is none."""
+
+import random
+import re
+import sys
+
+import pytest
+import torch
+
+from support import REPO, binarize, run, write_corpus
+
+SCRIPT = REPO / "benchmarks" / "attention_shapes.py"
+
+
+def sentence(rng, n):
+    return " ".join(f"w{rng.randrange(30)}" for _ in range(n))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Pairs of many lengths (so that batches differ in size and length), three test
+    sentences whose target lengths the beam-search count is worked out from by hand."""
+    rng = random.Random(3)
+    root = tmp_path_factory.mktemp("shapes")
+    train = [(sentence(rng, rng.randint(1, 12)), sentence(rng, rng.randint(1, 12))) for _ in range(300)]
+    test = [(sentence(rng, 4), sentence(rng, 2)), (sentence(rng, 5), sentence(rng, 4)),
+            (sentence(rng, 3), sentence(rng, 1))]
+    write_corpus(root / "raw", {"train": train, "valid": train[:5], "test": test})
+    return binarize(root / "raw", root / "bin")
+
+
+def table_row(text, heading):
+    """The numbers of the first table row after ``heading`` (thousands separators removed)."""
+    section = text.split(heading, 1)[1]
+    row = next(line for line in section.splitlines() if line.startswith("| ") and line[2].isdigit())
+    return [int(x.replace(",", "")) for x in re.findall(r"(?<![\w.])\d[\d,]*(?![\d.%])", row)]
+
+
+def fairseq_batches(data, split, **batching):
+    """The samples fairseq's own batch iterator gives (epoch 1, shuffled as fairseq-train
+    shuffles), collated: their tensors' shapes are what the attention sees."""
+    from fairseq import options, tasks
+
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, input_args=[str(data), "--arch", "transformer", "--task", "translation"])
+    task = tasks.setup_task(args)
+    task.load_dataset(split)
+    itr = task.get_batch_iterator(dataset=task.dataset(split), max_positions=(1024, 1024), seed=1,
+                                  ignore_invalid_inputs=True, **batching)
+    return list(itr.next_epoch_itr(shuffle=split == "train"))
+
+
+def test_training_problems_are_those_of_fairseqs_batches(data):
+    out = run([sys.executable, SCRIPT, "--data", data, "--max-tokens", "64"]).stdout
+    batches, sentences, encoder, decoder, new_steps = table_row(out, "### Training")[:5]
+    samples = fairseq_batches(data, "train", max_tokens=64, required_batch_size_multiple=8)
+    pad = 1
+    seen, expected_new = set(), 0
+    enc, dec = set(), set()
+    for sample in samples:
+        tokens = sample["net_input"]["src_tokens"]  # B x S, left-padded
+        b, s = tokens.shape
+        e = ("encoder", b, s, bool(tokens.eq(pad).any()))
+        d = ("decoder", *sample["net_input"]["prev_output_tokens"].shape)
+        enc.add(e)
+        dec.add(d)
+        expected_new += bool({e, d} - seen)
+        seen |= {e, d}
+    assert batches == len(samples) and sentences == 300
+    assert (encoder, decoder) == (len(enc), len(dec))
+    assert new_steps == expected_new
+    assert 1 < len(enc) < len(samples)  # the data exercise both a repeat and a new problem
+
+
+def test_beam_search_problems_worked_out_by_hand(data):
+    """Test targets of 2, 4 and 1 words (3, 5 and 2 tokens with EOS), one batch, beam 2:
+    steps t = 0..4 have 3, 3, 2, 1, 1 sentences left, so the problems (rows, key length)
+    are (6, 1), (6, 2), (4, 3), (2, 4), (2, 5): five steps, five problems, all new."""
+    out = run([sys.executable, SCRIPT, "--data", data, "--batch-size", "3", "--beam", "2"]).stdout
+    assert table_row(out, "### Beam search") == [5, 5, 5]
+    # two batches (2 + 1 sentences) of the same data: the second repeats no problem of the
+    # first except where rows and key length coincide
+    out = run([sys.executable, SCRIPT, "--data", data, "--batch-size", "2", "--beam", "2"]).stdout
+    steps, problems, new = table_row(out, "### Beam search")
+    samples = fairseq_batches(data, "test", max_sentences=2)
+    lengths = [sorted(s["target"].ne(1).sum(1).tolist()) for s in samples]
+    expected = {(2 * sum(n > t for n in ls), t + 1) for ls in lengths for t in range(ls[-1])}
+    assert steps == sum(ls[-1] for ls in lengths) and problems == new == len(expected)
+
+
+def test_bad_data_folder_is_named(tmp_path):
+    res = run([sys.executable, SCRIPT, "--data", tmp_path / "missing"], check=False)
+    assert res.returncode == 2 and "missing: no such folder" in res.stderr
+    res = run([sys.executable, SCRIPT, "--data", tmp_path], check=False)
+    assert res.returncode == 2 and "cannot tell the language pair" in res.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where there is no CUDA device")
+@pytest.mark.parametrize("script", ["bench_model.py", "count_ops.py", "profile_model.py", "kept_for_backward.py"])
+def test_benchmarks_refuse_cuda_without_a_cuda_device(script, tmp_path):
+    """fairseq's trainer would quietly run on the CPU, and the figures would be the CPU's."""
+    res = run([sys.executable, REPO / "benchmarks" / script, "--data", tmp_path, "--device", "cuda"], check=False)
+    assert res.returncode == 2 and "--device cuda" in res.stderr and "no CUDA device" in res.stderr
