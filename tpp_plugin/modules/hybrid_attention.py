@@ -90,6 +90,19 @@ from . import conv_heads_triton
 from .context_query import ContextQuery
 from .local_conv import LocalConv
 
+#: values of ``output_scaling`` (``--conv-head-scaling``): the paper's product, or scaled by 1/sqrt(d_h)
+OUTPUT_SCALINGS = ("none", "inv-sqrt-head-dim")
+#: ``in_proj``'s width is a multiple of this many elements (see ``projection_sizes``)
+ALIGN = 8
+#: the slices of ``in_proj``, in order, and the parameters that held them before the
+#: projections were fused (for loading older checkpoints)
+PROJECTIONS = ("q", "k", "v", "local", "value", "score")
+_LEGACY_NAMES = {
+    "q": "q_proj", "k": "k_proj", "v": "v_proj", "local": "local_conv.pointwise",
+    "value": "context_query.value_proj", "score": "context_query.score_proj",
+}
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, cudnn: bool = False, **kwargs) -> Tensor:
     """``F.scaled_dot_product_attention(q, k, v, **kwargs)`` with cuDNN's backend switched
     off for the call, unless ``cudnn``: PyTorch's other backends (flash, memory-efficient,
@@ -98,13 +111,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, cudnn: bool = False, **kwargs) ->
     Why. On Hopper and newer GPUs PyTorch puts cuDNN's attention first for half
     precision. cuDNN runs a plan built for the exact problem: PyTorch caches plans under
     the batch size, both sequence lengths and the strides, per thread and without bound,
-    and builds one on the host for every new combination (tens of milliseconds each).
+    and builds one on the host for every new combination.
     fairseq batches by ``--max-tokens`` over length buckets, so training meets a new
     shape almost every step, and every beam-search step has a key length it has not had
     before in this batch size. On an H100 (PyTorch 2.11, bf16) profiled training steps
     spent 10-17 ms of host time per cuDNN attention call on average, and ``fairseq-train
-    --bf16`` ran 2.5x slower than float32 over 300 updates (docs/gpu.md). The flash and
-    memory-efficient kernels take any shape without a build.
+    --bf16`` ran 2.5x slower than float32 over 300 updates, most likely for this reason
+    (docs/gpu.md; benchmarks/attention_shapes.py counts the new problems of a run). The
+    flash and memory-efficient kernels take any shape without a build.
 
     The switch is PyTorch's process-wide flag (``torch.backends.cuda.enable_cudnn_sdp``),
     set for the call and restored after it (0.3 µs; ``sdpa_kernel`` costs 16 µs, too
@@ -118,19 +132,6 @@ def attention(q: Tensor, k: Tensor, v: Tensor, cudnn: bool = False, **kwargs) ->
         return F.scaled_dot_product_attention(q, k, v, **kwargs)
     finally:
         torch.backends.cuda.enable_cudnn_sdp(True)
-
-
-#: values of ``output_scaling`` (``--conv-head-scaling``): the paper's product, or scaled by 1/sqrt(d_h)
-OUTPUT_SCALINGS = ("none", "inv-sqrt-head-dim")
-#: ``in_proj``'s width is a multiple of this many elements (see ``projection_sizes``)
-ALIGN = 8
-#: the slices of ``in_proj``, in order, and the parameters that held them before the
-#: projections were fused (for loading older checkpoints)
-PROJECTIONS = ("q", "k", "v", "local", "value", "score")
-_LEGACY_NAMES = {
-    "q": "q_proj", "k": "k_proj", "v": "v_proj", "local": "local_conv.pointwise",
-    "value": "context_query.value_proj", "score": "context_query.score_proj",
-}
 
 
 @with_incremental_state
