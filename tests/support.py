@@ -137,6 +137,37 @@ def build_model(arch: str = "transformer_pp_tiny", dictionary=None, tag_dictiona
     return TransformerPPModel.build_model(args, task)
 
 
+def attention_kernels():
+    """A ``TorchDispatchMode`` (use it with ``with``) whose ``calls`` list, for every
+    forward attention kernel that ``scaled_dot_product_attention`` dispatches to, its
+    name and whether PyTorch's cuDNN attention backend was enabled at that moment. (A
+    backward kernel is its forward's own; the unfused math path names no kernel.)"""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class AttentionKernels(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.__name__
+            if "scaled_dot_product" in name and "backward" not in name:
+                self.calls.append((name, torch.backends.cuda.cudnn_sdp_enabled()))
+            return func(*args, **(kwargs or {}))
+
+    return AttentionKernels()
+
+
+def bf16_model_and_batch(device: str = "cuda"):
+    """A 2+2-layer base-width ``transformer_pp`` in bfloat16 (training mode) on ``device``,
+    its dictionary, 8 sources of 30 tokens and 8 target prefixes of 25."""
+    d = make_dictionary(50)
+    model = build_model("transformer_pp", dictionary=d, encoder_tag_layers="",
+                        encoder_layers=2, decoder_layers=2).to(device).bfloat16().train()
+    return d, model, random_tokens(d, 8, 30).to(device), random_tokens(d, 8, 25, seed=1).to(device)
+
+
 def random_tokens(dictionary, bsz: int, length: int, seed: int = 0):
     import torch
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from support import build_model, make_dictionary, random_tokens
+from support import attention_kernels, bf16_model_and_batch, build_model, make_dictionary, random_tokens
 from tpp_plugin.modules import HybridMultiheadAttention
 from tpp_plugin.modules.context_query import PooledQuery, prefix_softmax
 from tpp_plugin.modules.local_conv import DilatedDepthwiseConv
@@ -60,11 +60,7 @@ def test_decoder_and_unpadded_encoder_self_attention_run_on_flash_attention():
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     torch.manual_seed(0)
-    d = make_dictionary(50)
-    model = build_model("transformer_pp", dictionary=d, encoder_tag_layers="",
-                        encoder_layers=2, decoder_layers=2).cuda().bfloat16().train()
-    src = random_tokens(d, 8, 30).cuda()
-    prev = random_tokens(d, 8, 25, seed=1).cuda()
+    d, model, src, prev = bf16_model_and_batch()
     prev[3, -5:] = d.pad()
     decoder_attn = model.decoder.layers[0].self_attn
     assert isinstance(decoder_attn, HybridMultiheadAttention) and decoder_attn.right_padded
@@ -75,31 +71,14 @@ def test_decoder_and_unpadded_encoder_self_attention_run_on_flash_attention():
     assert torch.isfinite(out.float()).all()
 
 
-class _AttentionKernels(torch.utils._python_dispatch.TorchDispatchMode):
-    """The names of the attention kernels that scaled_dot_product_attention dispatched to."""
-
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if "scaled_dot_product" in func.__name__:
-            self.names.append(func.__name__)
-        return func(*args, **(kwargs or {}))
-
-
 def test_self_attention_keeps_off_cudnn_attention_in_half_precision():
     """cuDNN's attention builds a plan for every new shape (hybrid_attention.attention):
     a bfloat16 training step, padded and unpadded, and decoding steps run the flash or
     memory-efficient kernels, never cuDNN's, which this GPU may rank first."""
     torch.manual_seed(0)
-    d = make_dictionary(50)
-    model = build_model("transformer_pp", dictionary=d, encoder_tag_layers="",
-                        encoder_layers=2, decoder_layers=2).cuda().bfloat16().train()
-    src = random_tokens(d, 8, 30).cuda()
-    prev = random_tokens(d, 8, 25, seed=1).cuda()
+    d, model, src, prev = bf16_model_and_batch()
     lengths = torch.full((8,), 30, device="cuda")
-    with _AttentionKernels() as kernels:
+    with attention_kernels() as kernels:
         model(src, lengths, prev)[0].float().logsumexp(-1).mean().backward()
         src[2, :6] = d.pad()
         model(src, lengths, prev)[0].float().logsumexp(-1).mean().backward()
@@ -110,10 +89,10 @@ def test_self_attention_keeps_off_cudnn_attention_in_half_precision():
             for t in range(6):
                 model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
     # at least the decoding steps' (2 layers x 6 steps) were fused kernels: without
-    # dropout no call falls back to the unfused math path, which the mode would not name
-    forward = [n for n in kernels.names if "backward" not in n]
-    assert len(forward) >= 6 * 2, kernels.names
-    assert not [n for n in kernels.names if "cudnn" in n], kernels.names
+    # dropout no call falls back to the unfused math path, which names no kernel
+    names = [name for name, _ in kernels.calls]
+    assert len(names) >= 6 * 2, names
+    assert not [n for n in names if "cudnn" in n], names
     assert torch.backends.cuda.cudnn_sdp_enabled()
 
 

@@ -9,6 +9,8 @@ import torch
 from tpp_plugin.modules import HybridMultiheadAttention, LocalConv
 from tpp_plugin.modules.local_conv import DilatedDepthwiseConv
 
+from support import attention_kernels
+
 
 def reference_hybrid(m: HybridMultiheadAttention, x: torch.Tensor, pad: torch.Tensor):
     """Loop-by-loop evaluation of the module's equations for ``x`` (``T x B x d``) with
@@ -317,21 +319,6 @@ def test_projected_q_k_v_are_aligned_for_fused_kernels(embed_dim, heads, conv_he
             assert all(stride % 8 == 0 for stride in proj[name].stride()[:-1]), name
 
 
-class _AttentionCalls(torch.utils._python_dispatch.TorchDispatchMode):
-    """Whether PyTorch's cuDNN attention backend was enabled at each forward attention
-    kernel that ran (on the CPU: the flash or math kernels that
-    scaled_dot_product_attention dispatches to; a backward kernel is the forward's own)."""
-
-    def __init__(self):
-        super().__init__()
-        self.cudnn_enabled = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if "scaled_dot_product" in func.__name__ and "backward" not in func.__name__:
-            self.cudnn_enabled.append(torch.backends.cuda.cudnn_sdp_enabled())
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("cudnn_attention", [False, True])
 def test_dot_product_heads_keep_cudnn_attention_off_unless_asked(cudnn_attention):
     """cuDNN's attention builds a plan per new shape (see ``attention``): off during every
@@ -345,14 +332,15 @@ def test_dot_product_heads_keep_cudnn_attention_off_unless_asked(cudnn_attention
     pad = torch.zeros(3, 7, dtype=torch.bool)
     pad[0, :2] = True
     assert torch.backends.cuda.cudnn_sdp_enabled()
-    with _AttentionCalls() as calls:
+    with attention_kernels() as calls:
         encoder(x, x, x, key_padding_mask=pad)[0].sum().backward()
         encoder(x, x, x)[0].sum().backward()
         decoder.train()(x, x, x)[0].sum().backward()
         with torch.no_grad():
             _incremental_outputs(decoder.eval(), x, [1] * 7)
-    assert len(calls.cudnn_enabled) >= 3 + 7
-    assert set(calls.cudnn_enabled) == {cudnn_attention}
+    enabled = [on for _, on in calls.calls]
+    assert len(enabled) >= 3 + 7
+    assert set(enabled) == {cudnn_attention}
     assert torch.backends.cuda.cudnn_sdp_enabled(), "the process-wide flag is restored"
 
 
