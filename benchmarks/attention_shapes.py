@@ -11,7 +11,7 @@ first is a property of fairseq's batching of a data folder and is counted here, 
 machine.
 
 * **Training**: fairseq's own batches of the ``train`` split (``--max-tokens``, batch
-  sizes a multiple of 8, as ``fairseq-train`` makes them). fairseq forms the batches once
+  sizes a multiple of 8, as ``fairseq-train`` with the plugin makes them). fairseq forms the batches once
   and only shuffles their order between epochs, so a run meets every problem it will
   ever meet in its first epoch. A batch of ``B`` sentences, longest source ``S`` and
   longest target ``T`` gives the encoder's self-attention the problem ``(B, S, S)``,
@@ -57,6 +57,16 @@ def parse_args(argv=None):
                     f"({sorted(pairs) or 'none'}); give -s and -t")
         args.source_lang, args.target_lang = pairs.pop().split("-")
     return args
+
+
+def fairseq_with_the_plugin():
+    """Load the plugin, as every ``fairseq-train --user-dir tpp_plugin`` run does: it
+    keeps the last batch of an epoch that fairseq-fixed 0.12.3.1 drops when its size is
+    not a multiple of 8 (``tpp_plugin/compat.py``), so the batches are the ones our runs
+    train on."""
+    from fairseq.utils import import_user_module
+
+    import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parent.parent / "tpp_plugin")))
 
 
 def load(args, split, shuffle):
@@ -148,6 +158,7 @@ def beam_search(args):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    fairseq_with_the_plugin()
     training(args)
     beam_search(args)
     return 0

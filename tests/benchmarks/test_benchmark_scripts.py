@@ -40,8 +40,12 @@ def table_row(text, heading):
 
 def fairseq_batches(data, split, **batching):
     """The samples fairseq's own batch iterator gives (epoch 1, shuffled as fairseq-train
-    shuffles), collated: their tensors' shapes are what the attention sees."""
+    shuffles), collated: their tensors' shapes are what the attention sees. With the
+    plugin loaded, as in every run of ours (it keeps a last batch that fairseq-fixed
+    drops)."""
     from fairseq import options, tasks
+
+    import tpp_plugin  # noqa: F401
 
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(parser, input_args=[str(data), "--arch", "transformer", "--task", "translation"])
