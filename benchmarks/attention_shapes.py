@@ -31,7 +31,6 @@ machine.
 """
 
 import argparse
-import collections
 import sys
 from pathlib import Path
 
@@ -40,7 +39,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--data", type=Path, required=True, help="binarized translation data folder")
-    p.add_argument("-s", "--source-lang", help="default: from the folder's train.*.idx")
+    p.add_argument("-s", "--source-lang", help="default: fairseq infers the pair from the folder")
     p.add_argument("-t", "--target-lang")
     p.add_argument("--max-tokens", type=int, default=8192, help="training batch (fairseq-train --max-tokens)")
     p.add_argument("--max-positions", type=int, default=1024)
@@ -50,65 +49,38 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if not args.data.is_dir():
         p.error(f"--data {args.data}: no such folder")
-    if not (args.source_lang and args.target_lang):
-        pairs = {f.name.split(".")[1] for f in args.data.glob("train.*-*.*.idx")}
-        if len(pairs) != 1:
-            p.error(f"--data {args.data}: cannot tell the language pair from its train.*.idx files "
-                    f"({sorted(pairs) or 'none'}); give -s and -t")
-        args.source_lang, args.target_lang = pairs.pop().split("-")
     return args
 
 
-def fairseq_with_the_plugin():
-    """Load the plugin, as every ``fairseq-train --user-dir tpp_plugin`` run does: it
-    keeps the last batch of an epoch that fairseq-fixed 0.12.3.1 drops when its size is
-    not a multiple of 8 (``tpp_plugin/compat.py``), so the batches are the ones our runs
-    train on."""
-    from fairseq.utils import import_user_module
+def fairseq_batches(args, split, **batching):
+    """The sizes of ``split`` and its batches (index arrays) in the order epoch 1 takes
+    them, from fairseq's own translation task and batch iterator: ``fairseq-train``'s
+    shuffled order for ``train``, ``fairseq-generate``'s sorted one for ``test``. The
+    plugin is loaded, as in every run of ours: it keeps the last batch of an epoch that
+    fairseq-fixed 0.12.3.1 drops when its size is not a multiple of 8
+    (``tpp_plugin/compat.py``)."""
+    from fairseq import options, tasks
 
-    import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parent.parent / "tpp_plugin")))
-
-
-def load(args, split, shuffle):
-    """fairseq's translation dataset of ``split`` (only its sizes are read)."""
-    from fairseq.data import Dictionary
-    from fairseq.tasks.translation import load_langpair_dataset
-
-    src, tgt = args.source_lang, args.target_lang
-    for name in (f"dict.{src}.txt", f"dict.{tgt}.txt", f"{split}.{src}-{tgt}.{src}.idx", f"{split}.{src}-{tgt}.{tgt}.idx"):
-        if not (args.data / name).exists():
-            sys.exit(f"{args.data}: no {name} (a {split} split for {src}-{tgt} is needed)")
-    dicts = [Dictionary.load(str(args.data / f"dict.{lang}.txt")) for lang in (src, tgt)]
-    return load_langpair_dataset(
-        str(args.data), split, src, dicts[0], tgt, dicts[1], combine=False, dataset_impl=None,
-        upsample_primary=1, left_pad_source=True, left_pad_target=False,
-        max_source_positions=args.max_positions, max_target_positions=args.max_positions, shuffle=shuffle)
-
-
-def batches(dataset, max_positions, max_tokens=None, max_sentences=None, seed=None, multiple=1):
-    """fairseq's batches of ``dataset`` as lists of indices, as its batch iterator forms
-    them: ordered by length, too long pairs dropped, then (``seed``) the order of the
-    batches shuffled as in epoch 1."""
-    import numpy as np
-    from fairseq.data import data_utils
-
-    with data_utils.numpy_seed(seed or 0):
-        indices = dataset.ordered_indices()
-    indices, _ = dataset.filter_indices_by_size(indices, (max_positions, max_positions))
-    out = dataset.batch_by_size(indices, max_tokens=max_tokens, max_sentences=max_sentences,
-                                required_batch_size_multiple=multiple)
-    if seed is not None:
-        with data_utils.numpy_seed(seed + 1):  # fairseq shuffles epoch e with seed + e
-            np.random.shuffle(out)
-    return out
+    pair = [*(["-s", args.source_lang] if args.source_lang else []), *(["-t", args.target_lang] if args.target_lang else [])]
+    command = [str(args.data), "--user-dir", str(Path(__file__).resolve().parent.parent / "tpp_plugin"),
+               "--task", "translation", "--arch", "transformer", *pair,
+               "--max-source-positions", str(args.max_positions), "--max-target-positions", str(args.max_positions)]
+    try:
+        task = tasks.setup_task(options.parse_args_and_arch(options.get_training_parser(), input_args=command))
+        task.load_dataset(split)
+    except Exception as err:  # fairseq's own messages: no pair found, no such split
+        sys.exit(f"attention_shapes.py: --data {args.data}: {err}")
+    dataset = task.dataset(split)
+    itr = task.get_batch_iterator(dataset=dataset, max_positions=task.max_positions(), ignore_invalid_inputs=True,
+                                  required_batch_size_multiple=8, seed=args.seed, **batching)
+    return dataset, itr.ordered_batches(1, False, shuffle=split == "train")
 
 
 def training(args):
-    dataset = load(args, "train", shuffle=True)
+    dataset, epoch = fairseq_batches(args, "train", max_tokens=args.max_tokens)
     src, tgt = dataset.src_sizes, dataset.tgt_sizes
     seen, new_steps, first_new = set(), 0, []
     encoder, decoder = set(), set()
-    epoch = batches(dataset, args.max_positions, max_tokens=args.max_tokens, seed=args.seed, multiple=8)
     for step, batch in enumerate(epoch):
         s, t = int(src[batch].max()), int(tgt[batch].max())
         padded = bool((src[batch] != s).any())
@@ -134,11 +106,10 @@ def training(args):
 
 
 def beam_search(args):
-    dataset = load(args, "test", shuffle=False)
+    dataset, batches = fairseq_batches(args, "test", max_sentences=args.batch_size)
     tgt = dataset.tgt_sizes
     seen, steps, new_steps = set(), 0, 0
-    # sorted by length, in order, as fairseq-generate takes them
-    for batch in batches(dataset, args.max_positions, max_sentences=args.batch_size):
+    for batch in batches:
         lengths = sorted(int(tgt[i]) for i in batch)  # output length taken as the reference's (with EOS)
         for t in range(lengths[-1]):
             active = sum(1 for n in lengths if n > t)
@@ -158,7 +129,6 @@ def beam_search(args):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    fairseq_with_the_plugin()
     training(args)
     beam_search(args)
     return 0
