@@ -107,3 +107,35 @@ def test_benchmarks_refuse_cuda_without_a_cuda_device(script, tmp_path):
     """fairseq's trainer would quietly run on the CPU, and the figures would be the CPU's."""
     res = run([sys.executable, REPO / "benchmarks" / script, "--data", tmp_path, "--device", "cuda"], check=False)
     assert res.returncode == 2 and "--device cuda" in res.stderr and "no CUDA device" in res.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the stage would run its benchmark for real")
+def test_gpu_suite_records_failures_keeps_tables_and_replaces_only_with_force(data, tmp_path):
+    """Without a GPU the counts stage's benchmark refuses to start (exit 2): the suite
+    records that, leaves the output under a temporary name, and never puts a failed
+    command's output in place of a table; an existing table is skipped without --force."""
+    suite = "benchmarks/gpu_suite.sh"  # as docs/gpu.md writes it, from the project's root
+    out = tmp_path / "results"
+    res = run([suite, data, out, "counts"], cwd=REPO)
+    assert "counts\tcounts.md\texit 2" in (out / "status.txt").read_text()
+    assert not (out / "counts.md").exists() and (out / "counts.md.partial").exists()
+    assert "no CUDA device" in (out / "counts.md.log").read_text()
+    (out / "counts.md").write_text("an earlier table\n")
+    res = run([suite, data, out, "counts"], cwd=REPO)
+    assert "counts.md\tskipped: it exists (--force replaces it)" in res.stdout
+    res = run([suite, "--force", data, out, "counts"], cwd=REPO)
+    assert res.stdout.startswith("counts\tcounts.md\texit 2")
+    assert (out / "counts.md").read_text() == "an earlier table\n"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["{data}", "{out}", "speed", "bogus"], "unknown stage 'bogus'"),
+    (["{out}/missing", "{out}"], "is not a folder"),
+    ([], "Usage:"),
+])
+def test_gpu_suite_rejects_bad_arguments_before_running_anything(args, message, data, tmp_path):
+    out = tmp_path / "results"
+    args = [a.format(data=data, out=out) for a in args]
+    res = run(["benchmarks/gpu_suite.sh", *args], cwd=REPO, check=False)
+    assert res.returncode == 2 and message in res.stdout + res.stderr
+    assert not (out / "status.txt").exists()
