@@ -203,6 +203,25 @@ def test_local_conv_in_bfloat16_sums_in_float32():
     assert (half.float() - full).abs().max() < 2e-2
 
 
+def test_dilated_depthwise_conv_gradients_in_bfloat16_are_float32_sums():
+    """bfloat16 input and output gradient, float32 kernel (as LocalConv calls it): the
+    kernel's gradient is a float32 sum, equal to the float64 one of the same values to
+    float32 rounding; the input's gradient is that of float64 rounded once to bfloat16."""
+    torch.manual_seed(0)
+    T = 40
+    u = torch.randn(T, 3, 16).bfloat16().requires_grad_()
+    kernel = torch.softmax(torch.randn(7, 16), dim=0).requires_grad_()
+    grad = torch.randn(T, 3, 16).bfloat16()
+    got_u, got_kernel = torch.autograd.grad(DilatedDepthwiseConv.apply(u, kernel, 2, T, 0), (u, kernel), grad)
+    u64, kernel64 = u.detach().double().requires_grad_(), kernel.detach().double().requires_grad_()
+    want_u, want_kernel = torch.autograd.grad(DilatedDepthwiseConv.apply(u64, kernel64, 2, T, 0), (u64, kernel64),
+                                              grad.double())
+    assert got_u.dtype == torch.bfloat16 and got_kernel.dtype == torch.float32
+    assert torch.allclose(got_kernel.double(), want_kernel, rtol=1e-5, atol=1e-5)
+    # one rounding to bfloat16 (8 significant bits): within half a step, plus float32's share
+    assert ((got_u.double() - want_u).abs() <= want_u.abs() * 2**-8 + 1e-6).all()
+
+
 def test_drop_connect_only_in_training():
     conv = LocalConv(8, kernel_size=5, weight_dropout=0.5)
     conv.train()

@@ -17,7 +17,7 @@ from support import build_model, make_dictionary, random_tokens
 from tpp_plugin.criterions.label_smoothed_cross_entropy_with_tags import (
     LabelSmoothedCrossEntropyWithTagsCriterion as Criterion,
 )
-from tpp_plugin.modules import HybridMultiheadAttention
+from tpp_plugin.modules import HybridMultiheadAttention, context_query
 from tpp_plugin.modules.context_query import ContextQuery, PooledQuery, prefix_softmax, prefix_softmax_transposed
 
 
@@ -99,6 +99,18 @@ def test_prefix_softmax_gradients():
     scores = torch.randn(2, 70, dtype=torch.float64, requires_grad=True)
     values = torch.randn(2, 70, 3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda s, v: prefix_softmax(s, v, block=8)[0], (scores, values))
+
+
+def test_prefix_mask_first_built_in_inference_mode_serves_autograd_later():
+    """The prefix softmax's mask is a constant kept per length and device. One first
+    built under ``torch.inference_mode`` (decoding) would be an inference tensor, which
+    autograd refuses to keep: a later training forward of the same length would fail."""
+    context_query._future.cache_clear()
+    with torch.inference_mode():
+        prefix_softmax(torch.randn(2, 37), torch.randn(2, 37, 3))
+    scores = torch.randn(2, 37, dtype=torch.float64, requires_grad=True)
+    values = torch.randn(2, 37, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda s, v: prefix_softmax(s, v)[0], (scores, values))
 
 
 def test_long_sequences_with_extreme_scores_stay_finite_and_exact():

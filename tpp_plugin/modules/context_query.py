@@ -63,6 +63,7 @@ rebuilds the weights from them, ``α_{t,τ} = e^{s_τ - L_t}``, blockwise again
 (:func:`prefix_softmax_transposed`).
 """
 
+import functools
 import math
 from typing import Dict, Optional, Tuple
 
@@ -79,6 +80,17 @@ BLOCK = 64
 MASKED = -1e9
 
 
+@functools.lru_cache(maxsize=256)
+def _future(length: int, device: torch.device) -> Tensor:
+    """``length x length``, True where ``τ > t`` (column after row): the positions a
+    prefix softmax leaves out. A constant of the shape alone, built once per length
+    and device (blocks have at most :data:`BLOCK` positions) instead of three
+    operations per call. Built outside inference mode, so that autograd may keep it
+    whatever mode the first call ran in."""
+    with torch.inference_mode(False):
+        return torch.ones(length, length, dtype=torch.bool, device=device).triu(1)
+
+
 def merge_spans(q_a: Tensor, lse_a: Tensor, q_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
     """Softmax-weighted mean and log-normaliser of two adjacent spans, ``a`` before
     ``b``: ``q_*`` is ``... x d``, ``lse_*`` is ``...``."""
@@ -90,10 +102,8 @@ def merge_spans(q_a: Tensor, lse_a: Tensor, q_b: Tensor, lse_b: Tensor) -> Tuple
 def _block_prefix(scores: Tensor, values: Tensor) -> Tuple[Tensor, Tensor]:
     """Explicit prefix softmax over the last axis of ``scores`` (``... x K``) applied to
     ``values`` (``... x K x d``): returns ``... x K x d`` and ``... x K``."""
-    length = scores.size(-1)
-    causal = torch.ones(length, length, dtype=torch.bool, device=scores.device).tril()
     # logits[..., t, τ] = s_τ for τ <= t
-    logits = scores.unsqueeze(-2).masked_fill(~causal, float("-inf"))  # ... x K x K
+    logits = scores.unsqueeze(-2).masked_fill(_future(scores.size(-1), scores.device), float("-inf"))  # ... x K x K
     lse = torch.logsumexp(logits, dim=-1)  # ... x K
     weights = torch.exp(logits - lse.unsqueeze(-1))  # ... x K x K
     return torch.matmul(weights, values), lse
@@ -142,9 +152,9 @@ def prefix_softmax_transposed(scores: Tensor, lse: Tensor, x: Tensor, block: int
     (the ``n x T`` factors: 3% of a ``T x T`` matrix at ``T = 2048``)."""
     length = scores.size(-1)
     if length <= block:
-        causal = torch.ones(length, length, dtype=torch.bool, device=scores.device).tril()
         # weights[..., t, τ] = e^{s_τ - L_t} for τ <= t
-        weights = torch.exp((scores.unsqueeze(-2) - lse.unsqueeze(-1)).masked_fill(~causal, float("-inf")))
+        future = _future(length, scores.device)
+        weights = torch.exp((scores.unsqueeze(-2) - lse.unsqueeze(-1)).masked_fill(future, float("-inf")))
         return torch.matmul(weights.transpose(-1, -2), x)
     blocks = math.ceil(length / block)
     extra = blocks * block - length

@@ -100,6 +100,8 @@ class DilatedDepthwiseConv(torch.autograd.Function):
             grad_u32 = torch.zeros(u.shape, dtype=acc_dtype, device=u.device)
         if ctx.needs_input_grad[1]:
             grad_kernel32 = torch.zeros(kernel.shape, dtype=acc_dtype, device=kernel.device)
+            # cast once, not once per tap: every tap's product reads it (a no-op in float32)
+            grad_out32 = grad_out.to(acc_dtype)
         for k in range(taps):
             lag = (taps - 1 - k) * dilation - offset
             if lag >= out_len or lag <= -u.size(0):
@@ -108,9 +110,9 @@ class DilatedDepthwiseConv(torch.autograd.Function):
             if ctx.needs_input_grad[0]:
                 grad_u32[src].addcmul_(grad_out[dst], kernel32[k])
             if ctx.needs_input_grad[1]:
-                # Σ over time and batch of grad ⊙ input, per channel
-                prod = grad_out[dst].to(acc_dtype) * u[src]
-                grad_kernel32[k] = prod.flatten(0, 1).sum(0)
+                # Σ over time and batch of grad ⊙ input, per channel, summed straight into
+                # the kernel's gradient (u promoted to float32 by the product)
+                torch.sum((grad_out32[dst] * u[src]).flatten(0, 1), dim=0, out=grad_kernel32[k])
         if ctx.needs_input_grad[0]:
             grad_u = _masked(grad_u32, padding).to(u.dtype)
         if ctx.needs_input_grad[1]:
