@@ -285,6 +285,23 @@ def test_module_incremental_reorder_follows_history(grad_mode):
     assert (inc[:11][:, new_order] - full[:11]).abs().max() <= 1e-5
 
 
+def test_decoding_step_keeps_its_laid_out_kernel_for_one_search_only():
+    """The decoding step lays LocalConv's kernel over its ring once per search and keeps
+    it in that search's incremental state. A weight written in place between two
+    searches (fairseq's optimizers write through ``.data``) must reach the next search,
+    which starts with a new state: it decodes as the full forward of the new weights."""
+    torch.manual_seed(0)
+    m = HybridMultiheadAttention(16, 4, 2, kernel_size=5, dilation=2, causal=True).eval()
+    x = torch.randn(9, 3, 16)
+    with torch.no_grad():
+        before = _incremental_outputs(m, x, [1] * 9)
+        m.local_conv.weight.data.add_(torch.randn_like(m.local_conv.weight))
+        after = _incremental_outputs(m, x, [1] * 9)
+        full, _ = m(x, x, x)
+    assert (before - full).abs().max() > 1e-3, "the weight change must change the output"
+    assert (after - full).abs().max() <= 1e-5
+
+
 def test_self_attention_only():
     m = HybridMultiheadAttention(8, 2, 1, kernel_size=3)
     x, y = torch.randn(4, 1, 8), torch.randn(4, 1, 8)

@@ -191,24 +191,31 @@ class LocalConv(nn.Module):
         return kernel.t()
 
     def step(self, u: Tensor, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tensor:
-        """One decoding step: ``u`` is the new position's ``U`` (``B x C``); returns
-        ``B x C`` **in the sums' precision** (float32 for half-precision input: the caller
-        casts once, where it combines the heads). Same as :meth:`forward` with one position and an incremental
-        state, with the fewest operations per step, since decoding calls it once per
-        layer and token and on a GPU each operation is a kernel launch: the buffer is a
-        ring of ``(F-1)·δ + 1`` rows into which the new row is written in place, the
-        ``F`` taps are gathered from it, and the product with the kernel (float32)
-        promotes them as it multiplies (write, gather, multiply, sum, and
-        the kernel's softmax: five operations in any precision). Inference only (the ring
-        is written in place): a step to be differentiated is :meth:`forward`'s."""
-        kernel = self.normalized_kernel()  # F x C
+        """One decoding step: ``u`` is the new position's ``U`` (``B x C``); returns ``B x
+        C`` **in the sums' precision** (float32 for half-precision input: the caller casts
+        once, where it combines the heads). Same as :meth:`forward` with one position and
+        an incremental state, with the fewest operations per step, since decoding calls
+        it once per layer and token and on a GPU each operation is a kernel launch: the
+        buffer is a ring of ``R = (F-1)·δ + 1`` rows into which the new row is written in
+        place, and the whole ring is multiplied by the kernel *laid over it* (each tap's
+        weight at the ring row that tap reads, zeros at the rows between dilated taps)
+        and summed: write, multiply, sum (three operations in any precision; the
+        product with the float32 kernel promotes the ring as it multiplies).
+
+        The ring's rows rotate, so the kernel's layout depends on the row just written:
+        :meth:`ring_kernels` lays it out once for each of the ``R`` rows, at the first
+        step of a search, and keeps the ``R x R x C`` result in the incremental state,
+        which lives as long as one search, during which no weight changes (fairseq
+        decodes without an optimizer in between; a new search starts with a new state).
+        Inference only (the ring is written in place): a step to be differentiated is
+        :meth:`forward`'s."""
         span = self.receptive_field
         if span == 0:
-            return u * kernel[0]
+            return u * self.normalized_kernel()[0]
         ring, head = self.ring(u, incremental_state)
         ring[head] = u
-        taps = ring.index_select(0, self._tap_rows(head, ring.device))  # F x B x C, u's dtype
-        return (taps * kernel.unsqueeze(1)).sum(dim=0)  # B x C, float32
+        # R x B x C times R x 1 x C, summed over the ring: B x C, float32
+        return (ring * self.ring_kernels(incremental_state)[head].unsqueeze(1)).sum(dim=0)
 
     def ring(self, u: Tensor, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tuple[Tensor, int]:
         """The decoding buffer as a ring of ``(F-1)·δ + 1`` rows (``R x B x C``) and the
@@ -226,17 +233,25 @@ class LocalConv(nn.Module):
         incremental_state[key] = {"ring": ring, "head": (head + 1) % (span + 1)}
         return ring, head
 
-    def _tap_rows(self, head: int, device) -> Tensor:
-        """The ring rows of the taps of the position written at ``head``, oldest first
-        (indices only: they depend on the kernel's shape, never on its weights)."""
-        cache = self.__dict__.setdefault("_tap_rows_cache", {})
-        rows = cache.get((head, device))
-        if rows is None:
-            size = self.receptive_field + 1
-            offsets = [(self.kernel_size - 1 - k) * self.dilation for k in range(self.kernel_size)]
-            rows = torch.tensor([(head - o) % size for o in offsets], device=device)
-            cache[(head, device)] = rows
-        return rows
+    def ring_kernels(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tensor:
+        """``R x R x C`` (float32): row ``h`` is the normalised kernel laid over the ring
+        for the position written at ring row ``h``: tap ``k`` (which reads the position
+        ``(F-1-k)·δ`` steps back) at ring row ``(h - (F-1-k)·δ) mod R``, zeros elsewhere.
+        Computed at the first call for an incremental state and kept in it (under its own
+        key, which beam search does not reorder: it is the same for every hypothesis)."""
+        key = self._get_full_incremental_state_key("local_conv_kernels")
+        saved = incremental_state.get(key)
+        if saved is not None:
+            return saved["kernels"]
+        kernel = self.normalized_kernel()  # F x C
+        size = self.receptive_field + 1
+        offsets = torch.arange(self.kernel_size - 1, -1, -1, device=kernel.device) * self.dilation  # F: tap k's lag
+        rows = (torch.arange(size, device=kernel.device)[:, None] - offsets[None, :]) % size  # R x F
+        kernels = kernel.new_zeros(size, size, self.channels)
+        # kernels[h, rows[h, k]] = kernel[k]
+        kernels.scatter_(1, rows.unsqueeze(-1).expand(-1, -1, self.channels), kernel.expand(size, -1, -1))
+        incremental_state[key] = {"kernels": kernels}
+        return kernels
 
     def _history(self, buffer, u: Tensor) -> Tensor:
         """The last ``(F-1)·δ`` inputs, oldest first, from either form of the buffer."""
