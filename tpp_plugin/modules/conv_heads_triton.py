@@ -291,7 +291,7 @@ def conv_step(u: Tensor, scores: Tensor, values: Tensor, weight: Tensor, ring: T
               out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """One decoding step of the conv heads: ``u`` and ``values`` ``B x C``, ``scores``
     ``B x H_c`` (rows of the fused projection: channels contiguous), ``weight`` LocalConv's
-    ``C x F`` (before the softmax), ``ring`` its ``R x B x C`` ring, whose row
+    ``C x F`` (before the softmax), ``ring`` its ``F·δ x B x C`` ring (``LocalConv.ring``), whose row
     ``head_row`` receives ``u``, and ``state`` the Query's ``B x H_c x (1 + d_h)`` float32
     state (None at the first step). Returns ``LocalConv ⊙ Query · out_scale`` (``B x C``,
     in ``u``'s dtype; written into ``out`` if given: ``B x C``, rows of any stride) and the
@@ -305,7 +305,7 @@ def conv_step(u: Tensor, scores: Tensor, values: Tensor, weight: Tensor, ring: T
     taps = weight.size(1)
     # a wrong shape would read out of bounds on a GPU, where nothing checks it
     expected = {"scores": (bsz, heads), "values": (bsz, channels), "weight": (channels, taps),
-                "ring": ((taps - 1) * dilation + 1, bsz, channels), "state": (bsz, heads, head_dim + 1)}
+                "ring": (taps * dilation, bsz, channels), "state": (bsz, heads, head_dim + 1)}
     if state is not None and state.dtype != torch.float32:
         raise ValueError(f"conv_step: the Query's state must be float32, not {state.dtype}")
     if out is not None:

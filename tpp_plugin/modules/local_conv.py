@@ -36,12 +36,14 @@ inputs ``U``, so a step costs ``O(F·C)`` whatever the length decoded so far, an
 number of new positions can be fed at once (the buffer and the new positions are
 convolved together).
 
-On a GPU that loop is ``F`` small kernels forward and ``3F`` backward. ``impl="triton"``
+On a GPU that loop is ``F`` small kernels forward and ``3F`` backward (per tap, the
+input's gradient, and the kernel's as a product and a sum). ``impl="triton"``
 (``--conv-heads-impl triton``) runs the same function as one Triton kernel forward and
 two backward for tensors on a CUDA device (:mod:`tpp_plugin.modules.conv_heads_triton`;
-the CPU uses the taps either way). :meth:`LocalConv.step` stays PyTorch operations: the
-attention that owns the module fuses its decoding step with the Query's in one kernel
-instead, on the same ring (:meth:`LocalConv.ring`).
+the CPU uses the taps either way). :meth:`LocalConv.step` stays PyTorch operations
+(three per step, on a ring of ``F·δ`` rows whose taps are a strided view): the attention
+that owns the module fuses its decoding step with the Query's in one kernel instead, on
+the same ring (:meth:`LocalConv.ring`).
 """
 
 from typing import Dict, Optional, Tuple
@@ -195,61 +197,65 @@ class LocalConv(nn.Module):
         C`` **in the sums' precision** (float32 for half-precision input: the caller casts
         once, where it combines the heads). Same as :meth:`forward` with one position and
         an incremental state, with the fewest operations per step, since decoding calls
-        it once per layer and token and on a GPU each operation is a kernel launch: the
-        buffer is a ring of ``R = (F-1)·δ + 1`` rows into which the new row is written in
-        place, and the whole ring is multiplied by the kernel *laid over it* (each tap's
-        weight at the ring row that tap reads, zeros at the rows between dilated taps)
-        and summed: write, multiply, sum (three operations in any precision; the
-        product with the float32 kernel promotes the ring as it multiplies).
+        it once per layer and token and on a GPU each operation is a kernel launch: write
+        the new row into the ring (:meth:`ring`), multiply the taps' rows (a strided view
+        of the ring) by the kernel in the order the ring holds them, sum. Three operations
+        in any precision; the product with the float32 kernel promotes the taps as it
+        multiplies.
 
-        The ring's rows rotate, so the kernel's layout depends on the row just written:
-        :meth:`ring_kernels` lays it out once for each of the ``R`` rows, at the first
-        step of a search, and keeps the ``R x R x C`` result in the incremental state,
-        which lives as long as one search, during which no weight changes (fairseq
-        decodes without an optimizer in between; a new search starts with a new state).
-        Inference only (the ring is written in place): a step to be differentiated is
-        :meth:`forward`'s."""
-        span = self.receptive_field
-        if span == 0:
+        The ring holds the last ``F·δ`` positions, position ``p`` at row ``p mod F·δ``, so
+        the taps of the newest position, ``p, p-δ, ..., p-(F-1)δ``, are exactly the rows
+        congruent to its row modulo ``δ``: ``F`` rows, every ``δ``-th, a view. Their order
+        in the ring rotates with ``p``; :meth:`ring_kernels` rotates the kernel to match,
+        once per search for each of the ``F`` rotations, and keeps the result in the
+        incremental state, which lives as long as one search, during which no weight
+        changes (fairseq decodes without an optimizer in between; a new search starts
+        with a new state). Inference only (the ring is written in place): a step to be
+        differentiated is :meth:`forward`'s."""
+        if self.receptive_field == 0:
             return u * self.normalized_kernel()[0]
         ring, head = self.ring(u, incremental_state)
         ring[head] = u
-        # R x B x C times R x 1 x C, summed over the ring: B x C, float32
-        return (ring * self.ring_kernels(incremental_state)[head].unsqueeze(1)).sum(dim=0)
+        # (F·δ) x B x C -> F x δ x B x C: row j·δ + r; the taps are the rows j·δ + head mod δ
+        taps = ring.view(self.kernel_size, self.dilation, *ring.shape[1:])[:, head % self.dilation]  # F x B x C
+        kernel = self.ring_kernels(incremental_state)[head // self.dilation]  # F x C, in the taps' order
+        return (taps * kernel.unsqueeze(1)).sum(dim=0)  # B x C, float32
 
     def ring(self, u: Tensor, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tuple[Tensor, int]:
-        """The decoding buffer as a ring of ``(F-1)·δ + 1`` rows (``R x B x C``) and the
-        row that the new position ``u`` (``B x C``) is to be written to, which the caller
-        writes; the state already points past it. (Kernel width 1 needs no ring.)"""
-        span = self.receptive_field
+        """The decoding buffer as a ring of ``F·δ`` rows (``F·δ x B x C``: the last ``(F-1)·δ``
+        positions that the taps read, and ``δ - 1`` older ones, so that every tap of a
+        position lies on its row modulo ``δ``) and the row that the new position ``u``
+        (``B x C``) is to be written to, which the caller writes; the state already points
+        past it. (Kernel width 1 needs no ring.)"""
+        rows = self.kernel_size * self.dilation
         key = self._step_key
         buffer = incremental_state.get(key)
         if buffer is None:
-            ring, head = u.new_zeros(span + 1, u.size(0), u.size(1)), 0
+            ring, head = u.new_zeros(rows, u.size(0), u.size(1)), 0
         elif "ring" in buffer:
             ring, head = buffer["ring"], buffer["head"]
-        else:  # left by a multi-position call: its rows, oldest first, then a free slot
-            ring, head = torch.cat([buffer["history"], u.new_zeros(1, u.size(0), u.size(1))]), span
-        incremental_state[key] = {"ring": ring, "head": (head + 1) % (span + 1)}
+        else:  # left by a multi-position call: its rows, oldest first, end on row rows - 2
+            older, free = u.new_zeros(self.dilation - 1, *u.shape), u.new_zeros(1, *u.shape)
+            ring, head = torch.cat([older, buffer["history"], free]), rows - 1
+        incremental_state[key] = {"ring": ring, "head": (head + 1) % rows}
         return ring, head
 
     def ring_kernels(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tensor:
-        """``R x R x C`` (float32): row ``h`` is the normalised kernel laid over the ring
-        for the position written at ring row ``h``: tap ``k`` (which reads the position
-        ``(F-1-k)·δ`` steps back) at ring row ``(h - (F-1-k)·δ) mod R``, zeros elsewhere.
-        Computed at the first call for an incremental state and kept in it (under its own
-        key, which beam search does not reorder: it is the same for every hypothesis)."""
+        """``F x F x C`` (float32): entry ``a`` is the normalised kernel in the order in
+        which the ring holds the taps of a position written at a row ``h`` with ``h // δ
+        = a``. The taps' row ``j·δ + h mod δ`` holds the position ``((a - j) mod F)·δ``
+        steps back, which tap ``k = F-1 - (a - j) mod F`` weighs. Computed at the first call
+        for an incremental state and kept in it (under its own key, which beam search
+        does not reorder: it is the same for every hypothesis)."""
         key = self._get_full_incremental_state_key("local_conv_kernels")
         saved = incremental_state.get(key)
         if saved is not None:
             return saved["kernels"]
         kernel = self.normalized_kernel()  # F x C
-        size = self.receptive_field + 1
-        offsets = torch.arange(self.kernel_size - 1, -1, -1, device=kernel.device) * self.dilation  # F: tap k's lag
-        rows = (torch.arange(size, device=kernel.device)[:, None] - offsets[None, :]) % size  # R x F
-        kernels = kernel.new_zeros(size, size, self.channels)
-        # kernels[h, rows[h, k]] = kernel[k]
-        kernels.scatter_(1, rows.unsqueeze(-1).expand(-1, -1, self.channels), kernel.expand(size, -1, -1))
+        size = self.kernel_size
+        a = torch.arange(size, device=kernel.device)
+        taps = size - 1 - (a[:, None] - a[None, :]) % size  # F x F: [a, j] -> k
+        kernels = kernel[taps]  # F x F x C
         incremental_state[key] = {"kernels": kernels}
         return kernels
 
@@ -260,8 +266,8 @@ class LocalConv(nn.Module):
             return u.new_zeros(span, u.size(1), u.size(2))
         if "history" in buffer:
             return buffer["history"]
-        ring, head = buffer["ring"], buffer["head"]  # head: the slot written next (the oldest row)
-        order = torch.arange(head + 1, head + 1 + span, device=ring.device) % (span + 1)
+        ring, head = buffer["ring"], buffer["head"]  # head: the row written next; the newest is head - 1
+        order = torch.arange(head - span, head, device=ring.device) % ring.size(0)
         return ring.index_select(0, order)
 
     @property
