@@ -285,9 +285,9 @@ def test_module_incremental_reorder_follows_history(grad_mode):
     assert (inc[:11][:, new_order] - full[:11]).abs().max() <= 1e-5
 
 
-def test_decoding_step_keeps_its_laid_out_kernel_for_one_search_only():
-    """The decoding step lays LocalConv's kernel over its ring once per search and keeps
-    it in that search's incremental state. A weight written in place between two
+def test_decoding_step_keeps_its_rotated_kernels_for_one_search_only():
+    """The decoding step takes LocalConv's kernel (softmax and its rotations to the
+    ring's order) once per search and keeps it in that search's incremental state. A weight written in place between two
     searches (fairseq's optimizers write through ``.data``) must reach the next search,
     which starts with a new state: it decodes as the full forward of the new weights."""
     torch.manual_seed(0)

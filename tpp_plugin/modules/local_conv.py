@@ -206,7 +206,7 @@ class LocalConv(nn.Module):
         The ring holds the last ``F·δ`` positions, position ``p`` at row ``p mod F·δ``, so
         the taps of the newest position, ``p, p-δ, ..., p-(F-1)δ``, are exactly the rows
         congruent to its row modulo ``δ``: ``F`` rows, every ``δ``-th, a view. Their order
-        in the ring rotates with ``p``; :meth:`ring_kernels` rotates the kernel to match,
+        in the ring rotates with ``p``; :meth:`rotated_kernels` rotates the kernel to match,
         once per search for each of the ``F`` rotations, and keeps the result in the
         incremental state, which lives as long as one search, during which no weight
         changes (fairseq decodes without an optimizer in between; a new search starts
@@ -218,7 +218,7 @@ class LocalConv(nn.Module):
         ring[head] = u
         # (F·δ) x B x C -> F x δ x B x C: row j·δ + r; the taps are the rows j·δ + head mod δ
         taps = ring.view(self.kernel_size, self.dilation, *ring.shape[1:])[:, head % self.dilation]  # F x B x C
-        kernel = self.ring_kernels(incremental_state)[head // self.dilation]  # F x C, in the taps' order
+        kernel = self.rotated_kernels(incremental_state)[head // self.dilation]  # F x C, in the taps' order
         return (taps * kernel.unsqueeze(1)).sum(dim=0)  # B x C, float32
 
     def ring(self, u: Tensor, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tuple[Tensor, int]:
@@ -240,7 +240,7 @@ class LocalConv(nn.Module):
         incremental_state[key] = {"ring": ring, "head": (head + 1) % rows}
         return ring, head
 
-    def ring_kernels(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tensor:
+    def rotated_kernels(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tensor:
         """``F x F x C`` (float32): entry ``a`` is the normalised kernel in the order in
         which the ring holds the taps of a position written at a row ``h`` with ``h // δ
         = a``. The taps' row ``j·δ + h mod δ`` holds the position ``((a - j) mod F)·δ``
