@@ -57,10 +57,10 @@ length decoded so far. Both equal the step-by-step definition to float32 roundin
 **What training keeps.** Differentiated by autograd, the blocks above would keep their
 ``K x K`` logits and weights and a float32 copy of the values for the backward pass:
 in a decoder layer, several activations of the model's width. :class:`PooledQuery` (a
-whole sequence, no incremental state: every training forward) keeps only the scores
-and the values it was given, computes ``q`` and ``L`` again in the backward pass and
-rebuilds the weights from them, ``α_{t,τ} = e^{s_τ - L_t}``, blockwise again
-(:func:`prefix_softmax_transposed`).
+whole sequence, no incremental state: every training forward) keeps the scores and
+the values it was given, and ``q`` and ``L`` only where that costs nothing (see
+there), and rebuilds the weights from them in the backward pass, ``α_{t,τ} = e^{s_τ -
+L_t}``, blockwise again (:func:`prefix_softmax_transposed`).
 """
 
 import functools
@@ -182,13 +182,14 @@ def prefix_softmax_transposed(scores: Tensor, lse: Tensor, x: Tensor, block: int
 
 class PooledQuery(torch.autograd.Function):
     """The Query of a whole sequence at once (training: no incremental state), keeping
-    only its inputs for the backward pass: the scores and the values as given.
+    for the backward pass its inputs as given (the scores and the values) and, in
+    float32, its output.
 
     Autograd through :func:`prefix_softmax` would keep every block's ``K x K`` logits and
     weights and a float32 copy of the values — in a decoder layer several activations of
     the model's width. This function computes in float32 without keeping any of that,
-    returns the query in the values' dtype and layout (``T x B x H·d_h``) and keeps only
-    the scores and the values as given (a slice of the fused input projection, which the
+    returns the query in the values' dtype and layout (``T x B x H·d_h``) and keeps the
+    scores and the values as given (a slice of the fused input projection, which the
     layer keeps anyway). Its backward pass, with
     ``g_t`` the output's gradient, ``A`` the pooling weights (``α_{t,τ}``) and ``c_t =
     -g_t · q_t``:
@@ -200,10 +201,14 @@ class PooledQuery(torch.autograd.Function):
             + \\sum_{t} A_{t\\tau}\\, c_t
 
     one product with ``Aᵀ`` (:func:`prefix_softmax_transposed`; in the encoder every row
-    of ``A`` is the same ``α``). The backward pass computes ``q`` and ``L`` again, in
-    float32, from the kept scores and values (one more pooling forward, nothing more
-    kept): ``v_τ - q_t`` can be far smaller than ``q_t``, so a ``q`` rounded to half
-    precision would put its rounding error, magnified, into the scores' gradient. A row
+    of ``A`` is the same ``α``). It needs ``q`` and ``L`` in float32: ``v_τ - q_t`` can
+    be far smaller than ``q_t``, so a ``q`` rounded to half precision would put its
+    rounding error, magnified, into the scores' gradient. With float32 (or float64)
+    values the output *is* that ``q``, which the layer's product with LocalConv keeps
+    anyway: the function keeps it and ``L`` (one value per position and head, the size
+    of the scores). With half-precision values it keeps neither and computes both again
+    from the kept scores and values (one more pooling forward; a float32 ``q`` kept
+    instead would be a float32 activation of the conv heads' width per layer). A row
     whose whole prefix is padding (left padding in a decoder) has an ``L`` that float32
     cannot tell apart from the masked score, so its weights cannot be rebuilt; its
     output is never used, and it gets no gradient here (its ``g_t`` is taken as 0)."""
@@ -212,14 +217,21 @@ class PooledQuery(torch.autograd.Function):
     def forward(ctx, scores: Tensor, values: Tensor, num_heads: int, causal: bool, block: int) -> Tensor:
         # scores: T x B x H float32 logits; values: T x B x (H*dh), any float dtype
         tgt_len, bsz, channels = values.shape
-        query, _ = PooledQuery._pool(scores, values, num_heads, causal, block)
+        query, lse = PooledQuery._pool(scores, values, num_heads, causal, block)
         if causal:  # B x H x T x dh -> T x B x (H*dh)
             out = query.permute(2, 0, 1, 3).reshape(tgt_len, bsz, channels)
         else:  # B x H x dh -> 1 x B x (H*dh)
             out = query.reshape(1, bsz, channels)
-        ctx.save_for_backward(scores, values)
+        out = out.to(values.dtype)
+        if out.dtype == query.dtype:
+            # float32 (or float64) values: the output is the query itself, which the layer's
+            # product with LocalConv keeps anyway; keep it and L (one value per position
+            # and head) rather than pool again in the backward pass
+            ctx.save_for_backward(scores, values, out, lse)
+        else:
+            ctx.save_for_backward(scores, values)
         ctx.num_heads, ctx.causal, ctx.block = num_heads, causal, block
-        return out.to(values.dtype)
+        return out
 
     @staticmethod
     def _pool(scores: Tensor, values: Tensor, heads: int, causal: bool, block: int) -> Tuple[Tensor, Tensor]:
@@ -237,10 +249,15 @@ class PooledQuery(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: Tensor):
-        scores, values = ctx.saved_tensors
+        scores, values, *kept = ctx.saved_tensors
         tgt_len, bsz, channels = values.shape
         heads = ctx.num_heads
-        query, lse = PooledQuery._pool(scores, values, heads, ctx.causal, ctx.block)
+        if kept:  # the forward's output, in float32: T x B x (H*dh) -> B x H x T x dh, or B x H x dh
+            out, lse = kept
+            query = out.view(-1, bsz, heads, channels // heads).permute(1, 2, 0, 3)
+            query = query if ctx.causal else query.squeeze(-2)
+        else:
+            query, lse = PooledQuery._pool(scores, values, heads, ctx.causal, ctx.block)
         acc = query.dtype
         s = scores.to(acc).permute(1, 2, 0)  # B x H x T
         v = values.to(acc).reshape(tgt_len, bsz, heads, -1).permute(1, 2, 0, 3)  # B x H x T x dh
