@@ -77,11 +77,17 @@ class DilatedDepthwiseConv(torch.autograd.Function):
         offset = u.size(0) - out_len + lookahead
         taps = kernel.size(0)
         acc_dtype = torch.promote_types(u.dtype, torch.float32)
-        acc = torch.zeros(out_len, *u.shape[1:], dtype=acc_dtype, device=u.device)
         kernel32 = kernel.to(acc_dtype)
-        for k in range(taps):
-            lag = (taps - 1 - k) * dilation - offset  # out[t] reads u[t - lag]
-            if lag >= out_len or lag <= -u.size(0):
+        lags = [(taps - 1 - k) * dilation - offset for k in range(taps)]  # out[t] reads u[t - lag]
+        # a tap that every output row reads (the current position's, lag 0, in training)
+        # starts the sum as a product: no zero-filled buffer and one pass less over it
+        first = _covering(lags, lambda lag: _overlap(lag, out_len, u.size(0))[0], out_len)
+        if first is None:
+            acc = torch.zeros(out_len, *u.shape[1:], dtype=acc_dtype, device=u.device)
+        else:
+            acc = torch.mul(u[_overlap(lags[first], out_len, u.size(0))[1]], kernel32[first])  # promotes to float32
+        for k, lag in enumerate(lags):
+            if k == first or lag >= out_len or lag <= -u.size(0):
                 continue
             dst, src = _overlap(lag, out_len, u.size(0))
             acc[dst].addcmul_(u[src], kernel32[k])
@@ -98,18 +104,24 @@ class DilatedDepthwiseConv(torch.autograd.Function):
         grad_u = grad_kernel = None
         acc_dtype = torch.promote_types(u.dtype, torch.float32)
         kernel32 = kernel.to(acc_dtype)
+        lags = [(taps - 1 - k) * dilation - offset for k in range(taps)]
+        # as in the forward pass: a tap that reaches every input row starts its gradient
+        first = _covering(lags, lambda lag: _overlap(lag, out_len, u.size(0))[1], u.size(0))
         if ctx.needs_input_grad[0]:
-            grad_u32 = torch.zeros(u.shape, dtype=acc_dtype, device=u.device)
+            if first is None:
+                grad_u32 = torch.zeros(u.shape, dtype=acc_dtype, device=u.device)
+            else:
+                dst = _overlap(lags[first], out_len, u.size(0))[0]
+                grad_u32 = torch.mul(grad_out[dst], kernel32[first])  # promotes to float32
         if ctx.needs_input_grad[1]:
             grad_kernel32 = torch.zeros(kernel.shape, dtype=acc_dtype, device=kernel.device)
             # cast once, not once per tap: every tap's product reads it (a no-op in float32)
             grad_out32 = grad_out.to(acc_dtype)
-        for k in range(taps):
-            lag = (taps - 1 - k) * dilation - offset
+        for k, lag in enumerate(lags):
             if lag >= out_len or lag <= -u.size(0):
                 continue
             dst, src = _overlap(lag, out_len, u.size(0))
-            if ctx.needs_input_grad[0]:
+            if ctx.needs_input_grad[0] and k != first:
                 grad_u32[src].addcmul_(grad_out[dst], kernel32[k])
             if ctx.needs_input_grad[1]:
                 # Σ over time and batch of grad ⊙ input, per channel, summed straight into
@@ -125,6 +137,11 @@ class DilatedDepthwiseConv(torch.autograd.Function):
 def _masked(x: Tensor, padding: Optional[Tensor]) -> Tensor:
     """``x`` with the rows of ``padding`` (True) set to zero (``x`` itself without one)."""
     return x if padding is None else x.masked_fill(padding, 0.0)
+
+
+def _covering(lags, rows, length: int) -> Optional[int]:
+    """The first tap whose rows (``rows(lag)``, a slice) are all ``length`` of them."""
+    return next((k for k, lag in enumerate(lags) if rows(lag) == slice(0, length)), None)
 
 
 def _overlap(lag: int, out_len: int, in_len: int):
