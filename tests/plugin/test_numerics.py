@@ -240,6 +240,31 @@ def test_pooled_query_gradients_in_float32_and_bfloat16(causal):
             assert (g.double() - w).abs().max() <= tolerance * w.abs().max(), (dtype, name)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_pooled_query_pools_again_in_its_backward_pass_only_in_half_precision(causal, monkeypatch):
+    """With float32 values the output is the float32 query, kept (with ``L``) for the
+    backward pass, which then pools no second time; bfloat16 values keep no float32
+    activation, and the backward pass pools again. The gradients of both are those of
+    float64 autograd (the tolerances of the test above)."""
+    torch.manual_seed(0)
+    length, bsz, heads, head_dim = 70, 2, 2, 8
+    pools = []
+    real_pool = PooledQuery._pool
+    monkeypatch.setattr(PooledQuery, "_pool", staticmethod(lambda *a: pools.append(1) or real_pool(*a)))
+    scores = 3 * torch.randn(length, bsz, heads)
+    values = torch.randn(length, bsz, heads * head_dim)
+    grad = torch.randn(length if causal else 1, bsz, heads * head_dim)
+    for dtype, pooled, tolerance in ((torch.float32, 1, 1e-5), (torch.bfloat16, 2, 1e-2)):
+        pools.clear()
+        s, v = scores.to(dtype).requires_grad_(), values.to(dtype).requires_grad_()
+        got = torch.autograd.grad(PooledQuery.apply(s, v, heads, causal, 16), (s, v), grad.to(dtype))
+        assert len(pools) == pooled, dtype
+        s64, v64 = s.detach().double().requires_grad_(), v.detach().double().requires_grad_()
+        want = torch.autograd.grad(pooled_query_by_autograd(s64, v64, heads, causal), (s64, v64), grad.to(dtype).double())
+        for g, w in zip(got, want):
+            assert (g.double() - w).abs().max() <= tolerance * w.abs().max(), dtype
+
+
 def test_pooled_query_gives_no_gradient_through_rows_that_pool_padding_only():
     """Left padding in a decoder: the rows before the first real position pool padding
     only, and their weights cannot be rebuilt from a log-normaliser float32 cannot tell
