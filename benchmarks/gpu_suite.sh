@@ -23,7 +23,8 @@
 #   profile  where beam search's time goes (profile_model.py --generation, 30 and 100 tokens)
 #
 # A command that fails is recorded in OUT/status.txt (its output stays in FILE.partial)
-# and the next one runs.
+# and the next one runs; the suite then exits with status 1. PYTHON names the Python
+# interpreter to use (default: python on PATH); fairseq-train runs as its module.
 set -uo pipefail
 
 FORCE=0
@@ -52,8 +53,11 @@ if [[ ! -d $DATA ]]; then
 fi
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python}
-mkdir -p "$OUT"
+mkdir -p "$OUT" || exit 2
+# absolute before moving to the project's root: both may be given from anywhere
+DATA=$(cd "$DATA" && pwd) && OUT=$(cd "$OUT" && pwd) || exit 2
 cd "$REPO" || exit 2
+FAILED=0
 
 run() {  # run STAGE FILE COMMAND...: stdout to OUT/FILE, stderr to OUT/FILE.log
     local stage=$1 file=$2
@@ -67,17 +71,19 @@ run() {  # run STAGE FILE COMMAND...: stdout to OUT/FILE, stderr to OUT/FILE.log
     local rc=$?
     if [[ $rc -eq 0 ]]; then
         mv -f "$OUT/$file.partial" "$OUT/$file"
+    else
+        FAILED=1
     fi
     printf '%s\t%s\texit %d\t%ds\n' "$stage" "$file" "$rc" $((SECONDS - start)) | tee -a "$OUT/status.txt"
 }
 
 BENCH=("$PY" benchmarks/bench_model.py --data "$DATA" --device cuda --dtype bf16)
 
-mixed() {  # fairseq-train, 300 updates of the base preset, in each precision
+mixed() {  # fairseq-train (as PY's module), 300 updates of the base preset, in each precision
     local name=$1
     shift
     rm -f "$OUT/mixed_$name.json"  # fairseq appends to its log file
-    fairseq-train "$DATA" --user-dir tpp_plugin --arch transformer_pp --encoder-tag-layers "" \
+    "$PY" -m fairseq_cli.train "$DATA" --user-dir tpp_plugin --arch transformer_pp --encoder-tag-layers "" \
         --task translation --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
         --share-all-embeddings --optimizer adam --adam-betas '(0.9, 0.98)' --lr 7e-4 \
         --lr-scheduler inverse_sqrt --warmup-updates 100 --max-tokens 8192 --max-update 300 \
@@ -115,3 +121,4 @@ for stage in "${STAGES[@]}"; do
     esac
 done
 echo "gpu_suite.sh: logs and tables in $OUT (status.txt: one line per command)"
+exit $FAILED

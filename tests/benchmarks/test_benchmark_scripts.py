@@ -112,20 +112,34 @@ def test_benchmarks_refuse_cuda_without_a_cuda_device(script, tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the stage would run its benchmark for real")
 def test_gpu_suite_records_failures_keeps_tables_and_replaces_only_with_force(data, tmp_path):
     """Without a GPU the counts stage's benchmark refuses to start (exit 2): the suite
-    records that, leaves the output under a temporary name, and never puts a failed
-    command's output in place of a table; an existing table is skipped without --force."""
+    records that, leaves the output under a temporary name, never puts a failed
+    command's output in place of a table, and exits 1; an existing table is skipped
+    without --force (nothing failed: exit 0)."""
     suite = "benchmarks/gpu_suite.sh"  # as docs/gpu.md writes it, from the project's root
     out = tmp_path / "results"
-    res = run([suite, data, out, "counts"], cwd=REPO)
+    res = run([suite, data, out, "counts"], cwd=REPO, check=False)
+    assert res.returncode == 1
     assert "counts\tcounts.md\texit 2" in (out / "status.txt").read_text()
     assert not (out / "counts.md").exists() and (out / "counts.md.partial").exists()
     assert "no CUDA device" in (out / "counts.md.log").read_text()
     (out / "counts.md").write_text("an earlier table\n")
     res = run([suite, data, out, "counts"], cwd=REPO)
     assert "counts.md\tskipped: it exists (--force replaces it)" in res.stdout
-    res = run([suite, "--force", data, out, "counts"], cwd=REPO)
-    assert res.stdout.startswith("counts\tcounts.md\texit 2")
+    res = run([suite, "--force", data, out, "counts"], cwd=REPO, check=False)
+    assert res.returncode == 1 and res.stdout.startswith("counts\tcounts.md\texit 2")
     assert (out / "counts.md").read_text() == "an earlier table\n"
+
+
+def test_gpu_suite_takes_folders_relative_to_where_it_is_run(data, tmp_path):
+    """DATA and OUT given relative to the caller's folder, the suite run from outside
+    the project (which it moves to): the status and the logs land in OUT there."""
+    (tmp_path / "data").symlink_to(data)
+    res = run([REPO / "benchmarks" / "gpu_suite.sh", "data", "results", "counts"], cwd=tmp_path, check=False)
+    assert res.returncode == 1, res.stdout + res.stderr
+    out = tmp_path / "results"
+    assert "counts\tcounts.md\texit 2" in (out / "status.txt").read_text()
+    assert "no CUDA device" in (out / "counts.md.log").read_text()
+    assert str(out) in res.stdout
 
 
 @pytest.mark.parametrize("args, message", [
