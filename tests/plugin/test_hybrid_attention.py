@@ -272,6 +272,20 @@ def test_module_incremental_equals_full_multi_step_chunks(conv_heads, temperatur
     assert (inc - full).abs().max() <= 1e-5
 
 
+def test_scaled_decoding_step_rounds_its_half_precision_output_once():
+    """--conv-head-scaling inv-sqrt-head-dim in a bf16 decoding step: the float32
+    LocalConv and Query are multiplied and scaled in float32 and rounded once, as they
+    are written into ``W^O``'s input (rounding the product, then the scaled product,
+    is one bf16 step off in about a quarter of the entries)."""
+    torch.manual_seed(0)
+    # d_h = 12: a scale that is no power of two (one would multiply a bf16 exactly)
+    m = HybridMultiheadAttention(48, 4, 2, kernel_size=3, causal=True, output_scaling="inv-sqrt-head-dim")
+    local, context = torch.randn(2, 64, 2, 12).unbind(0)  # B x Hc x dh, float32
+    out = torch.empty(64, 2, 12, dtype=torch.bfloat16)
+    m._conv_output(local, context, out=out)
+    assert torch.equal(out, (local * context * m.conv_output_scale).to(torch.bfloat16))
+
+
 @pytest.mark.parametrize("grad_mode", STEP_PATHS)
 def test_module_incremental_reorder_follows_history(grad_mode):
     torch.manual_seed(0)

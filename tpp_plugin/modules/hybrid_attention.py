@@ -389,7 +389,11 @@ class HybridMultiheadAttention(nn.Module):
 
     def _conv_output(self, local: Tensor, context: Tensor, out: Optional[Tensor] = None) -> Tensor:
         """The conv heads' output: ``LocalConv ⊙ Query`` (times ``1/√d_h`` if scaled),
-        written into ``out`` if given (cast to its dtype as it is written)."""
+        written into ``out`` if given (cast to its dtype as it is written, once)."""
+        if out is not None and self.conv_output_scale != 1.0:
+            # a decoding step: scaled in the sums' precision, so that a half-precision
+            # ``out`` rounds the scaled product once (as the Triton step does)
+            return torch.mul(local * self.conv_output_scale, context, out=out)
         product = torch.mul(local, context, out=out)
         if self.conv_output_scale != 1.0:
             product.mul_(self.conv_output_scale)  # the product's backward needs its inputs only
