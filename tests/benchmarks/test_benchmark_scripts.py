@@ -153,3 +153,18 @@ def test_gpu_suite_rejects_bad_arguments_before_running_anything(args, message, 
     res = run(["benchmarks/gpu_suite.sh", *args], cwd=REPO, check=False)
     assert res.returncode == 2 and message in res.stdout + res.stderr
     assert not (out / "status.txt").exists()
+
+
+def test_mfu_takes_the_peak_of_the_gpu_variant_named():
+    """The H100's PCIe and NVL variants are slower than the SXM one, whose name says
+    neither: each gets its own peak, not the first H100 entry."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_model", REPO / "benchmarks" / "bench_model.py")
+    bench_model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_model)
+    assert bench_model.peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
+    assert bench_model.peak_tflops("NVIDIA H100 PCIe") == 756.0
+    assert bench_model.peak_tflops("NVIDIA H100 NVL") == 835.0
+    assert bench_model.peak_tflops("NVIDIA H200") == 989.0
+    assert bench_model.peak_tflops("a CPU") is None
