@@ -195,6 +195,10 @@ def main(argv=None):
             base = count(results["transformer"], "launches")
             ratios = ", ".join(f"{n} {count(r, 'launches') / base:.2f}x" for n, r in results.items())
             print(f"launches, ratio to transformer: {ratios}")
+        if args.device == "cuda" and any("triton" in bench_model.MODELS[n] for n in args.models):
+            print("(a Triton kernel is no ATen operator: these counts leave out the conv heads' "
+                  "Triton launches, one per decoder layer and beam step, three per LocalConv "
+                  "and training batch)")
 
     where = f"d={args.size}, {args.layers}+{args.layers} layers, {args.dtype}, {args.device}"
     table(f"operators per beam-search step ({where}; beam {args.beam}, {args.gen_batch} sentences; "
