@@ -90,6 +90,25 @@ def test_triton_kernels_in_bfloat16_sum_in_float32():
         assert ((g.double() - e).abs() <= step).all(), name
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_triton_kernels_take_a_float32_kernel_with_half_precision_input(dtype):
+    """As LocalConv runs them in a half-precision model: the input (and its gradient) in
+    bf16 or fp16, the kernel its float32 softmax. Output and input gradient as the taps
+    give them (both sum in float32 and round once: within a step of the dtype), the
+    kernel's gradient in float32."""
+    torch.manual_seed(1)
+    u = torch.randn(29, 3, 40, device=DEVICE).to(dtype).requires_grad_(True)
+    kernel = torch.randn(40, 7, device=DEVICE).softmax(-1).t().detach().requires_grad_(True)  # F x C, float32
+    grad = torch.randn(29, 3, 40, device=DEVICE).to(dtype)
+    expected = conv_and_grads(DilatedDepthwiseConv, u, kernel, 2, 29, 0, grad)
+    got = conv_and_grads(TritonConv, u, kernel, 2, 29, 0, grad)
+    step = 2.0**-7 if dtype == torch.bfloat16 else 2.0**-10
+    for name, g, e, tolerance in zip(("output", "input gradient", "kernel gradient"), got, expected,
+                                     (step, step, 1e-6)):
+        assert g.dtype == e.dtype and torch.isfinite(g).all(), name
+        assert relative_error(g, e) < tolerance, name
+
+
 @pytest.mark.parametrize("programs", [1, 2, 3, 7, 1000])
 def test_kernel_gradient_splits_rows_among_programs(programs):
     """A GPU splits the rows among a few programs per multiprocessor; any split gives the
@@ -227,23 +246,24 @@ def test_decoding_step_kernel_equals_the_modules_steps(shape, monkeypatch):
     assert (got - expected).abs().max() < 1e-5
 
 
-def test_decoding_step_kernel_in_bfloat16():
-    """In bfloat16 both steps compute LocalConv, the Query and their product in float32
-    and round once, as the product is written. Both stay within a few bfloat16 steps of
-    the float32 result."""
+@pytest.mark.parametrize("dtype, scaling", [(torch.bfloat16, "none"), (torch.float16, "inv-sqrt-head-dim")])
+def test_decoding_step_kernel_in_half_precision(dtype, scaling):
+    """In bfloat16 and float16 both steps compute LocalConv, the Query and their product
+    (scaled, with d_h = 12, by no power of two) in float32 and round once, as the product
+    is written. Both stay within a few steps of the dtype of the float32 result."""
     torch.manual_seed(0)
-    exact = HybridMultiheadAttention(64, 8, 4, kernel_size=7, dilation=2, causal=True).to(DEVICE).eval()
-    fused = HybridMultiheadAttention(64, 8, 4, kernel_size=7, dilation=2, causal=True,
-                                     conv_heads_impl="triton").to(DEVICE).eval()
+    options = dict(kernel_size=7, dilation=2, causal=True, output_scaling=scaling)
+    exact = HybridMultiheadAttention(96, 8, 4, **options).to(DEVICE).eval()
+    fused = HybridMultiheadAttention(96, 8, 4, conv_heads_impl="triton", **options).to(DEVICE).eval()
     fused.load_state_dict(exact.state_dict())
-    fused.bfloat16()
-    x = torch.randn(20, 6, 64, device=DEVICE)
+    fused.to(dtype)
+    x = torch.randn(20, 6, 96, device=DEVICE)
     order = torch.arange(6, device=DEVICE).flip(0)
     with torch.no_grad():
         expected = decode(exact, x, {}, 20, 9, order)
-        got = decode(fused, x.bfloat16(), {}, 20, 9, order).float()
+        got = decode(fused, x.to(dtype), {}, 20, 9, order).float()
         fused.conv_heads_impl = "taps"
-        taps = decode(fused, x.bfloat16(), {}, 20, 9, order).float()
+        taps = decode(fused, x.to(dtype), {}, 20, 9, order).float()
     assert torch.isfinite(got).all()
     scale = expected.abs().mean()
     assert (got - expected).abs().mean() < 0.02 * scale
@@ -317,7 +337,8 @@ taps, grad, step = m._kernels(False)
 blocks = {"BLOCK_R": m.BLOCK_R, "BLOCK_C": m.BLOCK_C}
 for dtype in ("bf16", "fp16", "fp32"):
     variants = [
-        (taps, {p: "*" + dtype for p in ("x_ptr", "y_ptr", "k_ptr")}, dict(ACC=tl.float32, **blocks)),
+        # the kernel as LocalConv hands it over: its softmax in float32, whatever the input
+        (taps, {"x_ptr": "*" + dtype, "y_ptr": "*" + dtype, "k_ptr": "*fp32"}, dict(ACC=tl.float32, **blocks)),
         (grad, {"g_ptr": "*" + dtype, "u_ptr": "*" + dtype, "part_ptr": "*fp32"}, dict(ACC=tl.float32, **blocks)),
     ] + [
         (step, {**{p: "*" + dtype for p in ("u_ptr", "s_ptr", "v_ptr", "w_ptr", "ring_ptr", "row_ptr", "out_ptr")},
@@ -340,8 +361,9 @@ for dtype in ("bf16", "fp16", "fp32"):
 
 def test_kernels_compile_to_hopper_machine_code():
     """The interpreter is lax about types; Triton's compiler is not. Every kernel, in
-    every training dtype, compiled ahead of time for an H100 (sm_90) by Triton's own
-    compiler and ptxas, which need no GPU."""
+    every training dtype and with the argument types it gets at run time (the
+    convolution's kernel in float32 also for half-precision input), compiled ahead of
+    time for an H100 (sm_90) by Triton's own compiler and ptxas, which need no GPU."""
     import os
     import subprocess
     import sys
