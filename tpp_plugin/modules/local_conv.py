@@ -29,9 +29,9 @@ projections of one input then cost one matrix product.
 
 The convolution is a sum of ``F`` shifted slices, which on fairseq's time-major
 ``T x B x C`` layout are contiguous and need no transposes. It runs as one autograd
-function that accumulates in float32 into preallocated buffers, forward and backward
-(a plain autograd graph of ``F`` slices would allocate a zero-padded copy of the input
-per tap in the backward pass). Incremental decoding keeps only the last ``(F-1)·δ``
+function that accumulates in float32 into one buffer per sum, forward and backward,
+started by the product of the tap that every row reads (a plain autograd graph of ``F``
+slices would allocate a zero-padded copy of the input per tap in the backward pass). Incremental decoding keeps only the last ``(F-1)·δ``
 inputs ``U``, so a step costs ``O(F·C)`` whatever the length decoded so far, and any
 number of new positions can be fed at once (the buffer and the new positions are
 convolved together).
