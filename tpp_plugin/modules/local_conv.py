@@ -74,23 +74,20 @@ class DilatedDepthwiseConv(torch.autograd.Function):
                 padding: Optional[Tensor] = None) -> Tensor:
         ctx.save_for_backward(u, kernel, padding)
         u = _masked(u, padding)
-        offset = u.size(0) - out_len + lookahead
-        taps = kernel.size(0)
+        reads = _tap_slices(kernel.size(0), dilation, u.size(0) - out_len + lookahead, out_len, u.size(0))
         acc_dtype = torch.promote_types(u.dtype, torch.float32)
         kernel32 = kernel.to(acc_dtype)
-        lags = [(taps - 1 - k) * dilation - offset for k in range(taps)]  # out[t] reads u[t - lag]
         # a tap that every output row reads (the current position's, lag 0, in training)
         # starts the sum as a product: no zero-filled buffer and one pass less over it
-        first = _covering(lags, lambda lag: _overlap(lag, out_len, u.size(0))[0], out_len)
+        first = next((i for i, (_, dst, _) in enumerate(reads) if dst == slice(0, out_len)), None)
         if first is None:
             acc = torch.zeros(out_len, *u.shape[1:], dtype=acc_dtype, device=u.device)
         else:
-            acc = torch.mul(u[_overlap(lags[first], out_len, u.size(0))[1]], kernel32[first])  # promotes to float32
-        for k, lag in enumerate(lags):
-            if k == first or lag >= out_len or lag <= -u.size(0):
-                continue
-            dst, src = _overlap(lag, out_len, u.size(0))
-            acc[dst].addcmul_(u[src], kernel32[k])
+            k, _, src = reads[first]
+            acc = torch.mul(u[src], kernel32[k])  # promotes to float32
+        for i, (k, dst, src) in enumerate(reads):
+            if i != first:
+                acc[dst].addcmul_(u[src], kernel32[k])
         ctx.dilation, ctx.out_len, ctx.lookahead = dilation, out_len, lookahead
         return acc.to(u.dtype)
 
@@ -98,30 +95,25 @@ class DilatedDepthwiseConv(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):
         u, kernel, padding = ctx.saved_tensors
         u = _masked(u, padding)
-        dilation, out_len = ctx.dilation, ctx.out_len
-        offset = u.size(0) - out_len + ctx.lookahead
-        taps = kernel.size(0)
+        out_len = ctx.out_len
+        reads = _tap_slices(kernel.size(0), ctx.dilation, u.size(0) - out_len + ctx.lookahead, out_len, u.size(0))
         grad_u = grad_kernel = None
         acc_dtype = torch.promote_types(u.dtype, torch.float32)
         kernel32 = kernel.to(acc_dtype)
-        lags = [(taps - 1 - k) * dilation - offset for k in range(taps)]
         # as in the forward pass: a tap that reaches every input row starts its gradient
-        first = _covering(lags, lambda lag: _overlap(lag, out_len, u.size(0))[1], u.size(0))
+        first = next((i for i, (_, _, src) in enumerate(reads) if src == slice(0, u.size(0))), None)
         if ctx.needs_input_grad[0]:
             if first is None:
                 grad_u32 = torch.zeros(u.shape, dtype=acc_dtype, device=u.device)
             else:
-                dst = _overlap(lags[first], out_len, u.size(0))[0]
-                grad_u32 = torch.mul(grad_out[dst], kernel32[first])  # promotes to float32
+                k, dst, _ = reads[first]
+                grad_u32 = torch.mul(grad_out[dst], kernel32[k])  # promotes to float32
         if ctx.needs_input_grad[1]:
             grad_kernel32 = torch.zeros(kernel.shape, dtype=acc_dtype, device=kernel.device)
             # cast once, not once per tap: every tap's product reads it (a no-op in float32)
             grad_out32 = grad_out.to(acc_dtype)
-        for k, lag in enumerate(lags):
-            if lag >= out_len or lag <= -u.size(0):
-                continue
-            dst, src = _overlap(lag, out_len, u.size(0))
-            if ctx.needs_input_grad[0] and k != first:
+        for i, (k, dst, src) in enumerate(reads):
+            if ctx.needs_input_grad[0] and i != first:
                 grad_u32[src].addcmul_(grad_out[dst], kernel32[k])
             if ctx.needs_input_grad[1]:
                 # Σ over time and batch of grad ⊙ input, per channel, summed straight into
@@ -139,9 +131,15 @@ def _masked(x: Tensor, padding: Optional[Tensor]) -> Tensor:
     return x if padding is None else x.masked_fill(padding, 0.0)
 
 
-def _covering(lags, rows, length: int) -> Optional[int]:
-    """The first tap whose rows (``rows(lag)``, a slice) are all ``length`` of them."""
-    return next((k for k, lag in enumerate(lags) if rows(lag) == slice(0, length)), None)
+def _tap_slices(taps: int, dilation: int, offset: int, out_len: int, in_len: int):
+    """``(k, output rows, input rows)`` of every tap ``k`` that reads any row: output
+    ``t`` reads input ``t - lag`` with ``lag = (F-1-k)·δ - offset``."""
+    reads = []
+    for k in range(taps):
+        lag = (taps - 1 - k) * dilation - offset
+        if -in_len < lag < out_len:
+            reads.append((k, *_overlap(lag, out_len, in_len)))
+    return reads
 
 
 def _overlap(lag: int, out_len: int, in_len: int):
