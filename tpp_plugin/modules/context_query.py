@@ -372,22 +372,32 @@ class ContextQuery(nn.Module):
             q' = q + \\sigma(s - L)\\,(v - q),
 
         both written straight into the new state; the bf16/fp16 scores and values are
-        promoted to float32 by the operations that read them (five operations in any
-        precision, where casting first, merging and concatenating took nine)."""
+        promoted to float32 by the operations that read them (four operations with
+        float32 values, where ``q'`` is one ``lerp``, five in half precision; casting
+        first, merging and concatenating took nine). Views are taken by ``split``, which
+        gives both parts of a tensor in one call: in decoding on a GPU the host's time
+        per call, views included, is what a step costs."""
         bsz = values.size(0)
         s = scores if self.temperature == 1.0 else self._logits(scores)  # B x H
         v = values.view(bsz, self.num_heads, self.head_dim)  # B x H x dh, values' dtype
+        s = s.unsqueeze(-1)  # B x H x 1
         state = self.step_state(incremental_state)  # B x H x (1 + dh), float32
         if state is None:  # the prefix of one position is itself
-            new = torch.cat([s.unsqueeze(-1), v], dim=-1).float()
-        else:
-            lse, query = state[..., 0], state[..., 1:]
-            share = torch.sigmoid(s - lse).unsqueeze(-1)  # B x H x 1, in [0, 1]
-            new = torch.empty_like(state)
-            torch.logaddexp(lse, s, out=new[..., 0])
-            torch.addcmul(query, share, v - query, out=new[..., 1:])
+            new = torch.cat([s, v], dim=-1).float()
+            self.set_step_state(incremental_state, new)
+            return new[..., 1:]
+        widths = (1, self.head_dim)
+        lse, query = state.split_with_sizes(widths, dim=-1)  # B x H x 1, B x H x dh
+        new = torch.empty_like(state)
+        new_lse, new_query = new.split_with_sizes(widths, dim=-1)
+        torch.logaddexp(lse, s, out=new_lse)
+        share = torch.sigmoid(s - lse)  # B x H x 1, in [0, 1]
+        if v.dtype == query.dtype:
+            torch.lerp(query, v, share, out=new_query)  # q + share·(v - q)
+        else:  # lerp takes one dtype only
+            torch.addcmul(query, share, v - query, out=new_query)
         self.set_step_state(incremental_state, new)
-        return new[..., 1:]
+        return new_query
 
     def weights(self, scores: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:
         """The word-context weights ``α`` (for visualisation): ``B x H x T x T``, row ``t``

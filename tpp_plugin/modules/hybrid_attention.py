@@ -347,7 +347,7 @@ class HybridMultiheadAttention(nn.Module):
         input of ``W^O`` instead of being concatenated and cast."""
         bsz = x.size(1)
         proj = F.linear(x[0], self.in_proj.weight, self.in_proj.bias)  # B x width
-        parts = dict(zip(self._names, torch.split(proj, self._widths, dim=-1)))  # B x width each
+        parts = dict(zip(self._names, proj.split_with_sizes(self._widths, dim=-1)))  # B x width each
         dot_dim = self.dot_heads * self.head_dim
         mixed = x.new_empty(bsz, self.embed_dim)  # the heads' outputs side by side
         if self.dot_heads > 0:
@@ -361,7 +361,7 @@ class HybridMultiheadAttention(nn.Module):
             q = parts["q"].view(bsz, self.dot_heads, 1, self.head_dim)
             # one fused kernel (softmax in float32 inside) where scaling, two products, the
             # softmax and its casts were five operations
-            dot = attention(q, kv[:, :, 0], kv[:, :, 1], self.cudnn_attention)  # B x Ha x 1 x dh
+            dot = attention(q, *kv.unbind(2), self.cudnn_attention)  # B x Ha x 1 x dh
             mixed[:, :dot_dim] = dot.view(bsz, dot_dim)
         self._conv_step(parts, incremental_state, out=mixed[:, dot_dim:])
         return F.linear(mixed, self.out_proj.weight, self.out_proj.bias).unsqueeze(0)

@@ -231,10 +231,10 @@ class LocalConv(nn.Module):
             return u * self.normalized_kernel()[0]
         ring, head = self.ring(u, incremental_state)
         ring[head] = u
-        # (F·δ) x B x C -> F x δ x B x C: row j·δ + r; the taps are the rows j·δ + head mod δ
-        taps = ring.view(self.kernel_size, self.dilation, *ring.shape[1:])[:, head % self.dilation]  # F x B x C
-        kernel = self.rotated_kernels(incremental_state)[head // self.dilation]  # F x C, in the taps' order
-        return (taps * kernel.unsqueeze(1)).sum(dim=0)  # B x C, float32
+        # the taps are the rows j·δ + head mod δ (j < F): every δ-th row, all of them if δ = 1
+        taps = ring[head % self.dilation :: self.dilation] if self.dilation > 1 else ring  # F x B x C
+        kernel = self.rotated_kernels(incremental_state)[head // self.dilation]  # F x 1 x C, in the taps' order
+        return (taps * kernel).sum(dim=0)  # B x C, float32
 
     def ring(self, u: Tensor, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tuple[Tensor, int]:
         """The decoding buffer as a ring of ``F·δ`` rows (``F·δ x B x C``: the last ``(F-1)·δ``
@@ -256,9 +256,9 @@ class LocalConv(nn.Module):
         return ring, head
 
     def rotated_kernels(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tensor:
-        """``F x F x C`` (float32): entry ``a`` is the normalised kernel in the order in
-        which the ring holds the taps of a position written at a row ``h`` with ``h // δ
-        = a``. The taps' row ``j·δ + h mod δ`` holds the position ``((a - j) mod F)·δ``
+        """``F x F x 1 x C`` (float32): entry ``a`` is the normalised kernel (``F x 1 x C``,
+        shaped to broadcast over the batch) in the order in which the ring holds the taps
+        of a position written at a row ``h`` with ``h // δ = a``. The taps' row ``j·δ + h mod δ`` holds the position ``((a - j) mod F)·δ``
         steps back, which tap ``k = F-1 - (a - j) mod F`` weighs. Computed at the first call
         for an incremental state and kept in it (under its own key, which beam search
         does not reorder: it is the same for every hypothesis)."""
@@ -270,7 +270,7 @@ class LocalConv(nn.Module):
         size = self.kernel_size
         a = torch.arange(size, device=kernel.device)
         taps = size - 1 - (a[:, None] - a[None, :]) % size  # F x F: [a, j] -> k
-        kernels = kernel[taps]  # F x F x C
+        kernels = kernel[taps].unsqueeze(2)  # F x F x 1 x C
         incremental_state[key] = {"kernels": kernels}
         return kernels
 
