@@ -14,6 +14,8 @@
 #
 #   tests    the CUDA tests and the Triton kernels' tests, compiled
 #   counts   operators per beam-search step and per training batch (count_ops.py)
+#   step     one decoding step of the self-attention, with its reordering, timed against
+#            fairseq's MultiheadAttention at 5 and 640 rows, PyTorch and Triton (bench_decode_step.py)
 #   speed    training, generation, memory and MFU at d = 1024, bf16: fairseq's transformer,
 #            its twin (the harness's control), tpp-conv0, tpp, tpp-triton, tpp-cudnn
 #   mixed    300 updates of fairseq-train, base size: float32, --bf16, --bf16 with cuDNN's
@@ -40,11 +42,11 @@ DATA=$1
 OUT=$2
 shift 2
 STAGES=("$@")
-[[ ${#STAGES[@]} -eq 0 ]] && STAGES=(tests counts speed mixed memory split profile)
+[[ ${#STAGES[@]} -eq 0 ]] && STAGES=(tests counts step speed mixed memory split profile)
 for stage in "${STAGES[@]}"; do
     case $stage in
-        tests|counts|speed|mixed|memory|split|profile) ;;
-        *) echo "gpu_suite.sh: unknown stage '$stage' (tests counts speed mixed memory split profile)" >&2; exit 2 ;;
+        tests|counts|step|speed|mixed|memory|split|profile) ;;
+        *) echo "gpu_suite.sh: unknown stage '$stage' (tests counts step speed mixed memory split profile)" >&2; exit 2 ;;
     esac
 done
 if [[ ! -d $DATA ]]; then
@@ -98,6 +100,9 @@ for stage in "${STAGES[@]}"; do
     counts)
         run counts counts.md "$PY" benchmarks/count_ops.py --data "$DATA" --device cuda --dtype bf16 --size 1024 \
             --models transformer,tpp,tpp-triton ;;
+    step)
+        run step step.md "$PY" benchmarks/bench_decode_step.py --device cuda --dtype bf16 --dim 1024 --rows 5,640 \
+            --models mha,mha-b,tpp,tpp-triton ;;
     speed)
         run speed speed.md "${BENCH[@]}" --sizes 1024 --rounds 8 --mfu --json "$OUT/speed.json" \
             --models transformer,transformer-b,tpp-conv0,tpp,tpp-triton,tpp-cudnn ;;

@@ -168,3 +168,59 @@ def test_mfu_takes_the_peak_of_the_gpu_variant_named():
     assert bench_model.peak_tflops("NVIDIA H100 NVL") == 835.0
     assert bench_model.peak_tflops("NVIDIA H200") == 989.0
     assert bench_model.peak_tflops("a CPU") is None
+
+
+def _decode_step_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_decode_step", REPO / "benchmarks" / "bench_decode_step.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_decode_step_benchmark_times_every_model_at_every_row_count():
+    res = run([sys.executable, REPO / "benchmarks" / "bench_decode_step.py", "--rows", "2,3", "--steps", "8",
+               "--warmup", "1", "--cached", "4", "--kernel", "3", "--dilation", "2", "--dim", "64"])
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in res.stdout.splitlines()
+            if re.match(r"\| \d", line)]
+    assert [(r[0], r[1]) for r in rows] == [(n, m) for n in ("2", "3") for m in ("mha", "mha-b", "tpp")]
+    assert all(float(r[2].replace(",", "")) > 0 for r in rows)
+    assert [r[3] for r in rows if r[1] == "mha"] == ["1.00×", "1.00×"]
+
+
+def test_decode_step_benchmark_times_a_step_of_fixed_cache_length_and_fairseqs_reordering():
+    """Every timed unit starts from the prepared state (the caches do not grow from unit
+    to unit), and reorders as fairseq's decoder does: the module and each submodule with
+    a reorder_incremental_state (the hybrid attention's LocalConv and Query keep their
+    own states)."""
+    script = _decode_step_script()
+    args = script.parse_args(["--rows", "3", "--steps", "5", "--warmup", "2", "--cached", "6", "--dim", "64"])
+    x, order, units = script.prepare(3, args)
+    _, _, reorder = units["tpp"]
+    assert sorted(type(fn.__self__).__name__ for fn in reorder) == [
+        "ContextQuery", "HybridMultiheadAttention", "LocalConv"]
+    times = script.time_units(x, order, units, args)
+    assert {name: len(t) for name, t in times.items()} == {"mha": 5, "mha-b": 5, "tpp": 5}
+    for name, (_, base, _) in units.items():
+        # fairseq's prev_key (B x H x t x dh) and ours (B x Ha x 2 x t x dh): still 6 positions
+        lengths = [v[k].shape[-2] for v in base.values() for k in ("prev_key", "prev_kv") if k in v]
+        assert lengths == [6], name
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--models", "tpp"], "must start with mha"),
+    (["--models", "mha,lstm"], "unknown lstm"),
+    (["--rows", "5,x"], "--rows"),
+    (["--dim", "130"], "must split into"),
+])
+def test_decode_step_benchmark_rejects_bad_arguments(args, message):
+    res = run([sys.executable, REPO / "benchmarks" / "bench_decode_step.py", *args], check=False)
+    assert res.returncode == 2 and message in res.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where there is no CUDA device")
+@pytest.mark.parametrize("args", [["--device", "cuda"], ["--models", "mha,tpp-triton"]])
+def test_decode_step_benchmark_refuses_cuda_work_without_a_cuda_device(args):
+    res = run([sys.executable, REPO / "benchmarks" / "bench_decode_step.py", *args], check=False)
+    assert res.returncode == 2 and "cuda" in res.stderr.lower()

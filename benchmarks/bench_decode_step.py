@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""One decoding step of a decoder's self-attention, timed: ``transformer_pp``'s hybrid
+attention against fairseq's ``MultiheadAttention``, with a control.
+
+Beam search calls each decoder layer's self-attention once per output token, with one
+new position per hypothesis, and then reorders its caches. Where batches are small,
+and on a GPU at the sizes this model is trained at, that step is bound by the host:
+the Python and dispatch time of every call (views and allocations included) and, on a
+GPU, of every kernel launch; not by arithmetic. ``count_ops.py`` counts the calls; this
+script times the unit they add up to, one step and one reordering, as fairseq's
+``SequenceGenerator`` runs them, for
+
+* ``mha``        fairseq's ``MultiheadAttention`` (what ``--arch transformer`` decodes
+                 with): the baseline;
+* ``mha-b``      the same module built again, measured as if it were another: the
+                 control, whose ratio must come out at 1.0× (within the printed spread),
+                 or the harness measures something besides the modules;
+* ``tpp``        ``HybridMultiheadAttention`` (``H/2`` convolution heads) with the
+                 PyTorch step (``--conv-heads-impl taps``);
+* ``tpp-triton`` the same with the conv heads' step as one Triton kernel (CUDA only;
+                 ask for it with ``--models``).
+
+How. Each module decodes ``--cached`` positions into its incremental state, which is
+kept; every timed step starts from a shallow copy of it, so all steps see the same cache
+length (a step replaces the tensors of the state it is given; the one it writes in
+place, LocalConv's ring, it writes at the same row every time: the same work). A timed unit is the step (``need_weights=False``, no gradients, as fairseq's
+decoder layer calls it) and, unless ``--no-reorder``, ``reorder_incremental_state`` on
+the module and each of its submodules that has one, with a fixed permutation, as
+fairseq's decoder visits them. Modules take turns unit by unit (the order rotating), so
+load and clock changes hit all of them alike; the device is synchronised around every
+unit on a GPU. Figures: the median microseconds per unit, and each module's speed
+relative to ``mha`` (``mha``'s time ÷ the module's: above 1.0× is faster), as a ratio
+of medians and as the median of per-turn ratios ("paired", with half its interquartile
+range as the spread).
+
+    python benchmarks/bench_decode_step.py                      # CPU, one thread: 5 and 100 rows
+    python benchmarks/bench_decode_step.py --device cuda --dtype bf16 --dim 1024 --rows 5,640 \\
+        --models mha,mha-b,tpp,tpp-triton
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+# the plugin of the checkout this script is in, whichever one is installed
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+MODELS = ("mha", "mha-b", "tpp", "tpp-triton")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--dim", type=int, default=128, help="model width d (default 128)")
+    parser.add_argument("--heads", type=int,
+                        help="heads H (default d/64, at least 4: bench_model.py's sizes); tpp's conv heads: H/2")
+    parser.add_argument("--kernel", type=int, default=7, help="LocalConv's width F (default 7)")
+    parser.add_argument("--dilation", type=int, default=1)
+    parser.add_argument("--rows", default="5,100",
+                        help="hypotheses per step, sentences × beam, comma-separated (default 5,100)")
+    parser.add_argument("--cached", type=int, default=15, help="positions already decoded (default 15)")
+    parser.add_argument("--steps", type=int, default=400, help="timed units per module and row count")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed units per module first")
+    parser.add_argument("--models", default="mha,mha-b,tpp", help=f"from {', '.join(MODELS)}")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads on the CPU (0: torch's default)")
+    parser.add_argument("--no-reorder", action="store_true", help="time the step alone")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    args.models = [m for m in args.models.split(",") if m]
+    unknown = [m for m in args.models if m not in MODELS]
+    if unknown or not args.models:
+        parser.error(f"--models: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(MODELS)}")
+    if args.models[0] != "mha":
+        parser.error("--models must start with mha, the baseline the ratios are taken against")
+    try:
+        args.rows = [int(r) for r in args.rows.split(",")]
+    except ValueError:
+        parser.error(f"--rows: comma-separated whole numbers, got {args.rows!r}")
+    if args.heads is None:
+        args.heads = max(4, args.dim // 64)
+    for name in ("dim", "heads", "kernel", "dilation", "cached", "steps"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1")
+    if min(args.rows) < 1:
+        parser.error("--rows must be >= 1")
+    if args.dim % args.heads or args.heads < 2:
+        parser.error(f"--dim {args.dim} must split into --heads {args.heads} (at least 2) heads")
+
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device cuda: PyTorch {torch.__version__} sees no CUDA device here")
+    if "tpp-triton" in args.models and args.device != "cuda":
+        parser.error("tpp-triton runs its kernels on CUDA tensors only (use --device cuda)")
+    return args
+
+
+def build(name, args):
+    """The module ``name``, in evaluation mode, on the device, in the dtype."""
+    import torch
+    from fairseq.modules import MultiheadAttention
+
+    from tpp_plugin.modules import HybridMultiheadAttention
+
+    if name.startswith("mha"):
+        module = MultiheadAttention(args.dim, args.heads, self_attention=True)
+    else:
+        module = HybridMultiheadAttention(args.dim, args.heads, args.heads // 2, kernel_size=args.kernel,
+                                          dilation=args.dilation, causal=True,
+                                          conv_heads_impl="triton" if name == "tpp-triton" else "taps")
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    return module.to(device=args.device, dtype=dtype).eval()
+
+
+def reorderers(module):
+    """The ``reorder_incremental_state`` of the module and of each submodule that has one,
+    as fairseq's ``FairseqIncrementalDecoder`` collects them."""
+    return [m.reorder_incremental_state for m in module.modules() if hasattr(m, "reorder_incremental_state")]
+
+
+def prepared_state(module, x, cached):
+    """The incremental state after ``cached`` decoding steps of ``x``."""
+    state = {}
+    for _ in range(cached):
+        module(x, x, x, incremental_state=state, need_weights=False)
+    return state
+
+
+def prepare(rows, args):
+    """The input of a step for ``rows`` hypotheses, a beam permutation, and for each model
+    ``(module, prepared state, reorder functions)``."""
+    import torch
+
+    torch.manual_seed(args.seed)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    x = torch.randn(1, rows, args.dim, device=args.device, dtype=dtype)
+    order = torch.randperm(rows, device=args.device)
+    units = {}
+    with torch.no_grad():
+        for name in args.models:
+            module = build(name, args)
+            units[name] = (module, prepared_state(module, x, args.cached),
+                           [] if args.no_reorder else reorderers(module))
+    return x, order, units
+
+
+def time_units(x, order, units, args):
+    """``{name: [seconds per unit]}``, the modules taking turns unit by unit."""
+    import torch
+
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+
+    def unit(name):
+        module, base, reorder = units[name]
+        state = {key: dict(value) for key, value in base.items()}
+        sync()
+        start = time.perf_counter()
+        module(x, x, x, incremental_state=state, need_weights=False)
+        for fn in reorder:
+            fn(state, order)
+        sync()
+        return time.perf_counter() - start
+
+    names = list(units)
+    times = {name: [] for name in names}
+    with torch.no_grad():
+        for name in names:
+            for _ in range(args.warmup):
+                unit(name)
+        for r in range(args.steps):
+            for name in names[r % len(names):] + names[: r % len(names)]:
+                times[name].append(unit(name))
+    return times
+
+
+def spread(values):
+    """Half the interquartile range relative to the median."""
+    if len(values) < 4:
+        return 0.0
+    q = statistics.quantiles(values, n=4)
+    return (q[2] - q[0]) / 2 / statistics.median(values)
+
+
+def report(times_by_rows, args, device_name):
+    what = "step + reordering" if not args.no_reorder else "step"
+    lines = [f"### decoder self-attention, one {what}: d={args.dim}, {args.heads} heads (tpp: {args.heads // 2} "
+             f"convolution heads, F={args.kernel}, dilation {args.dilation}), {args.cached} cached positions, "
+             f"{args.dtype}, {device_name}", "",
+             "| rows | model | µs per unit | speed vs mha | paired |", "|---:|---|---:|---:|---:|"]
+    for rows, times in times_by_rows.items():
+        base = times["mha"]
+        for name in args.models:
+            mine = times[name]
+            ratio = statistics.median(base) / statistics.median(mine)
+            paired = [b / m for b, m in zip(base, mine)]
+            lines.append(f"| {rows} | {name} | {statistics.median(mine) * 1e6:,.1f} | {ratio:.2f}× | "
+                         f"{statistics.median(paired):.2f}× ±{spread(paired):.0%} |")
+    lines += ["", f"medians of {args.steps} units per module (after {args.warmup} untimed), the modules taking "
+              f"turns; `mha-b` is the control (must be 1.0×)."]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import torch
+
+    if args.device == "cpu" and args.threads > 0:
+        torch.set_num_threads(args.threads)
+    device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    times = {rows: time_units(*prepare(rows, args), args) for rows in args.rows}
+    print(report(times, args, device_name))
+
+
+if __name__ == "__main__":
+    main()
