@@ -23,15 +23,15 @@ script times the unit they add up to, one step and one reordering, as fairseq's
 How. Each module decodes ``--cached`` positions into its incremental state, which is
 kept; every timed step starts from a shallow copy of it, so all steps see the same cache
 length (a step replaces the tensors of the state it is given; the one it writes in
-place, LocalConv's ring, it writes at the same row every time: the same work). A timed unit is the step (``need_weights=False``, no gradients, as fairseq's
-decoder layer calls it) and, unless ``--no-reorder``, ``reorder_incremental_state`` on
-the module and each of its submodules that has one, with a fixed permutation, as
-fairseq's decoder visits them. Modules take turns unit by unit (the order rotating), so
-load and clock changes hit all of them alike; the device is synchronised around every
-unit on a GPU. Figures: the median microseconds per unit, and each module's speed
-relative to ``mha`` (``mha``'s time ÷ the module's: above 1.0× is faster), as a ratio
-of medians and as the median of per-turn ratios ("paired", with half its interquartile
-range as the spread).
+place, LocalConv's ring, it writes at the same row every time: the same work). A timed
+unit is the step (``need_weights=False``, no gradients, as fairseq's decoder layer calls
+it) and, unless ``--no-reorder``, ``reorder_incremental_state`` on the module and each
+of its submodules that has one, with a fixed permutation, as fairseq's decoder visits
+them. Modules take turns unit by unit (the order rotating), so load and clock changes
+hit all of them alike; the device is synchronised around every unit on a GPU. Figures:
+the median microseconds per unit, and each module's speed relative to ``mha`` (``mha``'s
+time ÷ the module's: above 1.0× is faster), as a ratio of medians and as the median of
+per-turn ratios ("paired", with half its interquartile range as the spread).
 
     python benchmarks/bench_decode_step.py                      # CPU, one thread: 5 and 100 rows
     python benchmarks/bench_decode_step.py --device cuda --dtype bf16 --dim 1024 --rows 5,640 \\

@@ -27,14 +27,14 @@ pointwise part ``W^P`` is one slice of the fused input projection of the
 ``LightweightConv1dTBC`` leaves its input projection to the layer around it: all
 projections of one input then cost one matrix product.
 
-The convolution is a sum of ``F`` shifted slices, which on fairseq's time-major
-``T x B x C`` layout are contiguous and need no transposes. It runs as one autograd
-function that accumulates in float32 into one buffer per sum, forward and backward,
-started by the product of the tap that every row reads (a plain autograd graph of ``F``
-slices would allocate a zero-padded copy of the input per tap in the backward pass). Incremental decoding keeps only the last ``(F-1)·δ``
-inputs ``U``, so a step costs ``O(F·C)`` whatever the length decoded so far, and any
-number of new positions can be fed at once (the buffer and the new positions are
-convolved together).
+The convolution is a sum of ``F`` shifted slices, which on fairseq's time-major ``T x B
+x C`` layout are contiguous and need no transposes. It runs as one autograd function
+that accumulates in float32 into one buffer per sum, forward and backward, started by
+the product of the tap that every row reads (a plain autograd graph of ``F`` slices
+would allocate a zero-padded copy of the input per tap in the backward pass).
+Incremental decoding keeps only the last ``(F-1)·δ`` inputs ``U``, so a step costs
+``O(F·C)`` whatever the length decoded so far, and any number of new positions can be
+fed at once (the buffer and the new positions are convolved together).
 
 On a GPU that loop is ``F`` small kernels forward and ``3F`` backward (per tap, the
 input's gradient, and the kernel's as a product and a sum). ``impl="triton"``
@@ -258,8 +258,9 @@ class LocalConv(nn.Module):
     def rotated_kernels(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tensor:
         """``F x F x 1 x C`` (float32): entry ``a`` is the normalised kernel (``F x 1 x C``,
         shaped to broadcast over the batch) in the order in which the ring holds the taps
-        of a position written at a row ``h`` with ``h // δ = a``. The taps' row ``j·δ + h mod δ`` holds the position ``((a - j) mod F)·δ``
-        steps back, which tap ``k = F-1 - (a - j) mod F`` weighs. Computed at the first call
+        of a position written at a row ``h`` with ``h // δ = a``. The taps' row ``j·δ + h
+        mod δ`` holds the position ``((a - j) mod F)·δ`` steps back, which tap ``k = F-1 -
+        (a - j) mod F`` weighs. Computed at the first call
         for an incremental state and kept in it (under its own key, which beam search
         does not reorder: it is the same for every hypothesis)."""
         key = self._get_full_incremental_state_key("local_conv_kernels")
