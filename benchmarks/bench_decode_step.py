@@ -40,12 +40,12 @@ per-turn ratios ("paired", with half its interquartile range as the spread).
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
-# the plugin of the checkout this script is in, whichever one is installed
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+#: the plugin of the checkout this script is in, loaded as fairseq's ``--user-dir`` loads
+#: it (as ``bench_model.py``'s models are): a benchmark measures its own checkout
+PLUGIN = Path(__file__).resolve().parent.parent / "tpp_plugin"
 
 MODELS = ("mha", "mha-b", "tpp", "tpp-triton")
 
@@ -103,7 +103,9 @@ def build(name, args):
     """The module ``name``, in evaluation mode, on the device, in the dtype."""
     import torch
     from fairseq.modules import MultiheadAttention
+    from fairseq.utils import import_user_module
 
+    import_user_module(argparse.Namespace(user_dir=str(PLUGIN)))
     from tpp_plugin.modules import HybridMultiheadAttention
 
     if name.startswith("mha"):
