@@ -103,12 +103,6 @@ def parse_args(argv=None):
     return args
 
 
-def torch_dtype(args):
-    import torch
-
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-
-
 def build(name, args):
     """The module ``name``, in evaluation mode, on the device, in the dtype."""
     import torch
@@ -124,7 +118,7 @@ def build(name, args):
         module = HybridMultiheadAttention(args.dim, args.heads, args.heads // 2, kernel_size=args.kernel,
                                           dilation=args.dilation, causal=True,
                                           conv_heads_impl="triton" if name == "tpp-triton" else "taps")
-    return module.to(device=args.device, dtype=torch_dtype(args)).eval()
+    return module.to(device=args.device, dtype=bench_model.torch_dtype(args)).eval()
 
 
 def reorderers(module):
@@ -147,7 +141,7 @@ def prepare(rows, args):
     import torch
 
     torch.manual_seed(args.seed)
-    x = torch.randn(1, rows, args.dim, device=args.device, dtype=torch_dtype(args))
+    x = torch.randn(1, rows, args.dim, device=args.device, dtype=bench_model.torch_dtype(args))
     order = torch.randperm(rows, device=args.device)
     units = {}
     with torch.no_grad():

@@ -307,6 +307,13 @@ def peak_tflops(device_name: str):
     return next((v for k, v in PEAK_TFLOPS.items() if k in device_name), None)
 
 
+def torch_dtype(args):
+    """The torch dtype of ``--dtype``."""
+    import torch
+
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+
+
 def library_workspaces(args):
     """One throw-away matrix product, forward and backward, in the benchmark's dtype:
     cuBLAS takes its workspaces (per handle, so also for autograd's backward thread)
@@ -314,8 +321,7 @@ def library_workspaces(args):
     this the first model measured would be charged for them in its memory."""
     import torch
 
-    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
-    a = torch.randn(64, 64, device="cuda", dtype=dtype, requires_grad=True)
+    a = torch.randn(64, 64, device="cuda", dtype=torch_dtype(args), requires_grad=True)
     (a @ a).sum().backward()
     synchronize(args)
 

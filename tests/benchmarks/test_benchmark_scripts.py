@@ -31,6 +31,16 @@ def data(tmp_path_factory):
     return binarize(root / "raw", root / "bin")
 
 
+def load_script(name):
+    """``benchmarks/NAME.py`` as a module (the benchmarks are scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def table_row(text, heading):
     """The numbers of the first table row after ``heading`` (thousands separators removed)."""
     section = text.split(heading, 1)[1]
@@ -158,25 +168,12 @@ def test_gpu_suite_rejects_bad_arguments_before_running_anything(args, message, 
 def test_mfu_takes_the_peak_of_the_gpu_variant_named():
     """The H100's PCIe and NVL variants are slower than the SXM one, whose name says
     neither: each gets its own peak, not the first H100 entry."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_model", REPO / "benchmarks" / "bench_model.py")
-    bench_model = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_model)
+    bench_model = load_script("bench_model")
     assert bench_model.peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
     assert bench_model.peak_tflops("NVIDIA H100 PCIe") == 756.0
     assert bench_model.peak_tflops("NVIDIA H100 NVL") == 835.0
     assert bench_model.peak_tflops("NVIDIA H200") == 989.0
     assert bench_model.peak_tflops("a CPU") is None
-
-
-def _decode_step_script():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_decode_step", REPO / "benchmarks" / "bench_decode_step.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_decode_step_benchmark_times_every_model_at_every_row_count():
@@ -194,7 +191,7 @@ def test_decode_step_benchmark_times_a_step_of_fixed_cache_length_and_fairseqs_r
     to unit), and reorders as fairseq's decoder does: the module and each submodule with
     a reorder_incremental_state (the hybrid attention's LocalConv and Query keep their
     own states)."""
-    script = _decode_step_script()
+    script = load_script("bench_decode_step")
     args = script.parse_args(["--rows", "3", "--steps", "5", "--warmup", "2", "--cached", "6", "--dim", "64"])
     x, order, units = script.prepare(3, args)
     _, _, reorder = units["tpp"]

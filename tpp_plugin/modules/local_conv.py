@@ -256,13 +256,13 @@ class LocalConv(nn.Module):
         return ring, head
 
     def rotated_kernels(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tensor:
-        """``F x F x 1 x C`` (float32): entry ``a`` is the normalised kernel (``F x 1 x C``,
-        shaped to broadcast over the batch) in the order in which the ring holds the taps
-        of a position written at a row ``h`` with ``h // δ = a``. The taps' row ``j·δ + h
-        mod δ`` holds the position ``((a - j) mod F)·δ`` steps back, which tap ``k = F-1 -
-        (a - j) mod F`` weighs. Computed at the first call
-        for an incremental state and kept in it (under its own key, which beam search
-        does not reorder: it is the same for every hypothesis)."""
+        """``F x F x 1 x C`` (float32): entry ``a`` is the normalised kernel (``F x 1 x
+        C``, shaped to broadcast over the batch) in the order in which the ring holds
+        the taps of a position written at a row ``h`` with ``h // δ = a``. The taps' row
+        ``j·δ + h mod δ`` holds the position ``((a - j) mod F)·δ`` steps back, which tap
+        ``k = F-1 - (a - j) mod F`` weighs. Computed at the first call for an
+        incremental state and kept in it (under its own key, which beam search does not
+        reorder: it is the same for every hypothesis)."""
         key = self._get_full_incremental_state_key("local_conv_kernels")
         saved = incremental_state.get(key)
         if saved is not None:
