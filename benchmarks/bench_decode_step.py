@@ -17,8 +17,10 @@ script times the unit they add up to, one step and one reordering, as fairseq's
                  or the harness measures something besides the modules;
 * ``tpp``        ``HybridMultiheadAttention`` (``H/2`` convolution heads) with the
                  PyTorch step (``--conv-heads-impl taps``);
-* ``tpp-triton`` the same with the conv heads' step as one Triton kernel (CUDA only;
-                 ask for it with ``--models``).
+* ``tpp-triton`` the same with the conv heads' step as one Triton kernel (ask for it
+                 with ``--models``): on CUDA tensors; on the CPU only through Triton's
+                 interpreter (``TRITON_INTERPRET=1``), which checks that the unit runs and
+                 times the interpreter, not the kernel.
 
 How. Each module decodes ``--cached`` positions into its incremental state, which is
 kept; every timed step starts from a shallow copy of it, so all steps see the same cache
@@ -27,8 +29,8 @@ place, LocalConv's ring, it writes at the same row every time: the same work). A
 unit is the step (``need_weights=False``, no gradients, as fairseq's decoder layer calls
 it) and, unless ``--no-reorder``, ``reorder_incremental_state`` on the module and each
 of its submodules that has one, with a fixed permutation, as fairseq's decoder visits
-them. Modules take turns unit by unit (the order rotating), so load and clock changes
-hit all of them alike; the device is synchronised around every unit on a GPU. Figures:
+them. Modules take turns unit by unit, in a new random order every turn, so load and
+clock changes hit all of them alike; the device is synchronised around every unit on a GPU. Figures:
 the median microseconds per unit, and each module's speed relative to ``mha`` (``mha``'s
 time ÷ the module's: above 1.0× is faster), as a ratio of medians and as the median of
 per-turn ratios ("paired", with half its interquartile range as the spread).
@@ -98,24 +100,30 @@ def parse_args(argv=None):
         parser.error(f"--dim {args.dim} must split into --heads {args.heads} (at least 2) heads")
 
     bench_model.check_device(parser, args)
-    if "tpp-triton" in args.models and args.device != "cuda":
-        parser.error("tpp-triton runs its kernels on CUDA tensors only (use --device cuda)")
+    if "tpp-triton" in args.models and args.device != "cuda" and not plugin().modules.conv_heads_triton.interpreting():
+        parser.error("tpp-triton runs its kernels on CUDA tensors (use --device cuda); on the CPU only through "
+                     "Triton's interpreter (TRITON_INTERPRET=1), which checks the unit but times the interpreter")
     return args
+
+
+def plugin():
+    """The ``tpp_plugin`` package of this checkout, imported as fairseq's ``--user-dir`` imports it."""
+    from fairseq.utils import import_user_module
+
+    import_user_module(argparse.Namespace(user_dir=str(PLUGIN)))
+    import tpp_plugin
+
+    return tpp_plugin
 
 
 def build(name, args):
     """The module ``name``, in evaluation mode, on the device, in the dtype."""
-    import torch
     from fairseq.modules import MultiheadAttention
-    from fairseq.utils import import_user_module
-
-    import_user_module(argparse.Namespace(user_dir=str(PLUGIN)))
-    from tpp_plugin.modules import HybridMultiheadAttention
 
     if name.startswith("mha"):
         module = MultiheadAttention(args.dim, args.heads, self_attention=True)
     else:
-        module = HybridMultiheadAttention(args.dim, args.heads, args.heads // 2, kernel_size=args.kernel,
+        module = plugin().modules.HybridMultiheadAttention(args.dim, args.heads, args.heads // 2, kernel_size=args.kernel,
                                           dilation=args.dilation, causal=True,
                                           conv_heads_impl="triton" if name == "tpp-triton" else "taps")
     return module.to(device=args.device, dtype=bench_model.torch_dtype(args)).eval()
@@ -201,6 +209,8 @@ def report(times_by_rows, args, device_name):
                          f"{statistics.median(paired):.2f}× ±{bench_model.spread(paired):.0%} |")
     lines += ["", f"medians of {args.steps} units per module (after {args.warmup} untimed), the modules taking "
               f"turns; `mha-b` is the control (must be 1.0×)."]
+    if "tpp-triton" in args.models and args.device != "cuda":
+        lines.append("tpp-triton ran through Triton's interpreter: its time is the interpreter's, not a speed.")
     return "\n".join(lines)
 
 

@@ -186,19 +186,28 @@ def test_decode_step_benchmark_times_every_model_at_every_row_count():
     assert [r[3] for r in rows if r[1] == "mha"] == ["1.00×", "1.00×"]
 
 
-def test_decode_step_benchmark_times_a_step_of_fixed_cache_length_and_fairseqs_reordering():
+@pytest.mark.parametrize("tpp", ["tpp", "tpp-triton"])
+def test_decode_step_benchmark_times_a_step_of_fixed_cache_length_and_fairseqs_reordering(tpp, monkeypatch):
     """Every timed unit starts from the prepared state (the caches do not grow from unit
     to unit), and reorders as fairseq's decoder does: the module and each submodule with
     a reorder_incremental_state (the hybrid attention's LocalConv and Query keep their
-    own states)."""
+    own states). ``tpp-triton`` runs its kernel (through Triton's interpreter on a CPU:
+    the unit the GPU runs time), the PyTorch step none."""
     script = load_script("bench_decode_step")
-    args = script.parse_args(["--rows", "3", "--steps", "5", "--warmup", "2", "--cached", "6", "--dim", "64"])
+    args = script.parse_args(["--rows", "3", "--steps", "5", "--warmup", "2", "--cached", "6", "--dim", "64",
+                              "--models", f"mha,mha-b,{tpp}"])
+    triton_steps = []
+    kernels = script.plugin().modules.conv_heads_triton
+    step = kernels.conv_step
+    monkeypatch.setattr(kernels, "conv_step", lambda *a, **k: triton_steps.append(1) or step(*a, **k))
     x, order, units = script.prepare(3, args)
-    _, _, reorder = units["tpp"]
+    _, _, reorder = units[tpp]
     assert sorted(type(fn.__self__).__name__ for fn in reorder) == [
         "ContextQuery", "HybridMultiheadAttention", "LocalConv"]
     times = script.time_units(x, order, units, args)
-    assert {name: len(t) for name, t in times.items()} == {"mha": 5, "mha-b": 5, "tpp": 5}
+    assert {name: len(t) for name, t in times.items()} == {"mha": 5, "mha-b": 5, tpp: 5}
+    # 6 prepared steps, 2 untimed and 5 timed units, each one step
+    assert len(triton_steps) == (13 if tpp == "tpp-triton" else 0)
     for name, (_, base, _) in units.items():
         # fairseq's prev_key (B x H x t x dh) and ours (B x Ha x 2 x t x dh): still 6 positions
         lengths = [v[k].shape[-2] for v in base.values() for k in ("prev_key", "prev_kv") if k in v]
@@ -218,6 +227,8 @@ def test_decode_step_benchmark_rejects_bad_arguments(args, message):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where there is no CUDA device")
 @pytest.mark.parametrize("args", [["--device", "cuda"], ["--models", "mha,tpp-triton"]])
-def test_decode_step_benchmark_refuses_cuda_work_without_a_cuda_device(args):
+def test_decode_step_benchmark_refuses_cuda_work_without_a_cuda_device(args, monkeypatch):
+    """Without Triton's interpreter: with it, tpp-triton runs on the CPU (tested above)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
     res = run([sys.executable, REPO / "benchmarks" / "bench_decode_step.py", *args], check=False)
     assert res.returncode == 2 and "cuda" in res.stderr.lower()
