@@ -379,7 +379,7 @@ class HybridMultiheadAttention(nn.Module):
             ring, head = conv.ring(u, incremental_state)
             _, state = conv_heads_triton.conv_step(
                 u, proj["score"], proj["value"], conv.weight, ring, head, state, conv.dilation,
-                self.context_query.temperature, self.conv_output_scale, out=out)
+                self.context_query.temperature, self.conv_output_scale, out=out, check=False)
             self.context_query.set_step_state(incremental_state, state)
             return
         local = conv.step(u, incremental_state)  # B x Hc*dh, float32
