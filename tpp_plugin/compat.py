@@ -185,9 +185,12 @@ convert_namespace_to_omegaconf.__doc__ = _original_convert.__doc__
 
 def bf16_without_tpu() -> None:
     """Install the corrected conversion on fairseq's module and on the copies that
-    ``fairseq_cli`` modules imported before the plugin was loaded (idempotent)."""
+    ``fairseq_cli`` modules imported before the plugin was loaded (idempotent), the one
+    run as ``python -m fairseq_cli.train`` included: it is ``__main__`` there."""
     dataclass_utils.convert_namespace_to_omegaconf = convert_namespace_to_omegaconf
     for name, module in list(sys.modules.items()):
+        if name == "__main__":
+            name = getattr(getattr(module, "__spec__", None), "name", None) or name
         if name.startswith("fairseq_cli.") and getattr(module, "convert_namespace_to_omegaconf", None) is _original_convert:
             module.convert_namespace_to_omegaconf = convert_namespace_to_omegaconf
 

@@ -184,11 +184,14 @@ def test_last_logged_validation_equals_validating_the_last_checkpoint(trained):
         assert figures[key] == pytest.approx(float(valid[-1][f"valid_{key}"]), abs=2e-3), key
 
 
-def test_bf16_training_runs_on_a_machine_without_xla(trained, tmp_path):
+@pytest.mark.parametrize("command", [["fairseq-train"], [sys.executable, "-m", "fairseq_cli.train"]],
+                         ids=["console-script", "python-m"])
+def test_bf16_training_runs_on_a_machine_without_xla(command, trained, tmp_path):
     """fairseq 0.12 ties --bf16 to --tpu; the plugin unties them where torch_xla is
-    absent, so --bf16 trains here on the CPU (and on GPUs)."""
+    absent, so --bf16 trains here on the CPU (and on GPUs), also when fairseq's training
+    module is run as ``__main__`` (``python -m fairseq_cli.train``, as the GPU suite runs it)."""
     log = tmp_path / "bf16.log"
-    proc = run(["fairseq-train", trained["data"], *TRAIN_FLAGS, "--bf16", "--save-dir", tmp_path / "ck",
+    proc = run([*command, trained["data"], *TRAIN_FLAGS, "--bf16", "--save-dir", tmp_path / "ck",
                     "--log-file", log, "--max-update", "60", "--log-interval", "10",
                     "--disable-validation"], timeout=600)
     assert "--bf16 without torch_xla: training in bfloat16 on the CPU" in proc.stdout + proc.stderr
