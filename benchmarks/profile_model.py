@@ -25,9 +25,12 @@ itself are the same. Its share
 ``s`` of ``transformer``'s decoding time bounds what any replacement of the
 self-attention can gain: ``1 / (1 - s·(1 - r))`` for one that costs ``r`` times as
 much, printed for ``r = 0`` (a self-attention that costs nothing) and ``r = 1/2``.
-For fairseq's own attention the last column is the share of the decoder's
-self-attention time spent in its four projections (``q``, ``k``, ``v``, output): the
-part that a model with the same projections cannot save.
+With ``--projections``, for fairseq's own attention, a last column: the share of the
+decoder's self-attention time spent in its four projections (``q``, ``k``, ``v``,
+output), the part that a model with the same projections cannot save. Its hooks add
+their own time, and on a GPU four synchronisations per call, to fairseq's
+self-attention alone, so the other columns of such a run favour the other models: take
+them from a run without it.
 
 Same models, command lines and batches as ``bench_model.py`` (``--models`` from
 transformer, tpp, tpp-conv0).
@@ -76,7 +79,12 @@ def parse_args(argv=None):
     p.add_argument("--gen-batch", type=int, default=None, help="sentences per batch (default 20 CPU, 128 GPU)")
     p.add_argument("--gen-len", type=int, default=30, help="forced output length (tokens before EOS)")
     p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--projections", action="store_true",
+                   help="--generation: also time the projections inside fairseq's decoder self-attention "
+                        "(their hooks slow it down: the other columns are to be taken from a run without)")
     args = p.parse_args(argv)
+    if args.projections and not args.generation:
+        p.error("--projections times beam search: it needs --generation")
     bench_model.check_device(p, args)
     args.models = [m for m in args.models.split(",") if m]
     for m in args.models:
@@ -163,10 +171,11 @@ def self_attention_clocks(model, args):
     """Clocks on one model: ``all`` its self-attention — forward passes (encoder and
     decoder) and the reordering of the decoder's caches after every beam-search step
     (``reorder_incremental_state`` of the module and of its submodules, which fairseq
-    calls one by one); ``decoder``, the decoder's part of it; and, for fairseq's own
-    ``MultiheadAttention``, ``projections``: the four projections inside the decoder's
-    (``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``; absent for other attention
-    modules, whose decoding step need not call its projections as modules)."""
+    calls one by one); ``decoder``, the decoder's part of it; and, with
+    ``--projections``, for fairseq's own ``MultiheadAttention``, ``projections``: the four
+    projections inside the decoder's (``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``;
+    absent for other attention modules, whose decoding step need not call its
+    projections as modules)."""
     from fairseq.modules import MultiheadAttention
 
     clocks = {"all": Clock(args), "decoder": Clock(args)}
@@ -179,7 +188,7 @@ def self_attention_clocks(model, args):
             if hasattr(module, "reorder_incremental_state"):
                 timed = clocks["all"].wrap(clocks["decoder"].wrap(module.reorder_incremental_state))
                 module.reorder_incremental_state = timed
-    if all(type(m) is MultiheadAttention for m in decoder):
+    if args.projections and all(type(m) is MultiheadAttention for m in decoder):
         clocks["projections"] = Clock(args)
         for module in decoder:
             for name in ("q_proj", "k_proj", "v_proj", "out_proj"):

@@ -232,3 +232,16 @@ def test_decode_step_benchmark_refuses_cuda_work_without_a_cuda_device(args, mon
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     res = run([sys.executable, REPO / "benchmarks" / "bench_decode_step.py", *args], check=False)
     assert res.returncode == 2 and "cuda" in res.stderr.lower()
+
+
+def test_profile_projections_are_timed_only_in_beam_search_and_only_when_asked(data, capsys):
+    """Their hooks slow fairseq's self-attention down (on a GPU with synchronisations):
+    a run that times them is asked for, and only for beam search."""
+    script = load_script("profile_model")
+    for flags, clocks in (([], ["all", "decoder"]), (["--projections"], ["all", "decoder", "projections"])):
+        args = script.parse_args(["--data", str(data), "--size", "128", "--layers", "1", "--generation", *flags])
+        _, _, trainer = script.bench_model.build_trainer("transformer", args.size, args)
+        assert sorted(script.self_attention_clocks(trainer.model, args)) == clocks
+    with pytest.raises(SystemExit):
+        script.parse_args(["--data", str(data), "--projections"])
+    assert "needs --generation" in capsys.readouterr().err

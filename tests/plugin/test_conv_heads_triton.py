@@ -74,7 +74,11 @@ def test_triton_kernels_equal_the_taps(shape, dtype):
 
 def test_triton_kernels_in_bfloat16_sum_in_float32():
     """In bfloat16 the kernels sum the taps in float32 and round once, so every element
-    lies within one bfloat16 step (2^-7 relative) of the float64 result. (Triton's
+    lies within one bfloat16 step (2^-7 relative) of the float64 result, plus what the
+    float32 sum itself may be off by, which scales with the terms summed, not with the
+    result (1e-6 of the largest element: for a sum that nearly cancels, the float32
+    error alone can exceed a step of the result; a float32 sum in another order than
+    the interpreter's, rounded to nearest, did so for 1 of 300 seeds). (Triton's
     interpreter converts to bfloat16 by truncation, a GPU rounds to nearest: the bound
     holds for both.)"""
     torch.manual_seed(0)
@@ -86,7 +90,7 @@ def test_triton_kernels_in_bfloat16_sum_in_float32():
     got = conv_and_grads(TritonConv, u, kernel, 2, 33, 0, grad)
     for name, g, e in zip(("output", "input gradient", "kernel gradient"), got, exact):
         assert g.dtype == torch.bfloat16, name
-        step = e.abs() * 2.0**-7 + 1e-30  # one bfloat16 step above |e|: 2^-7 relative
+        step = e.abs() * 2.0**-7 + 1e-6 * e.abs().max()  # a bfloat16 step above |e|, and the float32 sum's error
         assert ((g.double() - e).abs() <= step).all(), name
 
 
