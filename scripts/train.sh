@@ -35,7 +35,8 @@
 #   --log-file FILE            LOG_FILE [<save-dir>/train.log]: fairseq's log, appended to on
 #                              every (re)start; tpp-plot-training plots it as it is
 #   --cpu                      CPU [0]: train on the CPU (tests, laptops)
-#   --fp16 | --no-fp16         FP16 [auto]: on when a GPU is visible and CPU=0
+#   --fp16 | --no-fp16         FP16 [auto]: on when a GPU is visible, CPU=0 and no other
+#                              precision (--bf16, --amp, ...) or --cpu comes after --
 #   --no-recover               do not check checkpoint_last.pt before starting (see Resume)
 #   --recover-only             only check (and if need be recover) checkpoint_last.pt, then exit
 #   --dry-run                  print the command instead of running it
@@ -138,11 +139,26 @@ FAIRSEQ_TRAIN=${FAIRSEQ_TRAIN:-fairseq-train}
 [[ $dry_run == 1 || -d $DATA_BIN ]] || die "data folder '$DATA_BIN' does not exist (set --data or DATA_BIN)"
 [[ $dry_run == 1 || -d $USER_DIR ]] || die "plugin folder '$USER_DIR' does not exist (set --user-dir or USER_DIR)"
 
+# a precision (or the CPU) asked for after -- is fairseq's to take: --fp16 is not added
+# next to it (fairseq refuses --fp16 with --bf16, which it ties to --tpu, and with --amp)
+asked=""
+for opt in "${extra[@]}"; do
+  case $opt in
+    --fp16|--memory-efficient-fp16|--bf16|--memory-efficient-bf16|--amp|--cpu) asked=$opt; break ;;
+  esac
+done
+gpu_visible() {  # nvidia-smi lists the node's GPUs whatever CUDA_VISIBLE_DEVICES hides
+  [[ ${CUDA_VISIBLE_DEVICES-unset} != "" && ${CUDA_VISIBLE_DEVICES-unset} != -1 ]] \
+    && command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1
+}
+
 device=()
 if [[ $CPU == 1 ]]; then
   device=(--cpu)
   [[ $FP16 == 1 ]] && die "--fp16 needs a GPU (drop --cpu or --fp16)"
-elif [[ $FP16 == 1 ]] || { [[ $FP16 == auto ]] && command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }; then
+elif [[ -n $asked ]]; then
+  [[ $FP16 == 1 && $asked != --fp16 ]] && die "--fp16 and $asked (after --) ask for two precisions: keep one"
+elif [[ $FP16 == 1 ]] || { [[ $FP16 == auto ]] && gpu_visible; }; then
   device=(--fp16)
 fi
 

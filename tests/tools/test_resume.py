@@ -64,6 +64,32 @@ def test_paper_recipe_defaults_and_overrides():
     assert bad.returncode != 0 and "--no-such-option" in bad.stderr
 
 
+def test_fp16_is_added_on_a_gpu_only_where_no_other_precision_is_asked_for(tmp_path):
+    """On a machine with a GPU (here an ``nvidia-smi`` that lists one, for the dry run)
+    --fp16 is the default; a precision given after -- replaces it, since fairseq refuses
+    --fp16 next to --bf16 (which it ties to --tpu) or --amp; a GPU that
+    CUDA_VISIBLE_DEVICES hides does not count."""
+    from fairseq import options
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: a GPU'\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    env = dict(tool_env(), PATH=f"{fake}{os.pathsep}{tool_env()['PATH']}")
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    assert "--fp16" in dry_run("--preset", "base", env=env)
+    for precision in ("--bf16", "--memory-efficient-bf16", "--amp", "--memory-efficient-fp16"):
+        command = dry_run("--preset", "base", "--", precision, env=env)
+        assert "--fp16" not in command and command[-1] == precision, precision
+        if precision != "--amp":  # fairseq's parser takes it (--amp's conflict is the trainer's)
+            cfg = options.parse_args_and_arch(options.get_training_parser(), command[1:])
+            assert getattr(cfg, precision[2:].replace("-", "_")), precision
+    assert "--fp16" not in dry_run("--preset", "base", env=dict(env, CUDA_VISIBLE_DEVICES=""))
+    both = subprocess.run(["bash", str(SCRIPTS / "train.sh"), "--dry-run", "--fp16", "--", "--bf16"],
+                          env=env, capture_output=True, text=True)
+    assert both.returncode != 0 and "two precisions" in both.stderr
+
+
 def wait_for_saved_checkpoint(log_path, process, timeout):
     """Poll the training log until a checkpoint has been saved; returns its update count."""
     deadline = time.monotonic() + timeout
