@@ -42,6 +42,7 @@ import hashlib
 import json
 import math
 import os
+import queue
 import re
 import shlex
 import shutil
@@ -327,6 +328,10 @@ def train_command(variant: str, seed: int, cfg: Config, data: Path, folder: Path
         "--validate-interval-updates", valid, "--validate-interval", 1000000,
         "--log-format", "json", "--log-file", folder / "train.log", "--log-interval", max(1, valid // 4),
         "--no-progress-bar", "--num-workers", 1 if device == "cuda" else 0,
+        # one device per run (the runs go in parallel, each on its own GPU where there are
+        # several: gpu_slots): fairseq's default is every GPU it sees, data-parallel, which
+        # would multiply the batch and make the parallel runs share one rendezvous port
+        "--distributed-world-size", 1,
         "--skip-invalid-size-inputs-valid-test",
         *(["--cpu"] if device == "cpu" else []), *cfg.extra, *extra,
     ]
@@ -366,12 +371,46 @@ def last_checkpoint_updates(run: Run) -> int:
     return max(updates, default=0)
 
 
+def visible_gpus() -> List[str]:
+    """The GPUs this process may use: as ``CUDA_VISIBLE_DEVICES`` names them where it is
+    set, else by index."""
+    import torch
+
+    named = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if named is not None:
+        return [g.strip() for g in named.split(",") if g.strip()]
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def gpu_slots(parallel: int, gpus: List[str]) -> "queue.Queue[str]":
+    """One slot per run that may go at once, the GPUs dealt out in turn: a run takes a
+    slot (its GPU) for its training and evaluation and gives it back when done."""
+    slots = queue.Queue()
+    for i in range(parallel):
+        slots.put(gpus[i % len(gpus)])
+    return slots
+
+
 def execute(run: Run, cfg: Config, paths, args) -> None:
-    """Train (or resume), average, evaluate one run; each step skipped when done."""
+    """Train (or resume), average, evaluate one run; on a GPU, on the one its slot names
+    (``args.gpu_slots``)."""
+    slots = getattr(args, "gpu_slots", None)
+    if slots is None:
+        return _execute(run, cfg, paths, args, {})
+    gpu = slots.get()
+    try:
+        return _execute(run, cfg, paths, args, {"CUDA_VISIBLE_DEVICES": gpu})
+    finally:
+        slots.put(gpu)
+
+
+def _execute(run: Run, cfg: Config, paths, args, env_extra: Dict[str, str]) -> None:
+    """:func:`execute`'s steps, each skipped when done; ``env_extra`` added to the
+    commands' environment."""
     run.folder.mkdir(parents=True, exist_ok=True)
     (run.folder / "run.json").write_text(json.dumps(
         {**run.spec, "train_command": " ".join(shlex.quote(c) for c in run.train_cmd)}, indent=1) + "\n")
-    env = dict(os.environ)
+    env = dict(os.environ, **env_extra)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env["PYTHONWARNINGS"] = "ignore"
     if args.device == "cpu":
@@ -405,7 +444,10 @@ def execute(run: Run, cfg: Config, paths, args) -> None:
                "--max-tokens", args.gen_max_tokens]
         if args.device == "cpu":
             cmd.append("--cpu")
-        else:  # half-precision inference on the GPU
+        elif cfg.dtype == "fp16":
+            # float16 decoding for a model trained in float16 only: fairseq-generate 0.12 has
+            # no bfloat16 inference, and a model trained in float32 or bfloat16 need not keep
+            # its activations within float16's range (those decode in float32)
             cmd += ["--", "--fp16"]
         run_command(cmd, out_log, env=env)
     if not args.keep_checkpoints:  # the averaged model is what the study keeps
@@ -751,8 +793,13 @@ def main(argv=None) -> int:
             state = "done" if trained_updates(run) >= cfg.max_update else "to train"
             print(f"{run.name} [{state}] {run.folder}\n  " + " ".join(shlex.quote(c) for c in run.train_cmd))
         return 0
+    where = args.device_name
+    if args.device == "cuda":
+        gpus = visible_gpus()
+        args.gpu_slots = gpu_slots(args.parallel, gpus)
+        where += f" ({len(gpus)} visible: each run on one of {', '.join(gpus)})"
     log(f"{len(runs)} runs ({len(args.variants)} variants x {len(args.seeds)} seeds), {args.parallel} at a time "
-        f"on {args.device_name}")
+        f"on {where}")
     failures = []
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
         futures = {pool.submit(execute, run, cfg, paths, args): run for run in runs}

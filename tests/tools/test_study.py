@@ -251,3 +251,53 @@ def test_device_cuda_without_a_gpu_is_an_error_and_a_dry_run_still_plans(tmp_pat
     assert "tpp-study: error: --device cuda: torch" in shown.stderr and "sees no CUDA GPU" in shown.stderr
     planned = run(command + ["--dry-run"], timeout=300).stdout
     assert planned.count(" [to train] ") == 4 and "--bf16" in planned
+    # one device per run: fairseq's default would be data-parallel over every GPU it sees
+    assert planned.count("--distributed-world-size 1") == 4
+
+
+def test_runs_going_at_once_on_gpus_take_one_gpu_each(monkeypatch):
+    """On GPUs every run trains and decodes on the one GPU of its slot, the GPUs dealt
+    out in turn (two runs at once on two GPUs: one each); on the CPU nothing is set."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, 5")
+    assert study.visible_gpus() == ["3", "5"]
+    assert list(study.gpu_slots(3, ["3", "5"]).queue) == ["3", "5", "3"]
+    held, both_running = [], threading.Barrier(2, timeout=60)
+
+    def steps(run, cfg, paths, args, env_extra):
+        held.append(env_extra.get("CUDA_VISIBLE_DEVICES"))
+        if run != "cpu":
+            both_running.wait()  # the two runs hold their slots at the same time
+
+    monkeypatch.setattr(study, "_execute", steps)
+    args = argparse.Namespace(gpu_slots=study.gpu_slots(2, study.visible_gpus()))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        list(pool.map(lambda name: study.execute(name, None, None, args), ["a", "b"]))
+    assert sorted(held) == ["3", "5"]
+    assert sorted(args.gpu_slots.queue) == ["3", "5"]  # given back
+    study.execute("cpu", None, None, argparse.Namespace())
+    assert held[-1] is None
+
+
+@pytest.mark.parametrize("dtype, decoding", [("fp16", ["--", "--fp16"]), ("bf16", []), ("fp32", [])])
+def test_a_gpu_run_decodes_in_float16_only_if_it_trained_in_it(dtype, decoding, tmp_path, monkeypatch):
+    """fairseq-generate 0.12 has no bfloat16 inference; a model trained in bfloat16 or
+    float32 need not keep within float16's range, so it decodes in float32."""
+    from dataclasses import replace
+
+    cfg = replace(study.CONFIGS["gpu"], dtype=dtype)
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "train.done").write_text(f"{cfg.max_update} updates, 1 s\n")
+    (folder / "checkpoint_avg.pt").write_bytes(b"")
+    commands = []
+    monkeypatch.setattr(study, "run_command", lambda cmd, log, env=None: commands.append([str(c) for c in cmd]))
+    args = argparse.Namespace(device="cuda", gen_max_tokens=16384, keep_checkpoints=True)
+    run = study.Run("hybrid", 1, folder, ["fairseq-train"], {})
+    study.execute(run, cfg, {"data": tmp_path / "data", "reference": tmp_path / "ref"}, args)
+    (evaluate,) = commands  # trained and averaged already: only the evaluation runs
+    assert evaluate[1:3] == ["-m", "tpp_tools.evaluate"] and "--cpu" not in evaluate
+    tail = evaluate[evaluate.index("--max-tokens") + 2:]
+    assert tail == decoding
