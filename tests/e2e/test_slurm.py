@@ -144,6 +144,16 @@ def test_dry_run_prints_chained_commands(tmp_path):
     assert "scontrol requeue" in header
 
 
+def test_more_training_tasks_than_gpus_is_refused_before_submitting(tmp_path):
+    """fairseq puts each task on GPU number SLURM_LOCALID: a task without one would fail
+    on every node once the job starts."""
+    result = subprocess.run(
+        ["bash", str(SLURM / "submit.sh"), "--dry-run", "--gpus-per-node", "2", "--tasks-per-node", "4",
+         "--log-dir", str(tmp_path / "logs")], env=tool_env(), capture_output=True, text=True)
+    assert result.returncode == 2 and "--tasks-per-node 4" in result.stderr and "--gpus-per-node is 2" in result.stderr
+    assert not result.stdout
+
+
 def test_training_job_requeues_itself_and_resumes(cluster, nmt_corpus, tmp_path):
     """USR1 (what --signal=B:USR1@120 sends before the time limit) makes train.sbatch
     requeue its own job; the second run continues from checkpoint_last.pt."""
