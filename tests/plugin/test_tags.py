@@ -19,7 +19,7 @@ from tpp_plugin.tasks import TranslationWithTagsTask
 from tpp_pipeline.contract import TagAlignmentError
 from tpp_plugin.tasks.translation_with_tags import TranslationWithTagsConfig
 
-from support import binarize_tagged, build_model, toy_tags
+from support import REPO, binarize_tagged, build_model, run, toy_tags
 
 
 @pytest.fixture(scope="module")
@@ -194,3 +194,26 @@ def test_tag_loss_weights_are_data(databin):
 def test_bad_tag_loss_weights_name_the_option(databin, kwargs, message):
     with pytest.raises(ValueError, match=message):
         LabelSmoothedCrossEntropyWithTagsCriterion(make_task(databin), False, 0.1, **kwargs)
+
+
+@pytest.mark.parametrize("flags, refused", [
+    ([], True),                                  # tag heads that nothing trains
+    (["--tags", ""], False),                     # no tags loaded
+    (["--encoder-tag-layers", ""], False),       # no tag heads built
+])
+def test_a_criterion_that_leaves_the_tag_heads_untrained_is_refused(databin, tmp_path, flags, refused):
+    """With the tags loaded for the model's tag heads, fairseq's plain criterion would
+    never run them: no gradient for their parameters, which DistributedDataParallel (the
+    GPUs' default --ddp-backend) stops on at the second update. fairseq-train refuses it
+    before training and says what to use instead."""
+    proc = run(["fairseq-train", databin, "--user-dir", REPO / "tpp_plugin", "--arch", "transformer_pp_tiny",
+                "--task", "translation_with_tags", "--criterion", "label_smoothed_cross_entropy",
+                "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "500", "--max-update", "1", "--cpu",
+                "--no-save", "--disable-validation", "--num-workers", "0", *flags], check=False)
+    if refused:
+        assert proc.returncode != 0 and "done training" not in proc.stdout + proc.stderr
+        assert "--criterion label_smoothed_cross_entropy does not train" in proc.stderr
+        assert "label_smoothed_cross_entropy_with_tags" in proc.stderr and "--tags ''" in proc.stderr
+    else:
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "done training" in proc.stdout + proc.stderr

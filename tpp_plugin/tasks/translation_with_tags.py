@@ -30,6 +30,7 @@ from tpp_pipeline.contract import (
     parse_tag_kinds,
 )
 
+from ..criterions.label_smoothed_cross_entropy_with_tags import LabelSmoothedCrossEntropyWithTagsCriterion
 from .tagged_dataset import TaggedLanguagePairDataset
 
 logger = logging.getLogger(__name__)
@@ -75,6 +76,27 @@ class TranslationWithTagsTask(TranslationTask):
                 logger.info(f"[{name}] dictionary: {len(self.tag_dictionaries[name])} types")
             else:
                 self.missing_tag_dictionaries[name] = path
+
+    def build_model(self, cfg, from_checkpoint=False):
+        model = super().build_model(cfg, from_checkpoint)
+        self._model_tag_heads = len(getattr(getattr(model, "encoder", None), "tag_heads", ()))
+        return model
+
+    def build_criterion(self, cfg, from_checkpoint=False):
+        """The criterion; an error if the model has tag heads and the criterion would not
+        train them: they would get no gradient, which ``DistributedDataParallel`` (fairseq's
+        ``--ddp-backend pytorch_ddp``, its default on GPUs) stops on at the second update."""
+        criterion = super().build_criterion(cfg, from_checkpoint)
+        heads = getattr(self, "_model_tag_heads", 0)
+        if heads and self.tag_dictionaries and not isinstance(criterion, LabelSmoothedCrossEntropyWithTagsCriterion):
+            raise ValueError(
+                f"--task translation_with_tags loads the tags {', '.join(self.tag_dictionaries)} for the model's "
+                f"{heads} tag head(s), which --criterion {getattr(cfg, '_name', type(criterion).__name__)} does not "
+                "train (their parameters would get no gradient: an error under data-parallel training). Use "
+                "--criterion label_smoothed_cross_entropy_with_tags, or train without tags: --tags '' "
+                "(or --task translation)"
+            )
+        return criterion
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
