@@ -217,3 +217,19 @@ def test_a_criterion_that_leaves_the_tag_heads_untrained_is_refused(databin, tmp
     else:
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert "done training" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("with_tags", [True, False])
+def test_every_parameter_takes_part_in_a_training_step_of_the_criterion(databin, with_tags):
+    """What DistributedDataParallel without find_unused_parameters (fairseq's default on
+    GPUs) needs: every parameter in the graph of every training loss, also on a batch
+    without tags, where the heads join with weight 0."""
+    torch.manual_seed(0)
+    task = make_task(databin)
+    model = build_model(dictionary=task.source_dictionary, tag_dictionaries=task.tag_dictionaries).train()
+    batch = first_batch(task)
+    if not with_tags:
+        del batch["source_tags"]
+    loss, _, _ = LabelSmoothedCrossEntropyWithTagsCriterion(task, False, 0.1)(model, batch)
+    loss.backward()
+    assert not [n for n, p in model.named_parameters() if p.grad is None]
