@@ -301,6 +301,41 @@ def test_module_incremental_reorder_follows_history(grad_mode):
     assert (inc[:11][:, new_order] - full[:11]).abs().max() <= 1e-5
 
 
+@pytest.mark.parametrize("grad_mode", STEP_PATHS)
+@pytest.mark.parametrize("right_padded", [True, False])
+def test_padding_fed_step_by_step_stays_out_of_later_steps(grad_mode, right_padded):
+    """fairseq's decoder passes the padding mask of the new position only, and only at a
+    step where some sentence has padding there (beam search never feeds any): the padded
+    keys stay out of every later step, the steps without a mask included, as in the
+    parallel forward over the whole prefix with its mask; a reordering reorders that
+    history with the caches."""
+    torch.manual_seed(0)
+    m = HybridMultiheadAttention(16, 4, 2, kernel_size=3, causal=True).eval()
+    m.right_padded = right_padded  # the parallel forward below needs the mask applied
+    x = torch.randn(12, 3, 16)
+    pad = torch.zeros(3, 12, dtype=torch.bool)
+    pad[0, 3] = pad[2, 1] = pad[2, 7] = True
+    new_order, reorder_at = torch.tensor([2, 0, 2]), 6
+    state, outs = {}, []
+    with grad_mode():
+        for t in range(12):
+            if t == reorder_at:
+                for module in m.modules():
+                    if hasattr(module, "reorder_incremental_state"):
+                        module.reorder_incremental_state(state, new_order)
+            mask = pad[:, t : t + 1] if pad[:, t].any() else None
+            step = x[t : t + 1]
+            outs.append(m(step, step, step, key_padding_mask=mask, incremental_state=state, need_weights=False)[0])
+    inc = torch.cat(outs, dim=0)
+    hist = torch.cat([x[:reorder_at, new_order], x[reorder_at:]], dim=0)
+    hist_pad = torch.cat([pad[new_order, :reorder_at], pad[:, reorder_at:]], dim=1)
+    m.right_padded = False
+    full, _ = m(hist, hist, hist, key_padding_mask=hist_pad)
+    real = ~hist_pad.t()  # T x B: padded positions' own outputs are not compared
+    inc[:reorder_at] = inc[:reorder_at, new_order]
+    assert (inc[real] - full[real]).abs().max() <= 1e-5
+
+
 def test_decoding_step_keeps_its_rotated_kernels_for_one_search_only():
     """The decoding step takes LocalConv's kernel (softmax and its rotations to the
     ring's order) once per search and keeps it in that search's incremental state. A weight written in place between two

@@ -74,7 +74,10 @@ the *self*-attention slot of encoder and decoder layers: same call signature, sa
 and values, as one ``prev_kv`` tensor ``B x H_a x 2 x t x d_h``, so that a decoding step
 concatenates and beam search reorders one tensor instead of two; :class:`LocalConv` and
 :class:`ContextQuery` keep their own bounded states and reorder them themselves, since
-fairseq calls ``reorder_incremental_state`` on every submodule).
+fairseq calls ``reorder_incremental_state`` on every submodule). In incremental decoding
+fairseq's decoder passes the padding mask of the new positions only, and only when one
+of them is padding; the dot-product heads then keep the padding of the cached keys too
+(``prev_padding``, ``B x t``, from the first padded position on; beam search feeds none).
 """
 
 import math
@@ -267,8 +270,9 @@ class HybridMultiheadAttention(nn.Module):
         ``query`` itself (or None).
 
         Args:
-            key_padding_mask: ``B x T`` (``B x S`` with the cached past in incremental
-                decoding), True/1 at padding positions.
+            key_padding_mask: ``B x T``, True/1 at padding positions; in incremental
+                decoding that of the new positions (as fairseq's decoder passes it) or
+                ``B x S``, the cached past's included.
             incremental_state: when given, ``query`` holds only the new positions.
             need_weights: also return attention maps, averaged over heads.
             attn_mask: additive (float) or boolean (True = masked) ``T x S`` mask for the
@@ -359,9 +363,15 @@ class HybridMultiheadAttention(nn.Module):
                 kv = torch.cat([saved["prev_kv"], kv], dim=3)  # B x Ha x 2 x t x dh
             incremental_state[key] = {"prev_kv": kv}
             q = parts["q"].view(bsz, self.dot_heads, 1, self.head_dim)
-            # one fused kernel (softmax in float32 inside) where scaling, two products, the
-            # softmax and its casts were five operations
-            dot = attention(q, *kv.unbind(2), self.cudnn_attention)  # B x Ha x 1 x dh
+            padding = saved.get("prev_padding") if saved is not None else None
+            if padding is None:
+                # one fused kernel (softmax in float32 inside) where scaling, two products,
+                # the softmax and its casts were five operations
+                dot = attention(q, *kv.unbind(2), self.cudnn_attention)  # B x Ha x 1 x dh
+            else:  # padded keys in the cache (never in beam search); the new one is not padding
+                padding = F.pad(padding, (0, 1), value=False)  # B x t
+                incremental_state[key]["prev_padding"] = padding
+                dot = attention(q, *kv.unbind(2), self.cudnn_attention, attn_mask=~padding[:, None, None, :])
             mixed[:, :dot_dim] = dot.view(bsz, dot_dim)
         self._conv_step(parts, incremental_state, out=mixed[:, dot_dim:])
         return F.linear(mixed, self.out_proj.weight, self.out_proj.bias).unsqueeze(0)
@@ -443,6 +453,7 @@ class HybridMultiheadAttention(nn.Module):
                 past = saved["prev_kv"].size(3)
                 kv = torch.cat([saved["prev_kv"], kv], dim=3)  # B x Ha x 2 x (past + T) x dh
             saved["prev_kv"] = kv
+            key_padding_mask = self._cached_padding(saved, key_padding_mask, past, tgt_len)
             self._set_input_buffer(incremental_state, saved)
             k, v = kv[:, :, 0], kv[:, :, 1]
         src_len = k.size(2)
@@ -463,6 +474,29 @@ class HybridMultiheadAttention(nn.Module):
             weights = F.softmax(logits, dim=-1).type_as(q).transpose(0, 1)  # Ha x B x T x S
         # B x Ha x T x dh -> T x B x (Ha*dh)
         return out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, -1), weights
+
+    @staticmethod
+    def _cached_padding(saved: Dict[str, Optional[Tensor]], key_padding_mask: Optional[Tensor], past: int,
+                        tgt_len: int) -> Optional[Tensor]:
+        """The padding of all ``past + T`` keys (``B x (past + T)``, None where none is
+        padding), from the caller's mask (of the new positions, or of all of them) and
+        the cached keys' (``saved["prev_padding"]``), which it updates."""
+        prev = saved.get("prev_padding")
+        if key_padding_mask is not None and key_padding_mask.size(1) == past + tgt_len:
+            full = key_padding_mask  # the caller's, the cached past's included
+        elif key_padding_mask is None and prev is None:
+            return None
+        else:
+            bsz = (key_padding_mask if key_padding_mask is not None else prev).size(0)
+            device = (key_padding_mask if key_padding_mask is not None else prev).device
+            if prev is None:
+                prev = torch.zeros(bsz, past, dtype=torch.bool, device=device)
+            new = key_padding_mask[:, -tgt_len:] if key_padding_mask is not None else None
+            if new is None:
+                new = torch.zeros(bsz, tgt_len, dtype=torch.bool, device=device)
+            full = torch.cat([prev, new], dim=1)  # B x (past + T)
+        saved["prev_padding"] = full
+        return full
 
     @staticmethod
     def _causal_mask(tgt_len: int, src_len: int, past: int, device) -> Tensor:
