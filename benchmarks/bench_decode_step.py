@@ -123,9 +123,9 @@ def build(name, args):
     if name.startswith("mha"):
         module = MultiheadAttention(args.dim, args.heads, self_attention=True)
     else:
-        module = plugin().modules.HybridMultiheadAttention(args.dim, args.heads, args.heads // 2, kernel_size=args.kernel,
-                                          dilation=args.dilation, causal=True,
-                                          conv_heads_impl="triton" if name == "tpp-triton" else "taps")
+        module = plugin().modules.HybridMultiheadAttention(
+            args.dim, args.heads, args.heads // 2, kernel_size=args.kernel, dilation=args.dilation, causal=True,
+            conv_heads_impl="triton" if name == "tpp-triton" else "taps")
     return module.to(device=args.device, dtype=bench_model.torch_dtype(args)).eval()
 
 

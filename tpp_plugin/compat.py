@@ -175,8 +175,12 @@ def _xla_available() -> bool:
 def convert_namespace_to_omegaconf(args):
     if getattr(args, "bf16", False) and getattr(args, "tpu", False) and not _xla_available():
         args.tpu = False
-        _log_once("bf16", "--bf16 without torch_xla: training in bfloat16 on %s, not on a TPU",
-                  "the CPU" if getattr(args, "cpu", False) else "the GPU")
+        if hasattr(args, "beam"):  # fairseq-generate, fairseq-interactive
+            _log_once("bf16", "--bf16 without torch_xla: not on a TPU; fairseq 0.12 decodes in float32 with "
+                      "--bf16 (it converts the model for --fp16 only)")
+        else:
+            _log_once("bf16", "--bf16 without torch_xla: training in bfloat16 on %s, not on a TPU",
+                      "the CPU" if getattr(args, "cpu", False) else "the GPU")
     return _original_convert(args)
 
 

@@ -103,7 +103,8 @@ else
   TASKS_PER_NODE=${TASKS_PER_NODE:-$GPUS_PER_NODE}
   # each task trains on GPU number SLURM_LOCALID (fairseq's set_device): no more tasks than GPUs
   (( TASKS_PER_NODE <= GPUS_PER_NODE )) 2>/dev/null \
-    || die "--tasks-per-node $TASKS_PER_NODE: each training task needs a GPU of its own, and --gpus-per-node is $GPUS_PER_NODE"
+    || die "--tasks-per-node $TASKS_PER_NODE: each training task needs a GPU of its own," \
+           "and --gpus-per-node is $GPUS_PER_NODE"
 fi
 CPUS_PER_TASK=${CPUS_PER_TASK:-8}
 TAG_SHARDS=${TAG_SHARDS:-8}

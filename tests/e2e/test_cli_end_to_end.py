@@ -117,6 +117,23 @@ def test_generate_and_interactive_need_no_tags(trained, tmp_path):
     assert len(out) == 2 and all(l.split("\t")[2].strip() for l in out)
 
 
+def test_generate_with_bf16_says_it_decodes_in_float32_and_does(trained):
+    """fairseq-generate 0.12 converts the model for --fp16 only: with --bf16 (which the
+    plugin unties from --tpu) it decodes in float32, and says so, rather than that it
+    trains in bfloat16."""
+    command = ["fairseq-generate", trained["data"], "--user-dir", PLUGIN_DIR, "--path",
+               trained["save"] / "checkpoint_best.pt", "--task", "translation", "--gen-subset", "test",
+               "--beam", "5", "--batch-size", "8", "--cpu"]
+    plain, bf16 = run(command), run(command + ["--bf16"])
+    assert "fairseq 0.12 decodes in float32 with --bf16" in bf16.stdout + bf16.stderr
+    assert "training in bfloat16" not in bf16.stdout + bf16.stderr
+
+    def hypotheses(proc):
+        return sorted(line for line in proc.stdout.splitlines() if line.startswith(("H-", "P-")))
+
+    assert hypotheses(bf16) == hypotheses(plain) and len(hypotheses(plain)) == 40
+
+
 def test_resume_continues_from_the_saved_update(trained, tmp_path):
     save = tmp_path / "checkpoints"
     shutil.copytree(trained["save"], save)
