@@ -30,10 +30,11 @@ unit is the step (``need_weights=False``, no gradients, as fairseq's decoder lay
 it) and, unless ``--no-reorder``, ``reorder_incremental_state`` on the module and each
 of its submodules that has one, with a fixed permutation, as fairseq's decoder visits
 them. Modules take turns unit by unit, in a new random order every turn, so load and
-clock changes hit all of them alike; the device is synchronised around every unit on a GPU. Figures:
-the median microseconds per unit, and each module's speed relative to ``mha`` (``mha``'s
-time ÷ the module's: above 1.0× is faster), as a ratio of medians and as the median of
-per-turn ratios ("paired", with half its interquartile range as the spread).
+clock changes hit all of them alike; the device is synchronised around every unit on a
+GPU. Figures: the median microseconds per unit, and each module's speed relative to
+``mha`` (``mha``'s time ÷ the module's: above 1.0× is faster), as a ratio of medians and
+as the median of per-turn ratios ("paired", with half its interquartile range as the
+spread).
 
     python benchmarks/bench_decode_step.py                      # CPU, one thread: 5 and 100 rows
     python benchmarks/bench_decode_step.py --device cuda --dtype bf16 --dim 1024 --rows 5,640 \\
@@ -100,7 +101,8 @@ def parse_args(argv=None):
         parser.error(f"--dim {args.dim} must split into --heads {args.heads} (at least 2) heads")
 
     bench_model.check_device(parser, args)
-    if "tpp-triton" in args.models and args.device != "cuda" and not plugin().modules.conv_heads_triton.interpreting():
+    interpreted = plugin().modules.conv_heads_triton.interpreting()
+    if "tpp-triton" in args.models and args.device != "cuda" and not interpreted:
         parser.error("tpp-triton runs its kernels on CUDA tensors (use --device cuda); on the CPU only through "
                      "Triton's interpreter (TRITON_INTERPRET=1), which checks the unit but times the interpreter")
     return args
