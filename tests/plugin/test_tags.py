@@ -136,6 +136,30 @@ def test_tag_metrics_aggregate_over_workers_and_batches():
     assert "ner_acc" not in values
 
 
+def test_tag_metrics_read_nothing_back_until_logged():
+    """fairseq's trainer reduces the metrics after every optimizer step: the tag sums stay
+    tensors (on a GPU, a read would wait for the step), read when the meters are."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Reads(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Reads.count += func is torch.ops.aten._local_scalar_dense.default
+            return func(*args, **(kwargs or {}))
+
+    logs = [{"loss": torch.tensor(4.0), "nll_loss": torch.tensor(3.0), "ntokens": 10, "nsentences": 2,
+             "sample_size": 10, "pos_loss": torch.tensor(6.0), "pos_tag_correct": torch.tensor(3),
+             "pos_tag_count": torch.tensor(4)}]
+    with metrics.aggregate() as agg:
+        with Reads():
+            LabelSmoothedCrossEntropyWithTagsCriterion.reduce_metrics(logs)
+        assert Reads.count == 0
+        values = agg.get_smoothed_values()
+    assert values["pos_acc"] == pytest.approx(75.0)
+    assert values["pos_loss"] == pytest.approx(6.0 / 4 / 0.6931471805599453, abs=1e-3)
+
+
 def test_misaligned_labels_name_split_sentence_and_lengths(databin, tmp_path):
     data = tmp_path / "data-bin"
     shutil.copytree(databin, data)

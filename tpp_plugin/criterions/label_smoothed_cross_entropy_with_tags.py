@@ -149,22 +149,21 @@ class LabelSmoothedCrossEntropyWithTagsCriterion(LabelSmoothedCrossEntropyCriter
             {key[: -len("_tag_count")] for log in logging_outputs for key in log if key.endswith("_tag_count")}
         )
         for name in names:
-            count = utils.item(sum(log.get(f"{name}_tag_count", 0) for log in logging_outputs))
-            if count == 0:
-                continue
-            loss_sum = utils.item(sum(log.get(f"{name}_loss", 0) for log in logging_outputs))
-            correct = utils.item(sum(log.get(f"{name}_tag_correct", 0) for log in logging_outputs))
-            metrics.log_scalar(f"{name}_loss", loss_sum / count / math.log(2), count, round=3)
-            metrics.log_scalar(f"_{name}_tag_correct", correct)
-            metrics.log_scalar(f"_{name}_tag_count", count)
-            metrics.log_derived(
-                f"{name}_acc",
-                lambda meters, n=name: round(
-                    meters[f"_{n}_tag_correct"].sum * 100.0 / meters[f"_{n}_tag_count"].sum, 3
-                )
-                if meters[f"_{n}_tag_count"].sum > 0
-                else float("nan"),
-            )
+            # sums left as they come (tensors on the device): fairseq reads its meters when
+            # it logs, not at every update (fairseq's trainer calls this after the
+            # optimizer's step, and reading a GPU tensor here would wait for that step)
+            for key, meter in (("loss", "loss_sum"), ("tag_correct", "tag_correct"), ("tag_count", "tag_count")):
+                metrics.log_scalar_sum(f"_{name}_{meter}", sum(log.get(f"{name}_{key}", 0) for log in logging_outputs))
+            metrics.log_derived(f"{name}_loss",  # base 2, as fairseq's loss
+                                lambda meters, n=name: cls._per_tag(meters, n, "loss_sum", 1 / math.log(2)))
+            metrics.log_derived(f"{name}_acc", lambda meters, n=name: cls._per_tag(meters, n, "tag_correct", 100.0))
+
+    @staticmethod
+    def _per_tag(meters, name: str, meter: str, scale: float) -> float:
+        """``scale`` times the sum of ``meter`` per labelled token of tag kind ``name``
+        (NaN without any), rounded to 3 decimals."""
+        count = utils.item(meters[f"_{name}_tag_count"].sum)
+        return round(utils.item(meters[f"_{name}_{meter}"].sum) * scale / count, 3) if count > 0 else float("nan")
 
     @staticmethod
     def logging_outputs_can_be_summed() -> bool:
