@@ -160,6 +160,27 @@ def test_tag_metrics_read_nothing_back_until_logged():
     assert values["pos_loss"] == pytest.approx(6.0 / 4 / 0.6931471805599453, abs=1e-3)
 
 
+def test_tag_loss_is_logged_after_resuming_the_meters_of_an_older_version():
+    """fairseq restores its meters from the checkpoint it resumes; plugin 0.2.1 logged the
+    tag loss with an averaging meter, which would stay in place of the derived loss,
+    never updated: it is replaced."""
+    from fairseq.logging.meters import AverageMeter
+
+    with metrics.aggregate("train_inner", new_root=True) as old:  # the only active aggregator
+        metrics.log_scalar("pos_loss", 9.0, 4, round=3)  # as 0.2.1 logged it
+        assert isinstance(old["pos_loss"], AverageMeter)
+        saved = {"train_inner": metrics.state_dict()["train_inner"]}
+    logs = [{"loss": 4.0, "nll_loss": 3.0, "ntokens": 10, "nsentences": 2, "sample_size": 10,
+             "pos_loss": 6.0, "pos_tag_correct": 3, "pos_tag_count": 4}]
+    metrics.load_state_dict(saved)
+    with metrics.aggregate("train_inner", new_root=True) as agg:
+        agg.reset()  # fairseq resets the interval's meters after logging them
+        LabelSmoothedCrossEntropyWithTagsCriterion.reduce_metrics(logs)
+        values = agg.get_smoothed_values()
+    assert values["pos_loss"] == pytest.approx(6.0 / 4 / 0.6931471805599453, abs=1e-3)
+    assert values["pos_acc"] == pytest.approx(75.0)
+
+
 def test_misaligned_labels_name_split_sentence_and_lengths(databin, tmp_path):
     data = tmp_path / "data-bin"
     shutil.copytree(databin, data)

@@ -27,6 +27,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from fairseq import metrics, utils
+from fairseq.logging.meters import MetersDict
 from fairseq.criterions import register_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import (  # noqa: I001
     LabelSmoothedCrossEntropyCriterion,
@@ -154,9 +155,21 @@ class LabelSmoothedCrossEntropyWithTagsCriterion(LabelSmoothedCrossEntropyCriter
             # optimizer's step, and reading a GPU tensor here would wait for that step)
             for key, meter in (("loss", "loss_sum"), ("tag_correct", "tag_correct"), ("tag_count", "tag_count")):
                 metrics.log_scalar_sum(f"_{name}_{meter}", sum(log.get(f"{name}_{key}", 0) for log in logging_outputs))
+            cls._drop_averaged_loss(f"{name}_loss")
             metrics.log_derived(f"{name}_loss",  # base 2, as fairseq's loss
                                 lambda meters, n=name: cls._per_tag(meters, n, "loss_sum", 1 / math.log(2)))
             metrics.log_derived(f"{name}_acc", lambda meters, n=name: cls._per_tag(meters, n, "tag_correct", 100.0))
+
+    @staticmethod
+    def _drop_averaged_loss(key: str) -> None:
+        """Remove the averaging meter ``key`` (the tag loss as plugin 0.2.1 and earlier
+        logged it) from the active aggregators: fairseq restores meters from the
+        checkpoint it resumes, and would keep an old one, never updated, in place of the
+        derived loss."""
+        for agg in metrics.get_active_aggregators():
+            if key in agg and not isinstance(agg[key], MetersDict._DerivedMeter):
+                del agg[key]
+                agg.priorities = [entry for entry in agg.priorities if entry[2] != key]
 
     @staticmethod
     def _per_tag(meters, name: str, meter: str, scale: float) -> float:
