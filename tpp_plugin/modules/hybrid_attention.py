@@ -486,14 +486,9 @@ class HybridMultiheadAttention(nn.Module):
             full = key_padding_mask  # the caller's, the cached past's included
         elif key_padding_mask is None and prev is None:
             return None
-        else:
-            bsz = (key_padding_mask if key_padding_mask is not None else prev).size(0)
-            device = (key_padding_mask if key_padding_mask is not None else prev).device
-            if prev is None:
-                prev = torch.zeros(bsz, past, dtype=torch.bool, device=device)
-            new = key_padding_mask[:, -tgt_len:] if key_padding_mask is not None else None
-            if new is None:
-                new = torch.zeros(bsz, tgt_len, dtype=torch.bool, device=device)
+        else:  # one of the two, the other all False: B x past and B x T
+            prev = prev if prev is not None else key_padding_mask.new_zeros(key_padding_mask.size(0), past)
+            new = key_padding_mask if key_padding_mask is not None else prev.new_zeros(prev.size(0), tgt_len)
             full = torch.cat([prev, new], dim=1)  # B x (past + T)
         saved["prev_padding"] = full
         return full
