@@ -8,6 +8,7 @@
 #   scripts/setup_env.sh --download-wheelhouse DIR [--python-version 3.12] [--torch none|cpu|VER]
 #                        [--profile train|full] ...    # on a machine with internet
 #   scripts/setup_env.sh --from-wheelhouse DIR [--venv PATH] [--system-site-packages]
+#                        [--fairseq-extensions all|text]
 #                                                        # on the node: pip --no-index
 #
 # Re-running is cheap: a stamp holding the hash of every install input is compared first.

@@ -11,6 +11,7 @@ folder, for a named Python version and platform:
 then, on the node, with no network at all:
 
     scripts/setup_env.sh --from-wheelhouse DIR [--venv PATH] [--system-site-packages]
+        [--fairseq-extensions all|text]
 
 The download resolves everything as binary wheels for the target (pip download
 --only-binary=:all:), except two packages that exist only as sdists: fairseq-fixed
@@ -144,18 +145,53 @@ def torch_spec(choice):
 
 # A stand-in for torch.utils.cpp_extension: fairseq-fixed's setup.py imports it at the top,
 # and pip runs setup.py to read the sdist's metadata even for `pip download --no-deps`.
-# Reading metadata builds nothing, so a stand-in spares the download a real torch.
+# Reading metadata builds nothing, so a stand-in spares the download a real torch. The
+# install's `--fairseq-extensions text` builds with it too: the extensions declared through
+# it are the ones compiled against torch's C++ API (fairseq.libbase for BASE layers,
+# fairseq.libnat for Levenshtein/insertion models, an example's alignment operator), which
+# no text task of fairseq's or ours loads; its build_ext skips them, so the wheel holds the
+# three that translation uses (libbleu, data_utils_fast, token_block_utils_fast) and does not
+# depend on torch at all.
 CPP_EXTENSION_STUB = '''\
 from setuptools import Extension
-from setuptools.command.build_ext import build_ext as BuildExtension
+from setuptools.command.build_ext import build_ext
 
 
 def CppExtension(name, sources, *args, **kwargs):
-    return Extension(name, sources, *args, language="c++", **kwargs)
+    ext = Extension(name, sources, *args, language="c++", **kwargs)
+    ext.tpp_needs_torch = True
+    return ext
 
 
 CUDAExtension = CppExtension
+
+
+class BuildExtension(build_ext):
+    def build_extension(self, ext):
+        if getattr(ext, "tpp_needs_torch", False):
+            print(f"[setup] not building {ext.name} (compiled against torch; no text task loads it)")
+            return
+        super().build_extension(ext)
 '''
+# The extensions a `--fairseq-extensions` choice must leave importable (checked after the
+# install): "text" omits those that CPP_EXTENSION_STUB skips.
+FAIRSEQ_EXTENSIONS = {
+    "all": ["fairseq.libbleu", "fairseq.data.data_utils_fast",
+            "fairseq.data.token_block_utils_fast", "fairseq.libbase", "fairseq.libnat"],
+    "text": ["fairseq.libbleu", "fairseq.data.data_utils_fast",
+             "fairseq.data.token_block_utils_fast"],
+}
+
+
+def write_cpp_extension_stub(folder):
+    """A package `torch.utils.cpp_extension` (the stand-in above) under `folder`, to be put
+    first on PYTHONPATH; returns `folder`."""
+    stub = Path(folder) / "torch" / "utils"
+    stub.mkdir(parents=True)
+    for f in (stub.parent / "__init__.py", stub / "__init__.py"):
+        f.write_text("")
+    (stub / "cpp_extension.py").write_text(CPP_EXTENSION_STUB)
+    return Path(folder)
 
 
 def download(args):
@@ -184,13 +220,9 @@ def download(args):
         env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
 
         say("1/3 fairseq-fixed (sdist; built on the node against its torch)")
-        stub = tmp / "stub" / "torch" / "utils"
-        stub.mkdir(parents=True)
-        for f in (stub.parent / "__init__.py", stub / "__init__.py"):
-            f.write_text("")
-        (stub / "cpp_extension.py").write_text(CPP_EXTENSION_STUB)
         meta_env = dict(env, PYTHONPATH=os.pathsep.join(
-            [str(tmp / "stub")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])))
+            [str(write_cpp_extension_stub(tmp / "stub"))]
+            + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])))
         if run([sys.executable, "-c", "import setuptools, wheel"], capture=True).returncode != 0:
             check(pip + ["install", "--quiet", "--target", tmp / "tools", "setuptools>=61", "wheel"],
                   "installing setuptools for reading the sdist's metadata", env=env)
@@ -357,13 +389,21 @@ def install(args):
         say("1/4 build tools" + (" and torch" if torch_req else ""))
         check(pip + BUILD_TOOLS + torch_req, "installing the build tools", env=penv)
         if probe(vpy, "import fairseq", env=penv, cwd=tmp) is None:
-            say(f"2/4 {FAIRSEQ_SPEC}, built against the torch that is there (a few minutes)")
+            text = args.fairseq_extensions == "text"
+            say(f"2/4 {FAIRSEQ_SPEC}, " + (
+                "its text tasks' extensions only (libbleu, data_utils_fast, token_block_utils_fast)"
+                if text else "built against the torch that is there (a few minutes)"))
             # fairseq's setup.py adds CUDA extensions whenever CUDA_HOME is set; the text
             # tasks use none of them, and building them would need nvcc and much longer.
             fenv = {k: v for k, v in penv.items() if k not in ("CUDA_HOME", "CUDA_PATH")}
+            if text:  # the stand-in torch.utils.cpp_extension skips the torch extensions
+                fenv["PYTHONPATH"] = os.pathsep.join(
+                    [str(write_cpp_extension_stub(tmp / "stub"))]
+                    + ([fenv["PYTHONPATH"]] if fenv.get("PYTHONPATH") else []))
             start = time.time()
-            check(pip + ["--no-build-isolation", "--no-deps", *fairseq_cache(vpy, penv),
-                         FAIRSEQ_SPEC], "building " + FAIRSEQ_SPEC, env=fenv)
+            check(pip + ["--no-build-isolation", "--no-deps",
+                         *fairseq_cache(vpy, penv, args.fairseq_extensions), FAIRSEQ_SPEC],
+                  "building " + FAIRSEQ_SPEC, env=fenv)
             say(f"    built in {time.time() - start:.0f} s")
         else:
             say("2/4 fairseq is already installed")
@@ -376,7 +416,7 @@ def install(args):
 
         code = (
             "import torch, fairseq, tpp_plugin, tpp_pipeline, tpp_tools\n"
-            "import fairseq.libbleu, fairseq.libbase, fairseq.data.data_utils_fast\n"
+            f"import {', '.join(FAIRSEQ_EXTENSIONS[args.fairseq_extensions])}\n"
             "print(f'torch {torch.__version__} (CUDA {torch.version.cuda}), '\n"
             "      f'fairseq {fairseq.__version__}, tpp_plugin from {tpp_plugin.__file__}')\n")
         if manifest["profile"] == "full":
@@ -389,16 +429,19 @@ def install(args):
     say(f"environment {venv} is ready (offline; activate it with: source {venv}/bin/activate)")
 
 
-def fairseq_cache(vpy, penv):
+def fairseq_cache(vpy, penv, extensions="all"):
     """pip caches the wheel it builds from fairseq's sdist under the sdist's path alone, and
-    that wheel is bound to the torch it was compiled against: give each torch (and
-    Python) its own cache, so that a re-install reuses the build and no other torch does."""
+    that wheel is bound to the torch it was compiled against and to the extensions chosen:
+    give each torch (and Python, and choice) its own cache, so that a re-install reuses the
+    build and no other torch or choice does."""
     proc = subprocess.run([str(vpy), "-m", "pip", "cache", "dir"], env=penv, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     tag = probe(vpy, "import sys, torch; "
                      "print('cp%d%d-torch-%s' % (*sys.version_info[:2], torch.__version__))", env=penv)
     if proc.returncode != 0 or not proc.stdout.strip() or not tag:
         return ["--no-cache-dir"]
+    if extensions != "all":
+        tag += "-" + extensions
     folder = Path(proc.stdout.strip()) / "tpp-fairseq" / re.sub(r"[^\w.+-]", "_", tag)
     return ["--cache-dir", str(folder)]
 
@@ -503,9 +546,15 @@ def main(argv=None):
     i.add_argument("--python", help="the interpreter that makes the venv (default $PYTHON or python3)")
     i.add_argument("--system-site-packages", action="store_true",
                    help="let the venv use the node's installed packages (its torch)")
+    i.add_argument("--fairseq-extensions", choices=sorted(FAIRSEQ_EXTENSIONS),
+                   help="all (the default): every C++ extension of fairseq, compiled against the "
+                        "node's torch (2-3 minutes); text: only those translation and language "
+                        "modelling use (libbleu, data_utils_fast, token_block_utils_fast; no "
+                        "torch needed to build them, about 8 times less compiling): leaves out "
+                        "fairseq.libbase (BASE layers) and fairseq.libnat (Levenshtein models)")
     args = p.parse_args(argv)
     only_download = ("python_version", "platform", "torch", "torch_index_url", "profile")
-    only_install = ("venv", "python", "system_site_packages")
+    only_install = ("venv", "python", "system_site_packages", "fairseq_extensions")
     wrong = [o for o in (only_install if args.download else only_download) if getattr(args, o)]
     if wrong:
         p.error(f"--{wrong[0].replace('_', '-')} belongs to "
@@ -518,6 +567,7 @@ def main(argv=None):
             download(args)
         else:
             args.dir = args.install
+            args.fairseq_extensions = args.fairseq_extensions or "all"
             install(args)
     except Abort as e:
         print(f"[setup] ERROR: {e}", file=sys.stderr, flush=True)

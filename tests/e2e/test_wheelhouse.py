@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from support import REPO, console_script_names
+from support import REPO, binarize_tagged, console_script_names
 
 pytestmark = pytest.mark.slow
 
@@ -126,6 +126,65 @@ def test_offline_install_into_a_fresh_venv(wheelhouse, tmp_path):
         "print('forward ok')\n")], cwd=REPO / "tests", env=env, capture_output=True, text=True,
         timeout=300)
     assert forward.returncode == 0 and "forward ok" in forward.stdout, forward.stderr[-3000:]
+
+
+def test_text_extensions_over_the_torch_of_the_node(wheelhouse, tmp_path):
+    """A GPU node's case: its Python has torch already (here a venv with the wheelhouse's
+    CPU torch), the install adds the rest over it (`--system-site-packages`) and, with
+    `--fairseq-extensions text`, compiles only the three extensions that translation uses.
+    fairseq's own commands then train, validate and decode with BLEU (fairseq.libbleu)
+    through the plugin, and the torch extensions are absent, not broken."""
+    node = tmp_path / "node"
+    for cmd in ([sys.executable, "-m", "venv", node],
+                [node / "bin" / "python", "-m", "pip", "install", "--quiet", "--no-index",
+                 "--find-links", wheelhouse, "torch==2.13.0+cpu", "numpy"]):
+        made = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                              env=dict(os.environ, PIP_CONFIG_FILE=os.devnull))
+        assert made.returncode == 0, made.stderr[-3000:]
+    venv = tmp_path / "venv"
+    rc, out, err = setup_env("--from-wheelhouse", wheelhouse, "--venv", venv, "--python",
+                             node / "bin" / "python", "--system-site-packages",
+                             "--fairseq-extensions", "text", offline=True)
+    assert rc == 0, out[-5000:] + err[-3000:]
+    assert "its text tasks' extensions only" in out and f"environment {venv} is ready" in out
+    assert f"tpp-fairseq/cp{PYVER.replace('.', '')}-torch-2.13.0+cpu-text " in out, \
+        "its build has a cache of its own: pip's would give the full build's wheel"
+
+    py = venv / "bin" / "python"
+    check = subprocess.run([py, "-c", (
+        "import importlib, torch, fairseq\n"
+        "import fairseq.libbleu, fairseq.data.data_utils_fast, fairseq.data.token_block_utils_fast\n"
+        "for name in ('fairseq.libbase', 'fairseq.libnat'):\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except ModuleNotFoundError:\n"
+        "        print('absent', name)\n"
+        "print(torch.__file__)\n")], cwd=tmp_path, capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr[-3000:]
+    lines = check.stdout.splitlines()
+    assert lines[:2] == ["absent fairseq.libbase", "absent fairseq.libnat"]
+    assert Path(lines[2]).is_relative_to(node), "the node's torch, not a new one"
+
+    data = binarize_tagged(tmp_path / "corpus", tmp_path / "bin", n_train=100, tags=False)
+    env = dict(os.environ, PATH=f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}",
+               OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    train = subprocess.run(
+        [venv / "bin" / "fairseq-train", data, "--user-dir", REPO / "tpp_plugin", "--cpu",
+         "--arch", "transformer_pp_tiny", "--task", "translation",
+         "--criterion", "label_smoothed_cross_entropy", "--optimizer", "adam", "--lr", "1e-3",
+         "--max-tokens", "400", "--max-update", "4", "--num-workers", "0",
+         "--save-dir", tmp_path / "ckpt", "--no-epoch-checkpoints"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert train.returncode == 0, train.stderr[-4000:]
+    assert "valid on 'valid' subset" in train.stdout + train.stderr
+    generate = subprocess.run(
+        [venv / "bin" / "fairseq-generate", data, "--user-dir", REPO / "tpp_plugin", "--cpu",
+         "--path", tmp_path / "ckpt" / "checkpoint_last.pt", "--gen-subset", "test",
+         "--beam", "2", "--max-len-b", "12", "--num-workers", "0"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert generate.returncode == 0, generate.stderr[-4000:]
+    assert generate.stdout.count("\nH-") == 20
+    assert "BLEU4 = " in generate.stdout + generate.stderr
 
 
 def copy_without(wheelhouse, dest, drop):
