@@ -3,8 +3,11 @@
 # log, in the order of what they decide (a GPU's time is usually short).
 #
 # Usage:
-#   benchmarks/gpu_suite.sh [--force] DATA OUT [STAGE ...]
+#   benchmarks/gpu_suite.sh [--force] [--budget SECONDS] DATA OUT [STAGE ...]
 #
+#   --budget  the seconds the whole suite may take (a lent GPU's time is counted): each
+#          command runs under `timeout` with what is left, one cut off at the end keeps
+#          its output in FILE.partial, and the commands left are recorded as not run
 #   DATA   a binarized translation data folder (fairseq-preprocess or tpp-prepare-corpus;
 #          tags are not needed)
 #   OUT    a folder for the logs and tables (created). A stage whose table is already
@@ -30,10 +33,20 @@
 set -uo pipefail
 
 FORCE=0
-if [[ ${1:-} == --force ]]; then
-    FORCE=1
-    shift
-fi
+BUDGET=0
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --force) FORCE=1; shift ;;
+        --budget)
+            if [[ ! ${2:-} =~ ^[1-9][0-9]*$ ]]; then
+                echo "gpu_suite.sh: --budget takes a whole number of seconds, not '${2:-}'" >&2
+                exit 2
+            fi
+            BUDGET=$2
+            shift 2 ;;
+        *) break ;;
+    esac
+done
 if [[ $# -lt 2 ]]; then
     awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
     exit 2
@@ -68,15 +81,33 @@ run() {  # run STAGE FILE COMMAND...: stdout to OUT/FILE, stderr to OUT/FILE.log
         printf '%s\t%s\tskipped: it exists (--force replaces it)\n' "$stage" "$file" | tee -a "$OUT/status.txt"
         return
     fi
+    local limit=() note=""
+    if [[ $BUDGET -gt 0 ]]; then
+        local left=$((BUDGET - SECONDS))  # SECONDS: since the suite started
+        if [[ $left -le 0 ]]; then
+            FAILED=1
+            printf '%s\t%s\tnot run: the budget of %ds is spent\n' "$stage" "$file" "$BUDGET" \
+                | tee -a "$OUT/status.txt"
+            return
+        fi
+        # timeout signals the command's whole process group, the processes it started too
+        limit=(timeout --kill-after=10 "$left")
+        note=" (stopped: the budget of ${BUDGET}s ran out)"
+    fi
+    if declare -F "$1" >/dev/null; then  # a function of this script (exported below)
+        set -- bash -c '"$@"' _ "$@"
+    fi
     local start=$SECONDS
-    "$@" >"$OUT/$file.partial" 2>"$OUT/$file.log"
+    "${limit[@]}" "$@" >"$OUT/$file.partial" 2>"$OUT/$file.log"
     local rc=$?
     if [[ $rc -eq 0 ]]; then
         mv -f "$OUT/$file.partial" "$OUT/$file"
     else
         FAILED=1
     fi
-    printf '%s\t%s\texit %d\t%ds\n' "$stage" "$file" "$rc" $((SECONDS - start)) | tee -a "$OUT/status.txt"
+    [[ ${#limit[@]} -gt 0 && ( $rc -eq 124 || $rc -eq 137 ) ]] || note=""
+    printf '%s\t%s\texit %d\t%ds%s\n' "$stage" "$file" "$rc" $((SECONDS - start)) "$note" \
+        | tee -a "$OUT/status.txt"
 }
 
 BENCH=("$PY" benchmarks/bench_model.py --data "$DATA" --device cuda --dtype bf16)
@@ -92,6 +123,8 @@ mixed() {  # fairseq-train (as PY's module), 300 updates of the base preset, in 
         --no-save --disable-validation --seed 1 --log-format json --log-interval 20 \
         --log-file "$OUT/mixed_$name.json" "$@"
 }
+export -f mixed  # run() starts it through bash, under timeout with --budget
+export PY DATA OUT
 
 for stage in "${STAGES[@]}"; do
     case $stage in

@@ -4,6 +4,7 @@ and every benchmark's refusal of ``--device cuda`` where there is none."""
 
 import random
 import re
+import subprocess
 import sys
 
 import pytest
@@ -152,8 +153,39 @@ def test_gpu_suite_takes_folders_relative_to_where_it_is_run(data, tmp_path):
     assert str(out) in res.stdout
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the stages would run for real")
+def test_gpu_suite_stops_at_its_budget_and_says_what_did_not_run(data, tmp_path):
+    """--budget: the mixed stage's first fairseq-train (300 updates of the base preset,
+    here on the CPU: minutes) is cut off when the budget runs out, its output kept as a
+    partial table and no process of it left behind; every command after it is recorded
+    as not run, and the suite exits 1. A command that ends within the budget is recorded
+    as before."""
+    out = tmp_path / "results"
+    res = run(["benchmarks/gpu_suite.sh", "--budget", "20", data, out, "mixed", "counts"],
+              cwd=REPO, check=False)
+    assert res.returncode == 1, res.stdout + res.stderr
+    lines = (out / "status.txt").read_text().splitlines()
+    first = lines[0].split("\t")
+    assert first[:3] == ["mixed", "mixed_fp32.txt", "exit 124"], lines
+    assert first[3].endswith("(stopped: the budget of 20s ran out)")
+    assert 19 <= int(first[3].split("s")[0]) <= 25
+    assert (out / "mixed_fp32.txt.partial").exists() and not (out / "mixed_fp32.txt").exists()
+    assert [line.split("\t")[1:] for line in lines[1:]] == [
+        [name, "not run: the budget of 20s is spent"] for name in
+        ("mixed_bf16.txt", "mixed_bf16_cudnn.txt", "mixed_fp16.txt", "mixed_mefp16.txt", "counts.md")]
+    left = subprocess.run(["pgrep", "-f", str(out / "mixed_fp32.json")], capture_output=True)
+    assert left.returncode == 1, "no fairseq-train of the suite is left running"
+
+    res = run(["benchmarks/gpu_suite.sh", "--budget", "600", "--force", data, out, "counts"],
+              cwd=REPO, check=False)
+    assert res.returncode == 1 and res.stdout.splitlines()[0].split("\t")[:3] == ["counts", "counts.md", "exit 2"]
+    assert "stopped" not in res.stdout, "a command that ended by itself is not said to be cut off"
+
+
 @pytest.mark.parametrize("args, message", [
     (["{data}", "{out}", "speed", "bogus"], "unknown stage 'bogus'"),
+    (["--budget", "ten", "{data}", "{out}"], "--budget takes a whole number of seconds"),
+    (["--budget", "0", "{data}", "{out}"], "--budget takes a whole number of seconds"),
     (["{out}/missing", "{out}"], "is not a folder"),
     ([], "Usage:"),
 ])
