@@ -27,6 +27,8 @@
 #   split    --bf16's master copy flat against one tensor per parameter
 #   profile  where beam search's time goes (profile_model.py --generation, 30 and 100 tokens)
 #
+# OUT/environment.txt records, run by run, the GPU, its driver and the versions the
+# figures come from.
 # A command that fails is recorded in OUT/status.txt (its output stays in FILE.partial)
 # and the next one runs; the suite then exits with status 1. PYTHON names the Python
 # interpreter to use (default: python on PATH); fairseq-train runs as its module.
@@ -73,6 +75,14 @@ mkdir -p "$OUT" || exit 2
 DATA=$(cd "$DATA" && pwd) && OUT=$(cd "$OUT" && pwd) || exit 2
 cd "$REPO" || exit 2
 FAILED=0
+# What the figures were measured on, for their report: the GPU, the driver, the versions
+{  # appended: a later run that skips existing tables must not rewrite where they came from
+    echo "== $(date -u '+%Y-%m-%d %H:%M:%S UTC'): gpu_suite.sh ${STAGES[*]}"
+    git describe --always --dirty 2>/dev/null || echo "(not a git checkout)"
+    "$PY" -c 'import sys, torch; print(f"Python {sys.version.split()[0]}, torch {torch.__version__}, CUDA {torch.version.cuda}"); print(torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device")' 2>&1
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit --format=csv 2>&1 \
+        || echo "(no nvidia-smi)"
+} >>"$OUT/environment.txt"
 
 run() {  # run STAGE FILE COMMAND...: stdout to OUT/FILE, stderr to OUT/FILE.log
     local stage=$1 file=$2

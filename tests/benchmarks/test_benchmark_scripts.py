@@ -131,6 +131,8 @@ def test_gpu_suite_records_failures_keeps_tables_and_replaces_only_with_force(da
     res = run([suite, data, out, "counts"], cwd=REPO, check=False)
     assert res.returncode == 1
     assert "counts\tcounts.md\texit 2" in (out / "status.txt").read_text()
+    facts = (out / "environment.txt").read_text()
+    assert f"torch {torch.__version__}" in facts and "no CUDA device" in facts, facts
     assert not (out / "counts.md").exists() and (out / "counts.md.partial").exists()
     assert "no CUDA device" in (out / "counts.md.log").read_text()
     (out / "counts.md").write_text("an earlier table\n")
