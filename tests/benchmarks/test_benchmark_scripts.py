@@ -170,7 +170,7 @@ def test_gpu_suite_stops_at_its_budget_and_says_what_did_not_run(data, tmp_path)
     first = lines[0].split("\t")
     assert first[:3] == ["mixed", "mixed_fp32.txt", "exit 124"], lines
     assert first[3].endswith("(stopped: the budget of 20s ran out)")
-    assert 19 <= int(first[3].split("s")[0]) <= 25
+    assert int(first[3].split("s")[0]) <= 20 + 10, "the budget, and timeout's --kill-after at most"
     assert (out / "mixed_fp32.txt.partial").exists() and not (out / "mixed_fp32.txt").exists()
     assert [line.split("\t")[1:] for line in lines[1:]] == [
         [name, "not run: the budget of 20s is spent"] for name in
