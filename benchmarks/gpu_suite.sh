@@ -91,7 +91,7 @@ run() {  # run STAGE FILE COMMAND...: stdout to OUT/FILE, stderr to OUT/FILE.log
         printf '%s\t%s\tskipped: it exists (--force replaces it)\n' "$stage" "$file" | tee -a "$OUT/status.txt"
         return
     fi
-    local limit=() note=""
+    local limit=()
     if [[ $BUDGET -gt 0 ]]; then
         local left=$((BUDGET - SECONDS))  # SECONDS: since the suite started
         if [[ $left -le 0 ]]; then
@@ -102,7 +102,6 @@ run() {  # run STAGE FILE COMMAND...: stdout to OUT/FILE, stderr to OUT/FILE.log
         fi
         # timeout signals the command's whole process group, the processes it started too
         limit=(timeout --kill-after=10 "$left")
-        note=" (stopped: the budget of ${BUDGET}s ran out)"
     fi
     if declare -F "$1" >/dev/null; then  # a function of this script (exported below)
         set -- bash -c '"$@"' _ "$@"
@@ -115,7 +114,10 @@ run() {  # run STAGE FILE COMMAND...: stdout to OUT/FILE, stderr to OUT/FILE.log
     else
         FAILED=1
     fi
-    [[ ${#limit[@]} -gt 0 && ( $rc -eq 124 || $rc -eq 137 ) ]] || note=""
+    local note=""  # timeout's statuses: 124 when it stopped the command, 137 when it killed it
+    if [[ ${#limit[@]} -gt 0 && ( $rc -eq 124 || $rc -eq 137 ) ]]; then
+        note=" (stopped: the budget of ${BUDGET}s ran out)"
+    fi
     printf '%s\t%s\texit %d\t%ds%s\n' "$stage" "$file" "$rc" $((SECONDS - start)) "$note" \
         | tee -a "$OUT/status.txt"
 }

@@ -183,15 +183,16 @@ FAIRSEQ_EXTENSIONS = {
 }
 
 
-def write_cpp_extension_stub(folder):
-    """A package `torch.utils.cpp_extension` (the stand-in above) under `folder`, to be put
-    first on PYTHONPATH; returns `folder`."""
+def with_cpp_extension_stub(env, folder):
+    """`env` with a package `torch.utils.cpp_extension` (the stand-in above), written under
+    `folder`, first on PYTHONPATH."""
     stub = Path(folder) / "torch" / "utils"
     stub.mkdir(parents=True)
     for f in (stub.parent / "__init__.py", stub / "__init__.py"):
         f.write_text("")
     (stub / "cpp_extension.py").write_text(CPP_EXTENSION_STUB)
-    return Path(folder)
+    paths = [str(folder)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    return dict(env, PYTHONPATH=os.pathsep.join(paths))
 
 
 def download(args):
@@ -220,9 +221,7 @@ def download(args):
         env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
 
         say("1/3 fairseq-fixed (sdist; built on the node against its torch)")
-        meta_env = dict(env, PYTHONPATH=os.pathsep.join(
-            [str(write_cpp_extension_stub(tmp / "stub"))]
-            + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])))
+        meta_env = with_cpp_extension_stub(env, tmp / "stub")
         if run([sys.executable, "-c", "import setuptools, wheel"], capture=True).returncode != 0:
             check(pip + ["install", "--quiet", "--target", tmp / "tools", "setuptools>=61", "wheel"],
                   "installing setuptools for reading the sdist's metadata", env=env)
@@ -397,9 +396,7 @@ def install(args):
             # tasks use none of them, and building them would need nvcc and much longer.
             fenv = {k: v for k, v in penv.items() if k not in ("CUDA_HOME", "CUDA_PATH")}
             if text:  # the stand-in torch.utils.cpp_extension skips the torch extensions
-                fenv["PYTHONPATH"] = os.pathsep.join(
-                    [str(write_cpp_extension_stub(tmp / "stub"))]
-                    + ([fenv["PYTHONPATH"]] if fenv.get("PYTHONPATH") else []))
+                fenv = with_cpp_extension_stub(fenv, tmp / "stub")
             start = time.time()
             check(pip + ["--no-build-isolation", "--no-deps",
                          *fairseq_cache(vpy, penv, args.fairseq_extensions), FAIRSEQ_SPEC],
