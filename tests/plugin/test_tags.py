@@ -88,6 +88,34 @@ def test_criterion_is_fairseq_label_smoothed_ce_without_tags(databin):
     assert not any(k.endswith("_tag_count") for k in log_a)
 
 
+def test_unused_tag_heads_add_zero_also_when_their_half_precision_sum_overflows(databin):
+    """In training on a batch without tags the heads join with weight 0; with fp16 logits
+    whose sum overflows (inf in fp16) that term must still be 0, not 0 * inf = NaN."""
+    torch.manual_seed(0)
+    task = make_task(databin)
+    model = build_model(dictionary=task.source_dictionary, tag_dictionaries=task.tag_dictionaries).train()
+    batch = first_batch(task)
+    del batch["source_tags"]
+    forward, overflowing = model.forward, {}
+
+    def forward_with_large_half_logits(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        for name, logits in out[1].get("tag_logits", {}).items():
+            big = torch.full(logits.shape, 60000.0, dtype=torch.float16, requires_grad=True)
+            out[1]["tag_logits"][name] = overflowing[name] = big
+        return out
+
+    model.forward = forward_with_large_half_logits
+    torch.manual_seed(1)
+    loss, _, _ = LabelSmoothedCrossEntropyWithTagsCriterion(task, False, 0.1)(model, batch)
+    torch.manual_seed(1)
+    plain, _, _ = LabelSmoothedCrossEntropyCriterion(task, False, 0.1)(model, batch)
+    assert overflowing and all(torch.isinf(logits.sum()) for logits in overflowing.values())
+    assert torch.isfinite(loss) and loss.item() == plain.item()
+    loss.backward()
+    assert all(torch.equal(x.grad, torch.zeros_like(x)) for x in overflowing.values())
+
+
 @pytest.mark.parametrize("weights", [dict(tag_loss_weights="pos:0.7,ner:0.3"),
                                      dict(pos_loss_weight=0.7, ner_loss_weight=0.3),
                                      dict(tag_loss_weights="ner:0.3", pos_loss_weight=0.7)])

@@ -126,7 +126,8 @@ class LabelSmoothedCrossEntropyWithTagsCriterion(LabelSmoothedCrossEntropyCriter
             logging_output[f"{name}_tag_count"] = count.data
         for name, logits in tag_logits.items():
             if name not in tags:
-                loss = loss + 0.0 * logits.sum()
+                # summed in float32: an fp16 sum can overflow to inf, and 0 * inf is NaN
+                loss = loss + 0.0 * logits.float().sum()
         return loss, sample_size, logging_output
 
     @staticmethod
