@@ -324,10 +324,40 @@ def _split_state(state, params):
     return states
 
 
+def _check_flat_state_sizes(optimizer, state_dict) -> None:
+    """Refuse a state whose tensors do not have the size of the flat master copy they
+    would load into (the model's parameters changed since the checkpoint): torch checks
+    only the number of parameters, and Adam would fail at its first step, or with the
+    same total size silently apply the moments to the wrong parameters."""
+    groups = optimizer.fp32_optimizer.optimizer.param_groups
+    saved_groups = state_dict.get("param_groups") or []
+    if len(groups) != len(saved_groups):
+        return  # torch reports it
+    for group, saved in zip(groups, saved_groups):
+        if len(group["params"]) != len(saved["params"]):
+            return  # torch reports it
+        for param, saved_id in zip(group["params"], saved["params"]):
+            for key, value in state_dict["state"].get(saved_id, {}).items():
+                if torch.is_tensor(value) and value.dim() > 0 and value.numel() != param.numel():
+                    raise RuntimeError(
+                        f"cannot load the optimizer state {key!r}: it holds {value.numel()} values where the "
+                        f"flat master copy of the model's parameters has {param.numel()} (the parameters "
+                        f"changed since the checkpoint was written); {_RESET_HINT}")
+
+
 def match_state_layout(optimizer, state_dict):
     """``state_dict`` (an ``FP16Optimizer`` state) in the layout of ``optimizer``: a
     per-parameter state for a flat master copy, or a flat one for a per-parameter copy,
-    converted; any other state returned as it is (torch reports its own mismatches)."""
+    converted; any other state returned as it is (torch reports its own mismatches). A
+    state for a flat master copy is checked against its size."""
+    converted = _convert_state_layout(optimizer, state_dict)
+    if optimizer.has_flat_params:
+        _check_flat_state_sizes(optimizer, converted)
+    return converted
+
+
+def _convert_state_layout(optimizer, state_dict):
+    """:func:`match_state_layout`'s conversion."""
     groups = optimizer.fp32_optimizer.optimizer.param_groups
     saved_groups = state_dict.get("param_groups") or []
     if len(groups) != 1 or len(saved_groups) != 1:

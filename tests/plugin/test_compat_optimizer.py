@@ -139,6 +139,28 @@ def test_a_state_that_cannot_be_converted_is_an_error_naming_the_way_out():
         flat.load_state_dict(missing)
 
 
+@pytest.mark.parametrize("saved_flags", [[], ["--fp16-no-flatten-grads"]], ids=["flat", "per-parameter"])
+def test_a_state_of_other_parameters_is_refused_by_the_flat_copy_at_load(saved_flags):
+    """A checkpoint's optimizer state written for other parameters (e.g. resumed with a
+    tag head removed) is an error naming --reset-optimizer when it is loaded, not at
+    Adam's first step; torch itself only compares the number of parameters."""
+    model = module()
+    optimizer = build(model, *saved_flags)
+    train(model, optimizer, 2)
+    state = copy.deepcopy(optimizer.state_dict())
+    torch.manual_seed(0)
+    smaller = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.LayerNorm(5), torch.nn.Linear(5, 2)).bfloat16()
+    flat = build(smaller)
+    assert flat.has_flat_params
+    if saved_flags:  # one state per parameter: a parameter's size differs
+        match = r"state 'exp_avg'.*parameter's size.*--reset-optimizer"
+    else:  # flat: the total size differs
+        match = r"state 'exp_avg': it holds 63 values where the flat master copy .* has 57 .*--reset-optimizer"
+    with pytest.raises(RuntimeError, match=match):
+        flat.load_state_dict(state)
+    flat.load_state_dict(copy.deepcopy(build(smaller).state_dict()))  # a state of its own size loads
+
+
 def test_states_of_the_same_layout_load_unchanged():
     optimizer = build(module())
     state = {"state": {}, "param_groups": [{"params": [0], "lr": 0.5}]}
