@@ -51,7 +51,15 @@ checkpoint). Each change logs once, at the first moment it actually changes some
    resumed on the CPU, or with ``--fp16-no-flatten-grads``): the optimizer's state is
    concatenated or split to match, by the parameters' order and sizes (an optimizer
    state that is not one value or one tensor of the parameter's size per parameter
-   cannot be, and is an error that names ``--reset-optimizer``).
+   cannot be, and is an error that names ``--reset-optimizer``). A flat state whose size
+   is not the master copy's (the parameters changed since the checkpoint) is the same
+   error, at load rather than at the first step.
+6. **The flat master copy's syncs** (fairseq 0.12, ``--fp16`` and the flat ``--bf16``).
+   ``FP16Optimizer`` copies the gradients into the flat float32 copy and the updated
+   values back with one ``copy_`` per parameter each way, at every step: hundreds of
+   small kernels and a Python loop over the parameters. With the flat copy they are
+   one ``torch._foreach_copy_`` each way, over views of the flat tensor; the values
+   are the same, bit for bit (zeros for a parameter without gradient, as fairseq).
 """
 
 import argparse
@@ -400,6 +408,69 @@ def flat_bf16_master_copy() -> None:
     FP16Optimizer.load_state_dict = load_state_dict
 
 
+# --------------------------------------------------------------------------- 6. the flat copy's syncs
+
+_original_sync_grads = FP16Optimizer._sync_fp16_grads_to_fp32
+_original_sync_params = FP16Optimizer._sync_fp32_params_to_fp16
+
+
+def _flat_groups(optimizer, trainable_only: bool):
+    """``[(flat float32 Parameter, the parameters it holds, in order)]`` of a flat master
+    copy, grouped by device index as fairseq groups them; None where the parameters do
+    not fill each flat tensor exactly (fairseq's own loop then runs, as before)."""
+    if not isinstance(optimizer.fp32_params, dict) or not optimizer.has_flat_params:
+        return None
+    by_device = {}
+    for p in optimizer.fp16_params:
+        if p.requires_grad or not trainable_only:
+            by_device.setdefault(p.device.index, []).append(p)
+    groups = []
+    for device, flat in optimizer.fp32_params.items():
+        params = by_device.get(device, [])
+        if sum(p.numel() for p in params) != flat.numel():
+            return None
+        groups.append((flat, params))
+    return groups
+
+
+def _views(flat, params):
+    """Views of ``flat`` shaped as ``params``, one after the other."""
+    return [v.view(p.shape) for v, p in zip(flat.split([p.numel() for p in params]), params)]
+
+
+def sync_fp16_grads_to_fp32(self):
+    """``FP16Optimizer._sync_fp16_grads_to_fp32`` with one ``_foreach_copy_`` per flat
+    tensor instead of one copy per parameter (zeros for a parameter without gradient)."""
+    if not self._needs_sync:
+        return
+    groups = _flat_groups(self, trainable_only=True)
+    if groups is None:
+        return _original_sync_grads(self)
+    for flat, params in groups:
+        if params:
+            grads = [p.grad.data if p.grad is not None else p.data.new_zeros(p.data.shape) for p in params]
+            torch._foreach_copy_(_views(flat.grad.data, params), grads)
+    self._needs_sync = False
+
+
+def sync_fp32_params_to_fp16(self):
+    """``FP16Optimizer._sync_fp32_params_to_fp16`` with one ``_foreach_copy_`` per flat
+    tensor instead of one copy per parameter."""
+    groups = _flat_groups(self, trainable_only=False)
+    if groups is None:
+        return _original_sync_params(self)
+    for flat, params in groups:
+        if params:
+            torch._foreach_copy_([p.data for p in params], _views(flat.data, params))
+
+
+def foreach_master_copy_syncs() -> None:
+    """Install :func:`sync_fp16_grads_to_fp32` and :func:`sync_fp32_params_to_fp16` on
+    fairseq's ``FP16Optimizer`` (idempotent)."""
+    FP16Optimizer._sync_fp16_grads_to_fp32 = sync_fp16_grads_to_fp32
+    FP16Optimizer._sync_fp32_params_to_fp16 = sync_fp32_params_to_fp16
+
+
 def apply(root_level_before_fairseq=None) -> None:
     """All of the above (idempotent); the logging level first, so that the others'
     messages are filtered by it."""
@@ -408,3 +479,4 @@ def apply(root_level_before_fairseq=None) -> None:
     keep_last_batches()
     bf16_without_tpu()
     flat_bf16_master_copy()
+    foreach_master_copy_syncs()
