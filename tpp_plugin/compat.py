@@ -60,6 +60,12 @@ checkpoint). Each change logs once, at the first moment it actually changes some
    small kernels and a Python loop over the parameters. With the flat copy they are
    one ``torch._foreach_copy_`` each way, over views of the flat tensor; the values
    are the same, bit for bit (zeros for a parameter without gradient, as fairseq).
+7. **Smoothed values at every update** (fairseq 0.12). ``Trainer._reduce_and_log_stats``
+   computes the smoothed value of every meter at every training update, which reads
+   each one back from the GPU (a synchronisation per update), although
+   ``fairseq-train`` uses them only on the updates it logs (``--log-interval``). On the
+   other updates they are no longer computed; everything is still logged into the
+   meters, so the logged figures, the epoch's and the validation's are unchanged.
 """
 
 import argparse
@@ -73,7 +79,10 @@ import torch
 from fairseq import optim
 from fairseq.data import data_utils
 from fairseq.dataclass import utils as dataclass_utils
+from fairseq.logging import metrics
 from fairseq.optim.fp16_optimizer import FP16Optimizer
+from fairseq.trainer import Trainer
+from fairseq.trainer import logger as trainer_logger
 
 logger = logging.getLogger(__name__)
 _logged = set()
@@ -446,6 +455,8 @@ def sync_fp16_grads_to_fp32(self):
     groups = _flat_groups(self, trainable_only=True)
     if groups is None:
         return _original_sync_grads(self)
+    _log_once("foreach_syncs", "the flat float32 master copy synchronised with one _foreach_copy_ each way "
+              "(fairseq: one copy per parameter)")
     for flat, params in groups:
         if params:
             grads = [p.grad.data if p.grad is not None else p.data.new_zeros(p.data.shape) for p in params]
@@ -471,6 +482,64 @@ def foreach_master_copy_syncs() -> None:
     FP16Optimizer._sync_fp32_params_to_fp16 = sync_fp32_params_to_fp16
 
 
+# --------------------------------------------------------------------------- 7. smoothed values when logged
+
+_original_train_step = Trainer.train_step
+_original_reduce_and_log_stats = Trainer._reduce_and_log_stats
+
+
+def train_step(self, samples, raise_oom=False):
+    """``Trainer.train_step``, marked as running for :func:`reduce_and_log_stats`."""
+    outer = getattr(self, "_tpp_in_train_step", False)
+    self._tpp_in_train_step = True
+    try:
+        return _original_train_step(self, samples, raise_oom)
+    finally:
+        self._tpp_in_train_step = outer
+
+
+def reduce_and_log_stats(self, logging_outputs, sample_size, grad_norm=None):
+    """``Trainer._reduce_and_log_stats``; in a training update that fairseq-train does not
+    log (``--log-interval``), everything is logged as fairseq logs it, but the smoothed
+    values, which read every meter back from the device, are not computed, and
+    ``{"sample_size": sample_size}`` is returned (fairseq-train only tests it for None)."""
+    if (self.tpu or not getattr(self, "_tpp_in_train_step", False)
+            or self.get_num_updates() % self.cfg.common.log_interval == 0):
+        return _original_reduce_and_log_stats(self, logging_outputs, sample_size, grad_norm)
+    _log_once("smoothed", "fairseq's smoothed training figures computed on the logged updates only "
+              "(--log-interval %d), not read back from the device at every update", self.cfg.common.log_interval)
+    # fairseq's body, without agg.get_smoothed_values()
+    if grad_norm is not None and (not torch.is_tensor(grad_norm) or torch.isfinite(grad_norm)):
+        metrics.log_speed("ups", 1.0, priority=100, round=2)
+        metrics.log_scalar("gnorm", grad_norm, priority=400, round=3)
+        if self.cfg.optimization.clip_norm > 0:
+            metrics.log_scalar(
+                "clip",
+                torch.where(grad_norm > self.cfg.optimization.clip_norm, grad_norm.new_tensor(100),
+                            grad_norm.new_tensor(0)),
+                priority=500,
+                round=1,
+            )
+    with metrics.aggregate() as agg:
+        if logging_outputs is not None:
+            self.task.reduce_metrics(logging_outputs, self.get_criterion())
+            del logging_outputs
+        if "loss" not in agg:
+            if "loss" not in self._warn_once:
+                self._warn_once.add("loss")
+                trainer_logger.warning("Criterion.reduce_metrics did not log a 'loss' value, "
+                                       "which may break some functionality")
+            metrics.log_scalar("loss", -1)
+    return {"sample_size": sample_size}
+
+
+def smoothed_values_only_when_logged() -> None:
+    """Install :func:`train_step` and :func:`reduce_and_log_stats` on fairseq's
+    ``Trainer`` (idempotent)."""
+    Trainer.train_step = train_step
+    Trainer._reduce_and_log_stats = reduce_and_log_stats
+
+
 def apply(root_level_before_fairseq=None) -> None:
     """All of the above (idempotent); the logging level first, so that the others'
     messages are filtered by it."""
@@ -480,3 +549,4 @@ def apply(root_level_before_fairseq=None) -> None:
     bf16_without_tpu()
     flat_bf16_master_copy()
     foreach_master_copy_syncs()
+    smoothed_values_only_when_logged()
