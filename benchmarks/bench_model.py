@@ -130,6 +130,11 @@ def parse_args(argv=None):
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--no-generation", action="store_true")
     p.add_argument("--no-memory", action="store_true")
+    p.add_argument("--no-training", action="store_true",
+                   help="time generation only (the models train their --warmup steps untimed first)")
+    p.add_argument("--partial", type=Path,
+                   help="after every timed training round, write the table of the rounds so far here "
+                        "(what a run stopped midway still reports)")
     p.add_argument("--update-freq", type=int, default=None,
                    help="batches per timed training step (fairseq's --update-freq: gradients of N "
                         "batches accumulated, one optimizer step; default 1 on CPU, 2 on GPU)")
@@ -446,6 +451,8 @@ def measure_training(size, args, results):
             synchronize(args)
             # parameters, gradients, optimizer state (and fp32 master copy in fp16/bf16)
             results.setdefault(name, {})["persistent"] = torch.cuda.memory_allocated() - base
+    if args.no_training:
+        return trainers
     if args.device == "cuda":
         # every batch shape once, untimed: the first call with a new shape can cost
         # library set-up (kernel selection, workspaces) that a long run pays only once
@@ -469,7 +476,16 @@ def measure_training(size, args, results):
             else:
                 seconds, _ = timed(lambda: trainer.train_step(batch), args)
             times[name].append(seconds)
-    tokens = [sum(b["ntokens"] for b in step) for step in batches[args.warmup:]]
+        training_figures(trainers, batches[args.warmup:r + args.warmup + 1], times, memory, vocab, args, results)
+        if args.partial and r >= 1:  # what a run stopped midway still reports
+            write_atomically(args.partial, report(size, args, results, device_label(args)) +
+                             f"\n\n(partial: {r + 1} of {args.rounds} timed rounds)\n")
+    return trainers
+
+
+def training_figures(trainers, batches, times, memory, vocab, args, results):
+    """The training figures of the rounds timed so far (``batches``: theirs)."""
+    tokens = [sum(b["ntokens"] for b in step) for step in batches]
     for name in args.models:
         cfg, task, trainer = trainers[name]
         wps = [n / s for n, s in zip(tokens, times[name])]
@@ -483,10 +499,21 @@ def measure_training(size, args, results):
             entry["train_memory"] = entry["persistent"] + memory[name]
         if args.mfu:
             flops = []
-            for step, sec in zip(batches[args.warmup:], times[name]):
+            for step, sec in zip(batches, times[name]):
                 flops.append(sum(train_flops(cfg, dict(b, _vocab=vocab)) for b in step) / sec)
             entry["train_tflops"] = statistics.median(flops) / 1e12
-    return trainers
+
+
+def device_label(args):
+    import torch
+
+    return torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+
+
+def write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 def test_batches(task, cfg, args):
@@ -601,15 +628,16 @@ def report(size, args, results, device_name):
     mib = 2**20
     lines = [f"### d={size}, {SIZES[size][0]} heads, FFN {SIZES[size][1]}, {args.layers}+{args.layers} layers, "
              f"{args.dtype}, {device_name}", ""]
-    head = "| model | parameters | train words/s | step ms |"
-    rule = "|---|---:|---:|---:|"
+    trained = "train_wps" in results[args.models[0]]
+    head = "| model | parameters |" + (" train words/s | step ms |" if trained else "")
+    rule = "|---|---:|" + ("---:|---:|" if trained else "")
     if "gen_sent_per_s" in results[args.models[0]]:
         head += f" beam-{args.beam} sentences/s ({args.gen_len}-token outputs) |"
         rule += "---:|"
     if "train_memory" in results[args.models[0]]:
         head += " training memory |"
         rule += "---:|"
-    if args.mfu:
+    if args.mfu and trained:
         head += " model TFLOP/s | MFU (of the bf16 peak) |"
         rule += "---:|---:|"
     lines += [head, rule]
@@ -618,19 +646,21 @@ def report(size, args, results, device_name):
         peak = peak_tflops(device_name)
     for name in args.models:
         r = results[name]
-        row = (f"| {name} | {r['params'] / 1e6:.1f}M | {r['train_wps']:,.0f} (±{100 * spread(r['train_wps_all']):.0f}%) "
-               f"| {1000 * r['step_seconds']:.1f} |")
+        row = f"| {name} | {r['params'] / 1e6:.1f}M |"
+        if trained:
+            row += (f" {r['train_wps']:,.0f} (±{100 * spread(r['train_wps_all']):.0f}%) "
+                    f"| {1000 * r['step_seconds']:.1f} |")
         if "gen_sent_per_s" in r:
             row += f" {r['gen_sent_per_s']:.2f} (±{100 * spread(r['gen_sent_per_s_all']):.0f}%) |"
         if "train_memory" in r:
             row += f" {r['train_memory'] / mib:,.0f} MiB |"
-        if args.mfu:
+        if args.mfu and trained:
             mfu = f"{100 * r['train_tflops'] / peak:.1f}%" if peak else "n/a"
             row += f" {r['train_tflops']:.0f} | {mfu} |"
         lines.append(row)
     if "transformer" in results:
         base = results["transformer"]
-        keys = [("train_wps", "training words/s", True)]
+        keys = [("train_wps", "training words/s", True)] if trained else []
         if "gen_sent_per_s" in base:
             keys.append(("gen_sent_per_s", "generation sentences/s", True))
         if "train_memory" in base:
@@ -727,7 +757,7 @@ def main(argv=None):
     if args.data is None:
         work = Path(tempfile.mkdtemp(prefix="bench_model_"))
         args.data = synthetic_data(work)
-    device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    device_name = device_label(args)
     started = time.perf_counter()
     everything = {}
     try:

@@ -1,41 +1,56 @@
 #!/usr/bin/env bash
-# The GPU checks and benchmarks of docs/gpu.md in one command, each stage with its own
-# log, in the order of what they decide (a GPU's time is usually short).
+# The GPU checks and benchmarks of docs/gpu.md in one command, the stages in the order
+# of what they decide, each under its own time limit inside one overall budget.
 #
 # Usage:
-#   benchmarks/gpu_suite.sh [--force] [--budget SECONDS] DATA OUT [STAGE ...]
+#   benchmarks/gpu_suite.sh [--force] [--budget SECONDS] [--limit STAGE=SECONDS ...]
+#                           [--pack DIR] DATA OUT [STAGE ...]
 #
-#   --budget  the seconds the whole suite may take (a lent GPU's time is counted): each
-#          command runs under `timeout` with what is left, one cut off at the end keeps
-#          its output in FILE.partial, and the commands left are recorded as not run
-#   DATA   a binarized translation data folder (fairseq-preprocess or tpp-prepare-corpus;
-#          tags are not needed)
-#   OUT    a folder for the logs and tables (created). A stage whose table is already
-#          there is skipped unless --force; tables are written under a temporary name
-#          and renamed when their command has finished
+#   --budget  the seconds the whole suite may take (a lent GPU's time is counted): no
+#          command runs past it; those left are recorded as not run
+#   --limit   the seconds one stage may take (default: the figure beside it below),
+#          within the budget: a command cut off keeps its output in FILE.partial, and
+#          the stage's commands left are recorded as not run; the next stage runs
+#   --pack DIR  after every stage, DIR receives summary.md, status.txt and
+#          gpu_results.tar.gz (all of OUT): what returns from a machine that sends
+#          back only a few files, even if the suite is stopped midway
+#   DATA   a binarized data folder with POS/NER tags (tpp-prepare-corpus): the mixed
+#          stage trains transformer_pp with its tag losses
+#   OUT    a folder for the logs and tables (created). A command whose output is already
+#          there is skipped unless --force (so a second call resumes where the first
+#          stopped); outputs are written under a temporary name and renamed when their
+#          command has finished
 #   STAGE  any of the stages below (default: all of them, in this order)
 #
-#   tests    the CUDA tests and the Triton kernels' tests, compiled
-#   counts   operators per beam-search step and per training batch (count_ops.py)
-#   step     one decoding step of the self-attention, with its reordering, timed against
-#            fairseq's MultiheadAttention at 5 and 640 rows, PyTorch and Triton (bench_decode_step.py)
-#   speed    training, generation, memory and MFU at d = 1024, bf16: fairseq's transformer,
-#            its twin (the harness's control), tpp-conv0, tpp, tpp-triton, tpp-cudnn
-#   mixed    300 updates of fairseq-train, base size: float32, --bf16, --bf16 with cuDNN's
-#            attention allowed, --fp16, --memory-efficient-fp16 ("done training in", losses)
-#   memory   what a training forward keeps for the backward pass (kept_for_backward.py)
-#   split    --bf16's master copy flat against one tensor per parameter
-#   profile  where beam search's time goes (profile_model.py --generation, 30 and 100 tokens)
+#   tests       120 s  the CUDA tests and the Triton kernels' tests, compiled
+#   mixed       300 s  fairseq-train, base size, 150 updates: transformer and
+#                      transformer_pp with the tag losses in float32, --bf16 and --fp16,
+#                      then --bf16 without cuDNN's attention (transformer), with it
+#                      (transformer_pp), with the Triton conv heads, --memory-efficient-fp16
+#   speed       150 s  training at d = 1024, bf16: transformer, its twin (the control),
+#                      tpp, tpp-triton (bench_model.py; its table grows round by round)
+#   generation  180 s  beam 5 at d = 1024, bf16, 30- and 100-token outputs, same models
+#   cudnn        90 s  training at d = 1024, bf16, with cuDNN's attention allowed (tpp-cudnn)
+#   split        90 s  --bf16's master copy flat against one tensor per parameter
+#   profile     150 s  where training's and beam search's time goes (profile_model.py)
+#   memory       60 s  what a training forward keeps for the backward (kept_for_backward.py)
+#   counts       60 s  operators per beam-search step and per training batch (count_ops.py)
+#   step         60 s  one decoding step of the self-attention (bench_decode_step.py)
 #
-# OUT/environment.txt records, run by run, the GPU, its driver and the versions the
-# figures come from.
-# A command that fails is recorded in OUT/status.txt (its output stays in FILE.partial)
-# and the next one runs; the suite then exits with status 1. PYTHON names the Python
-# interpreter to use (default: python on PATH); fairseq-train runs as its module.
+# Every stage appends its table to OUT/summary.md and prints it on standard output as
+# it finishes. OUT/environment.txt records the GPU, its driver and the versions; every
+# command's exit status and seconds go to OUT/status.txt. A command that fails is
+# recorded and the next one runs; the suite then exits with status 1. PYTHON names the
+# Python interpreter to use (default: python on PATH).
 set -uo pipefail
 
+ALL_STAGES=(tests mixed speed generation cudnn split profile memory counts step)
+declare -A LIMIT=([tests]=120 [mixed]=300 [speed]=150 [generation]=180 [cudnn]=90 [split]=90
+                  [profile]=150 [memory]=60 [counts]=60 [step]=60)
 FORCE=0
 BUDGET=0
+PACK=
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 while [[ $# -gt 0 ]]; do
     case $1 in
         --force) FORCE=1; shift ;;
@@ -46,23 +61,38 @@ while [[ $# -gt 0 ]]; do
             fi
             BUDGET=$2
             shift 2 ;;
+        --limit)
+            if [[ ! ${2:-} =~ ^([a-z]+)=([1-9][0-9]*)$ || -z ${LIMIT[${BASH_REMATCH[1]}]:-} ]]; then
+                echo "gpu_suite.sh: --limit takes STAGE=SECONDS with a stage of ${ALL_STAGES[*]}, not '${2:-}'" >&2
+                exit 2
+            fi
+            LIMIT[${BASH_REMATCH[1]}]=${BASH_REMATCH[2]}
+            shift 2 ;;
+        --pack)
+            if [[ -z ${2:-} ]]; then
+                echo "gpu_suite.sh: --pack takes a folder" >&2
+                exit 2
+            fi
+            PACK=$2
+            shift 2 ;;
+        -h|--help) usage; exit 0 ;;
         *) break ;;
     esac
 done
 if [[ $# -lt 2 ]]; then
-    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
+    usage
     exit 2
 fi
 DATA=$1
 OUT=$2
 shift 2
 STAGES=("$@")
-[[ ${#STAGES[@]} -eq 0 ]] && STAGES=(tests counts step speed mixed memory split profile)
+[[ ${#STAGES[@]} -eq 0 ]] && STAGES=("${ALL_STAGES[@]}")
 for stage in "${STAGES[@]}"; do
-    case $stage in
-        tests|counts|step|speed|mixed|memory|split|profile) ;;
-        *) echo "gpu_suite.sh: unknown stage '$stage' (tests counts step speed mixed memory split profile)" >&2; exit 2 ;;
-    esac
+    if [[ -z ${LIMIT[$stage]:-} ]]; then
+        echo "gpu_suite.sh: unknown stage '$stage' (${ALL_STAGES[*]})" >&2
+        exit 2
+    fi
 done
 if [[ ! -d $DATA ]]; then
     echo "gpu_suite.sh: DATA '$DATA' is not a folder" >&2
@@ -71,6 +101,7 @@ fi
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python}
 mkdir -p "$OUT" || exit 2
+[[ -n $PACK ]] && { mkdir -p "$PACK" && PACK=$(cd "$PACK" && pwd) || exit 2; }
 # absolute before moving to the project's root: both may be given from anywhere
 DATA=$(cd "$DATA" && pwd) && OUT=$(cd "$OUT" && pwd) || exit 2
 cd "$REPO" || exit 2
@@ -80,10 +111,14 @@ FAILED=0
     echo "== $(date -u '+%Y-%m-%d %H:%M:%S UTC'): gpu_suite.sh ${STAGES[*]}"
     git describe --always --dirty 2>/dev/null || echo "(not a git checkout)"
     "$PY" -c 'import sys, torch; print(f"Python {sys.version.split()[0]}, torch {torch.__version__}, CUDA {torch.version.cuda}"); print(torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device")' 2>&1
+    "$PY" -c 'import triton; print(f"Triton {triton.__version__}")' 2>&1 | tail -1
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit --format=csv 2>&1 \
         || echo "(no nvidia-smi)"
 } >>"$OUT/environment.txt"
+{ echo "# gpu_suite.sh: $(date -u '+%Y-%m-%d %H:%M UTC')"; echo; echo '```'; tail -n 6 "$OUT/environment.txt"; echo '```'; } \
+    | tee -a "$OUT/summary.md"
 
+DEADLINE=0  # the current stage's, in the suite's SECONDS
 run() {  # run STAGE FILE COMMAND...: stdout to OUT/FILE, stderr to OUT/FILE.log
     local stage=$1 file=$2
     shift 2
@@ -91,23 +126,22 @@ run() {  # run STAGE FILE COMMAND...: stdout to OUT/FILE, stderr to OUT/FILE.log
         printf '%s\t%s\tskipped: it exists (--force replaces it)\n' "$stage" "$file" | tee -a "$OUT/status.txt"
         return
     fi
-    local limit=()
-    if [[ $BUDGET -gt 0 ]]; then
-        local left=$((BUDGET - SECONDS))  # SECONDS: since the suite started
-        if [[ $left -le 0 ]]; then
-            FAILED=1
-            printf '%s\t%s\tnot run: the budget of %ds is spent\n' "$stage" "$file" "$BUDGET" \
-                | tee -a "$OUT/status.txt"
-            return
-        fi
-        # timeout signals the command's whole process group, the processes it started too
-        limit=(timeout --kill-after=10 "$left")
+    local left=$((DEADLINE - SECONDS)) why="the stage's limit of ${LIMIT[$stage]}s"
+    if [[ $BUDGET -gt 0 && $((BUDGET - SECONDS)) -le $left ]]; then
+        left=$((BUDGET - SECONDS))
+        why="the budget of ${BUDGET}s"
+    fi
+    if [[ $left -le 0 ]]; then
+        FAILED=1
+        printf '%s\t%s\tnot run: %s is spent\n' "$stage" "$file" "$why" | tee -a "$OUT/status.txt"
+        return
     fi
     if declare -F "$1" >/dev/null; then  # a function of this script (exported below)
         set -- bash -c '"$@"' _ "$@"
     fi
     local start=$SECONDS
-    "${limit[@]}" "$@" >"$OUT/$file.partial" 2>"$OUT/$file.log"
+    # timeout signals the command's whole process group, the processes it started too
+    timeout --kill-after=10 "$left" "$@" >"$OUT/$file.partial" 2>"$OUT/$file.log"
     local rc=$?
     if [[ $rc -eq 0 ]]; then
         mv -f "$OUT/$file.partial" "$OUT/$file"
@@ -115,60 +149,149 @@ run() {  # run STAGE FILE COMMAND...: stdout to OUT/FILE, stderr to OUT/FILE.log
         FAILED=1
     fi
     local note=""  # timeout's statuses: 124 when it stopped the command, 137 when it killed it
-    if [[ ${#limit[@]} -gt 0 && ( $rc -eq 124 || $rc -eq 137 ) ]]; then
-        note=" (stopped: the budget of ${BUDGET}s ran out)"
+    if [[ $rc -eq 124 || $rc -eq 137 ]]; then
+        note=" (stopped: $why ran out)"
     fi
     printf '%s\t%s\texit %d\t%ds%s\n' "$stage" "$file" "$rc" $((SECONDS - start)) "$note" \
         | tee -a "$OUT/status.txt"
 }
 
-BENCH=("$PY" benchmarks/bench_model.py --data "$DATA" --device cuda --dtype bf16)
-
-mixed() {  # fairseq-train (as PY's module), 300 updates of the base preset, in each precision
-    local name=$1
-    shift
-    rm -f "$OUT/mixed_$name.json"  # fairseq appends to its log file
-    "$PY" -m fairseq_cli.train "$DATA" --user-dir tpp_plugin --arch transformer_pp --encoder-tag-layers "" \
-        --task translation --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
-        --share-all-embeddings --optimizer adam --adam-betas '(0.9, 0.98)' --lr 7e-4 \
-        --lr-scheduler inverse_sqrt --warmup-updates 100 --max-tokens 8192 --max-update 300 \
-        --no-save --disable-validation --seed 1 --log-format json --log-interval 20 \
-        --log-file "$OUT/mixed_$name.json" "$@"
+output() {  # output FILE [LINES]: a command's table, or what it wrote before it stopped and why
+    local f
+    if [[ -e $OUT/$1 ]]; then
+        tail -n "${2:-60}" "$OUT/$1"
+        return
+    fi
+    for f in "$OUT/$1.progress" "$OUT/$1.partial" ""; do
+        if [[ -z $f ]]; then
+            echo "($1: no output)"
+        elif [[ -s $f ]]; then
+            echo "(${f##*/}: the command did not finish)"
+            tail -n "${2:-60}" "$f"
+            break
+        fi
+    done
+    if [[ -s $OUT/$1.log ]]; then
+        echo "(the end of $1.log)"
+        grep -v -i 'warning' "$OUT/$1.log" | tail -n 6
+    fi
 }
-export -f mixed  # run() starts it through bash, under timeout with --budget
-export PY DATA OUT
+
+summarize() {  # summarize STAGE: its table, appended to OUT/summary.md and printed
+    local stage=$1
+    {
+        echo
+        echo "## $stage"
+        echo
+        awk -F'\t' -v s="$stage" '$1 == s { print "    " $2 ": " $3 ($4 ? ", " $4 : "") }' "$OUT/status.txt" \
+            | tail -n 12
+        echo
+        case $stage in
+        tests) output tests.txt 25 ;;
+        mixed)
+            local pairs=() name
+            for name in "${MIXED_RUNS[@]}"; do pairs+=("$name=$OUT/mixed_$name.txt"); done
+            "$PY" benchmarks/fairseq_train_run.py table "${pairs[@]}" 2>&1
+            for name in "${MIXED_RUNS[@]}"; do  # why a run failed: the last line of its errors
+                if [[ ! -e $OUT/mixed_$name.txt && -s $OUT/mixed_$name.txt.log ]]; then
+                    echo "$name: $(grep -v -i warning "$OUT/mixed_$name.txt.log" | grep . | tail -n 1)"
+                fi
+            done ;;
+        speed) output speed.md ;;
+        generation) output generation_30.md; echo; output generation_100.md ;;
+        cudnn) output cudnn.md ;;
+        split) output split.md ;;
+        profile) output profile_train.md 40; echo; output profile_30.md 30; echo; output profile_100.md 30 ;;
+        memory) output memory.md ;;
+        counts) output counts.md ;;
+        step) output step.md ;;
+        esac
+    } | tee -a "$OUT/summary.md"
+}
+
+pack() {  # what a machine that returns few files sends back, after every stage
+    [[ -z $PACK ]] && return
+    cp "$OUT/summary.md" "$OUT/status.txt" "$PACK/" 2>/dev/null
+    tar -czf "$PACK/gpu_results.tar.gz.tmp" -C "$OUT" . && mv -f "$PACK/gpu_results.tar.gz.tmp" "$PACK/gpu_results.tar.gz"
+}
+
+BENCH=("$PY" benchmarks/bench_model.py --data "$DATA" --device cuda --dtype bf16 --sizes 1024)
+MODELS=transformer,transformer-b,tpp,tpp-triton
+MIXED_UPDATES=${MIXED_UPDATES:-150}
+# name, model, options: the order is that of what they decide
+MIXED_RUNS=(transformer_fp32 transformer_bf16 tpp_fp32 tpp_bf16 transformer_fp16 tpp_fp16
+            transformer_bf16_nocudnn tpp_bf16_cudnn tpp_bf16_triton tpp_mefp16)
+declare -A MIXED=(
+    [transformer_fp32]="transformer" [transformer_bf16]="transformer --bf16"
+    [tpp_fp32]="tpp" [tpp_bf16]="tpp --bf16"
+    [transformer_fp16]="transformer --fp16" [tpp_fp16]="tpp --fp16"
+    [transformer_bf16_nocudnn]="transformer --no-cudnn-attention --bf16"
+    [tpp_bf16_cudnn]="tpp --bf16 --cudnn-attention true"
+    [tpp_bf16_triton]="tpp --bf16 --conv-heads-impl triton"
+    [tpp_mefp16]="tpp --memory-efficient-fp16")
+
+mixed() {  # mixed MODEL [--no-cudnn-attention] OPTIONS...: fairseq-train, base size
+    local model=$1 wrapper=()
+    shift
+    if [[ ${1:-} == --no-cudnn-attention ]]; then
+        wrapper=(--no-cudnn-attention)
+        shift
+    fi
+    local arch=(--arch transformer --task translation --criterion label_smoothed_cross_entropy)
+    if [[ $model == tpp ]]; then  # with its tag losses (POS after layer 1, NER after layer 2)
+        arch=(--arch transformer_pp --task translation_with_tags --criterion label_smoothed_cross_entropy_with_tags)
+    fi
+    "$PY" benchmarks/fairseq_train_run.py train "${wrapper[@]}" "$DATA" --user-dir tpp_plugin "${arch[@]}" \
+        --label-smoothing 0.1 --share-all-embeddings --optimizer adam --adam-betas '(0.9, 0.98)' \
+        --lr 7e-4 --lr-scheduler inverse_sqrt --warmup-updates 100 --max-tokens 8192 \
+        --max-update "$MIXED_UPDATES" --no-save --disable-validation --seed 1 \
+        --log-format json --log-interval 25 --no-progress-bar "$@"
+}
+export -f mixed  # run() starts it through bash, under timeout
+export PY DATA OUT MIXED_UPDATES
 
 for stage in "${STAGES[@]}"; do
+    DEADLINE=$((SECONDS + LIMIT[$stage]))
     case $stage in
-    tests)
-        run tests tests.txt "$PY" -m pytest -q tests/plugin/test_cuda.py tests/plugin/test_conv_heads_triton.py ;;
+    tests)  # the ahead-of-time compile test is for machines without a GPU
+        run tests tests.txt "$PY" -m pytest -q -p no:cacheprovider --tb=line -rfE \
+            tests/plugin/test_cuda.py tests/plugin/test_conv_heads_triton.py -k "not hopper" ;;
+    mixed)
+        for name in "${MIXED_RUNS[@]}"; do
+            # shellcheck disable=SC2086  # the options are words
+            run mixed "mixed_$name.txt" mixed ${MIXED[$name]}
+        done ;;
+    speed)
+        run speed speed.md "${BENCH[@]}" --rounds 8 --mfu --no-generation --models "$MODELS" \
+            --partial "$OUT/speed.md.progress" --json "$OUT/speed.json" ;;
+    generation)
+        run generation generation_30.md "${BENCH[@]}" --no-training --gen-len 30 --gen-batches 4 --models "$MODELS"
+        run generation generation_100.md "${BENCH[@]}" --no-training --gen-len 100 --gen-batches 3 --models "$MODELS" ;;
+    cudnn)
+        run cudnn cudnn.md "${BENCH[@]}" --rounds 8 --no-generation --models transformer,transformer-b,tpp,tpp-cudnn \
+            --partial "$OUT/cudnn.md.progress" ;;
+    split)
+        run split split.md "${BENCH[@]}" --rounds 8 --mfu --no-generation \
+            --models transformer,transformer-split,transformer-b,tpp,tpp-split --partial "$OUT/split.md.progress" ;;
+    profile)
+        run profile profile_train.md "$PY" benchmarks/profile_model.py --data "$DATA" --device cuda --dtype bf16 \
+            --size 1024 --models transformer,tpp
+        run profile profile_30.md "$PY" benchmarks/profile_model.py --data "$DATA" --device cuda --dtype bf16 \
+            --size 1024 --generation
+        run profile profile_100.md "$PY" benchmarks/profile_model.py --data "$DATA" --device cuda --dtype bf16 \
+            --size 1024 --generation --gen-len 100 ;;
+    memory)
+        run memory memory.md "$PY" benchmarks/kept_for_backward.py --data "$DATA" --device cuda --dtype bf16 \
+            --size 1024 --max-tokens 16384 ;;
     counts)
         run counts counts.md "$PY" benchmarks/count_ops.py --data "$DATA" --device cuda --dtype bf16 --size 1024 \
             --models transformer,tpp,tpp-triton ;;
     step)
         run step step.md "$PY" benchmarks/bench_decode_step.py --device cuda --dtype bf16 --dim 1024 --rows 5,640 \
             --models mha,mha-b,tpp,tpp-triton ;;
-    speed)
-        run speed speed.md "${BENCH[@]}" --sizes 1024 --rounds 8 --mfu --json "$OUT/speed.json" \
-            --models transformer,transformer-b,tpp-conv0,tpp,tpp-triton,tpp-cudnn ;;
-    mixed)
-        run mixed mixed_fp32.txt mixed fp32
-        run mixed mixed_bf16.txt mixed bf16 --bf16
-        run mixed mixed_bf16_cudnn.txt mixed bf16_cudnn --bf16 --cudnn-attention true
-        run mixed mixed_fp16.txt mixed fp16 --fp16
-        run mixed mixed_mefp16.txt mixed mefp16 --memory-efficient-fp16 ;;
-    memory)
-        run memory memory.md "$PY" benchmarks/kept_for_backward.py --data "$DATA" --device cuda --dtype bf16 \
-            --size 1024 --max-tokens 16384 ;;
-    split)
-        run split split.md "${BENCH[@]}" --sizes 1024 --rounds 8 --mfu --no-generation \
-            --models transformer,transformer-split,transformer-b,tpp,tpp-split ;;
-    profile)
-        run profile profile_30.md "$PY" benchmarks/profile_model.py --data "$DATA" --device cuda --dtype bf16 \
-            --size 1024 --generation
-        run profile profile_100.md "$PY" benchmarks/profile_model.py --data "$DATA" --device cuda --dtype bf16 \
-            --size 1024 --generation --gen-len 100 ;;
     esac
+    summarize "$stage"
+    pack
 done
-echo "gpu_suite.sh: logs and tables in $OUT (status.txt: one line per command)"
+echo "gpu_suite.sh: logs and tables in $OUT (status.txt: one line per command; summary.md: every table)"
 exit $FAILED

@@ -2,6 +2,7 @@
 machine, so they can be checked): attention_shapes.py against fairseq's own batches,
 and every benchmark's refusal of ``--device cuda`` where there is none."""
 
+import json
 import random
 import re
 import subprocess
@@ -139,7 +140,7 @@ def test_gpu_suite_records_failures_keeps_tables_and_replaces_only_with_force(da
     res = run([suite, data, out, "counts"], cwd=REPO)
     assert "counts.md\tskipped: it exists (--force replaces it)" in res.stdout
     res = run([suite, "--force", data, out, "counts"], cwd=REPO, check=False)
-    assert res.returncode == 1 and res.stdout.startswith("counts\tcounts.md\texit 2")
+    assert res.returncode == 1 and "\ncounts\tcounts.md\texit 2" in res.stdout
     assert (out / "counts.md").read_text() == "an earlier table\n"
 
 
@@ -157,35 +158,95 @@ def test_gpu_suite_takes_folders_relative_to_where_it_is_run(data, tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the stages would run for real")
 def test_gpu_suite_stops_at_its_budget_and_says_what_did_not_run(data, tmp_path):
-    """--budget: the mixed stage's first fairseq-train (300 updates of the base preset,
-    here on the CPU: minutes) is cut off when the budget runs out, its output kept as a
-    partial table and no process of it left behind; every command after it is recorded
-    as not run, and the suite exits 1. A command that ends within the budget is recorded
-    as before."""
+    """--budget: the mixed stage's first fairseq-train (the base preset, here on the
+    CPU: minutes) is cut off when the budget runs out, its output kept as a partial
+    table and no process of it left behind; every command after it is recorded as not
+    run, and the suite exits 1. A command that ends within the budget is recorded as
+    before."""
     out = tmp_path / "results"
     res = run(["benchmarks/gpu_suite.sh", "--budget", "20", data, out, "mixed", "counts"],
               cwd=REPO, check=False)
     assert res.returncode == 1, res.stdout + res.stderr
     lines = (out / "status.txt").read_text().splitlines()
     first = lines[0].split("\t")
-    assert first[:3] == ["mixed", "mixed_fp32.txt", "exit 124"], lines
+    assert first[:3] == ["mixed", "mixed_transformer_fp32.txt", "exit 124"], lines
     assert first[3].endswith("(stopped: the budget of 20s ran out)")
     assert int(first[3].split("s")[0]) <= 20 + 10, "the budget, and timeout's --kill-after at most"
-    assert (out / "mixed_fp32.txt.partial").exists() and not (out / "mixed_fp32.txt").exists()
+    assert (out / "mixed_transformer_fp32.txt.partial").exists() and not (out / "mixed_transformer_fp32.txt").exists()
+    runs = ["transformer_bf16", "tpp_fp32", "tpp_bf16", "transformer_fp16", "tpp_fp16", "transformer_bf16_nocudnn",
+            "tpp_bf16_cudnn", "tpp_bf16_triton", "tpp_mefp16"]
     assert [line.split("\t")[1:] for line in lines[1:]] == [
         [name, "not run: the budget of 20s is spent"] for name in
-        ("mixed_bf16.txt", "mixed_bf16_cudnn.txt", "mixed_fp16.txt", "mixed_mefp16.txt", "counts.md")]
-    left = subprocess.run(["pgrep", "-f", str(out / "mixed_fp32.json")], capture_output=True)
+        [f"mixed_{r}.txt" for r in runs] + ["counts.md"]]
+    left = subprocess.run(["pgrep", "-f", "--", f"{data} .*--max-update 150"], capture_output=True)
     assert left.returncode == 1, "no fairseq-train of the suite is left running"
 
     res = run(["benchmarks/gpu_suite.sh", "--budget", "600", "--force", data, out, "counts"],
               cwd=REPO, check=False)
-    assert res.returncode == 1 and res.stdout.splitlines()[0].split("\t")[:3] == ["counts", "counts.md", "exit 2"]
-    assert "stopped" not in res.stdout, "a command that ended by itself is not said to be cut off"
+    assert "\ncounts\tcounts.md\texit 2" in res.stdout, res.stdout
+    assert res.returncode == 1 and "stopped" not in res.stdout, "a command that ended by itself is not cut off"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the stages would run for real")
+def test_gpu_suite_reports_a_stage_cut_off_by_its_limit_and_packs_few_files(data, tmp_path):
+    """--limit: the mixed stage stops at its own limit (its first run cut off, the
+    others not run) and the next stage still runs; every stage's table is printed as it
+    ends and gathered in summary.md; --pack leaves three files, the archive holding every
+    log, the cut-off run's partial output included. A second call skips what exists."""
+    out, pack = tmp_path / "results", tmp_path / "pack"
+    res = run(["benchmarks/gpu_suite.sh", "--limit", "mixed=12", "--pack", pack, data, out, "mixed", "counts"],
+              cwd=REPO, check=False)
+    assert res.returncode == 1, res.stdout + res.stderr
+    lines = (out / "status.txt").read_text().splitlines()
+    assert lines[0].split("\t")[2:] == ["exit 124", lines[0].split("\t")[3]]
+    assert lines[0].endswith("(stopped: the stage's limit of 12s ran out)"), lines
+    assert lines[1].split("\t")[1:] == ["mixed_transformer_bf16.txt", "not run: the stage's limit of 12s is spent"]
+    assert lines[-1].split("\t")[:3] == ["counts", "counts.md", "exit 2"], "the next stage runs"
+    summary = (pack / "summary.md").read_text()
+    assert summary == (out / "summary.md").read_text()
+    for part in ("## mixed", "| transformer_fp32 | 0 |", "| tpp_bf16 | not run |", "## counts", "sees no CUDA device"):
+        assert part in summary and part in res.stdout, part
+    assert res.stdout.index("## mixed") < res.stdout.index("counts\tcounts.md"), "printed as the stage ends"
+    assert sorted(p.name for p in pack.iterdir()) == ["gpu_results.tar.gz", "status.txt", "summary.md"]
+    import tarfile
+
+    with tarfile.open(pack / "gpu_results.tar.gz") as tar:
+        names = {name.lstrip("./") for name in tar.getnames()}
+    assert {"mixed_transformer_fp32.txt.partial", "mixed_transformer_fp32.txt.log", "counts.md.log",
+            "environment.txt", "status.txt", "summary.md"} <= names
+
+    (out / "mixed_transformer_fp32.txt").write_text("")  # as if it had finished
+    res = run(["benchmarks/gpu_suite.sh", "--limit", "mixed=1", data, out, "mixed"], cwd=REPO, check=False)
+    assert "\nmixed\tmixed_transformer_fp32.txt\tskipped: it exists" in res.stdout, res.stdout
+
+
+def test_fairseq_train_runs_are_tabled_from_fairseqs_own_log(data, tmp_path):
+    """The mixed stage's table is read off fairseq-train's real JSON log: the updates,
+    the loss of the last interval, fairseq's "done training in"; a run cut off before
+    its first logged interval, and one not run, are said to be so."""
+    script = REPO / "benchmarks" / "fairseq_train_run.py"
+    res = run([sys.executable, script, "train", data, "--user-dir", REPO / "tpp_plugin", "--arch", "transformer",
+               "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "16",
+               "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "16", "--decoder-ffn-embed-dim", "16",
+               "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "64", "--max-update", "4", "--cpu",
+               "--no-save", "--disable-validation", "--log-format", "json", "--log-interval", "1",
+               "--no-progress-bar", "--num-workers", "0"])
+    (tmp_path / "done.txt").write_text(res.stdout)
+    (tmp_path / "cut.txt.partial").write_text(res.stdout.split("| train_inner |")[0])
+    table = run([sys.executable, script, "table", f"done={tmp_path}/done.txt", f"cut={tmp_path}/cut.txt",
+                 f"none={tmp_path}/none.txt"]).stdout.splitlines()
+    losses = [json.loads(line.split("| train_inner | ")[1])["loss"] for line in res.stdout.splitlines()
+              if "| train_inner | " in line]
+    cells = [c.strip() for c in table[2].strip("|").split("|")]
+    assert cells[:2] == ["done", "4"] and cells[3] == f"{float(losses[-1]):.3f}"
+    assert cells[4].endswith(" s") and cells[5] == "–", "no GPU: no peak memory"
+    assert table[3] == "| cut | 0 | – | – | – | – |" and table[4] == "| none | not run | | | | |"
 
 
 @pytest.mark.parametrize("args, message", [
     (["{data}", "{out}", "speed", "bogus"], "unknown stage 'bogus'"),
+    (["--limit", "speed=soon", "{data}", "{out}"], "--limit takes STAGE=SECONDS"),
+    (["--limit", "bogus=10", "{data}", "{out}"], "--limit takes STAGE=SECONDS"),
     (["--budget", "ten", "{data}", "{out}"], "--budget takes a whole number of seconds"),
     (["--budget", "0", "{data}", "{out}"], "--budget takes a whole number of seconds"),
     (["{out}/missing", "{out}"], "is not a folder"),

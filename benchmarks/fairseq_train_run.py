@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""fairseq-train as it is, plus what its log lacks for a benchmark; and the table of
+several such runs.
+
+    python benchmarks/fairseq_train_run.py train [--no-cudnn-attention] DATA ARGS...
+    python benchmarks/fairseq_train_run.py table NAME=LOG [NAME=LOG ...]
+
+``train`` runs ``fairseq_cli.train`` with the arguments given and, when it ends,
+prints ``TRAIN_RUN {"peak_gpu_bytes": ...}`` (PyTorch's peak allocation on the GPU:
+parameters, optimizer state and activations). ``--no-cudnn-attention`` switches
+PyTorch's cuDNN attention backend off for the whole process before fairseq starts,
+for any architecture (fairseq's own ``transformer`` reaches it through
+``F.multi_head_attention_forward``).
+
+``table`` reads the standard output of such runs (fairseq's log with
+``--log-format json``; a run cut off is read as far as it got) and prints one
+Markdown row per run: updates, target words/s (the median of the logged intervals
+after the first, which holds start-up), the loss of the last logged interval,
+fairseq's "done training in" and the peak GPU memory.
+"""
+
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+MARK = "TRAIN_RUN "
+
+
+def train(argv):
+    import torch
+
+    if argv and argv[0] == "--no-cudnn-attention":
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        argv = argv[1:]
+    from fairseq_cli.train import cli_main
+
+    # fairseq's trainer resets the allocator's peak at every step (for its gb_free
+    # metric): keep the largest peak that each reset clears
+    peak, reset = [0], torch.cuda.reset_peak_memory_stats
+
+    def recording_reset(*args, **kwargs):
+        peak[0] = max(peak[0], torch.cuda.max_memory_allocated())
+        reset(*args, **kwargs)
+
+    torch.cuda.reset_peak_memory_stats = recording_reset
+    sys.argv = ["fairseq-train", *argv]
+    try:
+        cli_main()
+    finally:
+        if torch.cuda.is_available():
+            peak[0] = max(peak[0], torch.cuda.max_memory_allocated())
+        print(MARK + json.dumps({"peak_gpu_bytes": peak[0] or None}), flush=True)
+
+
+def parse(text):
+    """What one run's log says: its train_inner records, its seconds and its peak."""
+    inner, done, peak = [], None, None
+    for line in text.splitlines():
+        if "| train_inner | {" in line:
+            inner.append(json.loads(line.split("| train_inner | ", 1)[1]))
+        elif "done training in" in line:
+            done = float(re.search(r"done training in ([\d.]+) seconds", line).group(1))
+        elif line.startswith(MARK):
+            peak = json.loads(line[len(MARK):])["peak_gpu_bytes"]
+    return inner, done, peak
+
+
+def row(name, text):
+    inner, done, peak = parse(text)
+    if not inner:
+        return f"| {name} | 0 | – | – | – | – |"
+    wps = [float(r["wps"]) for r in inner[1:]] or [float(inner[0]["wps"])]
+    cells = [name, str(inner[-1]["num_updates"]), f"{statistics.median(wps):,.0f}",
+             f"{float(inner[-1]['loss']):.3f}",
+             f"{done:.1f} s" if done is not None else "cut off",
+             f"{peak / 2**30:.2f} GiB" if peak else "–"]
+    return "| " + " | ".join(cells) + " |"
+
+
+def table(pairs):
+    lines = ["| run | updates | words/s | loss, last interval | done training in | peak GPU memory |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for pair in pairs:
+        name, _, path = pair.partition("=")
+        path = Path(path)
+        if not path.exists():
+            path = Path(f"{path}.partial")  # a run cut off or failed keeps its output there
+        lines.append(row(name, path.read_text(errors="replace")) if path.exists()
+                     else f"| {name} | not run | | | | |")
+    return "\n".join(lines)
+
+
+def main():
+    if len(sys.argv) < 2 or sys.argv[1] not in ("train", "table"):
+        raise SystemExit(__doc__.split("\n\n")[1])
+    if sys.argv[1] == "train":
+        train(sys.argv[2:])
+    else:
+        print(table(sys.argv[2:]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# What a GPU machine without internet needs for benchmarks/gpu_suite.sh, made on a
+# connected machine in one command: a tagged data folder and the wheels its Python lacks.
+#
+# Usage:
+#   benchmarks/gpu_prepare.sh [--force] [--train-pairs N] [--python-version X.Y] CORPUS
+#
+#   CORPUS  PREFIX of a parallel English-German corpus PREFIX.{en,de}[.xz]
+#   --train-pairs  training pairs kept (default 80000: more than 150 updates of 8,192
+#           tokens read); valid and test sets are carved out of the whole corpus first
+#   --python-version  the GPU machine's Python (default 3.12)
+#
+# Writes data-bin/gpu_ende (8k joint BPE, POS/NER tags) and wheelhouse/ (fairseq's
+# sources and the wheels the machine's Python lacks: numpy, scipy and scikit-learn are
+# left out, which such images hold), both ignored by git, and prints what they weigh
+# together with the checkout. Intermediate files go to work/gpu/.
+set -euo pipefail
+
+FORCE=()
+PAIRS=80000
+PYVER=3.12
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --force) FORCE=(--force); shift ;;
+        --train-pairs) PAIRS=$2; shift 2 ;;
+        --python-version) PYVER=$2; shift 2 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+        *) break ;;
+    esac
+done
+if [[ $# -ne 1 || ! $PAIRS =~ ^[1-9][0-9]*$ ]]; then
+    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
+    exit 2
+fi
+CORPUS=$(realpath -m "$1")
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
+BIN=$(dirname "$(command -v "$PY")")
+
+if [[ ! -e data-bin/gpu_ende/dict.en.txt || ${#FORCE[@]} -gt 0 ]]; then
+    "$BIN/tpp-carve-splits" --corpus "$CORPUS" -s en -t de --out work/gpu/raw "${FORCE[@]}"
+    mkdir -p work/gpu/sub
+    for l in en de; do
+        head -n "$PAIRS" "work/gpu/raw/train.$l" >"work/gpu/sub/train.$l.tmp"
+        mv "work/gpu/sub/train.$l.tmp" "work/gpu/sub/train.$l"
+        cp "work/gpu/raw/valid.$l" "work/gpu/raw/test.$l" work/gpu/sub/
+    done
+    "$BIN/tpp-prepare-corpus" -s en -t de --trainpref work/gpu/sub/train --validpref work/gpu/sub/valid \
+        --testpref work/gpu/sub/test --name gpu_ende --work-dir work/gpu/prep --data-bin data-bin \
+        --bpe-merges 8000 --workers 2 --quiet "${FORCE[@]}"
+fi
+
+rm -rf work/gpu/wheels
+bash scripts/setup_env.sh --download-wheelhouse work/gpu/wheels --python-version "$PYVER" --torch none --profile train
+"$PY" -m pip download -q --only-binary=:all: --python-version "$PYVER" --implementation cp \
+    --platform manylinux_2_28_x86_64 -d work/gpu/wheels pytest  # the tests stage runs pytest
+rm -f work/gpu/wheels/{numpy,scipy,scikit_learn}-*
+rm -rf wheelhouse.tmp && cp -r work/gpu/wheels wheelhouse.tmp && rm -rf wheelhouse && mv wheelhouse.tmp wheelhouse
+
+total=$(( $(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1) + $(du -sb data-bin/gpu_ende wheelhouse | awk '{ s += $1 } END { print s }') ))
+echo "gpu_prepare.sh: data-bin/gpu_ende and wheelhouse/ ready; with the checkout $((total / 1048576)) MiB to carry (at most 64)"
