@@ -113,6 +113,34 @@ def test_triton_kernels_take_a_float32_kernel_with_half_precision_input(dtype):
         assert relative_error(g, e) < tolerance, name
 
 
+# (width of the projection that u is a slice of, u's first channel): 8 mod 16 at an
+# aligned offset (every preset's), aligned for float32 only, and aligned for neither
+ROWS = [(40, 8), (44, 4), (42, 3)]
+
+
+@pytest.mark.parametrize("width, offset", ROWS, ids=lambda v: str(v))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_kernels_with_aligned_and_unaligned_rows(width, offset, dtype):
+    """The kernels are told that u's rows start on 16 bytes only where they do (a false
+    hint reads wrong or faults on a GPU; the interpreter ignores hints, so the alignment
+    itself is checked here, and the results on a GPU)."""
+    torch.manual_seed(width)
+    proj = torch.randn(21, 3, width, device=DEVICE).to(dtype)
+    u = proj[:, :, offset : offset + 32]  # T x B x C, a slice as the attention hands it
+    per_row = 16 // proj.element_size()
+    aligned = width % per_row == 0 and offset % per_row == 0
+    assert conv_heads_triton._row_align(u) == (per_row if aligned else 1)
+    assert conv_heads_triton._row_align(u.contiguous()) == per_row
+    u.requires_grad_(True)
+    kernel = torch.randn(32, 5, device=DEVICE).softmax(-1).t().detach().requires_grad_(True)  # float32, a view
+    grad = torch.randn(21, 3, 32, device=DEVICE).to(dtype)
+    expected = conv_and_grads(DilatedDepthwiseConv, u, kernel, 2, 21, 0, grad)
+    got = conv_and_grads(TritonConv, u, kernel, 2, 21, 0, grad)
+    tolerance = 1e-6 if dtype == torch.float32 else 2.0**-7
+    for name, g, e in zip(("output", "input gradient", "kernel gradient"), got, expected):
+        assert g.dtype == e.dtype and relative_error(g, e) < tolerance, name
+
+
 @pytest.mark.parametrize("programs", [1, 2, 3, 7, 1000])
 def test_kernel_gradient_splits_rows_among_programs(programs):
     """A GPU splits the rows among a few programs per multiprocessor; any split gives the
@@ -340,10 +368,13 @@ from tpp_plugin.modules import conv_heads_triton as m
 taps, grad, step = m._kernels(False)
 blocks = {"BLOCK_R": m.BLOCK_R, "BLOCK_C": m.BLOCK_C}
 for dtype in ("bf16", "fp16", "fp32"):
+    align = 4 if dtype == "fp32" else 8  # 16-byte rows: the hint where a tensor's rows allow it
     variants = [
         # the kernel as LocalConv hands it over: its softmax in float32, whatever the input
-        (taps, {"x_ptr": "*" + dtype, "y_ptr": "*" + dtype, "k_ptr": "*fp32"}, dict(ACC=tl.float32, **blocks)),
-        (grad, {"g_ptr": "*" + dtype, "u_ptr": "*" + dtype, "part_ptr": "*fp32"}, dict(ACC=tl.float32, **blocks)),
+        (taps, {"x_ptr": "*" + dtype, "y_ptr": "*" + dtype, "k_ptr": "*fp32"},
+         dict(ACC=tl.float32, X_ALIGN=align, Y_ALIGN=1, **blocks)),
+        (grad, {"g_ptr": "*" + dtype, "u_ptr": "*" + dtype, "part_ptr": "*fp32"},
+         dict(ACC=tl.float32, G_ALIGN=1, U_ALIGN=align, **blocks)),
     ] + [
         (step, {**{p: "*" + dtype for p in ("u_ptr", "s_ptr", "v_ptr", "w_ptr", "ring_ptr", "row_ptr", "out_ptr")},
                 "state_ptr": "*fp32", "new_state_ptr": "*fp32", "temperature": "fp32", "out_scale": "fp32"},
@@ -381,3 +412,97 @@ def test_kernels_compile_to_hopper_machine_code():
     lines = proc.stdout.split()
     compiled = [(name, dtype) for name, dtype, size in zip(lines[::3], lines[1::3], lines[2::3]) if int(size) > 0]
     assert len(compiled) == 24, proc.stdout
+
+
+COUNT_COMPILATIONS = r"""
+import json
+import sys
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, make_backend
+from tpp_plugin.modules import HybridMultiheadAttention
+try:  # the launcher's own specialisation (Triton's internals: not in every version)
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+    assert hasattr(JITFunction, "_pack_args")
+except (ImportError, AssertionError):
+    print(json.dumps({"skip": "this Triton has no create_function_from_signature or _pack_args"}))
+    sys.exit(0)
+from tpp_plugin.modules import conv_heads_triton as m
+
+target = GPUTarget("cuda", 90, 32)
+backend = make_backend(target)
+kernels = m._kernels(False)
+# the function by which Triton's launcher specialises a call, as it builds it for an H100
+binders = {k: create_function_from_signature(k.signature, k.params, backend) for k in kernels}
+calls = {k.fn.__name__: 0 for k in kernels}
+variants = {k.fn.__name__: {} for k in kernels}
+
+
+class Recorder:
+    # stands for a kernel: the launcher's compile-cache key of every call, no launch
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            bound, specialization, options = binders[self.kernel](*args, **kwargs)
+            name = self.kernel.fn.__name__
+            calls[name] += 1
+            variants[name].setdefault(str((specialization, options)), (bound, specialization, options, kwargs))
+        return launch
+
+
+m._kernels = lambda interpret: tuple(Recorder(k) for k in kernels)
+m.interpreting = lambda: True  # the kernels' launch path, on CPU tensors
+torch.manual_seed(0)
+# d_h = 16, 2 + 2 heads: the fused projection is 168 wide, 8 mod 16 as in every preset
+attn = HybridMultiheadAttention(64, 4, 2, kernel_size=15, dilation=2, causal=True, conv_heads_impl="triton")
+assert attn.in_proj.weight.size(0) % 16 == 8
+with torch.no_grad():
+    attn.eval()
+    state = {}
+    for step in range(50):  # beam search: the ring's row changes at every step
+        attn(torch.randn(1, 5, 64), None, None, incremental_state=state, need_weights=False)
+steps = dict(calls=calls["conv_step_kernel"], variants=len(variants["conv_step_kernel"]))
+attn.train()
+for length, bsz in [(5, 1), (17, 2), (9, 3), (32, 4), (23, 5), (40, 6), (1, 7), (16, 8), (33, 9), (12, 16)]:
+    attn(torch.randn(length, bsz, 64), None, None, need_weights=False)[0].sum().backward()
+compiled = 0
+for kernel in kernels:
+    for bound, specialization, options, kwargs in variants[kernel.fn.__name__].values():
+        _, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
+        binary = triton.compile(ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs), target=target)
+        compiled += len(binary.asm["cubin"]) > 0
+print(json.dumps(dict(steps=steps, calls=calls, variants={k: len(v) for k, v in variants.items()}, compiled=compiled)))
+"""
+
+
+def test_compilations_are_bounded_over_decoding_steps_and_batch_shapes():
+    """Triton compiles a kernel anew for every new specialisation of its integer
+    arguments (== 1, divisible by 16, neither). Counted by the function Triton's launcher
+    keys its compile cache with, built for an H100, over the calls a hybrid attention
+    makes: 50 beam-search steps (the ring's row changes at every one) take two
+    compilations of the step, one without the Query's state (the first step) and one with;
+    training steps of ten batch shapes take a few, which differ only in a stride's
+    divisibility (the batch size's parity times the projection's width). Every variant
+    then compiles for sm_90."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from support import REPO
+
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
+    proc = subprocess.run([sys.executable, "-c", COUNT_COMPILATIONS], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = json.loads(proc.stdout.strip().splitlines()[-1])
+    if "skip" in counts:
+        pytest.skip(counts["skip"])
+    assert counts["steps"] == {"calls": 50, "variants": 2}, counts
+    assert counts["calls"]["taps_kernel"] == 20 and counts["calls"]["kernel_grad_kernel"] == 10, counts
+    # forward (two stride classes of u) and input gradient; the kernel's gradient (two)
+    assert counts["variants"]["taps_kernel"] <= 3 and counts["variants"]["kernel_grad_kernel"] <= 2, counts
+    assert counts["compiled"] == sum(counts["variants"].values()), counts

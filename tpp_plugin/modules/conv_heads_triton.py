@@ -27,7 +27,10 @@ the three products of the autograd function are
 
 Rows are fairseq's time-major ``(t, b)`` pairs, tiled ``BLOCK_R x BLOCK_C`` with
 channels innermost, so every load and store is contiguous along channels; any strides
-are accepted (``u`` is a slice of the attention's fused input projection).
+are accepted (``u`` is a slice of the attention's fused input projection). Where a
+tensor's rows start on 16 bytes, the kernels are told so (:func:`_row_align`): Triton
+infers it only from strides divisible by 16 elements, and without it loads ``u``
+element by element.
 
 **A decoding step** of the ``H_c`` conv heads, one program per (sentence, head), does
 what :meth:`LocalConv.step <tpp_plugin.modules.LocalConv.step>`,
@@ -98,10 +101,14 @@ def _kernels(interpret: bool):
     import triton
     import triton.language as tl
 
-    @triton.jit
+    # the integers that change with the batch's shape or at every decoding step are
+    # passed as they are: specialised (== 1, divisible by 16), each new class would be a
+    # compilation. Strides stay specialised: their divisibility lets loads be vectors.
+    @triton.jit(do_not_specialize=["len_x", "len_y", "bsz", "a", "s", "taps"])
     def taps_kernel(x_ptr, y_ptr, k_ptr, len_x, len_y, bsz, channels,
                     sxt, sxb, sxc, syt, syb, syc, skf, skc, a, s, taps,
-                    ACC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+                    ACC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                    X_ALIGN: tl.constexpr, Y_ALIGN: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # (t, b) pairs
         cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         t, b = rows // bsz, rows % bsz
@@ -114,15 +121,21 @@ def _kernels(interpret: bool):
             src = t - (a + k * s)
             ok = (row_ok & (src >= 0) & (src < len_x))[:, None] & col_ok[None, :]
             w = tl.load(k_ptr + k * skf + cols * skc, mask=col_ok).to(ACC)
-            x = tl.load(x_ptr + src.to(tl.int64)[:, None] * sxt + b_off * sxb + c_off * sxc, mask=ok)
+            x_row = src.to(tl.int64)[:, None] * sxt + b_off * sxb
+            if X_ALIGN > 1:
+                x_row = tl.multiple_of(x_row, [X_ALIGN, X_ALIGN])
+            x = tl.load(x_ptr + x_row + c_off * sxc, mask=ok)
             acc += tl.where(ok, x.to(ACC), 0.0) * w[None, :]
-        out = y_ptr + t.to(tl.int64)[:, None] * syt + b_off * syb + c_off * syc
-        tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+        y_row = t.to(tl.int64)[:, None] * syt + b_off * syb
+        if Y_ALIGN > 1:
+            y_row = tl.multiple_of(y_row, [Y_ALIGN, Y_ALIGN])
+        tl.store(y_ptr + y_row + c_off * syc, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["len_g", "len_u", "bsz", "a", "s", "taps", "rows_per_program"])
     def kernel_grad_kernel(g_ptr, u_ptr, part_ptr, len_g, len_u, bsz, channels,
                            sgt, sgb, sgc, sut, sub, suc, a, s, taps, rows_per_program,
-                           ACC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+                           ACC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                           G_ALIGN: tl.constexpr, U_ALIGN: tl.constexpr):
         k = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         split = tl.program_id(2)
@@ -137,14 +150,21 @@ def _kernels(interpret: bool):
             src = t - lag
             ok = ((rows < len_g * bsz) & (src >= 0) & (src < len_u))[:, None] & col_ok[None, :]
             b_off = b.to(tl.int64)[:, None]
-            g = tl.load(g_ptr + t.to(tl.int64)[:, None] * sgt + b_off * sgb + c_off * sgc, mask=ok)
-            x = tl.load(u_ptr + src.to(tl.int64)[:, None] * sut + b_off * sub + c_off * suc, mask=ok)
+            g_row = t.to(tl.int64)[:, None] * sgt + b_off * sgb
+            u_row = src.to(tl.int64)[:, None] * sut + b_off * sub
+            if G_ALIGN > 1:
+                g_row = tl.multiple_of(g_row, [G_ALIGN, G_ALIGN])
+            if U_ALIGN > 1:
+                u_row = tl.multiple_of(u_row, [U_ALIGN, U_ALIGN])
+            g = tl.load(g_ptr + g_row + c_off * sgc, mask=ok)
+            x = tl.load(u_ptr + u_row + c_off * suc, mask=ok)
             acc += tl.where(ok, g.to(ACC) * x.to(ACC), 0.0)
         # partial sums: part[split, k, c]
         dst = part_ptr + (split * taps + k) * channels + cols
         tl.store(dst, tl.sum(acc, axis=0), mask=col_ok)
 
-    @triton.jit
+    # head_row: the ring's row, a new one at every step
+    @triton.jit(do_not_specialize=["head_row"])
     def conv_step_kernel(u_ptr, s_ptr, v_ptr, w_ptr, ring_ptr, row_ptr, state_ptr, new_state_ptr, out_ptr,
                          head_row, ring_rows, heads, head_dim, taps, dilation, temperature, out_scale,
                          su, ss, sv, swc, swf, srt, srb, so,
@@ -213,8 +233,20 @@ def _taps(x: Tensor, kernel: Tensor, out_len: int, a: int, s: int) -> Tensor:
     with _device_of(x):
         taps_kernel[grid](x, y, kernel, x.size(0), out_len, bsz, channels, *x.stride(), *y.stride(),
                           *kernel.stride(), a, s, kernel.size(0), ACC=_acc_dtype(x.dtype), BLOCK_R=BLOCK_R,
-                          BLOCK_C=BLOCK_C)
+                          BLOCK_C=BLOCK_C, X_ALIGN=_row_align(x), Y_ALIGN=_row_align(y))
     return y
+
+
+def _row_align(t: Tensor) -> int:
+    """How many elements every ``(t, b)`` row offset of ``t`` (``T x B x C``) is a multiple
+    of, with the address: 16 bytes' worth where its strides and address allow, else 1.
+    A kernel hint: Triton sees a stride as aligned only when it is divisible by 16, and
+    ``u``'s row stride (the fused projection's width) is 8 mod 16, so its loads would
+    stay scalar. Never more than is true: a false hint reads wrong or faults."""
+    align = 16 // t.element_size()
+    if t.stride(0) % align == 0 and t.stride(1) % align == 0 and t.data_ptr() % 16 == 0:
+        return align
+    return 1
 
 
 @functools.lru_cache(maxsize=None)
@@ -223,8 +255,11 @@ def _multiprocessors(device: torch.device) -> int:
 
 
 def _device_of(t: Tensor):
-    """Launches on ``t``'s GPU (Triton launches on the current one)."""
-    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+    """Launches on ``t``'s GPU (Triton launches on the current one); no device switch
+    where it is the current one already."""
+    if t.is_cuda and t.device.index != torch.cuda.current_device():
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()
 
 
 def _kernel_grad(grad_out: Tensor, u: Tensor, taps: int, a: int, s: int, programs: Optional[int] = None) -> Tensor:
@@ -250,7 +285,8 @@ def _kernel_grad(grad_out: Tensor, u: Tensor, taps: int, a: int, s: int, program
         with _device_of(u):
             kernel_grad_kernel[(taps, col_blocks, splits)](
                 grad_out, u, part, out_len, u.size(0), bsz, channels, *grad_out.stride(), *u.stride(),
-                a, s, taps, rows_per_program, ACC=_acc_dtype(u.dtype), BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C)
+                a, s, taps, rows_per_program, ACC=_acc_dtype(u.dtype), BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C,
+                G_ALIGN=_row_align(grad_out), U_ALIGN=_row_align(u))
     return part.sum(0)
 
 
@@ -268,6 +304,8 @@ class TritonDilatedDepthwiseConv(torch.autograd.Function):
                 padding: Optional[Tensor] = None) -> Tensor:
         taps = kernel.size(0)
         a = (taps - 1) * dilation - (u.size(0) - out_len + lookahead)  # out[t] reads u[t - a + k·δ]
+        # F x C with channels contiguous (LocalConv's is a transposed view): vector loads of the taps
+        kernel = kernel.contiguous()
         ctx.save_for_backward(u, kernel, padding)
         ctx.a, ctx.dilation = a, dilation
         return _taps(_masked(u, padding), kernel, out_len, a, -dilation)
