@@ -438,3 +438,38 @@ def test_attention_restores_the_cudnn_flag_when_the_kernel_fails():
     with pytest.raises(RuntimeError):
         attention(q, k, k)
     assert torch.backends.cuda.cudnn_sdp_enabled()
+
+
+@pytest.mark.parametrize("impl", ["taps", "triton"])
+def test_scaled_conv_heads_do_not_overflow_in_float16(impl):
+    """--fp16 with --conv-head-scaling inv-sqrt-head-dim: the scale is folded into
+    LocalConv's float32 kernel, so a conv-head product of 300 x 300 (past float16's 65504)
+    comes out as 300 x 300 / 4, finite, in the parallel forward and step by step alike."""
+    from tpp_plugin.modules import conv_heads_triton
+
+    if impl == "triton" and not conv_heads_triton.usable_on(torch.zeros(1, dtype=torch.float16)):
+        pytest.skip("the Triton kernels need a GPU or TRITON_INTERPRET=1")
+    if impl == "triton":
+        pytest.importorskip("triton")
+    assert torch.isinf(torch.tensor(300.0, dtype=torch.float16) ** 2)  # unscaled, it would overflow
+    m = HybridMultiheadAttention(32, 2, 2, kernel_size=3, causal=True, output_scaling="inv-sqrt-head-dim",
+                                 conv_heads_impl=impl).eval()  # d_h = 16: scale 1/4
+    with torch.no_grad():
+        m.in_proj.weight.zero_()
+        m.in_proj.bias.zero_()
+        for name in ("local", "value"):  # LocalConv and the Query both 300 wherever there is input
+            m.projection(name)[1].fill_(300.0)
+        m.out_proj.weight.copy_(torch.eye(32) / 256)
+        m.out_proj.bias.zero_()
+    m.half()
+    x = torch.randn(6, 2, 32).half()
+    with torch.no_grad():
+        conv = m.head_outputs(x)["conv"]
+        full = m(x, x, x, need_weights=False)[0]
+        state = {}
+        steps = torch.cat([m(t, t, t, incremental_state=state, need_weights=False)[0] for t in x.split(1)])
+    assert torch.isfinite(conv).all() and torch.isfinite(full).all() and torch.isfinite(steps).all()
+    # from position 2 on, the three taps all read input: LocalConv = 300 exactly
+    assert torch.equal(conv[2:], torch.full_like(conv[2:], 22500.0))
+    assert torch.allclose(full[2:].float(), torch.full((4, 2, 32), 22500.0 / 256), rtol=1e-3)  # a float16 step
+    assert torch.allclose(steps.float(), full.float(), rtol=1e-3)

@@ -42,7 +42,9 @@ times the size of the dot-product heads', the hybrid model learned far more slow
 than the same model with its conv heads' output set to zero, and multiplying the
 product by ``1/√d_h`` (the factor dot-product attention puts on its logits) removed
 the gap. ``output_scaling="inv-sqrt-head-dim"`` (``--conv-head-scaling``) does that;
-the default ``"none"`` is the paper's unscaled product.
+the default ``"none"`` is the paper's unscaled product. The factor multiplies
+LocalConv's float32 kernel, so that in half precision the unscaled product, which
+can overflow, is never formed.
 
 **One input projection.** Every projection of the input — the dot-product heads'
 ``W^Q, W^K, W^V``, LocalConv's pointwise ``W^P``, the Query's ``W^S`` and ``W^Q`` — is
@@ -317,7 +319,7 @@ class HybridMultiheadAttention(nn.Module):
         # padding mask of the new positions only (the cached ones are already folded in)
         new_padding = key_padding_mask[:, -tgt_len:] if key_padding_mask is not None else None
         local, context = self._conv_heads(proj, new_padding, incremental_state)
-        heads.append(self._conv_output(local, context))
+        heads.append(local * context)  # LocalConv comes out scaled (see _conv_heads)
         attn = self.out_proj(torch.cat(heads, dim=-1) if len(heads) > 1 else heads[0])
 
         weights: Optional[Tensor] = None
@@ -338,7 +340,10 @@ class HybridMultiheadAttention(nn.Module):
         if self.dot_heads > 0:
             dot, _ = self._dot_product_heads(proj["q"], proj["k"], proj["v"], key_padding_mask, None, None, False)
         local, context = self._conv_heads(proj, key_padding_mask, None)
-        return {"dot": dot, "local": local, "conv": self._conv_output(local, context)}
+        conv = local * context
+        if self.conv_output_scale != 1.0:
+            local = self.local_conv(proj["local"], key_padding_mask)  # the paper's LocalConv, unscaled
+        return {"dot": dot, "local": local, "conv": conv}
 
     def _decode_step(self, x: Tensor, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tensor:
         """One decoding step without padding and without autograd (beam search: fairseq
@@ -397,17 +402,13 @@ class HybridMultiheadAttention(nn.Module):
         # B x Hc*dh -> B x Hc x dh
         self._conv_output(local.view(context.shape), context, out=out.view(context.shape))
 
-    def _conv_output(self, local: Tensor, context: Tensor, out: Optional[Tensor] = None) -> Tensor:
-        """The conv heads' output: ``LocalConv ⊙ Query`` (times ``1/√d_h`` if scaled),
-        written into ``out`` if given (cast to its dtype as it is written, once)."""
-        if out is not None and self.conv_output_scale != 1.0:
-            # a decoding step: scaled in the sums' precision, so that a half-precision
-            # ``out`` rounds the scaled product once (as the Triton step does)
-            return torch.mul(local * self.conv_output_scale, context, out=out)
-        product = torch.mul(local, context, out=out)
+    def _conv_output(self, local: Tensor, context: Tensor, out: Tensor) -> Tensor:
+        """A decoding step's conv-head output, written into ``out``: LocalConv's float32
+        step times the output scale, times the Query, cast to ``out``'s dtype once as it
+        is written (as the Triton step does)."""
         if self.conv_output_scale != 1.0:
-            product.mul_(self.conv_output_scale)  # the product's backward needs its inputs only
-        return product
+            local = local * self.conv_output_scale
+        return torch.mul(local, context, out=out)
 
     def _project(self, x: Tensor) -> Dict[str, Tensor]:
         """All input projections of ``x`` by one matrix product, ``T x B x width`` each."""
@@ -421,9 +422,11 @@ class HybridMultiheadAttention(nn.Module):
         padding_mask: Optional[Tensor],
         incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]],
     ) -> Tuple[Tensor, Tensor]:
-        """LocalConv (``T x B x Hc·dh``) and the Query (``T x B x Hc·dh``, or ``1 x B x
-        Hc·dh`` in the encoder, broadcasting over time) of the conv heads."""
-        local = self.local_conv(proj["local"], padding_mask, incremental_state)
+        """LocalConv (``T x B x Hc·dh``) times the output scale, and the Query (``T x B x
+        Hc·dh``, or ``1 x B x Hc·dh`` in the encoder, broadcasting over time) of the conv
+        heads. The scale is folded into LocalConv's float32 kernel: in half precision the
+        product ``local ⊙ context`` could overflow before being scaled."""
+        local = self.local_conv(proj["local"], padding_mask, incremental_state, scale=self.conv_output_scale)
         context = self.context_query(proj["score"], proj["value"], padding_mask, incremental_state)
         return local, context
 

@@ -296,6 +296,7 @@ class LocalConv(nn.Module):
         u: Tensor,
         padding_mask: Optional[Tensor] = None,
         incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        scale: float = 1.0,
     ) -> Tensor:
         """
         Args:
@@ -304,6 +305,9 @@ class LocalConv(nn.Module):
             incremental_state: fairseq's incremental state; when given, ``u`` holds the
                 new positions only and the last ``(F-1)·δ`` inputs are taken from (and
                 saved to) the state.
+            scale: a factor on the output, folded into the float32 kernel (the
+                attention's conv-head scale: applied before anything is rounded to
+                half precision, where the unscaled product might overflow).
 
         Returns:
             ``T x B x C``
@@ -320,6 +324,8 @@ class LocalConv(nn.Module):
             u = torch.cat([self._history(buffer, u), u], dim=0)  # (span + T) x B x C
             self._set_input_buffer(incremental_state, {"history": u[-span:]})
         kernel = self.normalized_kernel()
+        if scale != 1.0:
+            kernel = kernel * scale
         if out_len == 1 and incremental_state is not None:
             # a decoding step: its F taps are rows 0, δ, ..., (F-1)δ of the buffer
             taps = u[:: self.dilation] if span > 0 else u
