@@ -469,7 +469,9 @@ class HybridMultiheadAttention(nn.Module):
         )  # B x Ha x T x dh
         weights = None
         if need_weights:
-            logits = torch.matmul(q, k.transpose(-1, -2)).float() * self.scaling
+            # q scaled before the product, as fairseq's attention does: in half precision the
+            # unscaled q·kᵀ could overflow
+            logits = torch.matmul(q * self.scaling, k.transpose(-1, -2)).float()
             if use_causal_flag:
                 mask = self._causal_mask(tgt_len, src_len, past, device)
             if mask is not None:
