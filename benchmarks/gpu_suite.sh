@@ -22,11 +22,12 @@
 #          command has finished
 #   STAGE  any of the stages below (default: all of them, in this order)
 #
-#   tests       120 s  the CUDA tests and the Triton kernels' tests, compiled
+#   tests        90 s  the CUDA tests and the Triton kernels' tests, compiled
 #   mixed       300 s  fairseq-train, base size, 150 updates: transformer and
-#                      transformer_pp with the tag losses in float32, --bf16 and --fp16,
-#                      then --bf16 without cuDNN's attention (transformer), with it
-#                      (transformer_pp), with the Triton conv heads, --memory-efficient-fp16
+#                      transformer_pp with the tag losses in float32 and --bf16; --bf16
+#                      without cuDNN's attention (transformer), with the Triton conv heads
+#                      (transformer_pp); both in --fp16; transformer_pp in --bf16 with
+#                      cuDNN's attention, and in --memory-efficient-fp16
 #   speed       150 s  training at d = 1024, bf16: transformer, its twin (the control),
 #                      tpp, tpp-triton (bench_model.py; its table grows round by round)
 #   generation  180 s  beam 5 at d = 1024, bf16, 30- and 100-token outputs, same models
@@ -45,7 +46,7 @@
 set -uo pipefail
 
 ALL_STAGES=(tests mixed speed generation cudnn split profile memory counts step)
-declare -A LIMIT=([tests]=120 [mixed]=300 [speed]=150 [generation]=180 [cudnn]=90 [split]=90
+declare -A LIMIT=([tests]=90 [mixed]=300 [speed]=150 [generation]=180 [cudnn]=90 [split]=90
                   [profile]=150 [memory]=60 [counts]=60 [step]=60)
 FORCE=0
 BUDGET=0
@@ -219,8 +220,8 @@ BENCH=("$PY" benchmarks/bench_model.py --data "$DATA" --device cuda --dtype bf16
 MODELS=transformer,transformer-b,tpp,tpp-triton
 MIXED_UPDATES=${MIXED_UPDATES:-150}
 # name, model, options: the order is that of what they decide
-MIXED_RUNS=(transformer_fp32 transformer_bf16 tpp_fp32 tpp_bf16 transformer_fp16 tpp_fp16
-            transformer_bf16_nocudnn tpp_bf16_cudnn tpp_bf16_triton tpp_mefp16)
+MIXED_RUNS=(transformer_fp32 transformer_bf16 tpp_fp32 tpp_bf16 transformer_bf16_nocudnn tpp_bf16_triton
+            transformer_fp16 tpp_fp16 tpp_bf16_cudnn tpp_mefp16)
 declare -A MIXED=(
     [transformer_fp32]="transformer" [transformer_bf16]="transformer --bf16"
     [tpp_fp32]="tpp" [tpp_bf16]="tpp --bf16"
