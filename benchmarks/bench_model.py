@@ -11,13 +11,11 @@ Models (same width, heads, FFN, layers, dropouts, shared embeddings, data, batch
                    layer for layer the same network as ``transformer`` — the control.
                    Its ratio must come out at 1.0× (within the printed spread); if it
                    does not, the benchmark measures something besides the model.
-* ``tpp-triton``   ``tpp`` with ``--conv-heads-impl triton``: the conv heads as Triton
-                   kernels on a GPU (on the CPU the same as ``tpp``; ask for it with
-                   ``--models``).
-* ``tpp-cudnn``    ``tpp`` with ``--cudnn-attention true``: its dot-product heads may
-                   use cuDNN's attention kernel (on GPUs that rank it first). Every batch
-                   shape runs once before the timing, so this measures the kernel with
-                   its plans built, not the plan builds (``--models``).
+* ``tpp-taps``     ``tpp`` with ``--conv-heads-impl taps``: the conv heads as PyTorch
+                   operations also on a GPU, where ``tpp`` runs them as Triton kernels
+                   (on the CPU both are the taps; ask for it with ``--models``).
+* ``tpp-triton``   ``tpp`` with ``--conv-heads-impl triton`` (``tpp`` itself on a GPU with
+                   Triton installed).
 * ``transformer-split`` fairseq's ``transformer`` with ``--fp16-no-flatten-grads``: with
                    ``--dtype bf16``, the float32 master copy kept one tensor per
                    parameter, as fairseq's ``--bf16`` keeps it without the plugin
@@ -85,7 +83,7 @@ MODELS = {
     "tpp-conv0": ["--arch", "transformer_pp", "--encoder-tag-layers", "",
                   "--encoder-conv-heads", "0", "--decoder-conv-heads", "0"],
     "tpp-triton": ["--arch", "transformer_pp", "--encoder-tag-layers", "", "--conv-heads-impl", "triton"],
-    "tpp-cudnn": ["--arch", "transformer_pp", "--encoder-tag-layers", "", "--cudnn-attention", "true"],
+    "tpp-taps": ["--arch", "transformer_pp", "--encoder-tag-layers", "", "--conv-heads-impl", "taps"],
     # --bf16's master copy one tensor per parameter (fairseq's own --bf16), not flat
     "transformer-split": ["--arch", "transformer", "--fp16-no-flatten-grads"],
     "tpp-split": ["--arch", "transformer_pp", "--encoder-tag-layers", "", "--fp16-no-flatten-grads"],
@@ -138,8 +136,10 @@ def parse_args(argv=None):
     p.add_argument("--update-freq", type=int, default=None,
                    help="batches per timed training step (fairseq's --update-freq: gradients of N "
                         "batches accumulated, one optimizer step; default 1 on CPU, 2 on GPU)")
-    p.add_argument("--no-cudnn-attention", action="store_true",
-                   help="GPU: keep scaled_dot_product_attention off its cuDNN backend (all models)")
+    p.add_argument("--cudnn-attention", action="store_true",
+                   help="GPU: let scaled_dot_product_attention use its cuDNN backend (all models; the "
+                        "plugin switches it off when loaded). Every batch shape runs once before the "
+                        "timing, so this times the kernel with its plans built, not the plan builds")
     p.add_argument("--mfu", action="store_true", help="model-FLOPs utilisation of training (GPU)")
     p.add_argument("--threads", type=int, default=0, help="torch threads on the CPU (0: torch's default)")
     p.add_argument("--quick", action="store_true", help="synthetic data, d=128, few rounds")
@@ -289,15 +289,16 @@ def beam_search(task, model, args):
 
 def gpu_settings(args):
     """The same backend settings for every model: TF32 matrix products (float32 runs),
-    and cuDNN's attention off where ``--no-cudnn-attention`` asks."""
+    and cuDNN's attention kept on where ``--cudnn-attention`` asks (the plugin, loaded
+    with the first model, switches it off otherwise)."""
     import torch
 
     if args.device != "cuda":
         return
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    if args.no_cudnn_attention:
-        torch.backends.cuda.enable_cudnn_sdp(False)
+    if args.cudnn_attention:
+        os.environ["TPP_CUDNN_ATTENTION"] = "1"  # read when the plugin is loaded
 
 
 def synchronize(args):
@@ -447,6 +448,7 @@ def measure_training(size, args, results):
         for batch in batches[: args.warmup]:  # warm-up (the optimizer's state appears)
             trainer.train_step(batch)
         trainers[name] = (cfg, task, trainer)
+        results.setdefault(name, {})["params"] = sum(p.numel() for p in trainer.model.parameters())
         if args.device == "cuda":
             synchronize(args)
             # parameters, gradients, optimizer state (and fp32 master copy in fp16/bf16)
@@ -493,7 +495,6 @@ def training_figures(trainers, batches, times, memory, vocab, args, results):
         entry["train_wps"] = statistics.median(wps)
         entry["train_wps_all"] = wps
         entry["step_seconds"] = statistics.median(times[name])
-        entry["params"] = sum(p.numel() for p in trainer.model.parameters())
         if args.device == "cuda":
             entry["activation_peak"] = memory[name]
             entry["train_memory"] = entry["persistent"] + memory[name]
@@ -692,8 +693,8 @@ def child_command(name, size, args):
            "--gen-len", str(args.gen_len), "--beam", str(args.beam), "--threads", str(args.threads),
            "--models", name, "--isolate", "0"]
     cmd += ["--update-freq", str(args.update_freq)]
-    if args.no_cudnn_attention:
-        cmd.append("--no-cudnn-attention")
+    if args.cudnn_attention:
+        cmd.append("--cudnn-attention")
     if args.no_generation:
         cmd.append("--no-generation")
     if args.mfu:
@@ -785,8 +786,8 @@ def main(argv=None):
     how += f"; {args.rounds} timed steps per model (after {args.warmup} untimed)"
     if args.update_freq > 1:
         how += f" of {args.update_freq} batches each (--update-freq)"
-    if args.no_cudnn_attention:
-        how += "; cuDNN attention off"
+    if args.cudnn_attention:
+        how += "; cuDNN attention allowed"
     print(f"{how}, {args.gen_batches} generation "
           f"batches of {args.gen_batch} sentences, --max-tokens {args.max_tokens}, data {args.data}; "
           f"total {(time.perf_counter() - started) / 60:.1f} min.")

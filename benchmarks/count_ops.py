@@ -26,7 +26,7 @@ hit every model alike where both models do the same thing; compare models within
 run, and run with ``--device cuda`` for a GPU's own counts.
 
     python benchmarks/count_ops.py --data DIR --size 1024 --dtype bf16
-    python benchmarks/count_ops.py --data DIR --size 1024 --dtype bf16 --models transformer,tpp,tpp-triton --device cuda
+    python benchmarks/count_ops.py --data DIR --size 1024 --dtype bf16 --models transformer,tpp,tpp-taps --device cuda
 """
 
 import argparse
@@ -195,7 +195,7 @@ def main(argv=None):
             base = count(results["transformer"], "launches")
             ratios = ", ".join(f"{n} {count(r, 'launches') / base:.2f}x" for n, r in results.items())
             print(f"launches, ratio to transformer: {ratios}")
-        if args.device == "cuda" and any("triton" in bench_model.MODELS[n] for n in args.models):
+        if args.device == "cuda" and any(n in ("tpp", "tpp-triton") for n in args.models):
             print("(a Triton kernel is no ATen operator: these counts leave out the conv heads' "
                   "Triton launches, one per decoder layer and beam step, three per LocalConv "
                   "and training batch)")

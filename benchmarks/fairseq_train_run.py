@@ -2,15 +2,12 @@
 """fairseq-train as it is, plus what its log lacks for a benchmark; and the table of
 several such runs.
 
-    python benchmarks/fairseq_train_run.py train [--no-cudnn-attention] DATA ARGS...
+    python benchmarks/fairseq_train_run.py train DATA ARGS...
     python benchmarks/fairseq_train_run.py table NAME=LOG [NAME=LOG ...]
 
 ``train`` runs ``fairseq_cli.train`` with the arguments given and, when it ends,
 prints ``TRAIN_RUN {"peak_gpu_bytes": ...}`` (PyTorch's peak allocation on the GPU:
-parameters, optimizer state and activations). ``--no-cudnn-attention`` switches
-PyTorch's cuDNN attention backend off for the whole process before fairseq starts,
-for any architecture (fairseq's own ``transformer`` reaches it through
-``F.multi_head_attention_forward``).
+parameters, optimizer state and activations).
 
 ``table`` reads the standard output of such runs (fairseq's log with
 ``--log-format json``; a run cut off is read as far as it got) and prints one
@@ -31,9 +28,6 @@ MARK = "TRAIN_RUN "
 def train(argv):
     import torch
 
-    if argv and argv[0] == "--no-cudnn-attention":
-        torch.backends.cuda.enable_cudnn_sdp(False)
-        argv = argv[1:]
     from fairseq_cli.train import cli_main
 
     # fairseq's trainer resets the allocator's peak at every step (for its gb_free

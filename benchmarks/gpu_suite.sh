@@ -25,13 +25,14 @@
 #   tests        90 s  the CUDA tests and the Triton kernels' tests, compiled
 #   mixed       300 s  fairseq-train, base size, 150 updates: transformer and
 #                      transformer_pp with the tag losses in float32 and --bf16; --bf16
-#                      without cuDNN's attention (transformer), with the Triton conv heads
-#                      (transformer_pp); both in --fp16; transformer_pp in --bf16 with
-#                      cuDNN's attention, and in --memory-efficient-fp16
+#                      with cuDNN's attention kept on (transformer; TPP_CUDNN_ATTENTION=1),
+#                      with the conv heads as PyTorch operations (transformer_pp,
+#                      --conv-heads-impl taps); both in --fp16; --memory-efficient-fp16
 #   speed       150 s  training at d = 1024, bf16: transformer, its twin (the control),
-#                      tpp, tpp-triton (bench_model.py; its table grows round by round)
+#                      tpp, tpp-taps (bench_model.py; its table grows round by round)
 #   generation  180 s  beam 5 at d = 1024, bf16, 30- and 100-token outputs, same models
-#   cudnn        90 s  training at d = 1024, bf16, with cuDNN's attention allowed (tpp-cudnn)
+#   cudnn        90 s  training at d = 1024, bf16, with cuDNN's attention allowed and its
+#                      plans built (bench_model.py --cudnn-attention)
 #   split        90 s  --bf16's master copy flat against one tensor per parameter
 #   profile     150 s  where training's and beam search's time goes (profile_model.py)
 #   memory       60 s  what a training forward keeps for the backward (kept_for_backward.py)
@@ -217,32 +218,31 @@ pack() {  # what a machine that returns few files sends back, after every stage
 }
 
 BENCH=("$PY" benchmarks/bench_model.py --data "$DATA" --device cuda --dtype bf16 --sizes 1024)
-MODELS=transformer,transformer-b,tpp,tpp-triton
+MODELS=transformer,transformer-b,tpp,tpp-taps
 MIXED_UPDATES=${MIXED_UPDATES:-150}
 # name, model, options: the order is that of what they decide
-MIXED_RUNS=(transformer_fp32 transformer_bf16 tpp_fp32 tpp_bf16 transformer_bf16_nocudnn tpp_bf16_triton
-            transformer_fp16 tpp_fp16 tpp_bf16_cudnn tpp_mefp16)
+MIXED_RUNS=(transformer_fp32 transformer_bf16 tpp_fp32 tpp_bf16 transformer_bf16_cudnn tpp_bf16_taps
+            transformer_fp16 tpp_fp16 tpp_mefp16)
 declare -A MIXED=(
     [transformer_fp32]="transformer" [transformer_bf16]="transformer --bf16"
     [tpp_fp32]="tpp" [tpp_bf16]="tpp --bf16"
     [transformer_fp16]="transformer --fp16" [tpp_fp16]="tpp --fp16"
-    [transformer_bf16_nocudnn]="transformer --no-cudnn-attention --bf16"
-    [tpp_bf16_cudnn]="tpp --bf16 --cudnn-attention true"
-    [tpp_bf16_triton]="tpp --bf16 --conv-heads-impl triton"
+    [transformer_bf16_cudnn]="transformer --cudnn-attention --bf16"
+    [tpp_bf16_taps]="tpp --bf16 --conv-heads-impl taps"
     [tpp_mefp16]="tpp --memory-efficient-fp16")
 
-mixed() {  # mixed MODEL [--no-cudnn-attention] OPTIONS...: fairseq-train, base size
-    local model=$1 wrapper=()
+mixed() {  # mixed MODEL [--cudnn-attention] OPTIONS...: fairseq-train, base size
+    local model=$1
     shift
-    if [[ ${1:-} == --no-cudnn-attention ]]; then
-        wrapper=(--no-cudnn-attention)
+    if [[ ${1:-} == --cudnn-attention ]]; then  # read by the plugin when it is loaded
+        export TPP_CUDNN_ATTENTION=1
         shift
     fi
     local arch=(--arch transformer --task translation --criterion label_smoothed_cross_entropy)
     if [[ $model == tpp ]]; then  # with its tag losses (POS after layer 1, NER after layer 2)
         arch=(--arch transformer_pp --task translation_with_tags --criterion label_smoothed_cross_entropy_with_tags)
     fi
-    "$PY" benchmarks/fairseq_train_run.py train "${wrapper[@]}" "$DATA" --user-dir tpp_plugin "${arch[@]}" \
+    "$PY" benchmarks/fairseq_train_run.py train "$DATA" --user-dir tpp_plugin "${arch[@]}" \
         --label-smoothing 0.1 --share-all-embeddings --optimizer adam --adam-betas '(0.9, 0.98)' \
         --lr 7e-4 --lr-scheduler inverse_sqrt --warmup-updates 100 --max-tokens 8192 \
         --max-update "$MIXED_UPDATES" --no-save --disable-validation --seed 1 \
@@ -269,7 +269,7 @@ for stage in "${STAGES[@]}"; do
         run generation generation_30.md "${BENCH[@]}" --no-training --gen-len 30 --gen-batches 4 --models "$MODELS"
         run generation generation_100.md "${BENCH[@]}" --no-training --gen-len 100 --gen-batches 3 --models "$MODELS" ;;
     cudnn)
-        run cudnn cudnn.md "${BENCH[@]}" --rounds 8 --no-generation --models transformer,transformer-b,tpp,tpp-cudnn \
+        run cudnn cudnn.md "${BENCH[@]}" --rounds 8 --no-generation --cudnn-attention --models "$MODELS" \
             --partial "$OUT/cudnn.md.progress" ;;
     split)
         run split split.md "${BENCH[@]}" --rounds 8 --mfu --no-generation \
@@ -286,7 +286,7 @@ for stage in "${STAGES[@]}"; do
             --size 1024 --max-tokens 16384 ;;
     counts)
         run counts counts.md "$PY" benchmarks/count_ops.py --data "$DATA" --device cuda --dtype bf16 --size 1024 \
-            --models transformer,tpp,tpp-triton ;;
+            --models transformer,tpp,tpp-taps ;;
     step)
         run step step.md "$PY" benchmarks/bench_decode_step.py --device cuda --dtype bf16 --dim 1024 --rows 5,640 \
             --models mha,mha-b,tpp,tpp-triton ;;

@@ -70,7 +70,8 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=5, help="profiled steps")
     p.add_argument("--update-freq", type=int, default=None,
                    help="batches per step (fairseq's --update-freq; default 1 on CPU, 2 on GPU)")
-    p.add_argument("--no-cudnn-attention", action="store_true", help="GPU: SDPA without its cuDNN backend")
+    p.add_argument("--cudnn-attention", action="store_true",
+                   help="GPU: let SDPA use its cuDNN backend (the plugin switches it off when loaded)")
     p.add_argument("--row-limit", type=int, default=25)
     p.add_argument("--threads", type=int, default=0, help="torch threads on the CPU (0: torch's default)")
     p.add_argument("--generation", action="store_true",

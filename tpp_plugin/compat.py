@@ -66,6 +66,14 @@ checkpoint). Each change logs once, at the first moment it actually changes some
    ``fairseq-train`` uses them only on the updates it logs (``--log-interval``). On the
    other updates they are no longer computed; everything is still logged into the
    meters, so the logged figures, the epoch's and the validation's are unchanged.
+8. **cuDNN's attention, off** (PyTorch on Hopper and newer GPUs). In half precision
+   PyTorch ranks cuDNN's backend of ``scaled_dot_product_attention`` first, and cuDNN
+   builds a plan on the host for every new problem shape. fairseq's batches and beam
+   search meet a new shape almost every step, for any architecture (fairseq's own
+   ``transformer`` reaches the backend through ``F.multi_head_attention_forward``). The
+   plugin switches the backend off for the process when it is loaded; flash and
+   memory-efficient attention take any shape without a build. ``TPP_CUDNN_ATTENTION=1``
+   in the environment keeps it on.
 """
 
 import argparse
@@ -540,6 +548,18 @@ def smoothed_values_only_when_logged() -> None:
     Trainer._reduce_and_log_stats = reduce_and_log_stats
 
 
+# --------------------------------------------------------------------------- 8. cuDNN's attention
+
+
+def cudnn_attention_off() -> None:
+    if os.environ.get("TPP_CUDNN_ATTENTION", "").lower() in ("1", "true", "yes"):
+        return
+    if torch.backends.cuda.cudnn_sdp_enabled():
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        if torch.cuda.is_available():
+            _log_once("cudnn_sdp", "cuDNN's attention backend switched off (TPP_CUDNN_ATTENTION=1 keeps it)")
+
+
 def apply(root_level_before_fairseq=None) -> None:
     """All of the above (idempotent); the logging level first, so that the others'
     messages are filtered by it."""
@@ -550,3 +570,4 @@ def apply(root_level_before_fairseq=None) -> None:
     flat_bf16_master_copy()
     foreach_master_copy_syncs()
     smoothed_values_only_when_logged()
+    cudnn_attention_off()

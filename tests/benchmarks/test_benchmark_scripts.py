@@ -173,8 +173,8 @@ def test_gpu_suite_stops_at_its_budget_and_says_what_did_not_run(data, tmp_path)
     assert first[3].endswith("(stopped: the budget of 20s ran out)")
     assert int(first[3].split("s")[0]) <= 20 + 10, "the budget, and timeout's --kill-after at most"
     assert (out / "mixed_transformer_fp32.txt.partial").exists() and not (out / "mixed_transformer_fp32.txt").exists()
-    runs = ["transformer_bf16", "tpp_fp32", "tpp_bf16", "transformer_bf16_nocudnn", "tpp_bf16_triton",
-            "transformer_fp16", "tpp_fp16", "tpp_bf16_cudnn", "tpp_mefp16"]
+    runs = ["transformer_bf16", "tpp_fp32", "tpp_bf16", "transformer_bf16_cudnn", "tpp_bf16_taps",
+            "transformer_fp16", "tpp_fp16", "tpp_mefp16"]
     assert [line.split("\t")[1:] for line in lines[1:]] == [
         [name, "not run: the budget of 20s is spent"] for name in
         [f"mixed_{r}.txt" for r in runs] + ["counts.md"]]

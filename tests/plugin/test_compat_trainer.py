@@ -3,12 +3,13 @@ per meter) only on the updates that fairseq-train logs (tpp_plugin.compat, secti
 a real fairseq-train run logs the same values with and without the change."""
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from support import PLUGIN_DIR, binarize_tagged, tool_env
+from support import PLUGIN_DIR, REPO, binarize_tagged, tool_env
 
 #: fairseq-train, with fairseq's own Trainer methods where TPP_UNPATCHED=1, counting the
 #: calls of MetersDict.get_smoothed_values inside each update (into $TPP_COUNTS)
@@ -95,3 +96,20 @@ def test_smoothed_values_are_computed_only_for_logged_updates_and_log_the_same(d
     assert kinds.count("loss") == 3 and kinds.count("valid_loss") >= 2 and kinds.count("train_loss") >= 2
     assert all(key in r for r in theirs if "loss" in r for key in ("pos_loss", "ner_acc", "clip", "gnorm"))
     assert ours == theirs
+
+
+@pytest.mark.parametrize("setting, expected", [(None, False), ("1", True), ("0", False)])
+def test_loading_the_plugin_switches_cudnn_attention_off_unless_kept(setting, expected):
+    """compat section 8: PyTorch's cuDNN attention backend is on in a fresh process and
+    off once the plugin is loaded, for every architecture; TPP_CUDNN_ATTENTION=1 keeps
+    it on."""
+    env = {k: v for k, v in os.environ.items() if k != "TPP_CUDNN_ATTENTION"}
+    if setting is not None:
+        env["TPP_CUDNN_ATTENTION"] = setting
+    env["PYTHONPATH"] = str(REPO)
+    code = ("import torch; before = torch.backends.cuda.cudnn_sdp_enabled(); import tpp_plugin; "
+            "print(before, torch.backends.cuda.cudnn_sdp_enabled())")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", str(expected)]

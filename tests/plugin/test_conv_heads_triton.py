@@ -166,8 +166,11 @@ def test_triton_kernels_accept_empty_batches_and_single_positions():
 
 def test_local_conv_uses_triton_only_where_asked_and_possible(monkeypatch):
     u = torch.randn(6, 2, 8, device=DEVICE)
-    assert LocalConv(8, 3)._convolution(u) is DilatedDepthwiseConv
+    assert LocalConv(8, 3, impl="taps")._convolution(u) is DilatedDepthwiseConv
     assert LocalConv(8, 3, impl="triton")._convolution(u) is TritonConv
+    # the default: the kernels for CUDA tensors, never the interpreter's for CPU ones
+    assert LocalConv(8, 3)._convolution(u) is (TritonConv if u.is_cuda else DilatedDepthwiseConv)
+    assert LocalConv(8, 3)._convolution(u.cpu()) is DilatedDepthwiseConv
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # a CPU tensor without the interpreter: the taps
     assert LocalConv(8, 3, impl="triton")._convolution(u.cpu()) is DilatedDepthwiseConv
     with pytest.raises(ValueError, match="taps, triton"):
@@ -177,7 +180,7 @@ def test_local_conv_uses_triton_only_where_asked_and_possible(monkeypatch):
 def test_option_reaches_every_conv_head_and_changes_no_output():
     torch.manual_seed(0)
     d = make_dictionary(30)
-    taps = build_model(dictionary=d, encoder_conv_dilations="1,2", decoder_conv_dilations="2,1")
+    taps = build_model(dictionary=d, encoder_conv_dilations="1,2", decoder_conv_dilations="2,1", conv_heads_impl="taps")
     fused = build_model(dictionary=d, encoder_conv_dilations="1,2", decoder_conv_dilations="2,1",
                         conv_heads_impl="triton")
     fused.load_state_dict(taps.state_dict())  # same parameters: the option is not one
@@ -204,16 +207,24 @@ def test_option_reaches_every_conv_head_and_changes_no_output():
         assert (grads_fused[name] - g).abs().max() <= 1e-5 * (1 + g.abs().max()), name
 
 
-def test_presets_default_to_the_taps_and_old_checkpoints_load():
-    """The default stays the taps until the Triton kernels are measured faster on a
-    GPU; a checkpoint written before the option existed has none and gets the taps."""
+def test_presets_default_to_the_kernels_where_they_run_and_old_checkpoints_load():
+    """The default is ``auto``: the Triton kernels for CUDA tensors (measured faster on
+    an H100), the taps for CPU tensors, also under Triton's interpreter; a checkpoint
+    written before the option existed has none and gets the default."""
     model = build_model("transformer_pp")
-    assert {m.impl for m in model.modules() if isinstance(m, LocalConv)} == {"taps"}
+    convs = [m for m in model.modules() if isinstance(m, LocalConv)]
+    assert {m.impl for m in convs} == {"auto"}
+    cpu = torch.zeros(2, 2)
+    assert not conv_heads_triton.runs("auto", cpu)
+    assert conv_heads_triton.runs("triton", cpu) == conv_heads_triton.interpreting()
+    if torch.cuda.is_available():
+        assert conv_heads_triton.runs("auto", cpu.cuda())
     args = argparse.Namespace()
     ARCH_CONFIG_REGISTRY["transformer_pp"](args)
+    assert args.conv_heads_impl == "auto"
     del args.conv_heads_impl
     attention = ConvHeadsConfig(args, "decoder").attention(0, 0.0, causal=True)
-    assert attention.conv_heads_impl == "taps" and attention.local_conv.impl == "taps"
+    assert attention.conv_heads_impl == "auto" and attention.local_conv.impl == "auto"
 
 
 def decode(attention, x, state, steps, reorder_at, new_order):
@@ -255,7 +266,7 @@ def test_decoding_step_kernel_equals_the_modules_steps(shape, monkeypatch):
     torch.manual_seed(sum(shape[:5]))
     options = dict(kernel_size=taps, dilation=dilation, causal=True, output_scaling=scaling,
                    query_temperature=temperature)
-    reference = HybridMultiheadAttention(d, heads, conv_heads, **options).to(DEVICE).eval()
+    reference = HybridMultiheadAttention(d, heads, conv_heads, conv_heads_impl="taps", **options).to(DEVICE).eval()
     fused = HybridMultiheadAttention(d, heads, conv_heads, conv_heads_impl="triton", **options).to(DEVICE).eval()
     fused.load_state_dict(reference.state_dict())
     x = torch.randn(18, 4, d, device=DEVICE)
@@ -285,7 +296,7 @@ def test_decoding_step_kernel_in_half_precision(dtype, scaling):
     is written. Both stay within a few steps of the dtype of the float32 result."""
     torch.manual_seed(0)
     options = dict(kernel_size=7, dilation=2, causal=True, output_scaling=scaling)
-    exact = HybridMultiheadAttention(96, 8, 4, **options).to(DEVICE).eval()
+    exact = HybridMultiheadAttention(96, 8, 4, conv_heads_impl="taps", **options).to(DEVICE).eval()
     fused = HybridMultiheadAttention(96, 8, 4, conv_heads_impl="triton", **options).to(DEVICE).eval()
     fused.load_state_dict(exact.state_dict())
     fused.to(dtype)
@@ -307,7 +318,7 @@ def test_decoding_step_with_gradients_takes_the_differentiable_path(monkeypatch)
     parameters that want them) the PyTorch step runs, and LocalConv's kernel gets its
     gradient."""
     torch.manual_seed(0)
-    reference = HybridMultiheadAttention(16, 4, 2, kernel_size=3, causal=True).to(DEVICE).eval()
+    reference = HybridMultiheadAttention(16, 4, 2, kernel_size=3, causal=True, conv_heads_impl="taps").to(DEVICE).eval()
     fused = HybridMultiheadAttention(16, 4, 2, kernel_size=3, causal=True, conv_heads_impl="triton")
     fused = fused.to(DEVICE).eval()
     fused.load_state_dict(reference.state_dict())

@@ -71,11 +71,12 @@ def test_decoder_and_unpadded_encoder_self_attention_run_on_flash_attention():
     assert torch.isfinite(out.float()).all()
 
 
-def test_self_attention_keeps_off_cudnn_attention_in_half_precision():
-    """cuDNN's attention builds a plan for every new shape (hybrid_attention.attention):
-    a bfloat16 training step, padded and unpadded, and decoding steps run the flash or
-    memory-efficient kernels, never cuDNN's, which this GPU ranks first (the control:
-    the same calls with cuDNN's attention allowed reach it; skipped where they do not)."""
+def test_loaded_plugin_keeps_attention_off_cudnn_in_half_precision():
+    """cuDNN's attention builds a plan for every new shape (tpp_plugin.compat, 8): with
+    the plugin loaded, a bfloat16 training step, padded and unpadded, and decoding steps
+    run the flash or memory-efficient kernels, never cuDNN's, which this GPU ranks first
+    (the control: the same calls with the backend switched back on reach it; skipped
+    where they do not)."""
     torch.manual_seed(0)
     d, model, src, prev = bf16_model_and_batch()
     lengths = torch.full((8,), 30, device="cuda")
@@ -85,7 +86,7 @@ def test_self_attention_keeps_off_cudnn_attention_in_half_precision():
         padded[2, :6] = d.pad()
         with attention_kernels() as kernels:
             for batch in (src, padded):
-                model(batch, lengths, prev)[0].float().logsumexp(-1).mean().backward()
+                model.train()(batch, lengths, prev)[0].float().logsumexp(-1).mean().backward()
             model.eval()
             with torch.no_grad():
                 enc = model.encoder(padded, src_lengths=lengths)
@@ -94,13 +95,12 @@ def test_self_attention_keeps_off_cudnn_attention_in_half_precision():
                     model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
         return [name for name, _ in kernels.calls]
 
-    # the control: with cuDNN's attention allowed (--cudnn-attention true), the same calls
-    # reach it on this GPU; where they do not, there is nothing to keep off
-    allowed = copy.deepcopy(model)
-    for module in allowed.modules():
-        if isinstance(module, HybridMultiheadAttention):
-            module.cudnn_attention = True
-    control = kernels_of_a_step_and_decoding(allowed)
+    assert not torch.backends.cuda.cudnn_sdp_enabled(), "loading the plugin switched it off"
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    try:
+        control = kernels_of_a_step_and_decoding(model)
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(False)
     if not [n for n in control if "cudnn" in n]:
         pytest.skip(f"this GPU's PyTorch chose no cuDNN attention even where allowed ({sorted(set(control))})")
     names = kernels_of_a_step_and_decoding(model)
@@ -108,7 +108,6 @@ def test_self_attention_keeps_off_cudnn_attention_in_half_precision():
     # dropout no call falls back to the unfused math path, which names no kernel
     assert len(names) >= 6 * 2, names
     assert not [n for n in names if "cudnn" in n], names
-    assert torch.backends.cuda.cudnn_sdp_enabled()
 
 
 def test_model_in_bfloat16_on_the_gpu_is_close_to_float32():
@@ -152,7 +151,7 @@ def test_model_with_triton_local_conv_trains_like_the_taps_in_bfloat16():
     d = make_dictionary(200)
     options = dict(encoder_tag_layers="", dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
                    conv_weight_dropout=0.0)
-    taps = build_model("transformer_pp", dictionary=d, **options).cuda().bfloat16().train()
+    taps = build_model("transformer_pp", dictionary=d, conv_heads_impl="taps", **options).cuda().bfloat16().train()
     fused = build_model("transformer_pp", dictionary=d, conv_heads_impl="triton", **options)
     fused.load_state_dict(taps.state_dict())
     fused = fused.cuda().bfloat16().train()
@@ -168,8 +167,12 @@ def test_model_with_triton_local_conv_trains_like_the_taps_in_bfloat16():
         grads.append({n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None})
     assert abs(losses[0] - losses[1]) < 1e-3 * abs(losses[0])
     assert grads[0].keys() == grads[1].keys()
-    # parameter by parameter: LocalConv's kernels are a small part of the whole gradient
+    # parameter by parameter: LocalConv's kernels are a small part of the whole gradient.
+    # A key bias gets none (it adds one constant to a query's scores, which the softmax
+    # removes): what both carry there is rounding, which no relative error can compare
     for name, expected in grads[0].items():
+        if name.endswith("k_proj.bias"):
+            continue
         error = (grads[1][name] - expected).norm() / expected.norm().clamp_min(1e-12)
         assert error < 5e-2, (name, error.item())
     assert any("local_conv.weight" in name for name in grads[0])

@@ -9,7 +9,6 @@ import torch
 from tpp_plugin.modules import HybridMultiheadAttention, LocalConv
 from tpp_plugin.modules.local_conv import DilatedDepthwiseConv
 
-from support import attention_kernels
 
 
 def reference_hybrid(m: HybridMultiheadAttention, x: torch.Tensor, pad: torch.Tensor):
@@ -404,40 +403,6 @@ def test_projected_q_k_v_are_aligned_for_fused_kernels(embed_dim, heads, conv_he
         if name in proj:
             assert proj[name].storage_offset() % 8 == 0, name
             assert all(stride % 8 == 0 for stride in proj[name].stride()[:-1]), name
-
-
-@pytest.mark.parametrize("cudnn_attention", [False, True])
-def test_dot_product_heads_keep_cudnn_attention_off_unless_asked(cudnn_attention):
-    """cuDNN's attention builds a plan per new shape (see ``attention``): off during every
-    attention call of training (padded and unpadded, encoder and decoder) and of the
-    decoding step, back on afterwards; on throughout with ``cudnn_attention``."""
-    torch.manual_seed(0)
-    encoder = HybridMultiheadAttention(16, 4, 2, kernel_size=3, cudnn_attention=cudnn_attention).train()
-    decoder = HybridMultiheadAttention(16, 4, 2, kernel_size=3, causal=True, right_padded=True,
-                                       cudnn_attention=cudnn_attention)
-    x = torch.randn(7, 3, 16)
-    pad = torch.zeros(3, 7, dtype=torch.bool)
-    pad[0, :2] = True
-    assert torch.backends.cuda.cudnn_sdp_enabled()
-    with attention_kernels() as calls:
-        encoder(x, x, x, key_padding_mask=pad)[0].sum().backward()
-        encoder(x, x, x)[0].sum().backward()
-        decoder.train()(x, x, x)[0].sum().backward()
-        with torch.no_grad():
-            _incremental_outputs(decoder.eval(), x, [1] * 7)
-    enabled = [on for _, on in calls.calls]
-    assert len(enabled) >= 3 + 7
-    assert set(enabled) == {cudnn_attention}
-    assert torch.backends.cuda.cudnn_sdp_enabled(), "the process-wide flag is restored"
-
-
-def test_attention_restores_the_cudnn_flag_when_the_kernel_fails():
-    from tpp_plugin.modules.hybrid_attention import attention
-
-    q, k = torch.randn(2, 2, 3, 8), torch.randn(2, 2, 3, 5)  # head widths differ: an error
-    with pytest.raises(RuntimeError):
-        attention(q, k, k)
-    assert torch.backends.cuda.cudnn_sdp_enabled()
 
 
 @pytest.mark.parametrize("impl", ["taps", "triton"])

@@ -325,18 +325,3 @@ def test_only_the_cpu_preset_scales_the_conv_heads():
     assert model.encoder.layers[0].self_attn.conv_output_scale == (256 // 4) ** -0.5
 
 
-@pytest.mark.parametrize("flag, expected", [([], False), (["--cudnn-attention", "true"], True)])
-def test_cudnn_attention_option_reaches_every_hybrid_attention(flag, expected):
-    """``--cudnn-attention`` through fairseq's own parser (off unless given)."""
-    from fairseq import options
-
-    from tpp_plugin.models.transformer_pp import TransformerPPModel
-
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, input_args=[
-        "unused-data", "--arch", "transformer_pp_tiny", "--encoder-tag-layers", "",
-        *flag])
-    model = TransformerPPModel.build_model(args, FakeTask(make_dictionary()))
-    attentions = [m for m in model.modules() if isinstance(m, HybridMultiheadAttention)]
-    assert len(attentions) == 4
-    assert {m.cudnn_attention for m in attentions} == {expected}

@@ -56,8 +56,9 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-#: the implementations of the conv heads (``--conv-heads-impl``)
-IMPLS = ("taps", "triton")
+#: the implementations of the conv heads (``--conv-heads-impl``): ``auto`` is these
+#: kernels for CUDA tensors where Triton is installed, the taps elsewhere
+IMPLS = ("auto", "taps", "triton")
 MISSING = "--conv-heads-impl triton needs Triton (pip install triton); --conv-heads-impl taps runs without it"
 
 #: rows (``(t, b)`` pairs) and channels per program: 8 elements per thread of 4 warps,
@@ -86,8 +87,11 @@ def usable_on(t: Tensor) -> bool:
 
 
 def runs(impl: str, t: Tensor) -> bool:
-    """Whether implementation ``impl`` runs these kernels on ``t`` (``"triton"`` and a
-    tensor they can run on); an error if that needs Triton and it is not installed."""
+    """Whether implementation ``impl`` runs these kernels on ``t``: ``"triton"`` on a
+    tensor they can run on (an error if Triton is not installed), ``"auto"`` on a CUDA
+    tensor where Triton is installed."""
+    if impl == "auto":
+        return t.is_cuda and usable_on(t) and available()
     if impl != "triton" or not usable_on(t):
         return False
     if not available():

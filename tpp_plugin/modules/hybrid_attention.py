@@ -65,11 +65,6 @@ no real position can see a padding position and the padding mask is dropped as w
 passes no mask at all for a batch without padding (fairseq passes ``None`` then). No
 forward pass reads a value back from the device.
 
-**No cuDNN attention** (unless ``cudnn_attention``, ``--cudnn-attention``): see
-:func:`attention`. fairseq's batches change shape almost every step, and a decoding
-step's key length grows by one per token; cuDNN's kernel builds a plan for every new
-shape, the flash and memory-efficient kernels do not.
-
 The module is a drop-in for fairseq's :class:`~fairseq.modules.MultiheadAttention` in
 the *self*-attention slot of encoder and decoder layers: same call signature, same
 ``T x B x d`` layout, the same kind of incremental state (the dot-product heads' keys
@@ -108,37 +103,6 @@ _LEGACY_NAMES = {
 }
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, cudnn: bool = False, **kwargs) -> Tensor:
-    """``F.scaled_dot_product_attention(q, k, v, **kwargs)`` with cuDNN's backend switched
-    off for the call, unless ``cudnn``: PyTorch's other backends (flash, memory-efficient,
-    math) choose as they would.
-
-    Why. On Hopper and newer GPUs PyTorch puts cuDNN's attention first for half
-    precision. cuDNN runs a plan built for the exact problem: PyTorch caches plans under
-    the batch size, both sequence lengths and the strides, per thread and without bound,
-    and builds one on the host for every new combination.
-    fairseq batches by ``--max-tokens`` over length buckets, so training meets a new
-    shape almost every step, and every beam-search step has a key length it has not had
-    before in this batch size. On an H100 (PyTorch 2.11, bf16) profiled training steps
-    spent 10-17 ms of host time per cuDNN attention call on average, and ``fairseq-train
-    --bf16`` ran 2.5x slower than float32 over 300 updates, most likely for this reason
-    (docs/gpu.md; benchmarks/attention_shapes.py counts the new problems of a run). The
-    flash and memory-efficient kernels take any shape without a build.
-
-    The switch is PyTorch's process-wide flag (``torch.backends.cuda.enable_cudnn_sdp``),
-    set for the call and restored after it (0.3 µs; ``sdpa_kernel`` costs 16 µs, too
-    much for a decoding step that runs once per layer and token). It does nothing on the
-    CPU, which has no cuDNN attention; it is set there all the same, so that the CPU tests
-    see it. The backend of the backward pass is the forward's."""
-    if cudnn or not torch.backends.cuda.cudnn_sdp_enabled():
-        return F.scaled_dot_product_attention(q, k, v, **kwargs)
-    torch.backends.cuda.enable_cudnn_sdp(False)
-    try:
-        return F.scaled_dot_product_attention(q, k, v, **kwargs)
-    finally:
-        torch.backends.cuda.enable_cudnn_sdp(True)
-
-
 @with_incremental_state
 class HybridMultiheadAttention(nn.Module):
     """``H - H_c`` scaled dot-product heads and ``H_c`` convolution-attention heads.
@@ -159,11 +123,10 @@ class HybridMultiheadAttention(nn.Module):
         output_scaling: ``"none"`` (the paper) or ``"inv-sqrt-head-dim"``: the conv
             heads' output ``LocalConv ⊙ Query`` multiplied by ``1/√d_h``.
         query_temperature: the Query's pooling temperature (1: the paper).
-        conv_heads_impl: ``"taps"`` or ``"triton"``: on CUDA tensors, LocalConv's
-            convolution and the conv heads' decoding step as Triton kernels
-            (:mod:`~tpp_plugin.modules.conv_heads_triton`).
-        cudnn_attention: let the dot-product heads use cuDNN's attention kernel
-            (off: see :func:`attention`).
+        conv_heads_impl: ``"auto"``, ``"taps"`` or ``"triton"``: on CUDA tensors,
+            LocalConv's convolution and the conv heads' decoding step as Triton kernels
+            (:mod:`~tpp_plugin.modules.conv_heads_triton`; ``"auto"``: where Triton is
+            installed).
     """
 
     def __init__(
@@ -180,8 +143,7 @@ class HybridMultiheadAttention(nn.Module):
         centered_conv: bool = False,
         output_scaling: str = "none",
         query_temperature: float = 1.0,
-        conv_heads_impl: str = "taps",
-        cudnn_attention: bool = False,
+        conv_heads_impl: str = "auto",
     ):
         super().__init__()
         if embed_dim % num_heads != 0:
@@ -224,7 +186,6 @@ class HybridMultiheadAttention(nn.Module):
         self.in_proj = nn.Linear(embed_dim, sum(w for _, w in self.projection_sizes))
         self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
         self.conv_heads_impl = conv_heads_impl
-        self.cudnn_attention = cudnn_attention
         self.local_conv = LocalConv(conv_dim, kernel_size, dilation=dilation, weight_dropout=conv_weight_dropout,
                                     centered=centered_conv, impl=conv_heads_impl)
         self.context_query = ContextQuery(conv_heads, self.head_dim, causal=causal, temperature=query_temperature)
@@ -372,12 +333,13 @@ class HybridMultiheadAttention(nn.Module):
             if padding is None:
                 # one fused kernel (softmax in float32 inside) where scaling, two products,
                 # the softmax and its casts were five operations
-                dot = attention(q, *kv.unbind(2), self.cudnn_attention)  # B x Ha x 1 x dh
+                dot = F.scaled_dot_product_attention(q, *kv.unbind(2))  # B x Ha x 1 x dh
             else:  # padded keys in the cache (never in beam search); the new one is not padding
                 padding = F.pad(padding, (0, 1), value=False)  # B x t
                 incremental_state[key]["prev_padding"] = padding
-                dot = attention(q, *kv.unbind(2), self.cudnn_attention, attn_mask=~padding[:, None, None, :])
-            mixed[:, :dot_dim] = dot.view(bsz, dot_dim)
+                dot = F.scaled_dot_product_attention(q, *kv.unbind(2), attn_mask=~padding[:, None, None, :])
+            # the kernel's output need not be laid out as B x Ha x dh in memory: copy, not view
+            mixed[:, :dot_dim].view(bsz, self.dot_heads, self.head_dim).copy_(dot.squeeze(2))
         self._conv_step(parts, incremental_state, out=mixed[:, dot_dim:])
         return F.linear(mixed, self.out_proj.weight, self.out_proj.bias).unsqueeze(0)
 
@@ -464,8 +426,8 @@ class HybridMultiheadAttention(nn.Module):
         mask = self._dot_mask(attn_mask, key_padding_mask, tgt_len, src_len, past, q.dtype, device)
         use_causal_flag = mask is None and self.causal and tgt_len > 1 and past == 0
         dropout_p = self.dropout_module.p if self.training else 0.0
-        out = attention(
-            q, k, v, self.cudnn_attention, attn_mask=mask, dropout_p=dropout_p, is_causal=use_causal_flag
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=use_causal_flag
         )  # B x Ha x T x dh
         weights = None
         if need_weights:
@@ -608,5 +570,5 @@ class HybridMultiheadAttention(nn.Module):
             f"embed_dim={self.embed_dim}, heads={self.num_heads} "
             f"(dot-product {self.dot_heads}, convolution {self.conv_heads}), "
             f"head_dim={self.head_dim}, causal={self.causal}, right_padded={self.right_padded}, "
-            f"output_scaling={self.output_scaling}, cudnn_attention={self.cudnn_attention}"
+            f"output_scaling={self.output_scaling}"
         )

@@ -160,13 +160,14 @@ class LocalConv(nn.Module):
         dilation: ``δ``, the distance between taps.
         weight_dropout: DropConnect probability on the normalised kernel.
         centered: see :attr:`lookahead`.
-        impl: ``"taps"`` (:class:`DilatedDepthwiseConv`, any device) or ``"triton"``
+        impl: ``"taps"`` (:class:`DilatedDepthwiseConv`, any device), ``"triton"``
             (:class:`~tpp_plugin.modules.conv_heads_triton.TritonDilatedDepthwiseConv`
-            for CUDA tensors, the taps elsewhere).
+            for CUDA tensors, the taps elsewhere) or ``"auto"`` (Triton's where it is
+            installed, for CUDA tensors).
     """
 
     def __init__(self, channels: int, kernel_size: int, dilation: int = 1, weight_dropout: float = 0.0,
-                 centered: bool = False, impl: str = "taps"):
+                 centered: bool = False, impl: str = "auto"):
         super().__init__()
         if impl not in conv_heads_triton.IMPLS:
             raise ValueError(f"impl must be one of {', '.join(conv_heads_triton.IMPLS)}, got {impl!r}")

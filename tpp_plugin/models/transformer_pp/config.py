@@ -70,15 +70,11 @@ def add_args(parser) -> None:
     parser.add_argument('--conv-weight-dropout', type=float, metavar='P',
                         help='DropConnect probability on the normalised LocalConv kernels')
     parser.add_argument('--conv-heads-impl', choices=CONV_HEADS_IMPLS, metavar='IMPL',
-                        help="how the conv heads run on a GPU: 'taps' (default; PyTorch operations, "
-                             "one per LocalConv tap) or 'triton' (Triton kernels for CUDA tensors: "
+                        help="how the conv heads run on a GPU: 'triton' (Triton kernels: "
                              "LocalConv in one launch forward and two backward, a decoding step of "
-                             "the conv heads in one; the CPU always uses 'taps')")
-    parser.add_argument('--cudnn-attention', type=_bool, metavar='BOOL',
-                        help="let the dot-product heads use cuDNN's attention kernel on GPUs "
-                             "(default False: it builds a plan for every new batch shape, which "
-                             "fairseq's batches and beam search meet nearly every step; see "
-                             "docs/gpu.md)")
+                             "the conv heads in one), 'taps' (PyTorch operations, one per LocalConv "
+                             "tap) or 'auto' (default: 'triton' where Triton is installed); the CPU "
+                             "always uses 'taps'")
     parser.add_argument('--encoder-tag-layers', type=str, metavar='TAG:LAYER,...',
                         help='token classifiers on the base encoders: tag kind and the '
                              '(1-based) encoder layer it reads, e.g. "pos:1,ner:2"; '
@@ -105,8 +101,7 @@ class ConvHeadsConfig:
         self.output_scaling = getattr(args, "conv_head_scaling", None) or "none"
         temperature = getattr(args, "conv_query_temperature", None)  # None: an older checkpoint
         self.query_temperature = 1.0 if temperature is None else float(temperature)
-        self.conv_heads_impl = getattr(args, "conv_heads_impl", None) or "taps"  # None: an older checkpoint
-        self.cudnn_attention = bool(getattr(args, "cudnn_attention", False))  # absent: an older checkpoint
+        self.conv_heads_impl = getattr(args, "conv_heads_impl", None) or "auto"  # None: an older checkpoint
         opt = f"{side}-conv"
         if self.heads < 1 or self.embed_dim % self.heads != 0:
             raise ValueError(
@@ -143,7 +138,6 @@ class ConvHeadsConfig:
             output_scaling=self.output_scaling,
             query_temperature=self.query_temperature,
             conv_heads_impl=self.conv_heads_impl,
-            cudnn_attention=self.cudnn_attention,
             # fairseq pads targets on the right (TransformerPPModel.build_model switches
             # this off for a task that pads them on the left)
             right_padded=causal,

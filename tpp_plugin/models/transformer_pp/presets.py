@@ -34,8 +34,7 @@ def transformer_pp_base_architecture(args):
     _default(args, "encoder_conv_centered", False)
     _default(args, "conv_head_scaling", "none")
     _default(args, "conv_query_temperature", 1.0)
-    _default(args, "conv_heads_impl", "taps")
-    _default(args, "cudnn_attention", False)
+    _default(args, "conv_heads_impl", "auto")
     _default(args, "encoder_tag_layers", "pos:1,ner:2")
 
 
