@@ -101,8 +101,10 @@ def _holder(handle, path):
 
 
 @contextlib.contextmanager
-def work_dir_lock(work_dir, shared=False):
-    """Hold the lock of ``work_dir`` for the duration of the block (see module doc)."""
+def work_dir_lock(work_dir, shared=False, user="run of the pipeline", folder="work folder"):
+    """Hold the lock of ``work_dir`` for the duration of the block (see module doc);
+    ``user`` and ``folder`` name the two in the refusal ("another run of the pipeline is
+    using this work folder")."""
     os.makedirs(work_dir, exist_ok=True)
     path = os.path.join(work_dir, LOCK_NAME)
     handle = open(path, "a+", encoding="utf-8")
@@ -110,14 +112,14 @@ def work_dir_lock(work_dir, shared=False):
         try:
             fcntl.flock(handle, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise DataError(f"another run of the pipeline is using this work folder "
+            raise DataError(f"another {user} is using this {folder} "
                             f"({_holder(handle, path)}); wait for it to finish or stop it",
                             path) from None
         except OSError as error:
             if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
                 raise
             log.warning("%s: this filesystem does not support locks (%s); nothing prevents a "
-                        "second run in this work folder", path, error.strerror)
+                        "second %s in this %s", path, error.strerror, user, folder)
             yield path
             return
         # Holding the lock. A record still in the file belongs to a run that ended
