@@ -25,6 +25,10 @@ already prepared data folder (``--data``) with the raw test reference
 
     # GPU (one H100, bf16; ~25 minutes):
     tpp-study --config gpu --corpus corpora/en-de/train -s en -t de --out runs/study_gpu
+    # GPU, one short call (the whole study in a few minutes; docs/gpu.md):
+    tpp-study --config gpu-short --data DIR --test-reference DIR/raw/test.de --seeds 1,2 --out runs/study_gpu_short
+    # the report of whatever has finished, at any time:
+    tpp-study ... --report-only
     # CPU (2 cores, ~3 hours):
     tpp-study --config cpu --corpus corpora/en-de/train -s en -t de --out runs/study_cpu
     # your own held-out test set:
@@ -46,9 +50,11 @@ import queue
 import re
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -56,6 +62,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from .evaluate import plugin_dir
+from .train import OPTIMIZER
 
 PROG = "tpp-study"
 
@@ -118,6 +125,12 @@ CONFIGS = {
     "gpu": Config(embed_dim=512, ffn_dim=2048, heads=8, layers=6, max_update=2200, max_tokens=8192,
                   update_freq=1, lr=7e-4, warmup_updates=400, dropout=0.1, attention_dropout=0.1,
                   activation_dropout=0.1, average=5, dtype="bf16", bpe_merges=16000),
+    # transformer-base size on one GPU, bf16, sized for one short call on an H100 (all
+    # variants x 2 seeds, four at a time): a few minutes of training in all
+    "gpu-short": Config(embed_dim=512, ffn_dim=2048, heads=8, layers=6, max_update=600, max_tokens=8192,
+                        update_freq=1, lr=7e-4, warmup_updates=150, dropout=0.1, attention_dropout=0.1,
+                        activation_dropout=0.1, average=3, save_interval_updates=60,
+                        validate_interval_updates=60, dtype="bf16", bpe_merges=8000),
     # chosen for learning speed on a 2-core CPU (a small model, a small BPE vocabulary,
     # short segments, small batches, a short warm-up): all variants x 2 seeds in 3 hours
     "cpu": Config(embed_dim=256, ffn_dim=512, heads=4, layers=3, max_update=1400, max_tokens=2048,
@@ -195,14 +208,55 @@ def fingerprint(data: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+class Children:
+    """The commands the study is running (its worker threads start them). A study told to
+    stop (SIGTERM, SIGINT) stops them and waits for them before it exits, so that no
+    fairseq-train outlives it and writes into a run folder the next study uses; and it
+    starts no new command once told."""
+
+    def __init__(self):
+        self._procs = set()
+        self._lock = threading.Lock()
+        self.stopping = threading.Event()
+
+    def run(self, cmd, out, env) -> int:
+        with self._lock:
+            if self.stopping.is_set():
+                raise RuntimeError("the study is stopping")
+            proc = subprocess.Popen([str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT, env=env)
+            self._procs.add(proc)
+        try:
+            return proc.wait()
+        finally:
+            with self._lock:
+                self._procs.discard(proc)
+
+    def stop(self, grace: float = 60.0) -> None:
+        with self._lock:
+            self.stopping.set()
+            procs = list(self._procs)
+        for proc in procs:
+            proc.terminate()
+        deadline = time.monotonic() + grace
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+CHILDREN = Children()
+
+
 def run_command(cmd, log_path: Path, env=None) -> None:
     with open(log_path, "a") as out:
         out.write("+ " + " ".join(shlex.quote(str(c)) for c in cmd) + "\n")
         out.flush()
-        proc = subprocess.run([str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT, env=env)
-    if proc.returncode != 0:
+        returncode = CHILDREN.run(cmd, out, env)
+    if returncode != 0:
         tail = log_path.read_text(errors="replace").splitlines()[-25:]
-        raise RuntimeError(f"command failed ({proc.returncode}), log {log_path}:\n" + "\n".join(tail))
+        raise RuntimeError(f"command failed ({returncode}), log {log_path}:\n" + "\n".join(tail))
 
 
 def json_records(log_path: Path):
@@ -222,10 +276,11 @@ def json_records(log_path: Path):
 # ----------------------------------------------------------------------------- data
 
 
-def prepare_data(args, cfg: Config) -> Dict[str, Path]:
+def prepare_data(args, cfg: Config, plan_only: bool = False) -> Dict[str, Path]:
     """Carve (if needed) and prepare raw text; or check a prepared data folder.
     Returns ``data`` (the data-bin), ``reference`` (raw test target), ``source`` (raw
-    test source, optional), ``bpe_codes`` (optional)."""
+    test source, optional), ``bpe_codes`` (optional). ``plan_only``: carve and prepare
+    nothing; ``prepared`` says whether the folder is there already."""
     if args.data is not None:
         data = args.data
         if not data.is_dir():
@@ -254,11 +309,13 @@ def prepare_data(args, cfg: Config) -> Dict[str, Path]:
             digest = data_identity(args, cfg, src, tgt, given, sizes)
             root = args.out / "data" / f"{src}-{tgt}-{digest}"
             raw = root / "raw"
+            name = f"{src}_{tgt}_bpe{cfg.bpe_merges}"
+            data = root / "data-bin" / name
+            if plan_only and not (data / "preprocess.done").exists():
+                return {"data": data, "prepared": False, "src": src, "tgt": tgt}
             carve_corpus(args.corpus, src, tgt, raw, sizes, seed=args.split_seed, given=given)
         except DataError as err:
             raise StudyError(str(err)) from None
-        name = f"{src}_{tgt}_bpe{cfg.bpe_merges}"
-        data = root / "data-bin" / name
         if not (data / "preprocess.done").exists():
             log(f"preparing {raw} -> {data} (tokenise, tag, BPE {cfg.bpe_merges}, binarize)")
             cmd = [sys.executable, "-m", "tpp_pipeline.pipeline", "-s", src, "-t", tgt,
@@ -279,6 +336,7 @@ def prepare_data(args, cfg: Config) -> Dict[str, Path]:
         raise StudyError(f"test reference {paths['reference']} has {ref_lines} lines but the test split of "
                          f"{paths['data']} has {size} sentences")
     paths["src"], paths["tgt"] = language_pair(paths["data"])
+    paths["prepared"] = True
     return paths
 
 
@@ -319,9 +377,8 @@ def train_command(variant: str, seed: int, cfg: Config, data: Path, folder: Path
         "--share-all-embeddings", "--dropout", cfg.dropout, "--attention-dropout", cfg.attention_dropout,
         "--activation-dropout", cfg.activation_dropout,
         "--task", v["task"], "--criterion", v["criterion"], "--label-smoothing", cfg.label_smoothing,
-        "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-8",
-        "--lr", cfg.lr, "--lr-scheduler", "inverse_sqrt", "--warmup-updates", cfg.warmup_updates,
-        "--warmup-init-lr", "1e-07", "--max-tokens", cfg.max_tokens, "--update-freq", cfg.update_freq,
+        *OPTIMIZER, "--lr", cfg.lr, "--warmup-updates", cfg.warmup_updates,
+        "--max-tokens", cfg.max_tokens, "--update-freq", cfg.update_freq,
         "--max-update", cfg.max_update, "--seed", seed, *precision,
         "--save-dir", folder / "checkpoints", "--save-interval-updates", save,
         "--keep-interval-updates", cfg.average, "--no-epoch-checkpoints", "--save-interval", 1000000,
@@ -339,8 +396,10 @@ def train_command(variant: str, seed: int, cfg: Config, data: Path, folder: Path
 
 
 def plan_runs(args, cfg: Config, data: Path) -> List[Run]:
+    """The runs; before the data folder is prepared (a dry run) their ids, which depend
+    on its dictionaries, are not known yet and read ``<id>``."""
     runs = []
-    data_id = fingerprint(data)
+    data_id = fingerprint(data) if data.is_dir() else None
     for variant in args.variants:
         for seed in args.seeds:
             config = asdict(cfg)
@@ -351,7 +410,8 @@ def plan_runs(args, cfg: Config, data: Path) -> List[Run]:
                     "extra": args.extra, "device": args.device}
             if RUN_VERSION > 1:  # version 1: the runs made before the field existed
                 spec["run_version"] = RUN_VERSION
-            run_id = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:8]
+            run_id = (hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:8]
+                      if data_id is not None else "<id>")
             folder = args.out / "runs" / f"{variant.replace('+', '_')}-s{seed}-{run_id}"
             cmd = train_command(variant, seed, cfg, data, folder, args.device, args.extra)
             runs.append(Run(variant, seed, folder, cmd, spec))
@@ -363,6 +423,27 @@ def trained_updates(run: Run) -> int:
     if done.exists():
         return int(done.read_text().split()[0])
     return 0
+
+
+def checkpoint_updates(run: Run) -> int:
+    """Updates checkpoint_last.pt has seen (0 without a readable one)."""
+    from .checkpoint_files import CheckpointError, load_checkpoint, num_updates
+
+    path = run.folder / "checkpoints" / "checkpoint_last.pt"
+    if not path.exists():
+        return 0
+    try:
+        return num_updates(load_checkpoint(path, mmap=True)) or 0
+    except CheckpointError:
+        return 0
+
+
+def translated(run: Run, reference_lines: int) -> bool:
+    """The test set translated and scored: the scores, and one translation per reference
+    line (a truncated translation file is done again)."""
+    hyp = run.folder / "eval" / "hyp.detok"
+    return ((run.folder / "eval" / "bleu.txt").exists() and hyp.exists()
+            and count_lines(hyp) == reference_lines)
 
 
 def last_checkpoint_updates(run: Run) -> int:
@@ -416,6 +497,10 @@ def _execute(run: Run, cfg: Config, paths, args, env_extra: Dict[str, str]) -> N
     if args.device == "cpu":
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
     out_log = run.folder / "run.log"
+    if trained_updates(run) < cfg.max_update and checkpoint_updates(run) >= cfg.max_update:
+        # trained to the end, stopped before it was marked so: finished means finished
+        # (fairseq-train started again would train one update more and overwrite checkpoints)
+        (run.folder / "train.done").write_text(f"{checkpoint_updates(run)} updates, nan s (found finished)\n")
     if trained_updates(run) < cfg.max_update:
         log(f"{run.name}: training ({cfg.max_update} updates) in {run.folder}")
         started = time.time()
@@ -436,8 +521,7 @@ def _execute(run: Run, cfg: Config, paths, args, env_extra: Dict[str, str]) -> N
         log(f"{run.name}: averaging the last {n} checkpoints")
         run_command([sys.executable, "-m", "tpp_tools.average", "--inputs", ckpt,
                      "--num-update-checkpoints", n, "--output", avg], out_log, env=env)
-    bleu = run.folder / "eval" / "bleu.txt"
-    if not bleu.exists():
+    if not translated(run, count_lines(paths["reference"])):
         log(f"{run.name}: translating the test set")
         cmd = [sys.executable, "-m", "tpp_tools.evaluate", "--data", paths["data"], "--checkpoint", avg,
                "--reference", paths["reference"], "--out", run.folder / "eval", "--force",
@@ -538,7 +622,7 @@ def plot_curves(runs: List[Run], target: Path) -> bool:
     if drawn:
         ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    tmp = target.with_suffix(".tmp.png")
+    tmp = target.with_suffix(f".{os.getpid()}.tmp.png")  # a --report-only may write beside a study
     fig.savefig(tmp, dpi=110)
     plt.close(fig)
     os.replace(tmp, target)
@@ -602,7 +686,9 @@ def parameter_count(run: Run) -> int:
                and "tag_heads" not in k and "_float_tensor" not in k and "version" not in k)
 
 
-def write_report(args, cfg: Config, paths, runs: List[Run], command: str, elapsed: float) -> Path:
+def write_report(args, cfg: Config, paths, runs: List[Run], command: str, elapsed: float,
+                 missing: Optional[List[Run]] = None) -> Path:
+    """The report of ``runs`` (finished); ``missing``: planned runs not finished, named."""
     by_variant: Dict[str, List[Run]] = {}
     for run in runs:
         by_variant.setdefault(run.variant, []).append(run)
@@ -631,6 +717,8 @@ def write_report(args, cfg: Config, paths, runs: List[Run], command: str, elapse
         f"{statistics.median(facts[r.name]['train_seconds'] for r in runs) / 60:.0f} min "
         "(words/s and times are as measured under the machine's load at the time: not a speed comparison, "
         "which is docs/benchmarks.md's).", "",
+        *([f"Not finished, not in the tables: {', '.join(r.name for r in missing)} (re-run the study "
+           "to finish them).", ""] if missing else []),
         "| variant | what | parameters | BLEU (mean over seeds ± 95% CI) | per seed | chrF (mean) "
         "| tok. BLEU, compound split (mean) | bootstrap BLEU: mean ± 95% CI | p vs (a) "
         "| bootstrap chrF: mean ± 95% CI | p vs (a) | valid NLL | train words/s |",
@@ -678,7 +766,7 @@ def write_report(args, cfg: Config, paths, runs: List[Run], command: str, elapse
     lines += analysis_section(by_variant, facts, paths)
     lines += ["Per-run scores and logs: `runs/<variant>-s<seed>-<id>/eval/bleu.txt`, `train.log`, `run.json`."]
     report = args.out / "report.md"
-    tmp = report.with_suffix(".md.tmp")
+    tmp = report.with_suffix(f".md.{os.getpid()}.tmp")
     tmp.write_text("\n".join(lines) + "\n")
     os.replace(tmp, report)
     summary = {
@@ -687,7 +775,9 @@ def write_report(args, cfg: Config, paths, runs: List[Run], command: str, elapse
         "bootstrap": {v: {m: (vars(x) if m != "identical" else x) for m, x in d.items()} for v, d in boot.items()},
         "signatures": signatures,
     }
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    tmp = args.out / f"summary.json.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    os.replace(tmp, args.out / "summary.json")
     return report
 
 
@@ -735,6 +825,9 @@ def parse_args(argv=None):
     p.add_argument("--bootstrap-samples", type=int, default=1000)
     p.add_argument("--keep-checkpoints", action="store_true", help="keep every run's interval checkpoints")
     p.add_argument("--dry-run", action="store_true", help="print the runs and their commands, run nothing")
+    p.add_argument("--report-only", action="store_true",
+                   help="train nothing: the report of the runs that have finished (evaluated), the others "
+                        "listed as not finished; the baseline variant needs at least one")
     p.add_argument("extra", nargs="*", help="options after -- go to every fairseq-train command")
     args = p.parse_args(argv)
     if (args.corpus is None) == (args.data is None):
@@ -770,9 +863,9 @@ def main(argv=None) -> int:
     if args.device == "cpu" and cfg.dtype != "fp32" and args.dtype is None:
         cfg.dtype = "fp32"
     if args.device == "cuda" and not torch.cuda.is_available():
-        if not args.dry_run:
+        if not (args.dry_run or args.report_only):
             print(f"{PROG}: error: --device cuda: torch {torch.__version__} sees no CUDA GPU on this machine "
-                  "(--dry-run plans a GPU study anywhere)", file=sys.stderr)
+                  "(--dry-run plans a GPU study anywhere, --report-only reports one)", file=sys.stderr)
             return 2
         args.device_name = "a CUDA GPU (planned on a machine without one)"
     else:
@@ -781,6 +874,64 @@ def main(argv=None) -> int:
     args.gen_max_tokens = args.gen_max_tokens or (16384 if args.device == "cuda" else 4096)
     args.out.mkdir(parents=True, exist_ok=True)
     command = f"{PROG} " + " ".join(shlex.quote(a) for a in argv)
+    if args.dry_run or args.report_only:  # they write no run: no lock, another study may be running
+        return plan_or_report(args, cfg, command)
+    from tpp_pipeline.errors import DataError
+    from tpp_pipeline.lock import work_dir_lock
+
+    def stop(signum, frame):  # SIGTERM (kill, a scheduler's limit) or SIGINT: the runs' commands too
+        CHILDREN.stop()
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        with work_dir_lock(args.out, user="tpp-study", folder="study folder"):
+            return study(args, cfg, command)
+    except DataError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+
+
+def plan_or_report(args, cfg: Config, command: str) -> int:
+    """--dry-run (carves and prepares nothing) and --report-only."""
+    started = time.time()
+    try:
+        paths = prepare_data(args, cfg, plan_only=True)
+    except StudyError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+    runs = plan_runs(args, cfg, paths["data"])
+    if args.dry_run:
+        if not paths["prepared"]:
+            print(f"(the data folder {paths['data']} is not prepared yet: the study will carve and prepare it "
+                  "first; the runs' ids follow from its dictionaries)")
+        for run in runs:
+            state = "done" if trained_updates(run) >= cfg.max_update else "to train"
+            print(f"{run.name} [{state}] {run.folder}\n  " + " ".join(shlex.quote(c) for c in run.train_cmd))
+        return 0
+    if not paths["prepared"]:
+        print(f"{PROG}: error: --report-only: the data folder {paths['data']} is not prepared: no run has "
+              "finished", file=sys.stderr)
+        return 1
+    finished = [run for run in runs if translated(run, count_lines(paths["reference"]))]
+    if not any(run.variant == args.variants[0] for run in finished):
+        print(f"{PROG}: error: --report-only: no run of the baseline {args.variants[0]} has finished in "
+              f"{args.out / 'runs'}", file=sys.stderr)
+        return 1
+    missing = [run for run in runs if run not in finished]
+    try:
+        report = write_report(args, cfg, paths, finished, command, time.time() - started, missing)
+    except StudyError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+    log(f"report of {len(finished)} finished run(s) of {len(runs)}: {report}")
+    print(report.read_text())
+    return 0
+
+
+def study(args, cfg: Config, command: str) -> int:
+    """Prepare, train, average, translate and report (the lock of ``args.out`` held)."""
     started = time.time()
     try:
         paths = prepare_data(args, cfg)
@@ -788,11 +939,6 @@ def main(argv=None) -> int:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
     runs = plan_runs(args, cfg, paths["data"])
-    if args.dry_run:
-        for run in runs:
-            state = "done" if trained_updates(run) >= cfg.max_update else "to train"
-            print(f"{run.name} [{state}] {run.folder}\n  " + " ".join(shlex.quote(c) for c in run.train_cmd))
-        return 0
     where = args.device_name
     if args.device == "cuda":
         gpus = visible_gpus()
@@ -801,7 +947,8 @@ def main(argv=None) -> int:
     log(f"{len(runs)} runs ({len(args.variants)} variants x {len(args.seeds)} seeds), {args.parallel} at a time "
         f"on {where}")
     failures = []
-    with ThreadPoolExecutor(max_workers=args.parallel) as pool:
+    pool = ThreadPoolExecutor(max_workers=args.parallel)
+    try:
         futures = {pool.submit(execute, run, cfg, paths, args): run for run in runs}
         for future, run in futures.items():
             try:
@@ -810,13 +957,19 @@ def main(argv=None) -> int:
             except Exception as err:  # keep the other runs going; report at the end
                 failures.append((run, err))
                 log(f"{run.name}: FAILED: {err}")
+    finally:  # told to stop: the runs not started are not started
+        pool.shutdown(wait=True, cancel_futures=True)
     if failures:
         print(f"{PROG}: error: {len(failures)} run(s) failed; re-run the same command to resume:",
               file=sys.stderr)
         for run, err in failures:
             print(f"  {run.name}: {str(err).splitlines()[0]}", file=sys.stderr)
         return 1
-    report = write_report(args, cfg, paths, runs, command, time.time() - started)
+    try:
+        report = write_report(args, cfg, paths, runs, command, time.time() - started)
+    except StudyError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
     log(f"report: {report}")
     print(report.read_text())
     return 0

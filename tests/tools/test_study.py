@@ -139,6 +139,32 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
     assert again.stdout.count(": done") == 4
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
 
+    # finished means finished: a run trained to the end but not marked so (a study killed
+    # in between) is not trained again; a truncated translation is done again
+    first = next((out / "runs").glob("transformer-s1-*"))
+    last = first / "checkpoints" / "checkpoint_last.pt"
+    kept = first / "checkpoints" / "checkpoint_avg.pt"
+    (first / "train.done").unlink()
+    before = last.stat().st_mtime_ns
+    hyp = first / "eval" / "hyp.detok"
+    translations = hyp.read_text(encoding="utf-8")
+    hyp.write_text("".join(translations.splitlines(keepends=True)[:5]), encoding="utf-8")
+    again = run(command + ["--max-update", "4"], timeout=900)
+    assert ": training (" not in again.stdout, again.stdout
+    assert last.stat().st_mtime_ns == before and "found finished" in (first / "train.done").read_text()
+    assert again.stdout.count(": translating") == 1 and hyp.read_text(encoding="utf-8") == translations
+    assert not kept.exists()
+
+    # --report-only: the report of what has finished, the rest named; nothing trained
+    partial = run(command + ["--max-update", "4", "--seeds", "1,2,3", "--report-only"], timeout=300)
+    assert ": training (" not in partial.stdout and ": translating" not in partial.stdout, partial.stdout
+    report = (out / "report.md").read_text()
+    assert "Not finished, not in the tables: transformer-s3, hybrid+tags-s3" in report
+    assert f"{theirs.p_value:.4f}" in report, "the finished runs' figures, as before"
+    assert not [p for p in (out / "runs").iterdir() if "-s3-" in p.name]
+    none = run(command + ["--max-update", "5", "--report-only"], timeout=300, check=False)
+    assert none.returncode == 1 and "no run of the baseline transformer has finished" in none.stderr
+
     # a changed budget is a new run, never a silent reuse (the plan the real run follows)
     planned = run(command + ["--max-update", "6", "--dry-run"], timeout=300).stdout
     states = [line.split()[:2] for line in planned.splitlines() if line.startswith(("transformer", "hybrid"))]
@@ -301,3 +327,77 @@ def test_a_gpu_run_decodes_in_float16_only_if_it_trained_in_it(dtype, decoding, 
     assert evaluate[1:3] == ["-m", "tpp_tools.evaluate"] and "--cpu" not in evaluate
     tail = evaluate[evaluate.index("--max-tokens") + 2:]
     assert tail == decoding
+
+
+def _study_in_training(command, out, timeout=600):
+    """Start ``command`` (a study of ``out``) and return its process once a run trains."""
+    import subprocess
+    import time
+
+    from support import tool_env
+
+    proc = subprocess.Popen([str(c) for c in command], env=tool_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + timeout
+    for line in proc.stdout:
+        if ": training (" in line:
+            break
+        assert time.monotonic() < deadline, "the study did not start training"
+    else:
+        raise AssertionError(f"the study ended before training (exit {proc.wait()})")
+    # fairseq-train is starting: wait until it is there
+    while not _trainers(out):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    return proc
+
+
+def _trainers(out):
+    import subprocess
+
+    found = subprocess.run(["pgrep", "-f", f"fairseq-train .*{out}/runs/"], capture_output=True, text=True)
+    return found.stdout.split()
+
+
+def test_one_study_per_folder_and_sigterm_stops_its_trainers(tmp_path):
+    """Issue probes: a second study on the same --out is refused, naming the first
+    (before, both ran and failed each other's runs); SIGTERM to the study stops its
+    fairseq-train too (before, it ran on, orphaned, and the next study started a second
+    trainer on the same run folder). The stopped study resumes when run again."""
+    import signal
+
+    data = binarize_tagged(tmp_path / "text", tmp_path / "data-bin", n_train=120)
+    out = tmp_path / "study"
+    command = ["tpp-study", "--config", "cpu", "--data", data, "--test-reference", tmp_path / "text" / "test.tgt",
+               "--out", out, "--variants", "transformer,hybrid", "--seeds", "1,2", "--device", "cpu",
+               "--parallel", "1", "--embed-dim", "32", "--ffn-dim", "64", "--heads", "2", "--layers", "1",
+               "--max-tokens", "256", "--warmup-updates", "2", "--max-update", "100000"]
+    first = _study_in_training(command, out)
+    try:
+        second = run(command, check=False, timeout=300)
+        assert second.returncode == 2 and "Traceback" not in second.stderr
+        assert f"another tpp-study is using this study folder (process {first.pid} on host" in second.stderr
+        assert len(_trainers(out)) == 1, "the refused study started nothing"
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=120) == 128 + signal.SIGTERM
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert _trainers(out) == [], "no fairseq-train outlives its study"
+    planned = run(command + ["--dry-run"], timeout=300).stdout
+    assert planned.count("[to train]") == 4
+
+
+def test_dry_run_prepares_nothing(tmp_path):
+    """--dry-run on a raw corpus plans the runs without carving or preparing the data
+    (which takes minutes on a real corpus); the runs' ids wait for the dictionaries."""
+    from support import lexicon_pairs, write_corpus
+
+    write_corpus(tmp_path / "corpus", {"train": lexicon_pairs((200, 1, 1), 1)["train"]}, src="en", tgt="de")
+    out = tmp_path / "study"
+    shown = run(["tpp-study", "--config", "cpu", "--corpus", tmp_path / "corpus" / "train", "-s", "en", "-t", "de",
+                 "--out", out, "--variants", "transformer,hybrid", "--seeds", "1,2", "--valid-size", "20",
+                 "--test-size", "20", "--dry-run"], timeout=300)
+    assert "is not prepared yet" in shown.stdout and shown.stdout.count("[to train]") == 4
+    assert "transformer-s1-<id>" in shown.stdout
+    assert not (out / "data").exists(), "nothing carved or prepared"
