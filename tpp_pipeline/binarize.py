@@ -25,7 +25,7 @@ import sys
 
 from .contract import (TagAlignmentError, check_tag_alignment, label_dictionary_lines,
                        label_dictionary_path, label_stream_prefix)
-from .errors import DataError
+from .errors import FULL_DISK, DataError, full_disk_hint
 from .textio import atomic_open, iter_lines
 
 log = logging.getLogger("tpp_pipeline")
@@ -41,8 +41,9 @@ def run_fairseq_preprocess(arguments, log_path, append=False):
     if result.returncode != 0:
         with open(log_path, encoding="utf-8", errors="replace") as handle:
             tail = "".join(handle.readlines()[-15:])
-        raise DataError(f"fairseq-preprocess failed (exit {result.returncode}):\n{tail}",
-                        log_path)
+        full = any(os.strerror(code) in tail for code in FULL_DISK)
+        raise DataError(f"fairseq-preprocess failed (exit {result.returncode}):\n{tail}"
+                        + (f"\n{full_disk_hint()}" if full else ""), log_path)
 
 
 def write_tag_dictionary(train_labels_path, label_set, out_path):
@@ -150,10 +151,14 @@ def binarize(text_dir, src, tgt, dest_dir, dict_size=None, workers=1, label_sets
         work_dir = os.path.dirname(os.path.abspath(text_dir))
         for name in ("preprocess.log", "preprocess_tags.log"):
             if os.path.exists(os.path.join(staging, name)):
-                kept[name] = os.path.join(work_dir, name)
-                shutil.move(os.path.join(staging, name), kept[name])
+                try:  # best effort: on a full disk the staging folder must still go
+                    shutil.move(os.path.join(staging, name), os.path.join(work_dir, name))
+                    kept[name] = os.path.join(work_dir, name)
+                except OSError:
+                    pass
         shutil.rmtree(staging, ignore_errors=True)
         if isinstance(error, DataError) and error.path is not None and \
                 os.path.dirname(os.path.abspath(error.path)) == os.path.abspath(staging):
-            raise DataError(error.message, kept.get(os.path.basename(error.path))) from None
+            raise DataError(error.message, kept.get(os.path.basename(error.path),
+                                                    error.path)) from None
         raise

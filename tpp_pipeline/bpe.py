@@ -7,6 +7,8 @@ the projection of its labels happen in one pass, so the number of pieces per tok
 known exactly rather than re-derived from ``@@`` markers.
 """
 
+import contextlib
+import io
 import logging
 import os
 import shutil
@@ -35,6 +37,33 @@ def learn_joint_bpe(text_paths, codes_path, merges, workers=1):
             learn_bpe(infile, outfile, merges, min_frequency=2, num_workers=workers)
     finally:
         os.remove(joined)
+
+
+def check_codes(path):
+    """Raise :class:`DataError` unless subword-nmt reads ``path`` as BPE codes (its own
+    reader decides; its complaint, which it prints before exiting, becomes the message),
+    so that bad ``--bpe-codes`` are an error before any step rather than after tagging."""
+    from subword_nmt.apply_bpe import BPE
+
+    if os.path.isdir(path):
+        raise DataError("is a folder, not a file of BPE codes (--bpe-codes)", path)
+    complaint = io.StringIO()
+    try:
+        with open(path, encoding="utf-8") as codes, contextlib.redirect_stderr(complaint):
+            BPE(codes)
+    except FileNotFoundError:
+        raise DataError("BPE codes not found (--bpe-codes)", path) from None
+    except OSError as error:
+        raise DataError(f"cannot read the BPE codes (--bpe-codes): {error.strerror}",
+                        path) from None
+    except UnicodeDecodeError as error:
+        raise DataError(f"not UTF-8 ({error.reason} at byte {error.start}): not a file of "
+                        "BPE codes (--bpe-codes)", path) from None
+    except (SystemExit, ValueError) as error:
+        said = " ".join(complaint.getvalue().split()) or str(error)
+        raise DataError(f"not BPE codes that subword-nmt can read (--bpe-codes): {said}; "
+                        "give the codes file written by subword-nmt learn-bpe (or by "
+                        "this pipeline, work/<name>/bpe/codes)", path) from None
 
 
 _worker_bpe = None

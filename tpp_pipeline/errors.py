@@ -1,5 +1,18 @@
 """The single error type of the data pipeline."""
 
+import errno
+
+# A write failing for one of these reasons means the disk (or a quota, or a limit on the
+# size of a file) is full: the fix is more room, not another input.
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+FULL_DISK_HINT = ("make room (free space, raise the quota or file-size limit) or point "
+                  "{folders} at another disk, then run again{kept}")
+PIPELINE_FOLDERS = "--work-dir / --data-bin"
+# Errors of the file system that a user fixes (permissions, a read-only or full disk, a
+# file where a folder should be); any other OSError is left to show its traceback.
+FILE_SYSTEM = FULL_DISK + (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR,
+                           errno.EISDIR)
+
 
 class DataError(Exception):
     """Bad input or inconsistent intermediate data.
@@ -16,3 +29,30 @@ class DataError(Exception):
         self.message = message
         self.path = path
         self.line = line
+
+
+def full_disk_hint(folders=PIPELINE_FOLDERS):
+    """What to do about a full disk; ``folders`` names the options that choose where
+    the command writes."""
+    kept = ": the steps already done are kept" if folders == PIPELINE_FOLDERS else ""
+    return FULL_DISK_HINT.format(folders=folders, kept=kept)
+
+
+def from_os_error(error, path=None, folders=PIPELINE_FOLDERS):
+    """A :class:`DataError` for an ``OSError`` of :data:`FILE_SYSTEM`, naming its file
+    (``path`` where the error names none: a failed write does not), the cause and what to
+    do (``folders``: the options that choose where the command writes); None for any
+    other error."""
+    if not isinstance(error, OSError) or error.errno not in FILE_SYSTEM:
+        return None
+    where = error.filename if error.filename is not None else path
+    cause = f"{error.strerror} [{errno.errorcode.get(error.errno, error.errno)}]"
+    if error.errno in FULL_DISK:
+        hint = full_disk_hint(folders)
+    elif error.errno in (errno.ENOTDIR, errno.EISDIR):
+        hint = ("a file stands where a folder should be, or the other way round: check the "
+                "paths given")
+    else:
+        hint = f"make it writable or point {folders} elsewhere"
+    return DataError(f"{'writing failed' if error.errno in FULL_DISK else 'cannot use it'}: "
+                     f"{cause}; {hint}", where)

@@ -15,6 +15,10 @@ therefore holds ``<work-dir>/.lock``:
   run is known to be gone;
 * ``--tag-shard`` runs (array jobs tagging disjoint chunks of one work folder) share the
   lock with each other (``LOCK_SH``) and exclude every other run.
+
+The output folder ``<data-bin>/<name>`` has a lock of its own, ``<data-bin>/.<name>.lock``,
+held from the start by every run that will binarize into it: two runs with different
+work folders and the same output would otherwise share its staging folder.
 """
 
 import contextlib
@@ -29,6 +33,7 @@ import sys
 import time
 
 from .errors import DataError
+from .textio import ensure_writable_dir
 
 log = logging.getLogger("tpp_pipeline")
 LOCK_NAME = ".lock"
@@ -101,12 +106,14 @@ def _holder(handle, path):
 
 
 @contextlib.contextmanager
-def work_dir_lock(work_dir, shared=False, user="run of the pipeline", folder="work folder"):
+def work_dir_lock(work_dir, shared=False, user="run of the pipeline", folder="work folder",
+                  lock_name=LOCK_NAME):
     """Hold the lock of ``work_dir`` for the duration of the block (see module doc);
     ``user`` and ``folder`` name the two in the refusal ("another run of the pipeline is
-    using this work folder")."""
-    os.makedirs(work_dir, exist_ok=True)
-    path = os.path.join(work_dir, LOCK_NAME)
+    using this work folder"). The lock is the file ``lock_name`` in ``work_dir``, which
+    is created if needed and must be writable (an error naming it otherwise)."""
+    ensure_writable_dir(work_dir, folder)
+    path = os.path.join(work_dir, lock_name)
     handle = open(path, "a+", encoding="utf-8")
     try:
         try:

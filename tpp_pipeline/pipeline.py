@@ -20,6 +20,7 @@ binarized, aligned line by line (and, for tags, token by token).
 """
 
 import argparse
+import contextlib
 import logging
 import os
 import shutil
@@ -28,10 +29,10 @@ import sys
 from . import binarize as binarize_mod
 from . import bpe, cleaning, moses, tagging
 from .contract import TAG_KINDS
-from .errors import DataError
+from .errors import DataError, from_os_error
 from .lock import exit_cleanly_on_sigterm, work_dir_lock
 from .steps import StepLedger, file_identity
-from .textio import atomic_open, check_same_line_count
+from .textio import atomic_open, check_same_line_count, ensure_writable_dir
 
 log = logging.getLogger("tpp_pipeline")
 SPLITS = binarize_mod.SPLITS
@@ -48,6 +49,17 @@ def project_root():
 
 
 REPO_ROOT = project_root()
+
+
+def positive_int(text):
+    """argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def add_pipeline_arguments(parser):
@@ -69,9 +81,9 @@ def add_pipeline_arguments(parser):
                        help="spaCy model for tagging (default: installed en_core_web_sm*)")
     group.add_argument("--pos-scheme", choices=tagging.POS_SCHEMES, default="upos",
                        help="upos: token.pos_ (17 universal tags, default); ptb: token.tag_")
-    group.add_argument("--tag-batch-size", type=int, default=256,
+    group.add_argument("--tag-batch-size", type=positive_int, default=256,
                        help="sentences per nlp.pipe batch")
-    group.add_argument("--tag-chunk-size", type=int, default=10000,
+    group.add_argument("--tag-chunk-size", type=positive_int, default=10000,
                        help="lines per resumable tagging chunk")
     group.add_argument("--tag-shard", type=tagging.parse_shard, default=None, metavar="I/N",
                        help="only tag shard I of N (0-based; for array jobs) and stop")
@@ -123,10 +135,12 @@ def _copy(src_path, dst_path):
         shutil.copyfileobj(src, dst)
 
 
-def run_pipeline(args, prefixes, name, src, tgt):
-    """Run the steps for ``prefixes`` = {split: path prefix of raw text}."""
-    work_dir = args.work_dir or os.path.join(REPO_ROOT, "work", name)
-    dest_dir = os.path.join(args.data_bin, name)
+def check_before_running(args, prefixes, src, tgt):
+    """Every check that needs no step, so that a bad input or setting is an error before
+    hours of tokenising and tagging rather than after. Returns {split: {lang: raw file}}."""
+    if src == tgt:
+        raise DataError(f"source and target language are both '{src}' (-s, -t): they must "
+                        f"differ (each split is read from PREFIX.{src} and PREFIX.{tgt})")
     tags = not args.no_tags
     if args.tag_shard and args.force:
         raise DataError("--force would wipe the other shards' work; do not combine it "
@@ -136,22 +150,52 @@ def run_pipeline(args, prefixes, name, src, tgt):
     if tags and src != "en" and not args.spacy_model:
         raise DataError(f"the source language is '{src}', but tagging uses an English spaCy "
                         "model; pass --no-tags, or --spacy-model for a model of that language")
-    ledger = StepLedger(work_dir, force=args.force)
-    if os.path.exists(dest_dir) and not args.force and not os.path.exists(
-            ledger.marker_path("binarize")):
-        raise DataError("output folder exists and was not made by this run's work folder; "
-                        "pass --force to overwrite it", dest_dir)
+    if tags:
+        tagging.check_model(args.spacy_model)
+    raw = {s: {lang: f"{prefixes[s]}.{lang}" for lang in (src, tgt)} for s in SPLITS}
+    for split in SPLITS:
+        for path in raw[split].values():
+            if os.path.isdir(path):
+                raise DataError(f"is a folder, not a file: the {split} files are "
+                                f"PREFIX.{src} and PREFIX.{tgt} (--{split}pref PREFIX)", path)
+            if not os.path.isfile(path):
+                raise DataError("input file not found", path)
+        if check_same_line_count(list(raw[split].values())) == 0:
+            raise DataError(f"the {split} set is empty (0 lines in both files): every split "
+                            "needs at least one sentence pair", raw[split][src])
+    if args.bpe_codes:
+        bpe.check_codes(args.bpe_codes)
+    return raw
+
+
+def run_pipeline(args, prefixes, name, src, tgt):
+    """Run the steps for ``prefixes`` = {split: path prefix of raw text}: first the checks
+    that need no step (:func:`check_before_running`, a writable output folder), then the
+    steps; a run that will binarize holds the output folder's lock throughout."""
+    work_dir = args.work_dir or os.path.join(REPO_ROOT, "work", name)
+    dest_dir = os.path.join(args.data_bin, name)
+    raw = check_before_running(args, prefixes, src, tgt)
+    lock = contextlib.nullcontext()
+    if args.stop_after in (None, "binarize") and not args.tag_shard:
+        parent = os.path.dirname(dest_dir) or "."
+        ensure_writable_dir(parent, "--data-bin folder")
+        lock = work_dir_lock(parent, folder=f"output folder {dest_dir}",
+                             lock_name=f".{os.path.basename(dest_dir)}.lock")
+    with lock:
+        ledger = StepLedger(work_dir, force=args.force)
+        if os.path.exists(dest_dir) and not args.force and not os.path.exists(
+                ledger.marker_path("binarize")):
+            raise DataError("output folder exists and was not made by this run's work folder; "
+                            "pass --force to overwrite it", dest_dir)
+        return _run_steps(args, raw, src, tgt, work_dir, dest_dir, ledger)
+
+
+def _run_steps(args, raw, src, tgt, work_dir, dest_dir, ledger):
+    tags = not args.no_tags
     lay = Layout(work_dir, src, tgt)
     stop = args.stop_after
 
     # 1. tokenize ------------------------------------------------------------------------
-    raw = {s: {lang: f"{prefixes[s]}.{lang}" for lang in (src, tgt)} for s in SPLITS}
-    for split in SPLITS:
-        for path in raw[split].values():
-            if not os.path.isfile(path):
-                raise DataError("input file not found", path)
-        check_same_line_count(list(raw[split].values()))
-
     def tokenize():
         for split in SPLITS:
             for lang, path in raw[split].items():
@@ -320,10 +364,23 @@ def main(argv=None):
     try:
         with work_dir_lock(args.work_dir, shared=bool(args.tag_shard)):
             run_pipeline(args, prefixes, args.name, args.source_lang, args.target_lang)
-    except DataError as exc:
-        log.error("error: %s", exc)
-        return 2
+    except (DataError, OSError) as exc:
+        return report_error(exc)
     return 0
+
+
+def report_error(error):
+    """Log ``error`` (a :class:`DataError`, or an ``OSError`` of the file system such as a
+    full or read-only disk) as the pipeline's error and return exit status 2; any other
+    ``OSError`` is raised again, with its traceback."""
+    if isinstance(error, DataError):
+        log.error("error: %s", error)
+        return 2
+    reported = from_os_error(error)
+    if reported is None:
+        raise error
+    log.error("error: %s", reported)
+    return 2
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ writes ``work/study/raw/{train,valid,test}.{en,de}``.
 
 import argparse
 import lzma
-import os
 import random
 import re
 import sys
@@ -33,7 +32,8 @@ import unicodedata
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
-from .errors import DataError
+from .errors import DataError, from_os_error
+from .textio import atomic_open
 
 _SPACE = re.compile(r"\s+")
 
@@ -60,6 +60,8 @@ def read_side(path: Path) -> List[str]:
         raise DataError(f"not UTF-8 ({exc.reason})", path) from None
     except (lzma.LZMAError, EOFError) as exc:
         raise DataError(f"not a valid xz file ({exc})", path) from None
+    except OSError as exc:
+        raise DataError(f"cannot read it ({exc.strerror})", path) from None
     if lines and lines[-1] == "":
         lines.pop()
     return lines
@@ -69,6 +71,10 @@ def side_path(prefix: str, lang: str) -> Path:
     """``PREFIX.lang``, or ``PREFIX.lang.xz`` if only that exists."""
     plain = Path(f"{prefix}.{lang}")
     packed = Path(f"{prefix}.{lang}.xz")
+    for path in (plain, packed):
+        if path.is_dir():
+            raise DataError(f"is a folder, not a file: --corpus PREFIX reads the files "
+                            f"PREFIX.{lang} (or PREFIX.{lang}.xz), one sentence per line", path)
     if plain.exists():
         return plain
     if packed.exists():
@@ -119,12 +125,14 @@ def carve(
 
 def write_lines(path: Path, lines: Sequence[str]) -> None:
     """Write ``lines`` under a temporary name, then rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8", newline="\n") as handle:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"cannot create the output folder ({exc.strerror}): choose an --out "
+                        "you can write to", exc.filename or path.parent) from None
+    with atomic_open(path) as handle:
         for line in lines:
             handle.write(line + "\n")
-    os.replace(tmp, path)
 
 
 def read_pairs(prefix: str, src_lang: str, tgt_lang: str) -> Tuple[List[str], List[str]]:
@@ -193,8 +201,11 @@ def main(argv=None) -> int:
         outputs = carve_corpus(args.corpus, args.source_lang, args.target_lang, args.out,
                                {"test": args.test, "valid": args.valid}, seed=args.seed,
                                force=args.force)
-    except DataError as err:
-        print(f"tpp-carve-splits: error: {err}", file=sys.stderr)
+    except (DataError, OSError) as err:
+        reported = err if isinstance(err, DataError) else from_os_error(err, folders="--out")
+        if reported is None:
+            raise
+        print(f"tpp-carve-splits: error: {reported}", file=sys.stderr)
         return 2
     for name, (src, _) in outputs.items():
         with open(src, encoding="utf-8") as handle:

@@ -78,6 +78,17 @@ def default_model_name():
                     f"{', '.join(DEFAULT_MODELS)} or pass --spacy-model")
 
 
+def check_model(name=None):
+    """Raise :class:`DataError` unless spaCy can load ``name`` (an installed package or a
+    folder; None: one of :data:`DEFAULT_MODELS`), before any step runs."""
+    if name is None:
+        default_model_name()
+    elif not (os.path.isdir(name) or name.startswith("blank:")
+              or importlib.util.find_spec(name) is not None):
+        raise DataError(f"spaCy model '{name}' (--spacy-model) is neither an installed "
+                        "package nor a folder; install it, or name another")
+
+
 def _single_token(label):
     # A label must be one whitespace-free token, or fairseq would read it as several.
     return "_".join(label.split()) if label else label

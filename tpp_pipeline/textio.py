@@ -10,6 +10,7 @@ Two rules hold for every file the pipeline touches:
 
 import contextlib
 import os
+import tempfile
 
 from .errors import DataError
 
@@ -59,11 +60,45 @@ def temp_name(path):
     return str(path) + TMP_SUFFIX
 
 
+def ensure_writable_dir(path, what):
+    """Create folder ``path`` if needed and check that a file can be created in it, so
+    that an output that cannot be written is an error before the long steps, not after.
+    ``what`` names the folder in the error (e.g. "--data-bin folder")."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        handle, probe = tempfile.mkstemp(prefix=".write-test-", dir=path)
+        os.close(handle)
+        os.remove(probe)
+    except OSError as error:
+        where = f": {error.filename}" if error.filename and str(error.filename) != str(path) else ""
+        raise DataError(f"cannot create or write into this {what} ({error.strerror}{where}); "
+                        f"choose a {what} you can write to", path) from None
+
+
+def _name_the_file(error, where):
+    """Raise ``error`` again naming ``where`` if it is an ``OSError`` that names no file
+    (a failed write, e.g. on a full disk, does not), for the error message."""
+    if isinstance(error, OSError) and error.filename is None and where is not None:
+        raise OSError(error.errno, error.strerror, str(where)) from None
+
+
+def _discard(handles, paths):
+    """Close ``handles`` and remove the temporary files of ``paths``, even where closing
+    fails (flushing onto a full disk does), so that no ``.tmp`` file is left behind."""
+    for handle in handles:
+        with contextlib.suppress(OSError):
+            handle.close()
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(temp_name(path))
+
+
 @contextlib.contextmanager
 def atomic_open(path, mode="w"):
     """Open ``path`` for writing under a temporary name; rename on success.
 
-    On an exception the temporary file is removed and ``path`` is left untouched.
+    On an exception the temporary file is removed and ``path`` is left untouched; an
+    ``OSError`` of a failed write (a full disk) is raised naming ``path``.
     """
     tmp = temp_name(path)
     directory = os.path.dirname(os.path.abspath(path))
@@ -74,10 +109,9 @@ def atomic_open(path, mode="w"):
         yield handle
         handle.close()
         os.replace(tmp, path)
-    except BaseException:
-        handle.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
+    except BaseException as error:
+        _discard([handle], [path])
+        _name_the_file(error, path)
         raise
 
 
@@ -89,21 +123,22 @@ def atomic_files(paths):
     """
     paths = list(paths)
     handles = []
+    closing = None
     try:
         for path in paths:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             handles.append(open(temp_name(path), "w", encoding="utf-8", newline="\n"))
         yield handles
-        for handle in handles:
+        for path, handle in zip(paths, handles):
+            closing = path
             handle.close()
         for path in paths:
             os.replace(temp_name(path), path)
-    except BaseException:
-        for handle in handles:
-            handle.close()
-        for path in paths:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(temp_name(path))
+    except BaseException as error:
+        _discard(handles, paths)
+        # the file being closed, else (a write to one of them) their folder
+        _name_the_file(error, closing or (os.path.dirname(os.path.abspath(paths[0]))
+                                          if paths else None))
         raise
 
 

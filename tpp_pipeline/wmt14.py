@@ -270,9 +270,8 @@ def main(argv=None):
     try:
         with work_dir_lock(work_dir, shared=bool(args.tag_shard)):
             _prepare(args, name, src, tgt, work_dir, raw_out)
-    except DataError as exc:
-        log.error("error: %s", exc)
-        return 2
+    except (DataError, OSError) as exc:
+        return pipeline.report_error(exc)
     return 0
 
 

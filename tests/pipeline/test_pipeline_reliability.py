@@ -1,10 +1,13 @@
 """Bad input gets a clear error naming file and line (exit status 2, no traceback);
 outputs are never half-written; one run per work folder at a time."""
 
+import errno
 import json
 import os
 import signal
 import subprocess
+import sys
+import time
 
 import pytest
 
@@ -118,7 +121,7 @@ def test_training_data_with_no_usable_pair_is_an_error_naming_the_file(corpus, c
     assert result.returncode == 2, result.stderr
     assert expected in result.stderr and why in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
-    assert not (corpus / "bin").exists()
+    assert not (corpus / "bin" / "rel").exists()  # no output folder (only its lock)
 
 
 def test_failed_binarize_leaves_no_staging_folder(corpus):
@@ -210,3 +213,240 @@ def test_one_run_per_work_dir_and_stale_locks_are_taken_over(corpus):
     assert result.returncode == 0, result.stderr
     assert "taking over" not in result.stderr
     assert _lock_record(lock) is None
+
+
+# ----------------------------------------------------------------- errors before the steps
+
+def _no_step_ran(corpus, work="work"):
+    """Nothing but the lock (and the step markers' folder) in the work folder."""
+    folder = corpus / work
+    return not folder.exists() or {p.name for p in folder.iterdir()} <= {".lock", ".steps"}
+
+
+@pytest.mark.parametrize("case", ["same languages", "empty test set", "--bpe-codes missing",
+                                  "--bpe-codes garbage", "--bpe-codes a folder",
+                                  "--spacy-model missing", "input is a folder"])
+def test_bad_inputs_and_settings_are_refused_before_any_step(corpus, case):
+    """Issue 33.9: each of these ran tokenising (and tagging) first, then ended in a
+    traceback (or, for garbage codes, in subword-nmt's own exit status 1)."""
+    extra, src, tgt = [], "en", "de"
+    if case == "same languages":
+        tgt = "en"
+        expected = "source and target language are both 'en' (-s, -t): they must differ"
+    elif case == "empty test set":
+        for lang in ("en", "de"):
+            (corpus / f"test.{lang}").write_bytes(b"")
+        expected = (f"{corpus / 'test.en'}: the test set is empty (0 lines in both files): "
+                    "every split needs at least one sentence pair")
+    elif case == "--bpe-codes missing":
+        extra = ["--bpe-codes", corpus / "no_codes"]
+        expected = f"{corpus / 'no_codes'}: BPE codes not found (--bpe-codes)"
+    elif case == "--bpe-codes garbage":
+        (corpus / "codes").write_text("garbage codes here\n")
+        extra = ["--bpe-codes", corpus / "codes"]
+        expected = (f"{corpus / 'codes'}: not BPE codes that subword-nmt can read (--bpe-codes): "
+                    "Error: invalid line 1 in BPE codes file: garbage codes here")
+    elif case == "--bpe-codes a folder":
+        extra = ["--bpe-codes", corpus]
+        expected = f"{corpus}: is a folder, not a file of BPE codes (--bpe-codes)"
+    elif case == "--spacy-model missing":
+        extra = ["--spacy-model", "no_such_spacy_model"]
+        expected = "spaCy model 'no_such_spacy_model' (--spacy-model) is neither an installed"
+    else:
+        (corpus / "valid.de").unlink()
+        (corpus / "valid.de").mkdir()
+        expected = f"{corpus / 'valid.de'}: is a folder, not a file: the valid files are"
+    result = _run(corpus, *extra, src=src, tgt=tgt)
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert _no_step_ran(corpus), sorted(p.name for p in (corpus / "work").iterdir())
+
+
+@pytest.mark.parametrize("option", ["--tag-chunk-size", "--tag-batch-size"])
+def test_a_chunk_or_batch_size_below_one_is_a_usage_error(corpus, option):
+    """Issue 33.9: --tag-chunk-size 0 was a ZeroDivisionError in the tag step."""
+    result = _run(corpus, option, "0")
+    assert result.returncode == 2
+    assert f"argument {option}: must be at least 1, not 0" in result.stderr
+    assert "Traceback" not in result.stderr and not (corpus / "work").exists()
+
+
+@pytest.mark.parametrize("which", ["--data-bin", "--work-dir"])
+@pytest.mark.parametrize("how", ["a file in the path", "read-only folder"])
+def test_an_output_folder_that_cannot_be_written_is_an_error_before_any_step(corpus, which, how):
+    """Issue 33.9: a read-only --data-bin was found after tokenising, tagging and BPE
+    (OSError EROFS), a read-only --work-dir by a traceback from makedirs. A folder that
+    cannot be created (a file stands in its path) fails the same way as one that cannot
+    be written, and needs no privileges to set up; the read-only variant only means
+    something where permissions are enforced (not for root)."""
+    if how == "a file in the path":
+        (corpus / "taken").write_text("a file, not a folder\n")
+        folder = corpus / "taken" / "out"
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root writes into a read-only folder: permissions are not enforced")
+        folder = corpus / "readonly"
+        folder.mkdir()
+        folder.chmod(0o555)
+    args = ["--data-bin", folder] if which == "--data-bin" else []
+    if which == "--work-dir":  # the helper gives --work-dir corpus/work: point it elsewhere
+        result = run_pipeline("tpp-prepare-corpus", "-s", "en", "-t", "de",
+                              "--trainpref", corpus / "train", "--validpref", corpus / "valid",
+                              "--testpref", corpus / "test", "--name", "rel",
+                              "--work-dir", folder / "w", "--data-bin", corpus / "bin",
+                              "--quiet", check=False)
+        named = folder / "w"
+        expected = "cannot create or write into this work folder"
+    else:
+        result = _run(corpus, *args)
+        named = folder
+        expected = "cannot create or write into this --data-bin folder"
+    assert result.returncode == 2, result.stderr
+    assert f"{named}: {expected} (" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert _no_step_ran(corpus)
+
+
+def test_a_full_disk_is_an_error_naming_the_file_and_leaves_no_temporary_file(corpus):
+    """Issue 33.9: a full disk gave a raw OSError (ENOSPC) and left its .tmp files. The
+    run here may write no file over 3,000 bytes (RLIMIT_FSIZE: a write past it fails as
+    on a full disk, with EFBIG), enough to tokenise but not for the BPE text of 20
+    merges. Once there is room again, the re-run keeps the steps already done."""
+    import resource
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (3000, 3000))
+
+    (corpus / "codes").write_text("#version: 0.2\n" + "".join(
+        f"{a} {b}\n" for a, b in [("t", "h"), ("e", "r</w>"), ("a", "n")]))
+    command = pipeline_command(
+        "tpp-prepare-corpus", "-s", "en", "-t", "de", "--trainpref", corpus / "train",
+        "--validpref", corpus / "valid", "--testpref", corpus / "test", "--name", "rel",
+        "--work-dir", corpus / "work", "--data-bin", corpus / "bin", "--quiet", "--no-tags",
+        "--bpe-codes", corpus / "codes")
+    full = subprocess.run(command, capture_output=True, text=True, preexec_fn=small_files)
+    assert full.returncode == 2, full.stderr
+    bpe_dir = corpus / "work" / "bpe"
+    assert f"error: {bpe_dir}/train.en: writing failed: File too large [EFBIG]; make room " \
+           "(free space, raise the quota or file-size limit) or point --work-dir / " \
+           "--data-bin at another disk, then run again: the steps already done are kept" \
+           in full.stderr, full.stderr
+    assert "Traceback" not in full.stderr
+    assert not list(corpus.rglob("*.tmp")), list(corpus.rglob("*.tmp"))
+    assert (corpus / "work" / "tok" / "train.en").exists()  # the steps before were done
+
+    again = _run(corpus, "--no-tags", "--bpe-codes", corpus / "codes")
+    assert again.returncode == 0, again.stderr
+    assert "step tokenize: already done" in again.stderr
+    assert "step bpe_apply: running" in again.stderr
+    assert (corpus / "bin" / "rel" / "train.en-de.en.bin").exists()
+
+
+def test_atomic_writers_remove_their_temporary_files_when_the_disk_is_full(tmp_path):
+    """The writers' clean-up when closing a file fails (its last buffer goes onto a full
+    disk): writing to /dev/full fails with ENOSPC as a full disk does. The error names the
+    file, nothing is left behind, and no file of the set is renamed into place."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    paths = [tmp_path / name for name in ("a.txt", "b.txt", "c.txt")]
+    os.symlink("/dev/full", textio.temp_name(paths[1]))  # where b.txt is written first
+    with pytest.raises(OSError) as raised:
+        with textio.atomic_files(paths) as outs:
+            for out in outs:
+                out.write("some text\n")
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(paths[1])
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+    os.symlink("/dev/full", textio.temp_name(paths[0]))
+    with pytest.raises(OSError) as raised:
+        with textio.atomic_open(paths[0]) as out:
+            out.write("some text\n")
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(paths[0])
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_full_output_disk_at_binarizing_is_an_error_and_leaves_nothing(corpus):
+    """Issue 33.9 (a full --data-bin): a traceback from inside the writer of the output
+    folder. The real command runs with writes into the output's staging folder sent to
+    /dev/full, which fails as a full disk does (ENOSPC); fairseq-preprocess runs as
+    usual."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    staging = str(corpus / "bin" / "rel.tmp")
+    script = (
+        "import builtins, sys\n"
+        "from tpp_pipeline import pipeline, textio\n"
+        "def full_disk(path, mode='r', **kwargs):\n"
+        f"    if str(path).startswith({staging!r}):\n"
+        "        path = '/dev/full'\n"
+        "    return builtins.open(path, mode, **kwargs)\n"
+        "textio.open = full_disk\n"
+        "sys.exit(pipeline.main(sys.argv[1:]))\n")
+    result = subprocess.run(
+        [sys.executable, "-c", script, "-s", "en", "-t", "de", "--trainpref", corpus / "train",
+         "--validpref", corpus / "valid", "--testpref", corpus / "test", "--name", "rel",
+         "--work-dir", corpus / "work", "--data-bin", corpus / "bin", "--quiet", "--no-tags",
+         "--bpe-merges", "50"], capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr
+    assert f"error: {staging}/preprocess_info.json: writing failed: No space left on device " \
+           "[ENOSPC]; make room" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (corpus / "bin" / "rel").exists() and not os.path.exists(staging)
+    assert not list(corpus.rglob("*.tmp")), list(corpus.rglob("*.tmp"))
+    assert (corpus / "work" / "preprocess.log").exists()  # kept where the work is
+
+
+# ------------------------------------------------------------------ one run per output folder
+
+def _wait_for_reader(fifo, process, timeout=120):
+    """Open ``fifo`` for writing once ``process`` has opened it for reading (it then
+    waits there); fails if the process ends first."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            return os.fdopen(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK), "w")
+        except OSError as error:
+            if error.errno != errno.ENXIO:
+                raise
+        assert process.poll() is None, process.communicate()[1]
+        assert time.time() < deadline, "the run never reached its first step"
+        time.sleep(0.05)
+
+
+def test_one_run_per_output_folder(corpus):
+    """Issue 33.9: two runs with the same --name and --data-bin but different work
+    folders shared data-bin/<name>.tmp and failed with a traceback. The output folder
+    has a lock of its own, taken before any step: the second run is refused at once,
+    naming the first; a run that will not binarize (--stop-after) is not held up."""
+    steps = corpus / "work1" / ".steps"
+    steps.mkdir(parents=True)
+    marker = steps / "tokenize.json"
+    os.mkfifo(marker)
+    first = subprocess.Popen(
+        pipeline_command("tpp-prepare-corpus", "-s", "en", "-t", "de",
+                         "--trainpref", corpus / "train", "--validpref", corpus / "valid",
+                         "--testpref", corpus / "test", "--name", "rel",
+                         "--work-dir", corpus / "work1", "--data-bin", corpus / "bin",
+                         "--quiet"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pipe = _wait_for_reader(marker, first)  # the first run waits in its first step
+    try:
+        second = _run(corpus, timeout=120)  # --work-dir corpus/work
+        assert second.returncode == 2, second.stderr
+        lock = corpus / "bin" / ".rel.lock"
+        assert f"{lock}: another run of the pipeline is using this output folder " \
+               f"{corpus / 'bin' / 'rel'} (process {first.pid} on host " in second.stderr, \
+            second.stderr
+        assert "Traceback" not in second.stderr
+        assert _no_step_ran(corpus)
+        tokenise_only = _run(corpus, "--stop-after", "tokenize", timeout=120)
+        assert tokenise_only.returncode == 0, tokenise_only.stderr
+        first.kill()
+        first.communicate()
+    finally:
+        pipe.close()
+        if first.poll() is None:
+            first.kill()
+            first.communicate()
+    assert not (corpus / "bin" / "rel").exists() and not (corpus / "bin" / "rel.tmp").exists()

@@ -46,3 +46,28 @@ def test_misaligned_corpus_is_an_error_naming_the_file(tmp_path):
     assert shown.returncode == 2
     assert f"tpp-carve-splits: error: {corpus}.en: 40 lines, but {corpus}.de has 41" in shown.stderr
     assert "Traceback" not in shown.stderr
+
+
+def test_a_corpus_path_that_is_a_folder_is_an_error_naming_it(tmp_path):
+    """Issue 33.10: a folder where a side of the corpus should be was an
+    IsADirectoryError."""
+    (tmp_path / "c" / "dd.en").mkdir(parents=True)
+    (tmp_path / "c" / "dd.de").mkdir()
+    shown = run(["tpp-carve-splits", "--corpus", tmp_path / "c" / "dd", "-s", "en", "-t", "de",
+                 "--valid", "2", "--test", "2", "--out", tmp_path / "carved"], check=False)
+    assert shown.returncode == 2, shown.stderr
+    assert f"tpp-carve-splits: error: {tmp_path / 'c' / 'dd.en'}: is a folder, not a file: " \
+           "--corpus PREFIX reads the files PREFIX.en (or PREFIX.en.xz)" in shown.stderr
+    assert "Traceback" not in shown.stderr
+    assert not (tmp_path / "carved").exists()
+
+
+def test_an_output_folder_that_cannot_be_created_is_an_error(tmp_path):
+    corpus = corpus_with_repeats(tmp_path / "raw")
+    (tmp_path / "taken").write_text("a file, not a folder\n")
+    shown = run(["tpp-carve-splits", "--corpus", corpus, "-s", "en", "-t", "de",
+                 "--valid", "3", "--test", "4", "--out", tmp_path / "taken" / "carved"], check=False)
+    assert shown.returncode == 2, shown.stderr
+    assert f"tpp-carve-splits: error: {tmp_path / 'taken'}" in shown.stderr
+    assert "cannot create the output folder (Not a directory)" in shown.stderr, shown.stderr
+    assert "Traceback" not in shown.stderr
