@@ -95,7 +95,9 @@ def add_pipeline_arguments(parser):
                        help="strict: invalid UTF-8 is an error naming file and line")
     group.add_argument("--stop-after", choices=STEPS, help="stop after this step")
     group.add_argument("--force", action="store_true",
-                       help="redo every step and overwrite an existing output folder")
+                       help="redo the steps whose settings changed (and the steps after "
+                       "them; the others are kept) and rebuild the output folder, "
+                       "overwriting it")
     group.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
@@ -133,6 +135,15 @@ class Layout:
 def _copy(src_path, dst_path):
     with open(src_path, "rb") as src, atomic_open(dst_path, "wb") as dst:
         shutil.copyfileobj(src, dst)
+
+
+# What the user knows each step setting by, for the error about changed settings.
+OPTION_NAMES = {"inputs": "the input files", "min": "--min-len", "max": "--max-len",
+                "ratio": "--max-ratio", "model": "--spacy-model", "pos_scheme": "--pos-scheme",
+                "chunk": "--tag-chunk-size", "batch": "--tag-batch-size",
+                "merges": "--bpe-merges", "codes": "--bpe-codes", "tags": "tagging (--no-tags)",
+                "dict_size": "--dict-size", "dest": "the output folder (--data-bin, --name)",
+                "archives": "the archives"}
 
 
 def check_before_running(args, prefixes, src, tgt):
@@ -182,9 +193,10 @@ def run_pipeline(args, prefixes, name, src, tgt):
         lock = work_dir_lock(parent, folder=f"output folder {dest_dir}",
                              lock_name=f".{os.path.basename(dest_dir)}.lock")
     with lock:
-        ledger = StepLedger(work_dir, force=args.force)
-        if os.path.exists(dest_dir) and not args.force and not os.path.exists(
-                ledger.marker_path("binarize")):
+        ledger = StepLedger(work_dir, force=args.force, names=OPTION_NAMES)
+        made_here = ((ledger.saved("binarize") or {}).get("settings") or {}).get("dest") \
+            == os.path.abspath(dest_dir)
+        if os.path.exists(dest_dir) and not args.force and not made_here:
             raise DataError("output folder exists and was not made by this run's work folder; "
                             "pass --force to overwrite it", dest_dir)
         return _run_steps(args, raw, src, tgt, work_dir, dest_dir, ledger)
@@ -235,7 +247,8 @@ def _run_steps(args, raw, src, tgt, work_dir, dest_dir, ledger):
         jobs = [tagging.TagJob(lay.path("clean", s, src), os.path.join(work_dir, "tags", s),
                                args.tag_chunk_size) for s in SPLITS]
         if args.tag_shard:
-            if ledger.is_done("tag", _tag_stamp(tag_settings, args, stamp)):
+            if ledger.is_done("tag", _tag_stamp(tag_settings, args, stamp),
+                              _tag_settings(tag_settings, args), stamp):
                 log.info("tagging already complete")
                 return None
             n, words, secs = tagging.tag_files(jobs, model, args.pos_scheme, args.workers,
@@ -327,8 +340,10 @@ def _run_steps(args, raw, src, tgt, work_dir, dest_dir, ledger):
         binarize_mod.binarize(os.path.join(work_dir, "final"), src, tgt, dest_dir,
                               args.dict_size, args.workers, label_sets, info)
 
+    # Where the output goes is not what it holds: another --data-bin just binarizes
+    # again (nothing to overwrite, checked above); --force always rebuilds the output.
     ledger.run("binarize", {"dict_size": args.dict_size, "dest": os.path.abspath(dest_dir)},
-               [dest_dir], binarize, stamp)
+               [dest_dir], binarize, stamp, relocatable=("dest",), redo=args.force)
     log.info("done: %s", dest_dir)
     return dest_dir
 

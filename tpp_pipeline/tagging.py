@@ -177,6 +177,14 @@ class TagJob:
         return start, min(self.n_lines, start + self.chunk_size)
 
 
+def _read_config(path):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
 def _prepare_chunk_dir(job, config, force):
     """Create the chunk folder, or check that its chunks were made with ``config``.
 
@@ -186,7 +194,11 @@ def _prepare_chunk_dir(job, config, force):
     included) checks its settings against the record that is there.
     """
     config_path = os.path.join(job.chunk_dir, "config.json")
-    if force and os.path.isdir(job.chunk_dir):
+    if force and os.path.isdir(job.chunk_dir) and (
+            _read_config(config_path) != config
+            or os.path.getmtime(job.input_path) > os.path.getmtime(config_path)):
+        # chunks of other settings, or of an input written since: start over (the
+        # chunks of an interrupted run with these settings and this input are kept)
         shutil.rmtree(job.chunk_dir)
     os.makedirs(job.chunk_dir, exist_ok=True)
     if not os.path.exists(config_path):

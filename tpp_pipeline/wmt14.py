@@ -279,7 +279,7 @@ def _prepare(args, name, src, tgt, work_dir, raw_out):
     """Archives -> raw text -> the generic pipeline (under the work folder's lock)."""
     archives = obtain_archives(args.pair, args.raw_dir,
                                args.download_dir or os.path.join(work_dir, "orig"))
-    ledger = StepLedger(work_dir, force=args.force)
+    ledger = StepLedger(work_dir, force=args.force, names=pipeline.OPTION_NAMES)
     identities = [file_identity(os.path.join(archives, n)) for n in expected_archives(args.pair)]
     outputs = [os.path.join(raw_out, f"{s}.{lang}") for s in pipeline.SPLITS
                for lang in (src, tgt)]

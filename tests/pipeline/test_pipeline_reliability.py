@@ -450,3 +450,49 @@ def test_one_run_per_output_folder(corpus):
             first.kill()
             first.communicate()
     assert not (corpus / "bin" / "rel").exists() and not (corpus / "bin" / "rel.tmp").exists()
+
+
+# ------------------------------------------------------------------ changed settings
+
+def _binarized(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())
+            if p.suffix in (".bin", ".idx") or p.name.startswith("dict.")}
+
+
+@pytest.mark.slow  # the whole pipeline, tagging included, four times
+def test_a_changed_setting_is_named_and_force_redoes_only_what_depends_on_it(corpus):
+    """Issue 33.12: re-running with only --data-bin changed said "different settings or
+    inputs" without naming one, and --force then tagged everything again. Another
+    --data-bin now just binarizes there; a changed setting is named, with its two values;
+    --force redoes its step and those after it, keeping the ones before (tagging)."""
+    assert _run(corpus, "--bpe-merges", "100").returncode == 0
+    tags = corpus / "work" / "tags" / "train.pos"
+    tagged = tags.stat().st_mtime_ns
+
+    moved = _run(corpus, "--bpe-merges", "100", "--data-bin", corpus / "bin2")
+    assert moved.returncode == 0, moved.stderr
+    assert "step tag: already done, skipping" in moved.stderr
+    assert f'step binarize: done before with the output folder (--data-bin, --name) was ' \
+           f'"{corpus / "bin" / "rel"}", now "{corpus / "bin2" / "rel"}"; running it again' \
+        in moved.stderr, moved.stderr
+    assert _binarized(corpus / "bin2" / "rel") == _binarized(corpus / "bin" / "rel")
+
+    changed = _run(corpus, "--bpe-merges", "100", "--data-bin", corpus / "bin2",
+                   "--max-ratio", "2")
+    assert changed.returncode == 2, changed.stderr
+    assert "step 'clean' was already done with other settings or inputs: --max-ratio was " \
+           "1.5, now 2.0; re-run with --force to redo this step and the ones after it (the " \
+           "steps before it are kept)" in changed.stderr, changed.stderr
+    assert "Traceback" not in changed.stderr
+
+    forced = _run(corpus, "--bpe-merges", "100", "--data-bin", corpus / "bin2",
+                  "--max-ratio", "2", "--force")
+    assert forced.returncode == 0, forced.stderr
+    for step in ("tokenize", "preclean", "tag", "bpe_learn", "bpe_apply"):
+        assert f"step {step}: already done, skipping" in forced.stderr, forced.stderr
+    assert "step clean: settings changed (--max-ratio was 1.5, now 2.0): redoing it" \
+        in forced.stderr
+    assert "step binarize: running" in forced.stderr
+    assert tags.stat().st_mtime_ns == tagged
+    info = json.loads((corpus / "bin2" / "rel" / "preprocess_info.json").read_text())
+    assert info["clean"]["ratio"] == 2.0
