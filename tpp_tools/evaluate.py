@@ -87,6 +87,9 @@ def read_lines(path):
     line without a final newline counts), trailing whitespace (and ``\\r``) dropped.
     Invalid UTF-8 is an error naming the file and line."""
     path = Path(path)
+    if path.is_dir():
+        raise EvaluationError(f"{path}: is a folder, not a file (--reference takes the raw "
+                              "reference file itself, one sentence per line)")
     if not path.is_file():
         raise EvaluationError(f"{path}: no such file")
     data = path.read_bytes()

@@ -218,3 +218,14 @@ def test_bad_input_is_named_without_a_traceback(evaluated, tmp_path, problem):
     assert expected in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_reference_that_is_a_folder_is_named_as_a_folder(evaluated, tmp_path):
+    """Issue 33.12: --reference DIR said "no such file"."""
+    folder = evaluated["corpus"] / "raw"
+    result = run_evaluate("--data", evaluated["data"], "--checkpoint", evaluated["checkpoint"],
+                          "--reference", folder, "--out", tmp_path / "out", "--cpu")
+    assert result.returncode == 2, result.stderr
+    assert f"{folder}: is a folder, not a file (--reference takes the raw reference file " \
+           "itself, one sentence per line)" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
