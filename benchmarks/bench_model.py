@@ -72,6 +72,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PLUGIN = REPO / "tpp_plugin"
+sys.path.insert(0, str(REPO))  # the recipe's optimiser, also when the project is not installed
+from tpp_tools.train import OPTIMIZER  # noqa: E402
 
 MODELS = {
     "transformer": ["--arch", "transformer"],
@@ -221,8 +223,7 @@ def command_line(name, size, args):
         "--dropout", "0.1", "--attention-dropout", "0.1", "--activation-dropout", "0.1",
         "--share-all-embeddings", "--task", "translation",
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-        "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4",
-        "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "4000",
+        *OPTIMIZER, "--lr", "5e-4", "--warmup-updates", "4000",
         "--max-tokens", str(args.max_tokens), "--seed", "1", "--num-workers", "0",
         "--no-save", "--disable-validation", "--no-progress-bar",
         *(["--cpu"] if args.device == "cpu" else []), *precision,

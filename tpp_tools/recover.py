@@ -30,7 +30,13 @@ of a repeated option counts, as in fairseq)::
     tpp-recover-checkpoint --save-dir checkpoints/en_de
     tpp-recover-checkpoint --save-dir DIR --checkpoint-suffix -shard0
 
-Exit status: 0 (nothing to do, or recovered), 2 (no readable checkpoint to resume from).
+With ``--max-update N`` among the options, a ``checkpoint_last.pt`` that has seen N
+updates or more is a finished run: fairseq-train started again would train one update
+more and overwrite its last checkpoints, so the tool says so and exits with status 3,
+on which ``scripts/train.sh`` trains nothing.
+
+Exit status: 0 (nothing to do, or recovered), 2 (no readable checkpoint to resume from),
+3 (the run is finished).
 """
 
 import argparse
@@ -173,8 +179,26 @@ def parse_args(argv=None):
                         help="fairseq's --restore-file: anything but the default means "
                         "fairseq resumes from that file, and nothing is checked here")
     parser.add_argument("--checkpoint-suffix", default="", help="fairseq's --checkpoint-suffix")
+    parser.add_argument("--max-update", type=int, default=0,
+                        help="fairseq's --max-update: a checkpoint_last.pt with that many updates is a "
+                        "finished run (exit status 3)")
     args, _ = parser.parse_known_args(argv)
     return args
+
+
+def finished_updates(save_dir, max_update, restore_file=DEFAULT_RESTORE_FILE, suffix=""):
+    """The updates of ``checkpoint_last.pt`` when they reach ``max_update`` (> 0), else None."""
+    last = Path(save_dir) / f"checkpoint_last{suffix}.pt"
+    if max_update <= 0 or restore_file != DEFAULT_RESTORE_FILE or not last.exists():
+        return None
+    _quiet_fairseq()
+    from .checkpoint_files import CheckpointError, load_checkpoint, num_updates
+
+    try:
+        updates = num_updates(load_checkpoint(last, mmap=True)) or 0
+    except CheckpointError:
+        return None
+    return updates if updates >= max_update else None
 
 
 def main(argv=None):
@@ -184,6 +208,11 @@ def main(argv=None):
     except RecoveryError as error:
         say(f"error: {error}")
         return 2
+    updates = finished_updates(args.save_dir, args.max_update, args.restore_file, args.checkpoint_suffix)
+    if updates is not None:
+        say(f"{Path(args.save_dir) / 'checkpoint_last.pt'} has {updates} updates: the run is finished "
+            f"(--max-update {args.max_update}); nothing to train (a larger --max-update continues it)")
+        return 3
     return 0
 
 

@@ -259,3 +259,52 @@ def test_no_readable_checkpoint_is_an_error(torn_run, tmp_path):
                             cwd=REPO, env=tool_env(), capture_output=True, text=True)
     assert result.returncode == 0 and result.stderr == ""
     assert (save_dir / "checkpoint_last.pt").read_bytes() == torn_run["torn"]
+
+
+def test_a_finished_run_is_not_trained_again(trained_run, tmp_path):
+    """Re-running the command of a finished run (checkpoint_last.pt at --max-update), or
+    with a smaller --max-update, trains nothing and writes no checkpoint (fairseq alone
+    would train one update more and overwrite the last ones); a larger one continues."""
+    save_dir = tmp_path / "ckpt"
+    shutil.copytree(trained_run["save_dir"], save_dir)
+    before = {path.name: path.stat().st_mtime_ns for path in save_dir.glob("*.pt")}
+    for max_update in (20, 12):
+        result = subprocess.run(readme_train_command(trained_run["data"], save_dir, max_update, 5), cwd=REPO,
+                                env=tool_env(), capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "has 20 updates: the run is finished" in result.stderr
+        assert {path.name: path.stat().st_mtime_ns for path in save_dir.glob("*.pt")} == before
+    result = subprocess.run(readme_train_command(trained_run["data"], save_dir, 22, 5), cwd=REPO,
+                            env=tool_env(), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert num_updates(save_dir / "checkpoint_last.pt") == 22
+
+
+def test_one_training_per_save_dir(nmt_corpus, tmp_path):
+    """A second training of the same save dir is refused while the first runs, naming
+    it (before, both ran and wrote every checkpoint and one log)."""
+    save_dir = tmp_path / "ckpt"
+    log1 = tmp_path / "train1.log"
+    with open(log1, "w") as log:
+        first = subprocess.Popen(train_command(nmt_corpus["data"], save_dir, max_update=5000,
+                                               save_interval_updates=15),
+                                 env=tool_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for_saved_checkpoint(log1, first, timeout=180)
+        second = subprocess.run(train_command(nmt_corpus["data"], save_dir, max_update=5000,
+                                              save_interval_updates=15),
+                                env=tool_env(), capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2 and "Traceback" not in second.stderr
+        assert f"another training is using the save dir {save_dir} (process {first.pid} on host" in second.stderr
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "ten"])
+def test_max_update_must_be_a_positive_number(value, tmp_path):
+    """fairseq reads --max-update 0 as "no limit": refused before anything runs."""
+    bad = subprocess.run(["bash", str(SCRIPTS / "train.sh"), "--dry-run", "--max-update", value],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert f"--max-update must be a positive number of updates, not '{value}'" in bad.stderr

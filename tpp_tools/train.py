@@ -1,0 +1,230 @@
+"""Train Transformer++ with fairseq-train: the training recipe, written once.
+
+``tpp-train`` (and ``scripts/train.sh``, which runs it) turns a preset and overrides into
+a fairseq-train command line and runs it; the study (``tpp-study``) and the benchmarks
+take their optimiser and schedule from :data:`OPTIMIZER` here.
+
+The recipe (Thapak & Hore 2020, IV, which follows "Attention Is All You Need"): Adam
+with betas (0.9, 0.98) and the Transformer's learning-rate schedule, fairseq's
+``inverse_sqrt`` (linear warm-up over 4,000 updates to the peak, then decay with
+1/sqrt(update)); the peak 5e-4 is d^-0.5 · warmup^-0.5 for d = 1024 (4.9e-4). Label
+smoothing 0.1; dropouts from the ``--arch`` preset. 320K updates of 10 accumulated
+batches of 4,096 tokens per GPU (the paper gives no batch size; 4,096 is fairseq's usual
+choice for big Transformers). Adam's epsilon: the paper gives none; fairseq's default
+1e-8, with which the study's published runs were trained.
+
+Before fairseq starts: ``--max-update`` must be positive (fairseq reads 0 as no
+limit); the save dir's lock is taken (one training per save dir, held by fairseq-train
+itself, which this process becomes); a torn ``checkpoint_last.pt`` is recovered
+(``tpp-recover-checkpoint``); a run whose ``checkpoint_last.pt`` has reached
+``--max-update`` is finished and nothing is trained.
+"""
+
+import argparse
+import fcntl
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PROG = "tpp-train"
+
+#: the optimiser and schedule of every training of the project (the peak, the warm-up
+#: and the batch come from the preset or the caller)
+OPTIMIZER = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-8",
+             "--clip-norm", "0.0", "--weight-decay", "0.0",
+             "--lr-scheduler", "inverse_sqrt", "--warmup-init-lr", "1e-07"]
+
+#: preset -> (arch, peak lr, default data folder under the project)
+PRESETS = {
+    "en-de": ("transformer_pp_wmt_en_de_big", "5e-4", "data-bin/wmt14_en_de"),
+    "en-fr": ("transformer_pp_wmt_en_fr_big", "5e-4", "data-bin/wmt14_en_fr"),
+    "base": ("transformer_pp", "7e-4", "data-bin/wmt14_en_de"),
+    "cpu": ("transformer_pp_cpu", "1e-3", "data-bin/sample_en_de"),
+    "tiny": ("transformer_pp_tiny", "7e-4", "data-bin/sample"),
+}
+
+#: option -> (environment variable, default); a flag beats the variable
+SETTINGS = {
+    "task": ("TASK", "translation_with_tags"),
+    "criterion": ("CRITERION", "label_smoothed_cross_entropy_with_tags"),
+    "warmup_updates": ("WARMUP_UPDATES", "4000"),
+    "label_smoothing": ("LABEL_SMOOTHING", "0.1"),
+    "max_tokens": ("MAX_TOKENS", "4096"),
+    "update_freq": ("UPDATE_FREQ", "10"),
+    "max_update": ("MAX_UPDATE", "320000"),
+    "save_interval_updates": ("SAVE_INTERVAL_UPDATES", "1000"),
+    "keep_interval_updates": ("KEEP_INTERVAL_UPDATES", "10"),
+    "seed": ("SEED", "1"),
+    "log_interval": ("LOG_INTERVAL", "100"),
+}
+PRECISIONS = ("--fp16", "--memory-efficient-fp16", "--bf16", "--memory-efficient-bf16", "--amp", "--cpu")
+
+
+class TrainError(Exception):
+    """Bad input: reported as one line, exit status 2."""
+
+
+def project_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+def gpu_visible() -> bool:
+    """Whether a GPU is there for fairseq (nvidia-smi lists the node's GPUs whatever
+    CUDA_VISIBLE_DEVICES hides)."""
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if hidden is not None and hidden.strip() in ("", "-1"):
+        return False
+    if shutil.which("nvidia-smi") is None:
+        return False
+    return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
+
+
+def parse_args(argv):
+    extra = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1:]
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                epilog="Every setting is also an environment variable (PRESET, DATA_BIN, "
+                                "SAVE_DIR, ARCH, LR, MAX_TOKENS, ...: the option's name in capitals); a flag "
+                                "beats the variable. Options after -- go to fairseq-train as they are "
+                                "(fairseq keeps the last value of a repeated option).", allow_abbrev=False)
+    p.add_argument("--preset", default=os.environ.get("PRESET", "en-de"), choices=sorted(PRESETS),
+                   help="en-de, en-fr (the paper's big models), base, cpu (the CPU demo's) or tiny")
+    p.add_argument("--data", default=os.environ.get("DATA_BIN"), help="data folder [per preset]")
+    p.add_argument("--save-dir", default=os.environ.get("SAVE_DIR"), help="[checkpoints/<preset>]")
+    p.add_argument("--arch", default=os.environ.get("ARCH"), help="[per preset]")
+    p.add_argument("--user-dir", default=os.environ.get("USER_DIR"), help="[the installed tpp_plugin]")
+    p.add_argument("--lr", default=os.environ.get("LR"), help="peak learning rate [per preset]")
+    for name, (variable, default) in SETTINGS.items():
+        p.add_argument("--" + name.replace("_", "-"), default=os.environ.get(variable, default),
+                       help=f"[{default}]")
+    p.add_argument("--log-file", default=os.environ.get("LOG_FILE"), help="[<save-dir>/train.log]")
+    p.add_argument("--cpu", action="store_true", default=os.environ.get("CPU", "0") == "1")
+    fp16 = p.add_mutually_exclusive_group()
+    fp16.add_argument("--fp16", dest="fp16", action="store_const", const="1",
+                      default=os.environ.get("FP16", "auto"),
+                      help="[on where a GPU is visible and no other precision or --cpu comes after --]")
+    fp16.add_argument("--no-fp16", dest="fp16", action="store_const", const="0")
+    p.add_argument("--no-recover", action="store_true", help="do not check checkpoint_last.pt first")
+    p.add_argument("--recover-only", action="store_true",
+                   help="only check (and if need be recover) checkpoint_last.pt; status 3 when finished")
+    p.add_argument("--no-lock", action="store_true",
+                   help="do not take the save dir's lock (a job holding it for its tasks)")
+    p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
+    args = p.parse_args(argv)
+    args.extra = extra
+    return args
+
+
+def fairseq_command(args):
+    """The fairseq-train command line of ``args`` (checked)."""
+    arch, lr, data = PRESETS[args.preset]
+    root = project_root()
+    args.arch = args.arch or arch
+    args.lr = args.lr or lr
+    args.data = args.data or str(root / data)
+    args.save_dir = args.save_dir or str(root / "checkpoints" / args.preset)
+    args.log_file = args.log_file or str(Path(args.save_dir) / "train.log")
+    if args.user_dir is None:
+        from .evaluate import plugin_dir
+
+        args.user_dir = str(plugin_dir())
+    if not args.max_update.isdigit() or int(args.max_update) < 1:
+        raise TrainError(f"--max-update must be a positive number of updates, not '{args.max_update}' "
+                         "(fairseq reads 0 as no limit)")
+    asked = next((opt for opt in args.extra if opt in PRECISIONS), None)
+    device = []
+    if args.cpu:
+        if args.fp16 == "1":
+            raise TrainError("--fp16 needs a GPU (drop --cpu or --fp16)")
+        device = ["--cpu"]
+    elif asked is not None:  # fairseq's to take: --fp16 is not added next to it
+        if args.fp16 == "1" and asked != "--fp16":
+            raise TrainError(f"--fp16 and {asked} (after --) ask for two precisions: keep one")
+    elif args.fp16 == "1" or (args.fp16 == "auto" and gpu_visible()):
+        device = ["--fp16"]
+    return [
+        os.environ.get("FAIRSEQ_TRAIN", "fairseq-train"), args.data, "--user-dir", args.user_dir,
+        "--task", args.task, "--arch", args.arch,
+        "--criterion", args.criterion, "--label-smoothing", args.label_smoothing,
+        *OPTIMIZER, "--lr", args.lr, "--warmup-updates", args.warmup_updates,
+        "--max-tokens", args.max_tokens, "--update-freq", args.update_freq, "--max-update", args.max_update,
+        "--save-dir", args.save_dir, "--save-interval-updates", args.save_interval_updates,
+        "--keep-interval-updates", args.keep_interval_updates, "--no-epoch-checkpoints",
+        "--seed", args.seed, "--log-format", "simple", "--log-interval", args.log_interval,
+        "--log-file", args.log_file, *device, *args.extra,
+    ]
+
+
+def take_lock(save_dir: Path, argv) -> int:
+    """The save dir's lock (``flock`` on ``.lock``), as a descriptor that fairseq-train
+    inherits: the kernel releases it when that process ends, however it ends."""
+    path = save_dir / ".lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 500, 0).decode("utf-8", "replace").strip()
+        os.close(fd)
+        raise TrainError(f"another training is using the save dir {save_dir} "
+                         f"({holder or 'a process that has not recorded itself'}); wait for it to finish "
+                         "or stop it") from None
+    record = (f"process {os.getpid()} on host {socket.gethostname()}, started "
+              f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(argv)[:400]}\n").encode()
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, record, 0)
+    os.set_inheritable(fd, True)
+    return fd
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    try:
+        cmd = fairseq_command(args)
+        if args.dry_run:
+            print(" ".join(shlex.quote(str(c)) for c in cmd))
+            return 0
+        if not Path(args.data).is_dir():
+            raise TrainError(f"data folder '{args.data}' does not exist (set --data or DATA_BIN)")
+        if not Path(args.user_dir).is_dir():
+            raise TrainError(f"plugin folder '{args.user_dir}' does not exist (set --user-dir or USER_DIR)")
+        save_dir = Path(args.save_dir)
+        save_dir.mkdir(parents=True, exist_ok=True)
+        Path(args.log_file).parent.mkdir(parents=True, exist_ok=True)
+        if not args.no_lock:
+            take_lock(save_dir, [PROG, *argv])
+    except (TrainError, OSError) as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    if not args.no_recover:
+        from . import recover
+
+        # the fairseq options as fairseq will see them (--save-dir, --restore-file,
+        # --checkpoint-suffix and --max-update may also come after --; the last counts)
+        status = recover.main([str(c) for c in cmd[2:]])
+        if status == 3:  # finished: it said so
+            return 3 if args.recover_only else 0
+        if status != 0:
+            return status
+    if args.recover_only:
+        return 0
+    if (save_dir / "checkpoint_last.pt").exists():
+        print(f"{PROG}: resuming from {save_dir / 'checkpoint_last.pt'}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:  # this process becomes fairseq-train: signals reach it directly, the lock goes with it
+        os.execvp(cmd[0], [str(c) for c in cmd])
+    except OSError as error:
+        print(f"{PROG}: error: cannot run {cmd[0]}: {error.strerror}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
