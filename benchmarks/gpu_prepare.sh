@@ -1,23 +1,26 @@
 #!/usr/bin/env bash
-# What a GPU machine without internet needs for benchmarks/gpu_suite.sh, made on a
-# connected machine in one command: a tagged data folder and the wheels its Python lacks.
+# What a GPU machine without internet needs for benchmarks/gpu_suite.sh and the quality
+# study's short GPU call, made on a connected machine in one command: a tagged data
+# folder, compressed, and the wheels its Python lacks.
 #
 # Usage:
 #   benchmarks/gpu_prepare.sh [--force] [--train-pairs N] [--python-version X.Y] CORPUS
 #
 #   CORPUS  PREFIX of a parallel English-German corpus PREFIX.{en,de}[.xz]
-#   --train-pairs  training pairs kept (default 80000: more than 150 updates of 8,192
-#           tokens read); valid and test sets are carved out of the whole corpus first
+#   --train-pairs  training pairs kept (default: all); valid and test sets are carved
+#           out of the whole corpus first
 #   --python-version  the GPU machine's Python (default 3.12)
 #
-# Writes data-bin/gpu_ende (8k joint BPE, POS/NER tags) and wheelhouse/ (fairseq's
-# sources and the wheels the machine's Python lacks: numpy, scipy and scikit-learn are
-# left out, which such images hold), both ignored by git, and prints what they weigh
-# together with the checkout. Intermediate files go to work/gpu/.
+# Writes data-bin/gpu_ende (8k joint BPE, POS/NER tags; raw/ holds the untokenised
+# valid and test sets the study scores against), data-bin/gpu_ende.tar.xz (the same,
+# compressed: what travels) and wheelhouse/ (fairseq's sources and the wheels the
+# machine's Python lacks: numpy, scipy and scikit-learn are left out, which such images
+# hold), all ignored by git, and prints what the archive and the wheels weigh together
+# with the checkout. Intermediate files go to work/gpu/.
 set -euo pipefail
 
 FORCE=()
-PAIRS=80000
+PAIRS=all
 PYVER=3.12
 while [[ $# -gt 0 ]]; do
     case $1 in
@@ -28,7 +31,7 @@ while [[ $# -gt 0 ]]; do
         *) break ;;
     esac
 done
-if [[ $# -ne 1 || ! $PAIRS =~ ^[1-9][0-9]*$ ]]; then
+if [[ $# -ne 1 || ! $PAIRS =~ ^([1-9][0-9]*|all)$ ]]; then
     awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
     exit 2
 fi
@@ -41,13 +44,23 @@ if [[ ! -e data-bin/gpu_ende/dict.en.txt || ${#FORCE[@]} -gt 0 ]]; then
     "$BIN/tpp-carve-splits" --corpus "$CORPUS" -s en -t de --out work/gpu/raw "${FORCE[@]}"
     mkdir -p work/gpu/sub
     for l in en de; do
-        head -n "$PAIRS" "work/gpu/raw/train.$l" >"work/gpu/sub/train.$l.tmp"
+        if [[ $PAIRS == all ]]; then
+            cp "work/gpu/raw/train.$l" "work/gpu/sub/train.$l.tmp"
+        else
+            head -n "$PAIRS" "work/gpu/raw/train.$l" >"work/gpu/sub/train.$l.tmp"
+        fi
         mv "work/gpu/sub/train.$l.tmp" "work/gpu/sub/train.$l"
         cp "work/gpu/raw/valid.$l" "work/gpu/raw/test.$l" work/gpu/sub/
     done
     "$BIN/tpp-prepare-corpus" -s en -t de --trainpref work/gpu/sub/train --validpref work/gpu/sub/valid \
         --testpref work/gpu/sub/test --name gpu_ende --work-dir work/gpu/prep --data-bin data-bin \
         --bpe-merges 8000 --workers 2 --quiet "${FORCE[@]}"
+    mkdir -p data-bin/gpu_ende/raw
+    cp work/gpu/sub/{valid,test}.{en,de} data-bin/gpu_ende/raw/
+    rm -f data-bin/gpu_ende.tar.xz
+fi
+if [[ ! -e data-bin/gpu_ende.tar.xz ]]; then
+    tar -cJf data-bin/gpu_ende.tar.xz.tmp -C data-bin gpu_ende && mv data-bin/gpu_ende.tar.xz.tmp data-bin/gpu_ende.tar.xz
 fi
 
 rm -rf work/gpu/wheels
@@ -57,5 +70,5 @@ bash scripts/setup_env.sh --download-wheelhouse work/gpu/wheels --python-version
 rm -f work/gpu/wheels/{numpy,scipy,scikit_learn}-*
 rm -rf wheelhouse.tmp && cp -r work/gpu/wheels wheelhouse.tmp && rm -rf wheelhouse && mv wheelhouse.tmp wheelhouse
 
-total=$(( $(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1) + $(du -sb data-bin/gpu_ende wheelhouse | awk '{ s += $1 } END { print s }') ))
-echo "gpu_prepare.sh: data-bin/gpu_ende and wheelhouse/ ready; with the checkout $((total / 1048576)) MiB to carry (at most 64)"
+total=$(( $(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1) + $(du -sb data-bin/gpu_ende.tar.xz wheelhouse | awk '{ s += $1 } END { print s }') ))
+echo "gpu_prepare.sh: data-bin/gpu_ende.tar.xz and wheelhouse/ ready; with the checkout $((total / 1048576)) MiB to carry (at most 64)"

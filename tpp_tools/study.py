@@ -400,8 +400,10 @@ def plan_runs(args, cfg: Config, data: Path) -> List[Run]:
     on its dictionaries, are not known yet and read ``<id>``."""
     runs = []
     data_id = fingerprint(data) if data.is_dir() else None
-    for variant in args.variants:
-        for seed in args.seeds:
+    # seed by seed: the runs that go first (and, stopped midway, finish first) are every
+    # variant's first seed, which a report can compare
+    for seed in args.seeds:
+        for variant in args.variants:
             config = asdict(cfg)
             if config["conv_head_scaling"] == "none" or not VARIANTS[variant]["conv"]:
                 # no effect on this run: its identity (and reuse) does not depend on it

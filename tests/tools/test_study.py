@@ -65,7 +65,7 @@ def test_dry_run_plans_every_variant_and_seed(tmp_path):
     lines = shown.stdout.splitlines()
     planned = [line for line in lines if " [to train] " in line]
     assert [line.split()[0] for line in planned] == [
-        "transformer-s1", "transformer-s2", "hybrid+tags-s1", "hybrid+tags-s2"], shown.stdout
+        "transformer-s1", "hybrid+tags-s1", "transformer-s2", "hybrid+tags-s2"], shown.stdout
     commands = [shlex.split(line) for line in lines if line.strip().startswith("fairseq-train")]
     assert len(commands) == 4
     first, last = commands[0], commands[-1]
@@ -168,8 +168,8 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
     # a changed budget is a new run, never a silent reuse (the plan the real run follows)
     planned = run(command + ["--max-update", "6", "--dry-run"], timeout=300).stdout
     states = [line.split()[:2] for line in planned.splitlines() if line.startswith(("transformer", "hybrid"))]
-    assert states == [["transformer-s1", "[to"], ["transformer-s2", "[to"],
-                      ["hybrid+tags-s1", "[to"], ["hybrid+tags-s2", "[to"]], planned
+    assert states == [["transformer-s1", "[to"], ["hybrid+tags-s1", "[to"],
+                      ["transformer-s2", "[to"], ["hybrid+tags-s2", "[to"]], planned
     assert not any(name in planned for name in runs)
 
 
