@@ -306,3 +306,48 @@ def test_every_parameter_takes_part_in_a_training_step_of_the_criterion(databin,
     loss, _, _ = LabelSmoothedCrossEntropyWithTagsCriterion(task, False, 0.1)(model, batch)
     loss.backward()
     assert not [n for n, p in model.named_parameters() if p.grad is None]
+
+
+def test_a_folder_without_tags_is_one_error_line_of_fairseq_train(tmp_path):
+    """Issue 33.12: the tags task on a folder prepared with --no-tags ended fairseq-train
+    in a traceback, its clear message last. Now the message is all there is."""
+    data = binarize_tagged(tmp_path / "text", tmp_path / "data-bin", n_train=60, tags=False)
+    proc = run(["fairseq-train", data, "--user-dir", REPO / "tpp_plugin", "--arch", "transformer_pp_tiny",
+                "--task", "translation_with_tags", "--criterion", "label_smoothed_cross_entropy_with_tags",
+                "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "500", "--max-update", "1", "--cpu",
+                "--no-save", "--num-workers", "0"], check=False)
+    assert proc.returncode != 0 and "done training" not in proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert (f"fairseq-train: error: the data folder has no label files for --tags pos,ner (expected "
+            f"{data / 'dict.pos.txt'}, {data / 'dict.ner.txt'}; a folder prepared with tpp-prepare-corpus "
+            "--no-tags has none): pass --tags '' (or --task translation)") in proc.stderr, proc.stderr[-3000:]
+
+
+def test_translating_a_sentence_over_the_limit_says_the_limit_and_how_to_raise_it(databin, tmp_path):
+    """Issue 33.12: the hub interface's translate() of a too long sentence said to pass
+    --skip-invalid-size-inputs-valid-test, a command-line flag. Now the error says the
+    limit and how to raise it, and raising it as it says works."""
+    from fairseq.models.transformer import TransformerModel
+
+    from tpp_plugin.tasks.translation_with_tags import InputTooLongError
+
+    run(["fairseq-train", databin, "--user-dir", REPO / "tpp_plugin", "--arch", "transformer_pp_tiny",
+         "--task", "translation_with_tags", "--criterion", "label_smoothed_cross_entropy_with_tags",
+         "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "500", "--max-update", "1", "--cpu",
+         "--disable-validation", "--num-workers", "0", "--save-dir", tmp_path / "ck",
+         "--max-source-positions", "64", "--max-target-positions", "64"])
+    load = dict(checkpoint_file="checkpoint_last.pt", data_name_or_path=str(databin),
+                user_dir=str(REPO / "tpp_plugin"))
+    long = " ".join(f"s{i % 24}" for i in range(100))  # 100 words + end of sentence
+    hub = TransformerModel.from_pretrained(str(tmp_path / "ck"), **load)
+    with pytest.raises(InputTooLongError) as raised:
+        hub.translate(["s1 s2", long], beam=1)
+    message = str(raised.value)
+    assert message.startswith("input sentence 1 (0-based; 1 sentence(s) in all) is 101 tokens long "
+                              "after BPE, end of sentence included; this model takes at most 64 "
+                              "(max_positions=(64, 64))"), message
+    assert "from_pretrained(..., max_source_positions=N, max_target_positions=N)" in message
+    raised_limit = TransformerModel.from_pretrained(str(tmp_path / "ck"), max_source_positions=256,
+                                                    max_target_positions=256, **load)
+    translated = raised_limit.translate(["s1 s2", long], beam=1)
+    assert len(translated) == 2 and all(isinstance(t, str) and t for t in translated)

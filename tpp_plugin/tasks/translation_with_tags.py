@@ -15,6 +15,7 @@ The labels are training targets only: a model trained with this task translates 
 import itertools
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Dict, List
 
@@ -34,6 +35,38 @@ from ..criterions.label_smoothed_cross_entropy_with_tags import LabelSmoothedCro
 from .tagged_dataset import TaggedLanguagePairDataset
 
 logger = logging.getLogger(__name__)
+
+
+class MissingTagsError(FileNotFoundError):
+    """The data folder lacks label files that ``--tags`` asks for: a user's error, which a
+    command-line tool (fairseq-train) reports in one line, without a traceback."""
+
+
+class InputTooLongError(ValueError):
+    """A sentence given to translate (the hub interface's ``translate``, or
+    fairseq-interactive) is longer than the model accepts."""
+
+
+def _report_missing_tags_without_traceback():
+    """Let an uncaught :class:`MissingTagsError` end the program with its message alone:
+    the message says what to do, the traceback through fairseq-train only hides it. Every
+    other exception goes to the hook that was there before."""
+    previous = sys.excepthook
+    if getattr(previous, "tpp_missing_tags", False):
+        return
+
+    def excepthook(kind, value, traceback):
+        if isinstance(value, MissingTagsError):
+            program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+            print(f"{program}: error: {value}", file=sys.stderr, flush=True)
+            return
+        previous(kind, value, traceback)
+
+    excepthook.tpp_missing_tags = True
+    sys.excepthook = excepthook
+
+
+_report_missing_tags_without_traceback()
 
 
 @dataclass
@@ -98,12 +131,50 @@ class TranslationWithTagsTask(TranslationTask):
             )
         return criterion
 
+    def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
+        dataset = super().build_dataset_for_inference(src_tokens, src_lengths, constraints=constraints)
+        dataset.tpp_for_inference = True  # sentences a user gave: see filter_indices_by_size
+        return dataset
+
+    def filter_indices_by_size(self, indices, dataset, max_positions=None, ignore_invalid_inputs=False):
+        """fairseq's filter, except for the sentences of :meth:`build_dataset_for_inference`
+        (what the hub interface's ``translate`` and fairseq-interactive translate): a
+        sentence over the limit is an error that says the limit and how to raise it, where
+        fairseq names only a command-line flag, --skip-invalid-size-inputs-valid-test,
+        which means nothing to ``translate``."""
+        if ignore_invalid_inputs or not getattr(dataset, "tpp_for_inference", False):
+            return super().filter_indices_by_size(indices, dataset, max_positions, ignore_invalid_inputs)
+        indices, ignored = dataset.filter_indices_by_size(indices, max_positions)
+        if len(ignored) > 0:
+            first = int(ignored[0])
+            source = dataset.size(first)
+            source = source[0] if isinstance(source, tuple) else source
+            limit = max_positions[0] if isinstance(max_positions, (tuple, list)) else max_positions
+            raise InputTooLongError(
+                f"input sentence {first} (0-based; {len(ignored)} sentence(s) in all) is {int(source)} "
+                f"tokens long after BPE, end of sentence included; this model takes at most {limit} "
+                f"(max_positions={max_positions}). Split it into shorter sentences, or raise the limit "
+                "when loading the model: from_pretrained(..., max_source_positions=N, "
+                "max_target_positions=N) in Python; for fairseq-interactive, --model-overrides "
+                "\"{'max_source_positions': N, 'max_target_positions': N}\" (and --max-source-positions N "
+                "--max-target-positions N above 1024), or skip such lines with "
+                "--skip-invalid-size-inputs-valid-test"
+            )
+        return indices
+
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
         if not self.tag_names:
             return
+        if self.missing_tag_dictionaries and len(self.missing_tag_dictionaries) == len(self.tag_names):
+            raise MissingTagsError(
+                f"the data folder has no label files for --tags {','.join(self.tag_names)} (expected "
+                f"{', '.join(self.missing_tag_dictionaries.values())}; a folder prepared with "
+                "tpp-prepare-corpus --no-tags has none): pass --tags '' (or --task translation) to "
+                "train without them, or prepare the data with tags"
+            )
         for name, path in self.missing_tag_dictionaries.items():
-            raise FileNotFoundError(
+            raise MissingTagsError(
                 f"label dictionary for tag '{name}' not found: expected {path} "
                 f"(binarize the tags next to the text, or pass --tags '' to train without them)"
             )
@@ -134,7 +205,7 @@ class TranslationWithTagsTask(TranslationTask):
             if prefix is None:
                 if k > 0:
                     break
-                raise FileNotFoundError(
+                raise MissingTagsError(
                     f"{split}: {name} labels not found: expected {candidates[0]}.bin and "
                     f"{candidates[0]}.idx (or pass --tags '' to train without labels)"
                 )
