@@ -74,9 +74,26 @@ checkpoint). Each change logs once, at the first moment it actually changes some
    plugin switches the backend off for the process when it is loaded; flash and
    memory-efficient attention take any shape without a build. ``TPP_CUDNN_ATTENTION=1``
    in the environment keeps it on.
+9. **Checkpoints that know their data** (fairseq 0.12, any architecture). A fairseq
+   checkpoint does not record the dictionaries its embeddings index: resuming a run,
+   generating or evaluating with a data folder whose dictionary has the same size and
+   other words (or another order) goes on without a word, every embedding row standing
+   for another word, and one of another size fails with "please ensure that the
+   architectures match". Every checkpoint the trainer writes now records its data
+   folder and a fingerprint of each of the task's dictionaries
+   (:mod:`tpp_plugin.checkpoint_match`), and loading one for training or for
+   ``load_model_ensemble_and_task`` (``fairseq-generate``, ``fairseq-interactive``, the
+   hub interface) compares them with the task's before the weights are loaded; resuming
+   also compares the model options (``cfg.model``, less the implementation choices)
+   unless ``--reset-optimizer`` starts a new training from the weights. A mismatch is a
+   :class:`~tpp_plugin.checkpoint_match.CheckpointMismatch` naming both data folders
+   (or the option and both values); a command that does not catch it prints it as one
+   line, without a traceback (the plugin's ``sys.excepthook``). A checkpoint written
+   before the record existed is compared by its embedding sizes only.
 """
 
 import argparse
+import contextvars
 import importlib.util
 import logging
 import os
@@ -84,13 +101,17 @@ import sys
 
 import numpy as np
 import torch
-from fairseq import optim
+from fairseq import checkpoint_utils, optim
+from fairseq import tasks as fairseq_tasks
 from fairseq.data import data_utils
 from fairseq.dataclass import utils as dataclass_utils
 from fairseq.logging import metrics
 from fairseq.optim.fp16_optimizer import FP16Optimizer
 from fairseq.trainer import Trainer
 from fairseq.trainer import logger as trainer_logger
+from omegaconf import OmegaConf
+
+from . import checkpoint_match
 
 logger = logging.getLogger(__name__)
 _logged = set()
@@ -560,6 +581,148 @@ def cudnn_attention_off() -> None:
             _log_once("cudnn_sdp", "cuDNN's attention backend switched off (TPP_CUDNN_ATTENTION=1 keeps it)")
 
 
+# --------------------------------------------------------------------------- 9. checkpoints that know their data
+
+_original_state_dict = Trainer.state_dict
+_original_trainer_load_checkpoint = Trainer.load_checkpoint
+_original_load_checkpoint_to_cpu = checkpoint_utils.load_checkpoint_to_cpu
+_original_load_model_ensemble_and_task = checkpoint_utils.load_model_ensemble_and_task
+_original_setup_task = fairseq_tasks.setup_task
+_previous_excepthook = None
+
+#: what a checkpoint being loaded is for (an :class:`_Expectation`), while it is loaded
+_expectation = contextvars.ContextVar("tpp_checkpoint_expectation", default=None)
+
+
+class _Expectation:
+    """The task (dictionaries) a checkpoint is loaded for and, when a run resumes, the
+    run's configuration; ``task`` None: the task that fairseq sets up from the first
+    checkpoint, whose loaded states wait in ``pending`` until it is known."""
+
+    def __init__(self, task=None, cfg=None, hint=""):
+        self.task, self.cfg, self.hint = task, cfg, hint
+        self.pending = []
+
+    def loaded(self, state, path):
+        if self.task is None:
+            self.pending.append((checkpoint_match.what_checks_read(state), path))
+        else:
+            self.check(state, path)
+
+    def adopt(self, task):
+        if self.task is None:
+            self.task = task
+            pending, self.pending = self.pending, []
+            for state, path in pending:
+                self.check(state, path)
+
+    def check(self, state, path):
+        current = checkpoint_match.record_of_task(self.task)
+        if current is not None and not checkpoint_match.check_dictionaries(state, current, path, self.hint):
+            _log_once("no_record", "%s records no dictionaries (written before the plugin recorded them): "
+                      "compared with %s by its embedding sizes only", path, current["data"])
+        if self.cfg is not None:
+            checkpoint_match.check_resumed_options(state, self.cfg, path)
+
+
+def trainer_state_dict(self):
+    """``Trainer.state_dict`` with the record of the task's dictionaries."""
+    state = _original_state_dict(self)
+    record = checkpoint_match.record_of_task(self.task, getattr(self.cfg.task, "data", None))
+    if record is not None:
+        state[checkpoint_match.RECORD_KEY] = record
+    return state
+
+
+def trainer_load_checkpoint(self, filename, reset_optimizer=False, reset_lr_scheduler=False,
+                            optimizer_overrides=None, reset_meters=False):
+    """``Trainer.load_checkpoint``; the checkpoint is checked against the run's
+    dictionaries and (unless ``--reset-optimizer``) model options when it is read."""
+    cfg = None
+    if not reset_optimizer:  # the configuration as state_dict() saves it
+        cfg = (OmegaConf.to_container(self.cfg, resolve=True, enum_to_str=True)
+               if OmegaConf.is_config(self.cfg) else self.cfg)
+    hint = ("Resume with the data folder the run was trained on, or train on this one in another "
+            "--save-dir")
+    token = _expectation.set(_Expectation(self.task, cfg, hint))
+    try:
+        return _original_trainer_load_checkpoint(self, filename, reset_optimizer, reset_lr_scheduler,
+                                                 optimizer_overrides, reset_meters)
+    finally:
+        _expectation.reset(token)
+
+
+def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
+    state = _original_load_checkpoint_to_cpu(path, arg_overrides, load_on_all_ranks)
+    expectation = _expectation.get()
+    if expectation is not None:
+        expectation.loaded(state, path)
+    return state
+
+
+load_checkpoint_to_cpu.__doc__ = _original_load_checkpoint_to_cpu.__doc__
+
+
+def load_model_ensemble_and_task(filenames, arg_overrides=None, task=None, strict=True, suffix="",
+                                 num_shards=1, state=None):
+    """``checkpoint_utils.load_model_ensemble_and_task``; each checkpoint is checked
+    against the task's dictionaries (the given task, or the one set up from the first
+    checkpoint) before its weights are loaded."""
+    expectation = _Expectation(task, hint="Use the data folder the model was trained on (or one with "
+                               "the same dictionaries)")
+    if state is not None:  # given by the caller: not read here
+        expectation.loaded(state, filenames[0] if filenames else "the checkpoint")
+    token = _expectation.set(expectation)
+    try:
+        return _original_load_model_ensemble_and_task(filenames, arg_overrides, task, strict, suffix,
+                                                      num_shards, state)
+    finally:
+        _expectation.reset(token)
+
+
+def setup_task(cfg, **kwargs):
+    task = _original_setup_task(cfg, **kwargs)
+    expectation = _expectation.get()
+    if expectation is not None:
+        expectation.adopt(task)
+    return task
+
+
+setup_task.__doc__ = _original_setup_task.__doc__
+
+
+def _program() -> str:
+    """The command's name as a user typed it (``fairseq-train`` for ``python -m fairseq_cli.train``)."""
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else "python"
+    name = os.path.basename(argv0)
+    if name.endswith(".py") and os.path.basename(os.path.dirname(argv0)) == "fairseq_cli":
+        return "fairseq-" + name[:-3]
+    return name
+
+
+def excepthook(exc_type, exc, tb):
+    """A :class:`~tpp_plugin.checkpoint_match.CheckpointMismatch` that reaches the top of
+    a command is its one-line error; anything else goes to the previous hook."""
+    if isinstance(exc, checkpoint_match.CheckpointMismatch):
+        print(f"{_program()}: error: {exc}", file=sys.stderr, flush=True)
+        return
+    (_previous_excepthook or sys.__excepthook__)(exc_type, exc, tb)
+
+
+def checkpoints_that_know_their_data() -> None:
+    """Install the record and the checks of 9. on fairseq's ``Trainer``,
+    ``checkpoint_utils`` and ``tasks.setup_task``, and the one-line report (idempotent)."""
+    global _previous_excepthook
+    Trainer.state_dict = trainer_state_dict
+    Trainer.load_checkpoint = trainer_load_checkpoint
+    checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
+    checkpoint_utils.load_model_ensemble_and_task = load_model_ensemble_and_task
+    fairseq_tasks.setup_task = setup_task
+    if _previous_excepthook is None:  # once: a hook installed after ours hands on to it
+        _previous_excepthook = sys.excepthook
+        sys.excepthook = excepthook
+
+
 def apply(root_level_before_fairseq=None) -> None:
     """All of the above (idempotent); the logging level first, so that the others'
     messages are filtered by it."""
@@ -571,3 +734,4 @@ def apply(root_level_before_fairseq=None) -> None:
     foreach_master_copy_syncs()
     smoothed_values_only_when_logged()
     cudnn_attention_off()
+    checkpoints_that_know_their_data()

@@ -38,10 +38,15 @@ differ only in, say, dilations have the same shapes but compute different functi
 of the rest of the run (data and save paths, seed, learning rate, batch size, number
 of updates ...: everything fairseq files under another section of the configuration
 than ``model``), and the few keys in ``IGNORED_MODEL_KEYS``, which name other
-components or change only speed or memory.
+components, change only speed or memory, or pick an implementation of the same function
+(``--conv-heads-impl``). The comparison is :mod:`tpp_plugin.checkpoint_match`'s, which
+resuming a run makes too. The dictionaries the inputs were trained with (recorded in
+their checkpoints by the plugin) must be the same, whatever ``--allow-config-mismatch``
+says.
 
 Exit status: 0 on success, 2 when an input is unusable (missing, not a checkpoint,
-truncated, another model) or the output exists without ``--force``.
+truncated, another model or other dictionaries) or the output exists without
+``--force``.
 """
 
 import argparse
@@ -49,11 +54,12 @@ import os
 import re
 import sys
 import tempfile
-import warnings
 from collections import OrderedDict
-from collections.abc import Mapping
 
 import torch
+
+from tpp_plugin import checkpoint_match
+from tpp_plugin.checkpoint_match import IGNORED_MODEL_KEYS, config_differences  # noqa: F401
 
 from .checkpoint_files import CheckpointError
 from .checkpoint_files import load_checkpoint as read_checkpoint
@@ -63,17 +69,6 @@ PROG = "tpp-average-checkpoints"
 # fairseq's file names: checkpoint<epoch>.pt and checkpoint_<epoch>_<update>.pt
 EPOCH_PATTERN = re.compile(r"^checkpoint(\d+)\.pt$")
 UPDATE_PATTERN = re.compile(r"^checkpoint_\d+_(\d+)\.pt$")
-
-
-# Keys of the model configuration that do not make two checkpoints different models:
-# the names of the run's other components (their options live in other sections of
-# the configuration and are not compared either), where pre-trained embeddings were
-# read from (initialisation only), and switches that trade speed for memory.
-IGNORED_MODEL_KEYS = frozenset({
-    "task", "criterion", "optimizer", "lr_scheduler", "bpe", "tokenizer", "scoring",
-    "encoder_embed_path", "decoder_embed_path",
-    "checkpoint_activations", "offload_activations", "min_params_to_wrap",
-})
 
 
 class AveragingError(Exception):
@@ -156,80 +151,13 @@ def load_checkpoint(path):
         raise AveragingError(str(error)) from None
 
 
-def _plain(value):
-    """Configuration values as plain comparable data (tuples and lists are equal)."""
-    if isinstance(value, argparse.Namespace):
-        value = vars(value)
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _configuration(state):
-    """The checkpoint's configuration as {section: value}, converting the ``args`` of
-    checkpoints written before fairseq 0.10 the way fairseq itself does."""
-    cfg = state.get("cfg")
-    if cfg is not None and not isinstance(cfg, Mapping):
-        try:
-            from omegaconf import OmegaConf
-
-            cfg = OmegaConf.to_container(cfg, resolve=True)
-        except Exception:  # not an omegaconf object either
-            cfg = None
-    if cfg is not None and cfg.get("model") is not None:
-        return cfg
-    args = state.get("args")
-    if args is None:
-        return None
-    try:
-        from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            converted = convert_namespace_to_omegaconf(args)
-        return {key: converted[key] for key in converted}
-    except Exception:  # an architecture or task that is not registered here
-        return {"model": args}
-
-
 def model_options(state, path):
-    """{option: value} of the model configuration of a loaded checkpoint.
-
-    A model whose architecture is registered the pre-dataclass way (as ours are) has an
-    ``argparse.Namespace`` of every command-line option as its model section; options
-    that fairseq also files under another section (common, dataset, optimization,
-    checkpoint, task, criterion, ...) are options of the run, not of the model, and are
-    left out, as are ``IGNORED_MODEL_KEYS``.
-    """
-    cfg = _configuration(state)
-    if cfg is None:
-        raise AveragingError(f"{path}: no model configuration (neither cfg.model nor args): "
-                             "cannot check that it is the same model as the others")
-    model = cfg["model"]
-    options = _plain(model)
-    if not isinstance(options, dict):
-        raise AveragingError(f"{path}: unreadable model configuration ({type(model).__name__})")
-    if isinstance(model, argparse.Namespace):
-        elsewhere = set()
-        for section, value in cfg.items():
-            if section != "model" and isinstance(_plain(value), dict):
-                elsewhere.update(_plain(value))
-        options = {k: v for k, v in options.items() if k not in elsewhere}
-    return {k: v for k, v in options.items() if k not in IGNORED_MODEL_KEYS}
-
-
-def config_differences(reference, options):
-    """[(option, first value, this value)] for every option that differs, the
-    architecture first (when it differs, it says the most)."""
-    differences = []
-    for key in sorted(set(reference) | set(options), key=lambda k: (k != "arch", k)):
-        missing = "<not set>"
-        first, this = reference.get(key, missing), options.get(key, missing)
-        if first != this:
-            differences.append((key, first, this))
-    return differences
+    """{option: value} of a loaded checkpoint's model configuration
+    (:func:`tpp_plugin.checkpoint_match.model_options`)."""
+    try:
+        return checkpoint_match.model_options(state, path)
+    except checkpoint_match.CheckpointMismatch as error:
+        raise AveragingError(f"{error}: cannot check that it is the same model as the others") from None
 
 
 def accumulation_dtype(dtype):
@@ -245,10 +173,17 @@ def average_checkpoints(paths, allow_config_mismatch=False):
     reference = None       # name -> (shape, dtype) of the first checkpoint
     first_path = paths[0]
     first_options = None   # model configuration of the first checkpoint
+    first_record = None    # (path, record of its dictionaries) of the first checkpoint that has one
     metadata = None
     for index, path in enumerate(paths):
         state = load_checkpoint(path)
         options = model_options(state, path)
+        record = checkpoint_match.recorded(state)
+        if record is not None:
+            if first_record is None:
+                first_record = (path, record)
+            else:
+                check_same_dictionaries(*first_record, path, record)
         model = state.pop("model")
         if sums is None:
             reference = OrderedDict((name, (tuple(t.shape), t.dtype)) for name, t in model.items())
@@ -279,8 +214,24 @@ def average_checkpoints(paths, allow_config_mismatch=False):
     # fine-tuning with --reset-optimizer do not need it.
     metadata.pop("last_optimizer_state", None)
     metadata["model"] = averaged
+    if first_record is not None:  # the inputs' dictionaries (the last input may predate the record)
+        metadata[checkpoint_match.RECORD_KEY] = first_record[1]
     metadata["averaged_checkpoints"] = [os.path.basename(p) for p in paths]
     return metadata
+
+
+def check_same_dictionaries(first_path, first_record, path, record):
+    """Raise an error naming both files and data folders when two checkpoints were
+    trained with different dictionaries (whatever ``--allow-config-mismatch`` says: the
+    rows of their embeddings stand for different words)."""
+    differences = checkpoint_match.dictionary_differences(first_record, record)
+    if not differences:
+        return
+    what, how = checkpoint_match.describe_dictionaries(differences, first_path, path)
+    raise AveragingError(
+        f"{path} was trained on {record.get('data')}, whose {what} of {first_path} (trained on "
+        f"{first_record.get('data')}): {how}. Checkpoints trained with different dictionaries "
+        "cannot be averaged")
 
 
 def check_same_configuration(first_options, options, path, first_path, allow_mismatch):
@@ -288,7 +239,7 @@ def check_same_configuration(first_options, options, path, first_path, allow_mis
     differences = config_differences(first_options, options)
     if not differences:
         return
-    described = [f"--{key.replace('_', '-')}: {first!r} in {first_path}, {this!r} in {path}"
+    described = [f"{checkpoint_match.option_name(key)}: {first!r} in {first_path}, {this!r} in {path}"
                  for key, first, this in differences]
     if allow_mismatch:
         print(f"{PROG}: warning: averaging checkpoints of different model "
@@ -297,12 +248,9 @@ def check_same_configuration(first_options, options, path, first_path, allow_mis
         for line in described:
             print(f"  {line}", file=sys.stderr)
         return
-    more = ""
-    if len(differences) > 1:
-        others = [f"--{key.replace('_', '-')}" for key, _, _ in differences[1:]]
-        more = f" (and {len(others)} more: {', '.join(others[:5])}{' ...' if len(others) > 5 else ''})"
     raise AveragingError(
-        f"{path} is not the same model as {first_path}: model option {described[0]}{more}. "
+        f"{path} is not the same model as {first_path}: model option {described[0]}"
+        f"{checkpoint_match.more_options(differences)}. "
         "Averaging the parameters of different models gives a meaningless model; pass "
         "--allow-config-mismatch if you really mean it"
     )

@@ -22,7 +22,8 @@ Steps:
    as many lines as the binarized split has sentences (lines as sacreBLEU and the data
    pipeline read them: split at ``\\n``, a last line without a final newline counts,
    trailing whitespace and ``\\r`` dropped). ``<out>/bleu.txt`` from an earlier run is
-   refused unless ``--force``.
+   refused unless ``--force``. The checkpoint must have been trained with the data
+   folder's dictionaries (:mod:`tpp_plugin.checkpoint_match`).
 2. ``fairseq-generate --beam 5 --lenpen 0.5 --remove-bpe`` (the real command-line tool,
    as a subprocess of this Python), its output parsed by sentence id (``S-``, ``T-``,
    ``H-`` lines; the first ``H-`` of an id is the best hypothesis), every sentence of the
@@ -159,12 +160,22 @@ def count_sentences(data, split, src, tgt):
     return counts[tgt]
 
 
-def check_checkpoint(path):
+def check_checkpoint(path, data, source_lang, target_lang):
+    """The checkpoint loads, and was trained with the dictionaries of ``data`` (the
+    record the plugin keeps in checkpoints; the embedding sizes for older ones)."""
     from .checkpoint_files import CheckpointError, load_checkpoint
 
     try:
-        load_checkpoint(path, mmap=True)  # maps the tensors: cheap, but a full unpickle
+        state = load_checkpoint(path, mmap=True)  # maps the tensors: cheap, but a full unpickle
     except CheckpointError as error:
+        raise EvaluationError(str(error)) from None
+    from tpp_plugin.checkpoint_match import CheckpointMismatch, check_dictionaries, record_of_data_folder
+
+    try:
+        check_dictionaries(state, record_of_data_folder(data, source_lang, target_lang), path,
+                           hint="Evaluate with the data folder the model was trained on (or one with "
+                           "the same dictionaries)")
+    except CheckpointMismatch as error:
         raise EvaluationError(str(error)) from None
 
 
@@ -310,7 +321,7 @@ def evaluate(data, checkpoint, reference, out, split="test", source_lang=None,
         raise EvaluationError(
             f"{reference}: {len(references)} lines, but split '{split}' of {data} has "
             f"{sentences} sentences (wrong split or reference?)")
-    check_checkpoint(checkpoint)
+    check_checkpoint(checkpoint, data, src, tgt)
 
     out.mkdir(parents=True, exist_ok=True)
     _remove_abandoned_temporaries(out)
