@@ -42,11 +42,12 @@ components, change only speed or memory, or pick an implementation of the same f
 (``--conv-heads-impl``). The comparison is :mod:`tpp_plugin.checkpoint_match`'s, which
 resuming a run makes too. The dictionaries the inputs were trained with (recorded in
 their checkpoints by the plugin) must be the same, whatever ``--allow-config-mismatch``
-says.
+says, and a file given twice in ``--inputs`` (by resolved path) is refused: it would
+weigh twice.
 
 Exit status: 0 on success, 2 when an input is unusable (missing, not a checkpoint,
-truncated, another model or other dictionaries) or the output exists without
-``--force``.
+truncated, another model or other dictionaries, given twice) or the output exists
+without ``--force``.
 """
 
 import argparse
@@ -278,6 +279,19 @@ def check_same_parameters(reference, model, path, first_path):
             )
 
 
+def check_no_duplicates(paths):
+    """Raise an error naming the inputs that are one file (by resolved path): averaging
+    it twice would weigh it twice."""
+    spellings = {}
+    for path in paths:
+        spellings.setdefault(os.path.realpath(path), []).append(path)
+    repeated = [(resolved, given) for resolved, given in spellings.items() if len(given) > 1]
+    if repeated:
+        named = "; ".join(f"{', '.join(given)} ({len(given)} times {resolved})" for resolved, given in repeated)
+        raise AveragingError(f"checkpoints given more than once in --inputs: {named}. Each would weigh "
+                             "as many times in the average; give each checkpoint once")
+
+
 def save_atomically(state, output, force):
     """Write ``state`` to a temporary file next to ``output``, then rename it."""
     output = os.path.abspath(output)
@@ -311,6 +325,7 @@ def main(argv=None):
             for path in paths:
                 if not os.path.isfile(path):
                     raise AveragingError(f"{path}: no such checkpoint file")
+            check_no_duplicates(paths)
         output = os.path.abspath(args.output)
         if any(os.path.abspath(p) == output for p in paths):
             raise AveragingError(f"{args.output}: the output is one of the inputs")

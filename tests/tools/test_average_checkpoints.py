@@ -55,11 +55,12 @@ def run_average(*args):
 def test_command_line(tmp_path):
     """The console script runs it as a program, too (exit status, message on stderr)."""
     good = fake_checkpoint(tmp_path / "a.pt", seed=1)
+    other = fake_checkpoint(tmp_path / "b.pt", seed=2)
     out = tmp_path / "avg.pt"
-    command = ["tpp-average-checkpoints", "--inputs", str(good), str(good), "--output", str(out)]
+    command = ["tpp-average-checkpoints", "--inputs", str(good), str(other), "--output", str(out)]
     result = subprocess.run(command, env=tool_env(), capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    assert load(out)["averaged_checkpoints"] == ["a.pt", "a.pt"]
+    assert load(out)["averaged_checkpoints"] == ["a.pt", "b.pt"]
     result = subprocess.run(command, env=tool_env(), capture_output=True, text=True)
     assert result.returncode == 2 and "already exists" in result.stderr
 
@@ -237,6 +238,27 @@ def test_refuses_checkpoints_of_different_models(two_runs, tmp_path):
     fake_checkpoint(other, seed=3)
     result = run_average("--inputs", first, other, "--output", out)
     assert result.returncode == 2 and "--arch: 'transformer_pp_tiny' in " in result.stderr, result.stderr
+
+
+def test_a_checkpoint_given_twice_is_refused(two_runs, tmp_path, monkeypatch):
+    """P04: ``--inputs c1 c1 c2`` weighed c1 twice, also spelt differently (``./``, a
+    symbolic link): refused, naming the inputs and the file they are."""
+    a = two_runs["a"]
+    monkeypatch.chdir(a.parent)
+    link = tmp_path / "link.pt"
+    link.symlink_to(a / "checkpoint_1_1.pt")
+    for inputs in (["a/checkpoint_1_1.pt", "a/checkpoint_1_1.pt", "a/checkpoint_1_2.pt"],
+                   ["a/checkpoint_1_1.pt", "./a/checkpoint_1_2.pt", str(link)]):
+        out = tmp_path / "avg.pt"
+        result = subprocess.run(["tpp-average-checkpoints", "--inputs", *inputs, "--output", str(out)],
+                                env=tool_env(), capture_output=True, text=True)
+        assert result.returncode == 2, result.stderr
+        message = result.stderr.strip().splitlines()[-1]
+        spellings = ", ".join(i for i in inputs if i.endswith("1_1.pt") or i == str(link))
+        resolved = (a / "checkpoint_1_1.pt").resolve()
+        assert message.startswith("tpp-average-checkpoints: error: checkpoints given more than once in "
+                                  f"--inputs: {spellings} (2 times {resolved})"), message
+        assert "Traceback" not in result.stderr and not out.exists()
 
 
 def test_allow_config_mismatch_averages_with_a_warning(two_runs, tmp_path):
