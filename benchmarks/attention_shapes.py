@@ -58,7 +58,7 @@ def fairseq_batches(args, split, **batching):
     shuffled order for ``train``, ``fairseq-generate``'s sorted one for ``test``. The
     plugin is loaded, as in every run of ours: it keeps the last batch of an epoch that
     fairseq-fixed 0.12.3.1 drops when its size is not a multiple of 8
-    (``tpp_plugin/compat.py``)."""
+    (``tpp_plugin/compat``)."""
     from fairseq import options, tasks
 
     pair = [*(["-s", args.source_lang] if args.source_lang else []), *(["-t", args.target_lang] if args.target_lang else [])]

@@ -27,7 +27,9 @@ from pathlib import Path
 
 import torch
 
-import tpp_plugin  # noqa: F401  (allow-lists fairseq checkpoint contents)
+from tpp_plugin.compat import allow_fairseq_checkpoints
+
+allow_fairseq_checkpoints()
 
 # the averaging tool, run as a module of this interpreter (what tpp-average-checkpoints runs)
 COMMAND = ["-m", "tpp_tools.average"]

@@ -20,7 +20,7 @@ Models (same width, heads, FFN, layers, dropouts, shared embeddings, data, batch
                    ``--dtype bf16``, the float32 master copy kept one tensor per
                    parameter, as fairseq's ``--bf16`` keeps it without the plugin
                    (which keeps it flat on a GPU, as ``--fp16`` does:
-                   ``tpp_plugin/compat.py``; on the CPU these are ``transformer``/``tpp``);
+                   ``tpp_plugin/compat/speed.py``; on the CPU these are ``transformer``/``tpp``);
                    ``tpp-split`` the same for ``tpp``. Ask for them with ``--models``.
 * ``transformer-b`` fairseq's ``transformer`` again, measured as if it were another
                    model: the harness's own control. On a GPU the first control also
@@ -90,6 +90,9 @@ MODELS = {
     "transformer-split": ["--arch", "transformer", "--fp16-no-flatten-grads"],
     "tpp-split": ["--arch", "transformer_pp", "--encoder-tag-layers", "", "--fp16-no-flatten-grads"],
 }
+
+#: the plugin's default speed-ups but cuDNN's attention switch (tpp_plugin.compat.speed.DEFAULT)
+CUDNN_KEPT = "flat-bf16"
 
 #: d -> (heads, FFN); 512 is the base preset's size, 1024 the big presets'
 SIZES = {128: (4, 512), 256: (4, 1024), 512: (8, 2048), 1024: (16, 4096)}
@@ -299,7 +302,7 @@ def gpu_settings(args):
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     if args.cudnn_attention:
-        os.environ["TPP_CUDNN_ATTENTION"] = "1"  # read when the plugin is loaded
+        os.environ["TPP_FAIRSEQ_SPEEDUPS"] = CUDNN_KEPT  # read when the plugin is loaded
 
 
 def synchronize(args):

@@ -25,9 +25,10 @@
 #   tests        90 s  the CUDA tests and the Triton kernels' tests, compiled
 #   mixed       300 s  fairseq-train, base size, 150 updates: transformer and
 #                      transformer_pp with the tag losses in float32 and --bf16; --bf16
-#                      with cuDNN's attention kept on (transformer; TPP_CUDNN_ATTENTION=1),
-#                      with the conv heads as PyTorch operations (transformer_pp,
-#                      --conv-heads-impl taps); both in --fp16; --memory-efficient-fp16
+#                      with cuDNN's attention kept on (transformer), with the conv heads as
+#                      PyTorch operations (transformer_pp, --conv-heads-impl taps), with
+#                      every speed-up of tpp_plugin.compat.speed (both models); both in
+#                      --fp16; --memory-efficient-fp16
 #   speed       150 s  training at d = 1024, bf16: transformer, its twin (the control),
 #                      tpp, tpp-taps (bench_model.py; its table grows round by round)
 #   generation  180 s  beam 5 at d = 1024, bf16, 30- and 100-token outputs, same models
@@ -222,21 +223,23 @@ MODELS=transformer,transformer-b,tpp,tpp-taps
 MIXED_UPDATES=${MIXED_UPDATES:-150}
 # name, model, options: the order is that of what they decide
 MIXED_RUNS=(transformer_fp32 transformer_bf16 tpp_fp32 tpp_bf16 transformer_bf16_cudnn tpp_bf16_taps
-            transformer_fp16 tpp_fp16 tpp_mefp16)
+            transformer_bf16_allspeedups tpp_bf16_allspeedups transformer_fp16 tpp_fp16 tpp_mefp16)
 declare -A MIXED=(
     [transformer_fp32]="transformer" [transformer_bf16]="transformer --bf16"
     [tpp_fp32]="tpp" [tpp_bf16]="tpp --bf16"
     [transformer_fp16]="transformer --fp16" [tpp_fp16]="tpp --fp16"
-    [transformer_bf16_cudnn]="transformer --cudnn-attention --bf16"
+    [transformer_bf16_cudnn]="transformer --speedups flat-bf16 --bf16"
+    [transformer_bf16_allspeedups]="transformer --speedups all --bf16"
+    [tpp_bf16_allspeedups]="tpp --speedups all --bf16"
     [tpp_bf16_taps]="tpp --bf16 --conv-heads-impl taps"
     [tpp_mefp16]="tpp --memory-efficient-fp16")
 
-mixed() {  # mixed MODEL [--cudnn-attention] OPTIONS...: fairseq-train, base size
+mixed() {  # mixed MODEL [--speedups NAMES] OPTIONS...: fairseq-train, base size
     local model=$1
     shift
-    if [[ ${1:-} == --cudnn-attention ]]; then  # read by the plugin when it is loaded
-        export TPP_CUDNN_ATTENTION=1
-        shift
+    if [[ ${1:-} == --speedups ]]; then  # TPP_FAIRSEQ_SPEEDUPS, read by the plugin when it is loaded
+        export TPP_FAIRSEQ_SPEEDUPS=$2
+        shift 2
     fi
     local arch=(--arch transformer --task translation --criterion label_smoothed_cross_entropy)
     if [[ $model == tpp ]]; then  # with its tag losses (POS after layer 1, NER after layer 2)

@@ -22,6 +22,8 @@ from collections.abc import Mapping
 
 from omegaconf import OmegaConf
 
+from .errors import UserError
+
 #: the checkpoint key of the record (a plain dict, loadable with ``weights_only``)
 RECORD_KEY = "tpp_dictionaries"
 RECORD_VERSION = 1
@@ -42,7 +44,7 @@ IGNORED_MODEL_KEYS = frozenset({
 EMBEDDING_KEYS = {"source": "encoder.embed_tokens.weight", "target": "decoder.embed_tokens.weight"}
 
 
-class CheckpointMismatch(Exception):
+class CheckpointMismatch(UserError):
     """A checkpoint used with dictionaries or model options other than its own."""
 
 

@@ -24,7 +24,9 @@ import zipfile
 
 import torch
 
-import tpp_plugin  # noqa: F401  (importing the plugin allow-lists fairseq's checkpoint contents)
+from tpp_plugin.compat import allow_fairseq_checkpoints
+
+allow_fairseq_checkpoints()  # what fairseq checkpoints hold, for torch's safe loading
 
 ZIP_MAGIC = b"PK\x03\x04"
 # torch.save's format before torch 1.6: a pickled magic number first

@@ -465,18 +465,24 @@ def visible_gpus() -> List[str]:
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
-def gpu_slots(parallel: int, gpus: List[str]) -> "queue.Queue[str]":
-    """One slot per run that may go at once, the GPUs dealt out in turn: a run takes a
-    slot (its GPU) for its training and evaluation and gives it back when done."""
+def gpu_slots(parallel: int, gpus: List[str], per_run: int = 1) -> "queue.Queue[str]":
+    """One slot per run that may go at once, the GPUs dealt out in turn (``per_run`` to a
+    run): a run takes a slot (its GPUs) for its training and evaluation and gives it back
+    when done."""
+    if per_run > len(gpus):
+        raise StudyError(f"each run trains on {per_run} GPUs (--gpus-per-run) but {len(gpus)} are visible")
+    groups = [",".join(gpus[i:i + per_run]) for i in range(0, len(gpus) - per_run + 1, per_run)]
     slots = queue.Queue()
     for i in range(parallel):
-        slots.put(gpus[i % len(gpus)])
+        slots.put(groups[i % len(groups)])
     return slots
 
 
 def execute(run: Run, cfg: Config, paths, args) -> None:
     """Train (or resume), average, evaluate one run; on a GPU, on the one its slot names
     (``args.gpu_slots``)."""
+    if CHILDREN.stopping.is_set():  # told to stop: a run not started is not started
+        raise RuntimeError("the study is stopping")
     slots = getattr(args, "gpu_slots", None)
     if slots is None:
         return _execute(run, cfg, paths, args, {})
@@ -681,7 +687,9 @@ def analysis_section(by_variant, facts, paths) -> List[str]:
 def parameter_count(run: Run) -> int:
     import torch
 
-    import tpp_plugin  # noqa: F401  (allow-lists fairseq's checkpoint contents)
+    from tpp_plugin.compat import allow_fairseq_checkpoints
+
+    allow_fairseq_checkpoints()
 
     state = torch.load(run.folder / "checkpoint_avg.pt", map_location="cpu", weights_only=True)
     return sum(t.numel() for k, t in state["model"].items() if hasattr(t, "numel")
@@ -860,28 +868,40 @@ def main(argv=None) -> int:
         return 2
     import torch
 
-    if args.device is None:
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device is None:  # a cluster's runs go to its GPU nodes, whatever this machine has
+        args.device = "cuda" if args.launcher == "slurm" or torch.cuda.is_available() else "cpu"
     if args.device == "cpu" and cfg.dtype != "fp32" and args.dtype is None:
         cfg.dtype = "fp32"
-    if args.device == "cuda" and not torch.cuda.is_available():
-        if not (args.dry_run or args.report_only):
-            print(f"{PROG}: error: --device cuda: torch {torch.__version__} sees no CUDA GPU on this machine "
-                  "(--dry-run plans a GPU study anywhere, --report-only reports one)", file=sys.stderr)
-            return 2
-        args.device_name = "a CUDA GPU (planned on a machine without one)"
-    else:
-        args.device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({os.cpu_count()} cores)"
+    from . import study_slurm
+
+    problem = study_slurm.check_options(args, cfg)
+    if problem:
+        print(f"{PROG}: error: {problem}", file=sys.stderr)
+        return 2
+    if args.launcher == "local":  # (a cluster's jobs: check_options named their device)
+        if args.device == "cuda" and not torch.cuda.is_available():
+            if not (args.dry_run or args.report_only):
+                print(f"{PROG}: error: --device cuda: torch {torch.__version__} sees no CUDA GPU on this machine "
+                      "(--dry-run plans a GPU study anywhere, --report-only reports one)", file=sys.stderr)
+                return 2
+            args.device_name = "a CUDA GPU (planned on a machine without one)"
+        else:
+            args.device_name = (torch.cuda.get_device_name() if args.device == "cuda"
+                                else f"CPU ({os.cpu_count()} cores)")
     args.parallel = args.parallel or (4 if args.device == "cuda" else max(1, (os.cpu_count() or 1) // args.threads))
     args.gen_max_tokens = args.gen_max_tokens or (16384 if args.device == "cuda" else 4096)
     args.out.mkdir(parents=True, exist_ok=True)
     command = f"{PROG} " + " ".join(shlex.quote(a) for a in argv)
     if args.dry_run or args.report_only:  # they write no run: no lock, another study may be running
-        return plan_or_report(args, cfg, command)
+        status = plan_or_report(args, cfg, command)
+        if args.dry_run and args.launcher == "slurm" and status == 0:
+            print(study_slurm.describe(args, cfg))
+        return status
     from tpp_pipeline.errors import DataError
     from tpp_pipeline.lock import work_dir_lock
 
     def stop(signum, frame):  # SIGTERM (kill, a scheduler's limit) or SIGINT: the runs' commands too
+        log(f"{signal.Signals(signum).name}: stopping the runs' commands; the same command resumes the study")
         CHILDREN.stop()
         raise SystemExit(128 + signum)
 

@@ -174,7 +174,7 @@ def test_gpu_suite_stops_at_its_budget_and_says_what_did_not_run(data, tmp_path)
     assert int(first[3].split("s")[0]) <= 20 + 10, "the budget, and timeout's --kill-after at most"
     assert (out / "mixed_transformer_fp32.txt.partial").exists() and not (out / "mixed_transformer_fp32.txt").exists()
     runs = ["transformer_bf16", "tpp_fp32", "tpp_bf16", "transformer_bf16_cudnn", "tpp_bf16_taps",
-            "transformer_fp16", "tpp_fp16", "tpp_mefp16"]
+            "transformer_bf16_allspeedups", "tpp_bf16_allspeedups", "transformer_fp16", "tpp_fp16", "tpp_mefp16"]
     assert [line.split("\t")[1:] for line in lines[1:]] == [
         [name, "not run: the budget of 20s is spent"] for name in
         [f"mixed_{r}.txt" for r in runs] + ["counts.md"]]
@@ -340,3 +340,11 @@ def test_profile_projections_are_timed_only_in_beam_search_and_only_when_asked(d
     with pytest.raises(SystemExit):
         script.parse_args(["--data", str(data), "--projections"])
     assert "needs --generation" in capsys.readouterr().err
+
+
+def test_cudnn_attention_of_the_benchmark_keeps_the_other_default_speedups():
+    """bench_model.py --cudnn-attention: the plugin's default speed-ups but the cuDNN switch."""
+    from tpp_plugin.compat import speed
+
+    bench_model = load_script("bench_model")
+    assert bench_model.CUDNN_KEPT.split(",") == [n for n in speed.DEFAULT if n != "cudnn-off"]

@@ -1,5 +1,5 @@
 """--bf16 keeps fairseq's float32 master copy flat on a GPU, as --fp16 does
-(tpp_plugin.compat, section 5): fairseq's own FP16Optimizer and Adam on a small
+(the ``flat-bf16`` speed-up of tpp_plugin.compat.speed): fairseq's own FP16Optimizer and Adam on a small
 bfloat16 module; the same updates as the per-parameter copy, and optimizer states of
 either layout load into the other. The flat layout is taken on the CPU here by adding
 "cpu" to the devices that get it (on the CPU it stays per parameter otherwise);
@@ -16,12 +16,12 @@ from fairseq.dataclass import utils as dataclass_utils
 from fairseq.optim.fp16_optimizer import FP16Optimizer, _FP16OptimizerMixin
 
 import tpp_plugin  # noqa: F401  (installs the corrections)
-from tpp_plugin import compat
+from tpp_plugin.compat import speed
 
 
 @pytest.fixture(autouse=True)
 def flat_on_the_cpu(monkeypatch):
-    monkeypatch.setattr(compat, "FLAT_BF16_DEVICE_TYPES", frozenset({"cuda", "cpu"}))
+    monkeypatch.setattr(speed, "FLAT_BF16_DEVICE_TYPES", frozenset({"cuda", "cpu"}))
 
 
 def config(*extra):
@@ -63,7 +63,7 @@ def test_bf16_master_copy_is_flat_unless_asked_per_parameter():
 
 
 def test_bf16_master_copy_stays_per_parameter_on_the_cpu(monkeypatch):
-    monkeypatch.setattr(compat, "FLAT_BF16_DEVICE_TYPES", frozenset({"cuda"}))
+    monkeypatch.setattr(speed, "FLAT_BF16_DEVICE_TYPES", frozenset({"cuda"}))
     assert not build(module()).has_flat_params
 
 
@@ -165,7 +165,7 @@ def test_a_state_of_other_parameters_is_refused_by_the_flat_copy_at_load(saved_f
 def test_states_of_the_same_layout_load_unchanged():
     optimizer = build(module())
     state = {"state": {}, "param_groups": [{"params": [0], "lr": 0.5}]}
-    assert compat.match_state_layout(optimizer, state) is state
+    assert speed.match_state_layout(optimizer, state) is state
 
 
 class WithUnusedParameters(torch.nn.Module):
@@ -183,8 +183,8 @@ class WithUnusedParameters(torch.nn.Module):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_foreach_syncs_of_the_flat_copy_equal_fairseqs_own_loops(dtype, monkeypatch):
-    """The flat master copy's syncs (one ``_foreach_copy_`` per direction, compat section
-    6) leave bit for bit what fairseq's per-parameter loops leave, over Adam steps with
+    """The flat master copy's syncs (one ``_foreach_copy_`` per direction: the
+    ``foreach-syncs`` speed-up) leave bit for bit what fairseq's per-parameter loops leave, over Adam steps with
     gradient scaling and clipping, a parameter without gradient included."""
     def run(own_loops):
         model = WithUnusedParameters().to(dtype)
@@ -208,6 +208,8 @@ def test_foreach_syncs_of_the_flat_copy_equal_fairseqs_own_loops(dtype, monkeypa
             history.append((flat.data.clone(), [p.detach().clone() for p in model.parameters()]))
         return history
 
+    for name in ("_sync_fp16_grads_to_fp32", "_sync_fp32_params_to_fp16"):  # opt-in: installed here
+        monkeypatch.setattr(FP16Optimizer, name, getattr(speed, name.lstrip("_")))
     calls = []
     foreach_copy = torch._foreach_copy_
     monkeypatch.setattr(torch, "_foreach_copy_", lambda *a, **k: calls.append(1) or foreach_copy(*a, **k))

@@ -1,6 +1,7 @@
 """fairseq's trainer computes the smoothed values of its meters (a read from the device
-per meter) only on the updates that fairseq-train logs (tpp_plugin.compat, section 7):
-a real fairseq-train run logs the same values with and without the change."""
+per meter) only on the updates that fairseq-train logs (the ``logged-smoothing`` speed-up
+of tpp_plugin.compat.speed): a real fairseq-train run logs the same values with and
+without it."""
 
 import json
 import os
@@ -11,17 +12,13 @@ import pytest
 
 from support import PLUGIN_DIR, REPO, binarize_tagged, tool_env
 
-#: fairseq-train, with fairseq's own Trainer methods where TPP_UNPATCHED=1, counting the
-#: calls of MetersDict.get_smoothed_values inside each update (into $TPP_COUNTS)
+#: fairseq-train (with or without the speed-up: TPP_FAIRSEQ_SPEEDUPS), counting the calls
+#: of MetersDict.get_smoothed_values inside each update (into $TPP_COUNTS)
 DRIVER = """
 import atexit, json, os, sys
 import tpp_plugin
-from tpp_plugin import compat
 from fairseq.logging.meters import MetersDict
 from fairseq.trainer import Trainer
-if os.environ["TPP_UNPATCHED"] == "1":
-    Trainer.train_step = compat._original_train_step
-    Trainer._reduce_and_log_stats = compat._original_reduce_and_log_stats
 counts, active = {}, []
 get_smoothed_values = MetersDict.get_smoothed_values
 def counting_get_smoothed_values(self):
@@ -77,7 +74,7 @@ def data(tmp_path_factory):
 def train(data, folder, unpatched):
     folder.mkdir()
     log, counts = folder / "train.log", folder / "counts.json"
-    env = dict(tool_env(), TPP_UNPATCHED="1" if unpatched else "0", TPP_COUNTS=str(counts))
+    env = dict(tool_env(), TPP_FAIRSEQ_SPEEDUPS="none" if unpatched else "logged-smoothing", TPP_COUNTS=str(counts))
     proc = subprocess.run([sys.executable, "-c", DRIVER, str(data), *map(str, FLAGS), "--log-file", str(log)],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
@@ -98,18 +95,44 @@ def test_smoothed_values_are_computed_only_for_logged_updates_and_log_the_same(d
     assert ours == theirs
 
 
-@pytest.mark.parametrize("setting, expected", [(None, False), ("1", True), ("0", False)])
-def test_loading_the_plugin_switches_cudnn_attention_off_unless_kept(setting, expected):
-    """compat section 8: PyTorch's cuDNN attention backend is on in a fresh process and
-    off once the plugin is loaded, for every architecture; TPP_CUDNN_ATTENTION=1 keeps
-    it on."""
-    env = {k: v for k, v in os.environ.items() if k != "TPP_CUDNN_ATTENTION"}
+#: a fresh process: the cuDNN flag before and after loading the plugin, and which of the
+#: patched fairseq methods are the plugin's
+PROBE = """
+import torch
+before = torch.backends.cuda.cudnn_sdp_enabled()
+import tpp_plugin
+from tpp_plugin.compat import speed
+from fairseq.optim.fp16_optimizer import FP16Optimizer
+from fairseq.trainer import Trainer
+installed = {"cudnn-off": not torch.backends.cuda.cudnn_sdp_enabled(),
+             "flat-bf16": FP16Optimizer.load_state_dict is speed.load_state_dict,
+             "foreach-syncs": FP16Optimizer._sync_fp32_params_to_fp16 is speed.sync_fp32_params_to_fp16,
+             "logged-smoothing": Trainer.train_step is speed.train_step}
+print(before, sorted(k for k, v in installed.items() if v))
+"""
+
+
+@pytest.mark.parametrize("setting, expected", [
+    (None, ["cudnn-off", "flat-bf16"]), ("all", ["cudnn-off", "flat-bf16", "foreach-syncs", "logged-smoothing"]),
+    ("none", []), ("flat-bf16", ["flat-bf16"]), ("foreach-syncs, cudnn-off", ["cudnn-off", "foreach-syncs"])])
+def test_speedups_are_those_named_and_by_default_those_measured(setting, expected):
+    """TPP_FAIRSEQ_SPEEDUPS chooses the speed-ups; the default is those a GPU figure shows
+    to pay (cuDNN's attention off, the flat bf16 master copy), for every architecture:
+    PyTorch's cuDNN attention backend is on in a fresh process and off once the plugin is
+    loaded."""
+    env = {k: v for k, v in os.environ.items() if k != "TPP_FAIRSEQ_SPEEDUPS"}
     if setting is not None:
-        env["TPP_CUDNN_ATTENTION"] = setting
+        env["TPP_FAIRSEQ_SPEEDUPS"] = setting
     env["PYTHONPATH"] = str(REPO)
-    code = ("import torch; before = torch.backends.cuda.cudnn_sdp_enabled(); import tpp_plugin; "
-            "print(before, torch.backends.cuda.cudnn_sdp_enabled())")
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["True", str(expected)]
+    assert done.stdout.strip() == f"True {expected}"
+
+
+def test_an_unknown_speedup_is_an_error_naming_the_variable():
+    env = dict(os.environ, TPP_FAIRSEQ_SPEEDUPS="flat-bf16,warp-drive", PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, "-c", "import tpp_plugin"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode != 0
+    assert "TPP_FAIRSEQ_SPEEDUPS='flat-bf16,warp-drive': unknown warp-drive; the speed-ups are" in done.stderr

@@ -179,7 +179,7 @@ def test_model_with_triton_local_conv_trains_like_the_taps_in_bfloat16():
 
 
 def test_bf16_master_copy_is_flat_on_the_gpu_and_updates_like_per_parameter():
-    """tpp_plugin.compat section 5 as it is (no device added): on a GPU, --bf16's float32
+    """The flat-bf16 speed-up (tpp_plugin.compat.speed) as it is (no device added): on a GPU, --bf16's float32
     master copy is one flat tensor, and 5 Adam updates give the same parameters as the
     per-parameter copy (--fp16-no-flatten-grads)."""
     from test_compat_optimizer import build, module, train

@@ -318,6 +318,7 @@ def test_a_gpu_run_decodes_in_float16_only_if_it_trained_in_it(dtype, decoding, 
     folder.mkdir()
     (folder / "train.done").write_text(f"{cfg.max_update} updates, 1 s\n")
     (folder / "checkpoint_avg.pt").write_bytes(b"")
+    (tmp_path / "ref").write_text("a reference\n")
     commands = []
     monkeypatch.setattr(study, "run_command", lambda cmd, log, env=None: commands.append([str(c) for c in cmd]))
     args = argparse.Namespace(device="cuda", gen_max_tokens=16384, keep_checkpoints=True)
@@ -380,6 +381,8 @@ def test_one_study_per_folder_and_sigterm_stops_its_trainers(tmp_path):
         assert len(_trainers(out)) == 1, "the refused study started nothing"
         first.send_signal(signal.SIGTERM)
         assert first.wait(timeout=120) == 128 + signal.SIGTERM
+        rest = first.stdout.read()
+        assert "SIGTERM: stopping the runs' commands" in rest and ": training (" not in rest, rest
     finally:
         if first.poll() is None:
             first.kill()

@@ -31,13 +31,14 @@ from tpp_pipeline.contract import (
     parse_tag_kinds,
 )
 
+from ..errors import UserError
 from ..criterions.label_smoothed_cross_entropy_with_tags import LabelSmoothedCrossEntropyWithTagsCriterion
 from .tagged_dataset import TaggedLanguagePairDataset
 
 logger = logging.getLogger(__name__)
 
 
-class MissingTagsError(FileNotFoundError):
+class MissingTagsError(UserError, FileNotFoundError):
     """The data folder lacks label files that ``--tags`` asks for: a user's error, which a
     command-line tool (fairseq-train) reports in one line, without a traceback."""
 
@@ -45,28 +46,6 @@ class MissingTagsError(FileNotFoundError):
 class InputTooLongError(ValueError):
     """A sentence given to translate (the hub interface's ``translate``, or
     fairseq-interactive) is longer than the model accepts."""
-
-
-def _report_missing_tags_without_traceback():
-    """Let an uncaught :class:`MissingTagsError` end the program with its message alone:
-    the message says what to do, the traceback through fairseq-train only hides it. Every
-    other exception goes to the hook that was there before."""
-    previous = sys.excepthook
-    if getattr(previous, "tpp_missing_tags", False):
-        return
-
-    def excepthook(kind, value, traceback):
-        if isinstance(value, MissingTagsError):
-            program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
-            print(f"{program}: error: {value}", file=sys.stderr, flush=True)
-            return
-        previous(kind, value, traceback)
-
-    excepthook.tpp_missing_tags = True
-    sys.excepthook = excepthook
-
-
-_report_missing_tags_without_traceback()
 
 
 @dataclass

@@ -1,0 +1,12 @@
+"""The corrections' one log line each."""
+
+import logging
+
+logger = logging.getLogger("tpp_plugin.compat")
+_logged = set()
+
+
+def log_once(key: str, message: str, *args) -> None:
+    if key not in _logged:
+        _logged.add(key)
+        logger.info(message, *args)

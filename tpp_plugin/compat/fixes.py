@@ -1,0 +1,175 @@
+"""Corrections of the fairseq and torch the plugin runs on, always applied (each listed,
+with what it answers, in docs/fairseq_notes.md).
+
+- **Safe loading of fairseq checkpoints** (torch >= 2.6 loads with ``weights_only=True``):
+  exactly the types fairseq checkpoints hold are allow-listed (an ``argparse.Namespace``,
+  numpy scalars and arrays); everything else is still refused.
+- **The last batch** (fairseq-fixed 0.12.3.1 drops the last batch whenever its size is
+  not a multiple of ``--required-batch-size-multiple``: up to 7 test sentences never
+  translated). Kept, as upstream fairseq keeps it.
+- **--bf16 without XLA** (fairseq issue #4696: ``--bf16`` implies ``--tpu``). Untied where
+  torch_xla is not installed.
+- **Debug logging switched on by ``import fairseq``** (a wav2vec module calls
+  ``logging.basicConfig(level=DEBUG)``). The root level goes back to ``$LOGLEVEL``
+  (default INFO), unless the program asked for DEBUG before.
+- **One-line errors**: a :class:`~tpp_plugin.errors.UserError` that reaches the top of a
+  command is printed as ``<command>: error: <message>``, without a traceback.
+"""
+
+import argparse
+import importlib.util
+import logging
+import os
+import sys
+
+import numpy as np
+import torch
+from fairseq.data import data_utils
+from fairseq.dataclass import utils as dataclass_utils
+
+from .. import errors
+from ._log import log_once as _log_once, logger
+
+# --------------------------------------------------------------------------- safe loading
+
+
+def _numpy_globals():
+    """The numpy callables and classes that pickled numpy scalars/arrays refer to."""
+    found = [np.ndarray, np.dtype]
+    # Array reconstruction lives in numpy.core (numpy 1.x) or numpy._core (numpy 2.x);
+    # pickles written by either version name their own module, so allow both spellings.
+    for module_name in ("numpy._core.multiarray", "numpy.core.multiarray"):
+        try:
+            module = __import__(module_name, fromlist=["_reconstruct", "scalar"])
+        except ImportError:
+            continue
+        for name in ("_reconstruct", "scalar"):
+            obj = getattr(module, name, None)
+            if obj is not None:
+                found.append((obj, f"{module_name}.{name}"))
+    # dtype classes (numpy >= 1.25 pickles dtypes through numpy.dtypes.*DType)
+    dtypes = getattr(np, "dtypes", None)
+    if dtypes is not None:
+        for name in dir(dtypes):
+            obj = getattr(dtypes, name)
+            if isinstance(obj, type) and name.endswith("DType"):
+                found.append(obj)
+    # scalar types such as numpy.float64 that appear as metric values
+    for name in ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool_"):
+        found.append(getattr(np, name))
+    return found
+
+
+def allow_fairseq_checkpoints() -> None:
+    """Allow-list what fairseq checkpoints contain for ``weights_only`` loading."""
+    add = getattr(torch.serialization, "add_safe_globals", None)
+    if add is None:  # torch < 2.4 loads everything anyway
+        return
+    allowed = [argparse.Namespace] + _numpy_globals()
+    add(allowed)
+    logger.debug("safe loading: allow-listed argparse.Namespace and %d numpy types", len(allowed) - 1)
+
+
+# --------------------------------------------------------------------------- the last batch
+
+_original_batch_by_size = data_utils.batch_by_size
+
+
+def batch_by_size_keeping_remainder(
+    indices,
+    num_tokens_fn,
+    num_tokens_vec=None,
+    max_tokens=None,
+    max_sentences=None,
+    required_batch_size_multiple=1,
+    fixed_shapes=None,
+):
+    """``data_utils.batch_by_size`` as upstream fairseq has it (same arguments)."""
+    if fixed_shapes is not None or required_batch_size_multiple <= 1:
+        return _original_batch_by_size(
+            indices, num_tokens_fn, num_tokens_vec=num_tokens_vec, max_tokens=max_tokens,
+            max_sentences=max_sentences, required_batch_size_multiple=required_batch_size_multiple,
+            fixed_shapes=fixed_shapes,
+        )
+    from fairseq.data.data_utils_fast import batch_by_size_fn, batch_by_size_vec
+
+    max_tokens = int(max_tokens) if max_tokens is not None else -1
+    max_sentences = max_sentences if max_sentences is not None else -1
+    if not isinstance(indices, np.ndarray):
+        indices = np.fromiter(indices, dtype=np.int64, count=-1)
+    if num_tokens_vec is None:
+        batches = batch_by_size_fn(indices, num_tokens_fn, max_tokens, max_sentences, required_batch_size_multiple)
+    else:
+        if not isinstance(num_tokens_vec, np.ndarray):
+            num_tokens_vec = np.fromiter(num_tokens_vec, dtype=np.int64, count=-1)
+        batches = batch_by_size_vec(indices, num_tokens_vec, max_tokens, max_sentences, required_batch_size_multiple)
+    if batches and len(batches[-1]) % required_batch_size_multiple:
+        _log_once("last_batch", "kept a last batch of %d sentence(s) that fairseq-fixed 0.12.3.1 drops "
+                  "(not a multiple of --required-batch-size-multiple %d)",
+                  len(batches[-1]), required_batch_size_multiple)
+    return batches
+
+
+def keep_last_batches() -> None:
+    """Install :func:`batch_by_size_keeping_remainder` (idempotent). Callers look the
+    function up on the module at call time, so replacing the attribute is enough."""
+    data_utils.batch_by_size = batch_by_size_keeping_remainder
+
+
+# --------------------------------------------------------------------------- --bf16 on GPUs
+
+_original_convert = dataclass_utils.convert_namespace_to_omegaconf
+
+
+def _xla_available() -> bool:
+    return importlib.util.find_spec("torch_xla") is not None
+
+
+def convert_namespace_to_omegaconf(args):
+    if getattr(args, "bf16", False) and getattr(args, "tpu", False) and not _xla_available():
+        args.tpu = False
+        if hasattr(args, "beam"):  # fairseq-generate, fairseq-interactive
+            _log_once("bf16", "--bf16 without torch_xla: not on a TPU; fairseq 0.12 decodes in float32 with "
+                      "--bf16 (it converts the model for --fp16 only)")
+        else:
+            _log_once("bf16", "--bf16 without torch_xla: training in bfloat16 on %s, not on a TPU",
+                      "the CPU" if getattr(args, "cpu", False) else "the GPU")
+    return _original_convert(args)
+
+
+convert_namespace_to_omegaconf.__doc__ = _original_convert.__doc__
+
+
+def bf16_without_tpu() -> None:
+    """Install the corrected conversion on fairseq's module and on the copies that
+    ``fairseq_cli`` modules imported before the plugin was loaded (idempotent), the one
+    run as ``python -m fairseq_cli.train`` included: it is ``__main__`` there."""
+    dataclass_utils.convert_namespace_to_omegaconf = convert_namespace_to_omegaconf
+    for name, module in list(sys.modules.items()):
+        if name == "__main__":
+            name = getattr(getattr(module, "__spec__", None), "name", None) or name
+        if name.startswith("fairseq_cli.") and getattr(module, "convert_namespace_to_omegaconf", None) is _original_convert:
+            module.convert_namespace_to_omegaconf = convert_namespace_to_omegaconf
+
+
+# --------------------------------------------------------------------------- logging
+
+
+def undo_debug_logging_of_fairseq_import(root_level_before_fairseq=None) -> None:
+    """The root logger back from DEBUG to ``$LOGLEVEL`` (default INFO) unless DEBUG was
+    asked for: by ``$LOGLEVEL``, or by the program before fairseq was imported
+    (``root_level_before_fairseq``, None where that is not known)."""
+    root = logging.getLogger()
+    if root_level_before_fairseq == logging.DEBUG:
+        return
+    wanted = os.environ.get("LOGLEVEL", "INFO").upper()
+    if root.level == logging.DEBUG and isinstance(logging.getLevelName(wanted), int) and wanted != "DEBUG":
+        root.setLevel(wanted)
+
+
+# --------------------------------------------------------------------------- one-line errors
+
+
+def one_line_errors() -> None:
+    """Install :func:`tpp_plugin.errors.excepthook` (idempotent)."""
+    errors.install_excepthook()

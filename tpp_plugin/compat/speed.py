@@ -1,0 +1,385 @@
+"""Speed-ups of fairseq's training loop on GPUs, each with a name for
+``TPP_FAIRSEQ_SPEEDUPS`` (``all``, ``none`` or names separated by commas; default
+:data:`DEFAULT`). A speed-up is on by default only where a GPU figure shows what it
+gains (docs/gpu.md); the others are there to be measured (``benchmarks/gpu_suite.sh``).
+
+- ``cudnn-off``: PyTorch's cuDNN attention backend switched off for the process (it
+  builds a plan on the host for every new problem shape, and fairseq's batches and beam
+  search meet one almost every step, for any architecture). Default.
+- ``flat-bf16``: ``--bf16``'s float32 master copy kept flat on one GPU, as fairseq keeps
+  ``--fp16``'s (one tensor for Adam and the gradient norm instead of hundreds). Default;
+  checkpoints of either layout resume with the other.
+- ``foreach-syncs``: the flat master copy's syncs as one ``_foreach_copy_`` each way
+  instead of one copy per parameter (the values bit for bit fairseq's).
+- ``logged-smoothing``: fairseq's smoothed training figures (a read from the device per
+  meter) computed only on the updates fairseq-train logs; everything is still recorded.
+"""
+
+import os
+
+import torch
+from fairseq import optim
+from fairseq.logging import metrics
+from fairseq.optim.fp16_optimizer import FP16Optimizer
+from fairseq.trainer import Trainer
+from fairseq.trainer import logger as trainer_logger
+
+from ._log import log_once as _log_once
+
+# --------------------------------------------------------------------------- --bf16's flat master copy
+
+_original_build_optimizer = FP16Optimizer.build_optimizer.__func__
+_original_load_state_dict = FP16Optimizer.load_state_dict
+#: what a resumed optimizer state cannot be converted without
+_RESET_HINT = ("resume with --reset-optimizer (a fresh optimizer state), or with --fp16-no-flatten-grads "
+               "if the checkpoint kept one state per parameter")
+
+
+#: devices whose --bf16 master copy is kept flat (the tests add "cpu" to run the flat path here)
+FLAT_BF16_DEVICE_TYPES = frozenset({"cuda"})
+
+
+def _flat_bf16_wanted(cfg, params) -> bool:
+    """--bf16 with the parameters on one GPU, where fairseq's --fp16 would flatten the
+    master copy (a TPU's parameters are on an "xla" device: per parameter, as fairseq
+    keeps them there)."""
+    devices = {p.device for p in params}
+    if len(devices) != 1 or next(iter(devices)).type not in FLAT_BF16_DEVICE_TYPES:
+        return False
+    common, distributed = cfg.common, cfg.distributed_training
+    return (bool(getattr(common, "bf16", False)) and not getattr(common, "fp16_no_flatten_grads", False)
+            and getattr(distributed, "zero_sharding", "none") in (None, "none")
+            and not getattr(cfg.optimizer, "pipeline_model_parallel", False))
+
+
+def _flat_fp32_copy(params):
+    """``{device index: flat float32 Parameter}`` with a zero gradient of its size:
+    ``FP16Optimizer.build_fp32_params(flatten=True)``'s layout (the parameters one after
+    the other, in order), keyed by the parameters' device index rather than by
+    ``torch.cuda.current_device()`` (so it also holds on the CPU, whose index is None)."""
+    flat = params[0].new_empty(sum(p.numel() for p in params), dtype=torch.float32)
+    offset = 0
+    for p in params:
+        flat[offset : offset + p.numel()].copy_(p.data.reshape(-1))
+        offset += p.numel()
+    flat = torch.nn.Parameter(flat)
+    flat.grad = torch.zeros_like(flat.data)
+    return {params[0].device.index: flat}
+
+
+def build_optimizer(cls, cfg, params, **kwargs):
+    """``FP16Optimizer.build_optimizer``, with a flat master copy for --bf16 (see 5.)."""
+    params = list(params)
+    if params and _flat_bf16_wanted(cfg, params):
+        fp32_params = _flat_fp32_copy(params)
+        fp32_optimizer = optim.build_optimizer(cfg.optimizer, [fp32_params])
+        if fp32_optimizer.supports_flat_params:
+            _log_once("bf16_flat", "--bf16: the float32 master copy of %d parameter tensors kept as one flat "
+                      "tensor, as --fp16 keeps it (--fp16-no-flatten-grads: one per parameter)", len(params))
+            return cls(cfg, params, fp32_optimizer, fp32_params, **kwargs)
+        del fp32_optimizer, fp32_params  # e.g. Adafactor: one tensor per parameter, as fairseq does
+    return _original_build_optimizer(cls, cfg, params, **kwargs)
+
+
+def _same_value(values, what: str):
+    """The one value that every parameter's state holds under a key (a step count)."""
+    first = values[0]
+    for v in values[1:]:
+        equal = torch.equal(v, first) if torch.is_tensor(v) and torch.is_tensor(first) else v == first
+        if not equal:
+            raise RuntimeError(f"cannot convert the optimizer state {what}: it differs between parameters "
+                               f"({first!r}, {v!r}); {_RESET_HINT}")
+    return first
+
+
+def _is_per_parameter(value, numel: int) -> bool:
+    return torch.is_tensor(value) and value.dim() > 0 and value.numel() == numel
+
+
+def _merge_states(states, numels):
+    """One parameter's state per tensor -> the flat tensor's state: tensors of a
+    parameter's size concatenated in order, other values (the step) taken once."""
+    if not any(states):
+        return {}
+    if not all(states):
+        raise RuntimeError(f"cannot convert the optimizer state: {sum(1 for s in states if not s)} of "
+                           f"{len(states)} parameters have none; {_RESET_HINT}")
+    merged = {}
+    for key in states[0]:
+        values = [s.get(key) for s in states]
+        if all(_is_per_parameter(v, n) for v, n in zip(values, numels)):
+            merged[key] = torch.cat([v.reshape(-1) for v in values])
+        elif not any(torch.is_tensor(v) and v.dim() > 0 for v in values):
+            merged[key] = _same_value(values, repr(key))
+        else:
+            raise RuntimeError(f"cannot convert the optimizer state {key!r}: not one tensor of the parameter's "
+                               f"size per parameter; {_RESET_HINT}")
+    return merged
+
+
+def _split_state(state, params):
+    """The flat tensor's state -> one state per parameter (views reshaped to each)."""
+    total = sum(p.numel() for p in params)
+    states = [{} for _ in params]
+    for key, value in state.items():
+        if _is_per_parameter(value, total):
+            offset = 0
+            for p, st in zip(params, states):
+                st[key] = value[offset : offset + p.numel()].view(p.shape).clone()
+                offset += p.numel()
+        elif torch.is_tensor(value) and value.dim() > 0:
+            raise RuntimeError(f"cannot convert the optimizer state {key!r}: not one tensor of the parameters' "
+                               f"total size; {_RESET_HINT}")
+        else:
+            for st in states:
+                st[key] = value.clone() if torch.is_tensor(value) else value
+    return states
+
+
+def _check_flat_state_sizes(optimizer, state_dict) -> None:
+    """Refuse a state whose tensors do not have the size of the flat master copy they
+    would load into (the model's parameters changed since the checkpoint): torch checks
+    only the number of parameters, and Adam would fail at its first step, or with the
+    same total size silently apply the moments to the wrong parameters."""
+    groups = optimizer.fp32_optimizer.optimizer.param_groups
+    saved_groups = state_dict.get("param_groups") or []
+    if len(groups) != len(saved_groups):
+        return  # torch reports it
+    for group, saved in zip(groups, saved_groups):
+        if len(group["params"]) != len(saved["params"]):
+            return  # torch reports it
+        for param, saved_id in zip(group["params"], saved["params"]):
+            for key, value in state_dict["state"].get(saved_id, {}).items():
+                if torch.is_tensor(value) and value.dim() > 0 and value.numel() != param.numel():
+                    raise RuntimeError(
+                        f"cannot load the optimizer state {key!r}: it holds {value.numel()} values where the "
+                        f"flat master copy of the model's parameters has {param.numel()} (the parameters "
+                        f"changed since the checkpoint was written); {_RESET_HINT}")
+
+
+def match_state_layout(optimizer, state_dict):
+    """``state_dict`` (an ``FP16Optimizer`` state) in the layout of ``optimizer``: a
+    per-parameter state for a flat master copy, or a flat one for a per-parameter copy,
+    converted; any other state returned as it is (torch reports its own mismatches). A
+    state for a flat master copy is checked against its size."""
+    converted = _convert_state_layout(optimizer, state_dict)
+    if optimizer.has_flat_params:
+        _check_flat_state_sizes(optimizer, converted)
+    return converted
+
+
+def _convert_state_layout(optimizer, state_dict):
+    """:func:`match_state_layout`'s conversion."""
+    groups = optimizer.fp32_optimizer.optimizer.param_groups
+    saved_groups = state_dict.get("param_groups") or []
+    if len(groups) != 1 or len(saved_groups) != 1:
+        return state_dict
+    saved_ids = list(saved_groups[0]["params"])
+    count = len(groups[0]["params"])
+    params = [p for p in optimizer.fp16_params if p.requires_grad]
+    numels = [p.numel() for p in params]
+    if optimizer.has_flat_params and count == 1 and len(saved_ids) == len(params) > 1:
+        state = _merge_states([state_dict["state"].get(i, {}) for i in saved_ids], numels)
+        new_ids = [0]
+        new_state = {0: state} if state else {}
+        layout = "one per parameter -> flat"
+    elif not optimizer.has_flat_params and count == len(params) > 1 and len(saved_ids) == 1:
+        flat_state = state_dict["state"].get(saved_ids[0], {})
+        new_ids = list(range(len(params)))
+        new_state = dict(enumerate(_split_state(flat_state, params))) if flat_state else {}
+        layout = "flat -> one per parameter"
+    else:
+        return state_dict
+    _log_once("bf16_layout", "optimizer state of the checkpoint converted (%s, %d parameter tensors)", layout,
+              len(params))
+    converted = dict(state_dict)
+    converted["state"] = new_state
+    converted["param_groups"] = [dict(saved_groups[0], params=new_ids)]
+    return converted
+
+
+def load_state_dict(self, state_dict, optimizer_overrides=None):
+    return _original_load_state_dict(self, match_state_layout(self, state_dict), optimizer_overrides)
+
+
+load_state_dict.__doc__ = _original_load_state_dict.__doc__
+
+
+def flat_bf16_master_copy() -> None:
+    """Install :func:`build_optimizer` and :func:`load_state_dict` on fairseq's
+    ``FP16Optimizer`` (idempotent)."""
+    FP16Optimizer.build_optimizer = classmethod(build_optimizer)
+    FP16Optimizer.load_state_dict = load_state_dict
+
+
+# --------------------------------------------------------------------------- the flat copy's syncs
+
+_original_sync_grads = FP16Optimizer._sync_fp16_grads_to_fp32
+_original_sync_params = FP16Optimizer._sync_fp32_params_to_fp16
+
+
+def _flat_groups(optimizer, trainable_only: bool):
+    """``[(flat float32 Parameter, the parameters it holds, in order)]`` of a flat master
+    copy, grouped by device index as fairseq groups them; None where the parameters do
+    not fill each flat tensor exactly (fairseq's own loop then runs, as before)."""
+    if not isinstance(optimizer.fp32_params, dict) or not optimizer.has_flat_params:
+        return None
+    by_device = {}
+    for p in optimizer.fp16_params:
+        if p.requires_grad or not trainable_only:
+            by_device.setdefault(p.device.index, []).append(p)
+    groups = []
+    for device, flat in optimizer.fp32_params.items():
+        params = by_device.get(device, [])
+        if sum(p.numel() for p in params) != flat.numel():
+            return None
+        groups.append((flat, params))
+    return groups
+
+
+def _views(flat, params):
+    """Views of ``flat`` shaped as ``params``, one after the other."""
+    return [v.view(p.shape) for v, p in zip(flat.split([p.numel() for p in params]), params)]
+
+
+def sync_fp16_grads_to_fp32(self):
+    """``FP16Optimizer._sync_fp16_grads_to_fp32`` with one ``_foreach_copy_`` per flat
+    tensor instead of one copy per parameter (zeros for a parameter without gradient)."""
+    if not self._needs_sync:
+        return
+    groups = _flat_groups(self, trainable_only=True)
+    if groups is None:
+        return _original_sync_grads(self)
+    _log_once("foreach_syncs", "the flat float32 master copy synchronised with one _foreach_copy_ each way "
+              "(fairseq: one copy per parameter)")
+    for flat, params in groups:
+        if params:
+            grads = [p.grad.data if p.grad is not None else p.data.new_zeros(p.data.shape) for p in params]
+            torch._foreach_copy_(_views(flat.grad.data, params), grads)
+    self._needs_sync = False
+
+
+def sync_fp32_params_to_fp16(self):
+    """``FP16Optimizer._sync_fp32_params_to_fp16`` with one ``_foreach_copy_`` per flat
+    tensor instead of one copy per parameter."""
+    groups = _flat_groups(self, trainable_only=False)
+    if groups is None:
+        return _original_sync_params(self)
+    for flat, params in groups:
+        if params:
+            torch._foreach_copy_([p.data for p in params], _views(flat.data, params))
+
+
+def foreach_master_copy_syncs() -> None:
+    """Install :func:`sync_fp16_grads_to_fp32` and :func:`sync_fp32_params_to_fp16` on
+    fairseq's ``FP16Optimizer`` (idempotent)."""
+    FP16Optimizer._sync_fp16_grads_to_fp32 = sync_fp16_grads_to_fp32
+    FP16Optimizer._sync_fp32_params_to_fp16 = sync_fp32_params_to_fp16
+
+
+# --------------------------------------------------------------------------- smoothed values when logged
+
+_original_train_step = Trainer.train_step
+_original_reduce_and_log_stats = Trainer._reduce_and_log_stats
+
+
+def train_step(self, samples, raise_oom=False):
+    """``Trainer.train_step``, marked as running for :func:`reduce_and_log_stats`."""
+    outer = getattr(self, "_tpp_in_train_step", False)
+    self._tpp_in_train_step = True
+    try:
+        return _original_train_step(self, samples, raise_oom)
+    finally:
+        self._tpp_in_train_step = outer
+
+
+def reduce_and_log_stats(self, logging_outputs, sample_size, grad_norm=None):
+    """``Trainer._reduce_and_log_stats``; in a training update that fairseq-train does not
+    log (``--log-interval``), everything is logged as fairseq logs it, but the smoothed
+    values, which read every meter back from the device, are not computed, and
+    ``{"sample_size": sample_size}`` is returned (fairseq-train only tests it for None)."""
+    if (self.tpu or not getattr(self, "_tpp_in_train_step", False)
+            or self.get_num_updates() % self.cfg.common.log_interval == 0):
+        return _original_reduce_and_log_stats(self, logging_outputs, sample_size, grad_norm)
+    _log_once("smoothed", "fairseq's smoothed training figures computed on the logged updates only "
+              "(--log-interval %d), not read back from the device at every update", self.cfg.common.log_interval)
+    # fairseq's body, without agg.get_smoothed_values()
+    if grad_norm is not None and (not torch.is_tensor(grad_norm) or torch.isfinite(grad_norm)):
+        metrics.log_speed("ups", 1.0, priority=100, round=2)
+        metrics.log_scalar("gnorm", grad_norm, priority=400, round=3)
+        if self.cfg.optimization.clip_norm > 0:
+            metrics.log_scalar(
+                "clip",
+                torch.where(grad_norm > self.cfg.optimization.clip_norm, grad_norm.new_tensor(100),
+                            grad_norm.new_tensor(0)),
+                priority=500,
+                round=1,
+            )
+    with metrics.aggregate() as agg:
+        if logging_outputs is not None:
+            self.task.reduce_metrics(logging_outputs, self.get_criterion())
+            del logging_outputs
+        if "loss" not in agg:
+            if "loss" not in self._warn_once:
+                self._warn_once.add("loss")
+                trainer_logger.warning("Criterion.reduce_metrics did not log a 'loss' value, "
+                                       "which may break some functionality")
+            metrics.log_scalar("loss", -1)
+    return {"sample_size": sample_size}
+
+
+def smoothed_values_only_when_logged() -> None:
+    """Install :func:`train_step` and :func:`reduce_and_log_stats` on fairseq's
+    ``Trainer`` (idempotent)."""
+    Trainer.train_step = train_step
+    Trainer._reduce_and_log_stats = reduce_and_log_stats
+
+
+# --------------------------------------------------------------------------- cuDNN's attention
+
+
+def cudnn_attention_off() -> None:
+    if torch.backends.cuda.cudnn_sdp_enabled():
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        if torch.cuda.is_available():
+            _log_once("cudnn_sdp", "cuDNN's attention backend switched off (TPP_FAIRSEQ_SPEEDUPS without "
+                      "cudnn-off keeps it)")
+
+
+# --------------------------------------------------------------------------- which
+
+
+#: name -> installer
+SPEEDUPS = {
+    "cudnn-off": cudnn_attention_off,
+    "flat-bf16": flat_bf16_master_copy,
+    "foreach-syncs": foreach_master_copy_syncs,
+    "logged-smoothing": smoothed_values_only_when_logged,
+}
+#: on unless ``TPP_FAIRSEQ_SPEEDUPS`` says otherwise
+DEFAULT = ("cudnn-off", "flat-bf16")
+
+
+def chosen(value=None):
+    """The speed-ups ``TPP_FAIRSEQ_SPEEDUPS`` (or ``value``) names; a name it does not
+    know is an error naming the variable."""
+    if value is None:
+        value = os.environ.get("TPP_FAIRSEQ_SPEEDUPS")
+    if value is None:
+        return list(DEFAULT)
+    value = value.strip()
+    if value == "all":
+        return list(SPEEDUPS)
+    if value in ("", "none"):
+        return []
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SPEEDUPS]
+    if unknown:
+        raise ValueError(f"TPP_FAIRSEQ_SPEEDUPS={value!r}: unknown {', '.join(unknown)}; the speed-ups are "
+                         f"{', '.join(SPEEDUPS)} (or all, none)")
+    return names
+
+
+def install(names) -> None:
+    for name in names:
+        SPEEDUPS[name]()
