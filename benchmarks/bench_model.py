@@ -72,8 +72,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PLUGIN = REPO / "tpp_plugin"
-sys.path.insert(0, str(REPO))  # the recipe's optimiser, also when the project is not installed
-from tpp_tools.train import OPTIMIZER  # noqa: E402
+from tpp_tools.train import OPTIMIZER  # noqa: E402  (the training recipe's optimiser)
 
 MODELS = {
     "transformer": ["--arch", "transformer"],

@@ -11,7 +11,7 @@ from support import REPO, console_script_names, run
 # the user-facing steps, one console script each (setup.cfg)
 CONSOLE_SCRIPTS = [
     "tpp-prepare-corpus", "tpp-prepare-wmt14", "tpp-carve-splits", "tpp-average-checkpoints",
-    "tpp-recover-checkpoint", "tpp-evaluate", "tpp-plot-training", "tpp-plot-attention",
+    "tpp-recover-checkpoint", "tpp-train", "tpp-evaluate", "tpp-plot-training", "tpp-plot-attention",
     "tpp-embedding-similarity", "tpp-study", "tpp-demo",
 ]
 
