@@ -33,6 +33,10 @@ already prepared data folder (``--data``) with the raw test reference
     tpp-study --config cpu --corpus corpora/en-de/train -s en -t de --out runs/study_cpu
     # your own held-out test set:
     tpp-study --config gpu --corpus corpora/en-de/train --test heldout/test -s en -t de ...
+    # the paper's scale on a SLURM cluster: every run a job of 4 GPUs, the report a job
+    # after them (docs/slurm.md; --dry-run shows the jobs):
+    tpp-study --config wmt14-big --launcher slurm --partition gpu --data data-bin/wmt14_en_de \\
+        --test-reference work/wmt14_en_de/raw/test.de --variants transformer,hybrid,hybrid+tags --out runs/wmt14
 
 Runs live in ``OUT/runs/<variant>-s<seed>-<id>/``, where ``<id>`` is a hash of
 everything that defines the run (variant, seed, model, budget, schedule, data): a
@@ -62,7 +66,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from .evaluate import plugin_dir
-from .train import OPTIMIZER
+from .train import OPTIMIZER, PRESETS, SETTINGS
 
 PROG = "tpp-study"
 
@@ -118,6 +122,17 @@ class Config:
     extra: List[str] = field(default_factory=list)
     # the conv heads' output scale (--conv-head-scaling of transformer_pp; "none": the paper)
     conv_head_scaling: str = "none"
+    # GPUs per run, data-parallel (--distributed-world-size): an update is gpus x
+    # update_freq batches of max_tokens
+    gpus: int = 1
+    # "all": one embedding table for source, target and output (--share-all-embeddings);
+    # "decoder": the target's input and output tied (--share-decoder-input-output-embed)
+    shared_embeddings: str = "all"
+
+
+def recipe(name: str) -> str:
+    """A default of the training recipe (tpp_tools/train.py)."""
+    return SETTINGS[name][1]
 
 
 CONFIGS = {
@@ -136,6 +151,21 @@ CONFIGS = {
     "cpu": Config(embed_dim=256, ffn_dim=512, heads=4, layers=3, max_update=1400, max_tokens=2048,
                   update_freq=1, lr=2e-3, warmup_updates=200, dropout=0.1, attention_dropout=0.0,
                   activation_dropout=0.0, average=5, dtype="fp32", bpe_merges=8000, max_len=40),
+    # the paper's scale, on a cluster (--launcher slurm; docs/slurm.md): the sizes of the
+    # En-De big preset transformer_pp_wmt_en_de_big (a test holds them to it) and the
+    # training recipe of tpp_tools/train.py, each run on 4 GPUs. --update-epoch-batch-itr:
+    # every epoch's batches grouped anew from the seed and the epoch, so that a run resumed
+    # after a requeue trains on the batches an uninterrupted run would (fairseq otherwise
+    # groups the batches once, with the seed of the epoch it starts in: another grouping)
+    "wmt14-big": Config(embed_dim=1024, ffn_dim=4096, heads=16, layers=5, dropout=0.1, attention_dropout=0.25,
+                        activation_dropout=0.25, shared_embeddings="decoder", gpus=4,
+                        lr=float(PRESETS["en-de"][1]), warmup_updates=int(recipe("warmup_updates")),
+                        max_update=int(recipe("max_update")), max_tokens=int(recipe("max_tokens")),
+                        update_freq=int(recipe("update_freq")), label_smoothing=float(recipe("label_smoothing")),
+                        save_interval_updates=int(recipe("save_interval_updates")),
+                        validate_interval_updates=int(recipe("save_interval_updates")),
+                        average=int(recipe("keep_interval_updates")), dtype="fp16", bpe_merges=40000,
+                        extra=["--update-epoch-batch-itr", "True"]),
 }
 
 
@@ -372,9 +402,10 @@ def train_command(variant: str, seed: int, cfg: Config, data: Path, folder: Path
                  f"--{side}-attention-heads", cfg.heads, f"--{side}-layers", cfg.layers]
     precision = {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}[cfg.dtype]
     scaling = ["--conv-head-scaling", cfg.conv_head_scaling] if v["conv"] and cfg.conv_head_scaling != "none" else []
+    shared = {"all": "--share-all-embeddings", "decoder": "--share-decoder-input-output-embed"}[cfg.shared_embeddings]
     cmd = [
         "fairseq-train", data, "--user-dir", plugin_dir(), "--arch", v["arch"], *v["model"], *scaling, *dims,
-        "--share-all-embeddings", "--dropout", cfg.dropout, "--attention-dropout", cfg.attention_dropout,
+        shared, "--dropout", cfg.dropout, "--attention-dropout", cfg.attention_dropout,
         "--activation-dropout", cfg.activation_dropout,
         "--task", v["task"], "--criterion", v["criterion"], "--label-smoothing", cfg.label_smoothing,
         *OPTIMIZER, "--lr", cfg.lr, "--warmup-updates", cfg.warmup_updates,
@@ -385,10 +416,10 @@ def train_command(variant: str, seed: int, cfg: Config, data: Path, folder: Path
         "--validate-interval-updates", valid, "--validate-interval", 1000000,
         "--log-format", "json", "--log-file", folder / "train.log", "--log-interval", max(1, valid // 4),
         "--no-progress-bar", "--num-workers", 1 if device == "cuda" else 0,
-        # one device per run (the runs go in parallel, each on its own GPU where there are
-        # several: gpu_slots): fairseq's default is every GPU it sees, data-parallel, which
-        # would multiply the batch and make the parallel runs share one rendezvous port
-        "--distributed-world-size", 1,
+        # cfg.gpus devices per run (the runs go in parallel, each on its own GPUs where there
+        # are several: gpu_slots): fairseq's default is every GPU it sees, data-parallel,
+        # which would multiply the batch and make the parallel runs share one rendezvous port
+        "--distributed-world-size", cfg.gpus,
         "--skip-invalid-size-inputs-valid-test",
         *(["--cpu"] if device == "cpu" else []), *cfg.extra, *extra,
     ]
@@ -408,6 +439,9 @@ def plan_runs(args, cfg: Config, data: Path) -> List[Run]:
             if config["conv_head_scaling"] == "none" or not VARIANTS[variant]["conv"]:
                 # no effect on this run: its identity (and reuse) does not depend on it
                 del config["conv_head_scaling"]
+            for name, before in (("gpus", 1), ("shared_embeddings", "all")):
+                if config[name] == before:  # as every run was before the field: the same identity
+                    del config[name]
             spec = {"variant": variant, "seed": seed, "config": config, "data": data_id,
                     "extra": args.extra, "device": args.device}
             if RUN_VERSION > 1:  # version 1: the runs made before the field existed
@@ -714,10 +748,13 @@ def write_report(args, cfg: Config, paths, runs: List[Run], command: str, elapse
         "# Quality study: Transformer++ against the Transformer", "",
         f"Data: `{paths['data']}` ({paths['src']}→{paths['tgt']}; test set {count_lines(paths['reference'])} "
         f"sentences, reference `{paths['reference']}`).",
-        f"Budget (every run): {cfg.max_update} updates × up to {cfg.max_tokens * cfg.update_freq} tokens per update "
-        f"(--max-tokens {cfg.max_tokens} × --update-freq {cfg.update_freq}); Adam (0.9, 0.98), inverse-sqrt "
+        f"Budget (every run): {cfg.max_update} updates × up to {cfg.max_tokens * cfg.update_freq * cfg.gpus} tokens "
+        f"per update (--max-tokens {cfg.max_tokens} × --update-freq {cfg.update_freq}"
+        f"{f' × {cfg.gpus} GPUs' if cfg.gpus > 1 else ''}); Adam (0.9, 0.98), inverse-sqrt "
         f"schedule, peak lr {cfg.lr}, {cfg.warmup_updates} warm-up updates; d={cfg.embed_dim}, {cfg.heads} heads, "
-        f"FFN {cfg.ffn_dim}, {cfg.layers}+{cfg.layers} layers, shared embeddings, dropout {cfg.dropout} / "
+        f"FFN {cfg.ffn_dim}, {cfg.layers}+{cfg.layers} layers, "
+        f"{'shared embeddings' if cfg.shared_embeddings == 'all' else 'tied decoder embeddings'}, "
+        f"dropout {cfg.dropout} / "
         f"attention {cfg.attention_dropout} / activation {cfg.activation_dropout}, label smoothing "
         f"{cfg.label_smoothing}, {cfg.dtype}; average of the last {cfg.average} checkpoints; beam 5, lenpen 0.5; "
         f"conv heads' output scaling (hybrid variants): {cfg.conv_head_scaling}"
@@ -824,10 +861,17 @@ def parse_args(argv=None):
                        ("bpe_merges", int), ("max_len", int), ("save_interval_updates", int),
                        ("validate_interval_updates", int)):
         over.add_argument("--" + name.replace("_", "-"), type=kind, dest=name)
+    over.add_argument("--gpus-per-run", type=int, dest="gpus",
+                      help="GPUs per run, data-parallel: an update is GPUs x --update-freq batches (default 1; "
+                           "wmt14-big: 4)")
     over.add_argument("--conv-head-scaling", choices=["none", "inv-sqrt-head-dim"], dest="conv_head_scaling",
                       help="the hybrid variants' --conv-head-scaling (default none: the paper's; "
                            "see docs/study.md)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda if available")
+    p.add_argument("--launcher", choices=["local", "slurm"], default="local",
+                   help="local: the runs as processes on this machine (default); slurm: every run a SLURM job "
+                        "and the report a job after them (docs/slurm.md)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                   help="default: cuda if available (with --launcher slurm: cuda)")
     p.add_argument("--parallel", type=int, default=None,
                    help="runs at once (default: 4 on a GPU, cores/threads on the CPU)")
     p.add_argument("--threads", type=int, default=1, help="CPU threads per run (CPU device)")
@@ -839,6 +883,9 @@ def parse_args(argv=None):
                    help="train nothing: the report of the runs that have finished (evaluated), the others "
                         "listed as not finished; the baseline variant needs at least one")
     p.add_argument("extra", nargs="*", help="options after -- go to every fairseq-train command")
+    from . import study_slurm
+
+    study_slurm.add_arguments(p)
     args = p.parse_args(argv)
     if (args.corpus is None) == (args.data is None):
         p.error("give either --corpus (raw text) or --data (a prepared folder)")
@@ -909,7 +956,7 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGINT, stop)
     try:
         with work_dir_lock(args.out, user="tpp-study", folder="study folder"):
-            return study(args, cfg, command)
+            return (study_slurm.submit if args.launcher == "slurm" else study)(args, cfg, command)
     except DataError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
@@ -964,8 +1011,12 @@ def study(args, cfg: Config, command: str) -> int:
     where = args.device_name
     if args.device == "cuda":
         gpus = visible_gpus()
-        args.gpu_slots = gpu_slots(args.parallel, gpus)
-        where += f" ({len(gpus)} visible: each run on one of {', '.join(gpus)})"
+        try:
+            args.gpu_slots = gpu_slots(args.parallel, gpus, cfg.gpus)
+        except StudyError as err:
+            print(f"{PROG}: error: {err}", file=sys.stderr)
+            return 2
+        where += f" ({len(gpus)} visible: each run on {cfg.gpus} of {', '.join(gpus)})"
     log(f"{len(runs)} runs ({len(args.variants)} variants x {len(args.seeds)} seeds), {args.parallel} at a time "
         f"on {where}")
     failures = []

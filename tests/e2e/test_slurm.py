@@ -5,9 +5,12 @@ starts munged, slurmctld and slurmd with their state in a temporary folder; the 
 submits the whole chain (prepare -> tag array -> binarize -> 2-task gloo training ->
 averaging + evaluation) on a tiny corpus with scripts/slurm/submit.sh, polls the queue
 until it drains, checks every job completed and the BLEU file exists, and stops the
-daemons it started.
+daemons it started. The quality study (``tpp-study --launcher slurm``) runs there too:
+every run a job, one of them requeued while it trains, the report the same as a local
+study's.
 """
 
+import json
 import re
 import subprocess
 import sys
@@ -17,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from support import REPO, make_corpus, tool_env
+from support import REPO, binarize_tagged, make_corpus, tool_env
 
 import tpp_plugin  # noqa: F401  (allow-lists fairseq checkpoint contents for torch.load)
 
@@ -193,3 +196,139 @@ def test_training_job_requeues_itself_and_resumes(cluster, nmt_corpus, tmp_path)
     assert "Restarts=1" in shown
     state = torch.load(save_dir / "checkpoint_last.pt", map_location="cpu", weights_only=True)
     assert state["optimizer_history"][-1]["num_updates"] == 300
+
+
+# ----------------------------------------------------------------------------- tpp-study
+
+# the tiny study of tools/test_study.py, long enough (40 updates, a checkpoint every 10)
+# for a job to be requeued while it trains; every epoch's batches grouped anew (what
+# --config wmt14-big does), so that the resumed run trains on the batches of an
+# uninterrupted one
+STUDY = ["--config", "cpu", "--variants", "transformer,hybrid+tags", "--seeds", "1,2", "--device", "cpu",
+         "--embed-dim", "32", "--ffn-dim", "64", "--heads", "4", "--layers", "2", "--max-tokens", "256",
+         "--warmup-updates", "2", "--bootstrap-samples", "50", "--max-update", "40",
+         "--save-interval-updates", "10", "--validate-interval-updates", "10"]
+FAIRSEQ_EXTRA = ["--", "--update-epoch-batch-itr", "True"]
+STUDY_TIMEOUT = 600  # seconds for the jobs (and the local study beside them) on a busy 2-core machine
+
+
+@pytest.fixture(scope="module")
+def tagged_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("study_data")
+    data = binarize_tagged(root / "text", root / "data-bin", n_train=120)
+    return {"data": data, "reference": root / "text" / "test.tgt"}
+
+
+def study_command(tagged_data, out, *options, study=STUDY, extra=FAIRSEQ_EXTRA):
+    return ["tpp-study", *study, "--data", str(tagged_data["data"]), "--test-reference",
+            str(tagged_data["reference"]), "--out", str(out), *options, *extra]
+
+
+def report_tables(report: Path):
+    """The report's table rows without their last cell, the measured training words/s."""
+    return [line.rsplit("|", 2)[0] for line in report.read_text().splitlines() if line.startswith("|")]
+
+
+def test_study_runs_as_slurm_jobs_one_requeued_and_reports_as_a_local_study(cluster, tagged_data, tmp_path):
+    slurm_out, local_out = tmp_path / "slurm", tmp_path / "local"
+    slurm_command = study_command(tagged_data, slurm_out, "--launcher", "slurm", "--time-limit", "30")
+    submitted = subprocess.run(slurm_command, env=cluster, capture_output=True, text=True, timeout=300)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    record = json.loads((slurm_out / "slurm" / "jobs.json").read_text())
+    jobs = {entry["run"]: entry["job"] for entry in record["runs"].values()}
+    folders = {entry["run"]: slurm_out / "runs" / name for name, entry in record["runs"].items()}
+    assert sorted(jobs) == ["hybrid+tags-s1", "hybrid+tags-s2", "transformer-s1", "transformer-s2"]
+    report_job = record["report"]["job"]
+    dependency = re.search(r"Dependency=(\S+)", subprocess.run(
+        ["scontrol", "show", "job", report_job], env=cluster, capture_output=True, text=True).stdout).group(1)
+    assert all(f"afterany:{job}" in dependency for job in jobs.values()), dependency
+
+    # the same study as local processes, meanwhile
+    local = subprocess.Popen(study_command(tagged_data, local_out, "--parallel", "2"), env=tool_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        # requeued while it trains: once it has saved a checkpoint, before its last update
+        victim = folders["transformer-s1"]
+        deadline = time.monotonic() + 300
+        while not (victim / "checkpoints" / "checkpoint_last.pt").exists():
+            assert time.monotonic() < deadline, "the job wrote no checkpoint"
+            assert job_states(cluster, jobs["transformer-s1"])[jobs["transformer-s1"]] in ("PENDING", "RUNNING")
+            time.sleep(0.1)
+        assert not (victim / "train.done").exists()
+        subprocess.run(["scontrol", "requeue", jobs["transformer-s1"]], env=cluster, check=True)
+        wait_for_queue_to_drain(cluster, [*jobs.values(), report_job], STUDY_TIMEOUT)
+        local_output, _ = local.communicate(timeout=STUDY_TIMEOUT)
+    finally:
+        if local.poll() is None:
+            local.kill()
+    assert local.returncode == 0, local_output[-4000:]
+
+    logs = {path.name: path.read_text(errors="replace") for path in (slurm_out / "slurm").glob("*_log.out")}
+    states = {job: job_states(cluster, job)[job] for job in [*jobs.values(), report_job]}
+    assert set(states.values()) == {"COMPLETED"}, f"{states}\n" + "\n".join(
+        f"===== {name}\n{text[-3000:]}" for name, text in sorted(logs.items()))
+    shown = subprocess.run(["scontrol", "show", "job", jobs["transformer-s1"]], env=cluster,
+                           capture_output=True, text=True).stdout
+    assert "Restarts=1" in shown
+    victim_log = logs[f"{jobs['transformer-s1']}_0_log.out"]
+    assert "restart count 0" in victim_log and "restart count 1" in victim_log, victim_log[-3000:]
+    # the job started again resumed from the checkpoint it had saved, and trained to the end
+    loaded = re.findall(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)",
+                        (victim / "run.log").read_text())
+    assert loaded and 0 < int(loaded[-1]) < 40, loaded
+    assert (victim / "train.done").read_text().startswith("40 updates")
+
+    # the report, written by the report job, is the local study's: same runs, same scores
+    assert (slurm_out / "report.md").exists(), logs[f"{report_job}_0_log.out"][-3000:]
+    assert "Device: SLURM jobs, CPU (1 per run)" in (slurm_out / "report.md").read_text()
+    assert sorted(p.name for p in (slurm_out / "runs").iterdir()) == sorted(p.name for p in (local_out / "runs").iterdir())
+    tables = report_tables(slurm_out / "report.md")
+    assert len(tables) == 4 and tables == report_tables(local_out / "report.md")
+
+    # submitted again: every run is finished, nothing is trained again; a new report job
+    stamps = {p: p.stat().st_mtime_ns for p in (slurm_out / "runs").glob("*/eval/bleu.txt")}
+    again = subprocess.run(slurm_command, env=cluster, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.stdout.count(": finished (") == 4, again.stdout
+    record_again = json.loads((slurm_out / "slurm" / "jobs.json").read_text())
+    assert record_again["runs"] == record["runs"] and record_again["report"]["after"] == []
+    wait_for_queue_to_drain(cluster, [record_again["report"]["job"]], 120)
+    assert job_states(cluster, record_again["report"]["job"]) == {record_again["report"]["job"]: "COMPLETED"}
+    assert report_tables(slurm_out / "report.md") == tables
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+
+
+def test_study_jobs_that_fail_are_named_with_their_logs_and_how_to_resume(cluster, tagged_data, tmp_path):
+    out = tmp_path / "study"
+    tiny = [*STUDY[:STUDY.index("--max-update")], "--max-update", "2", "--variants", "transformer,control"]
+
+    # an unknown partition: an error before anything is submitted
+    refused = subprocess.run(study_command(tagged_data, out, "--launcher", "slurm", "--partition", "nosuch",
+                                           study=tiny), env=cluster, capture_output=True, text=True)
+    assert refused.returncode == 2
+    assert "--partition nosuch: no such partition on this cluster (it has debug)" in refused.stderr
+    assert not (out / "slurm").exists() and not (out / "runs").exists()
+
+    # every run's job fails (fairseq-train refuses an option): the report job says which, where
+    # their logs are and how to resume
+    command = study_command(tagged_data, out, "--launcher", "slurm", "--time-limit", "10", study=tiny,
+                            extra=["--", "--no-such-option"])
+    submitted = subprocess.run(command, env=cluster, capture_output=True, text=True, timeout=300)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    record = json.loads((out / "slurm" / "jobs.json").read_text())
+    jobs = {entry["run"]: entry["job"] for entry in record["runs"].values()}
+    report_job = record["report"]["job"]
+    wait_for_queue_to_drain(cluster, [*jobs.values(), report_job], 300)
+    states = {job: job_states(cluster, job)[job] for job in [*jobs.values(), report_job]}
+    assert set(states.values()) == {"FAILED"}, states
+    run_log = (out / "slurm" / f"{jobs['control-s2']}_0_log.out").read_text(errors="replace")
+    folder = next(out / "runs" / name for name, e in record["runs"].items() if e["run"] == "control-s2")
+    assert "control-s2 failed: command failed" in run_log and "--no-such-option" in run_log, run_log[-3000:]
+    assert f"run log: {folder / 'run.log'}" in run_log
+    assert f"job log: {out / 'slurm' / (jobs['control-s2'] + '_0_log.out')}" in run_log
+    report_log = (out / "slurm" / f"{report_job}_0_log.out").read_text(errors="replace")
+    assert "4 of 4 runs did not finish" in report_log, report_log[-3000:]
+    for run, job in jobs.items():
+        assert re.search(rf"{re.escape(run)}: job {job} \(FAILED\), job log \S+{job}_0_log.out, run log ", report_log)
+    assert "to resume, submit the study again with the same command" in report_log
+    assert "--no-such-option" in report_log.split("to resume")[-1]  # the command, as it was given

@@ -1,0 +1,374 @@
+"""``tpp-study --launcher slurm``: every run a SLURM job, and the report a job after them.
+
+The jobs are submitted with submitit (a pickled call of :class:`RunJob` or
+:class:`ReportJob` each; the pickles, sbatch files and logs in ``OUT/slurm/``, the job
+of every run in ``OUT/slurm/jobs.json``). A run's job does for its run what the local
+study does (:func:`tpp_tools.study.execute`: train or resume, average, translate, score,
+each step skipped when done) while holding the run's save-dir lock. SLURM puts the job
+back in the queue after a preemption or a node failure (``--requeue``), submitit puts it
+back shortly before its time limit (SIGUSR2, ``helpers.Checkpointable``), and the job
+started again resumes from ``checkpoint_last.pt``. The report job waits for every run's
+job to end (``afterany``) and writes the report of what finished; runs that did not
+finish make it fail, naming their jobs, logs and the command that resumes them.
+Submitting the same command again submits only runs that are neither finished nor
+queued, and a new report job.
+"""
+
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from .study import (CHILDREN, PROG, Config, Run, StudyError, count_lines, execute, log, plan_or_report,
+                    plan_runs, prepare_data, translated)
+
+#: how often one run's job may be put back in the queue at its time limit (preemptions
+#: do not count): a run longer than this many time limits fails
+MAX_TIME_LIMITS = 50
+#: CPUs per GPU of a run's job, unless --cpus-per-run says otherwise
+CPUS_PER_GPU = 4
+DEFAULT_TIME = "24:00:00"
+REPORT_TIME_MIN = 120
+SLURM_OPTIONS = ("partition", "time_limit", "cpus_per_run", "account", "sbatch_option")
+
+
+def time_minutes(text: str) -> int:
+    """A SLURM time limit (``MINUTES``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``) in
+    whole minutes, rounded up (submitit counts in minutes)."""
+    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
+    if not match:
+        raise ValueError(f"not a SLURM time limit: {text!r} (MINUTES, HH:MM:SS or D-HH:MM:SS)")
+    days, *fields = match.groups()
+    values = [int(f) for f in fields if f is not None]
+    if days is not None:
+        seconds = int(days) * 86400 + sum(v * m for v, m in zip(values, (3600, 60, 1)))
+    else:
+        seconds = sum(v * m for v, m in zip(values, {1: (60,), 2: (60, 1), 3: (3600, 60, 1)}[len(values)]))
+    if seconds <= 0:
+        raise ValueError(f"a time limit must be positive, not {text!r}")
+    return math.ceil(seconds / 60)
+
+
+def add_arguments(parser) -> None:
+    group = parser.add_argument_group("SLURM (--launcher slurm; docs/slurm.md)")
+    group.add_argument("--partition", help="partition of every job (default: the cluster's default)")
+    group.add_argument("--time-limit", help=f"time limit of a run's job (default {DEFAULT_TIME}); a run that needs "
+                       "more is put back in the queue at the limit and resumes from its checkpoint")
+    group.add_argument("--cpus-per-run", type=int, help=f"CPUs of a run's job (default: {CPUS_PER_GPU} per GPU; "
+                       "--threads with --device cpu)")
+    group.add_argument("--account", help="SLURM account to charge")
+    group.add_argument("--sbatch-option", action="append", default=[], metavar="KEY=VALUE",
+                       help="any other sbatch option for every job, e.g. mem=64G, qos=high, constraint=a100 "
+                            "(repeatable)")
+
+
+def check_options(args, cfg: Config) -> Optional[str]:
+    """The launcher's options checked (an error message, or None), completed, and with
+    ``--launcher slurm`` the paths made absolute (the jobs may start elsewhere)."""
+    if cfg.gpus < 1:
+        return f"--gpus-per-run must be at least 1, not {cfg.gpus}"
+    if cfg.gpus > 1 and args.device == "cpu":
+        given = f"--gpus-per-run {cfg.gpus}" if args.gpus else f"--config {args.config} ({cfg.gpus} GPUs per run)"
+        return f"{given} trains each run on GPUs: not with --device cpu"
+    if args.launcher != "slurm":
+        given = [name for name in SLURM_OPTIONS if getattr(args, name)]
+        if given:
+            return (f"--{given[0].replace('_', '-')} is an option of --launcher slurm "
+                    "(the runs go to SLURM only with it)")
+        return None
+    try:
+        import submitit  # noqa: F401
+    except ImportError:
+        return ("--launcher slurm submits the jobs with submitit, which is not installed here: "
+                "pip install -r requirements-train.txt (or scripts/setup_env.sh)")
+    try:
+        args.time_minutes = time_minutes(args.time_limit or DEFAULT_TIME)
+    except ValueError as err:
+        return f"--time-limit: {err}"
+    args.sbatch_options = {}
+    for option in args.sbatch_option:
+        key, sep, value = option.partition("=")
+        if not sep or not key.strip():
+            return f"--sbatch-option: expected KEY=VALUE (an sbatch option without its dashes), not {option!r}"
+        args.sbatch_options[key.strip().lstrip("-")] = value
+    if args.cpus_per_run is None:
+        args.cpus_per_run = CPUS_PER_GPU * cfg.gpus if args.device == "cuda" else args.threads
+    if args.cpus_per_run < 1:
+        return f"--cpus-per-run must be at least 1, not {args.cpus_per_run}"
+    for name in ("out", "data", "test_reference", "test_source", "bpe_codes"):
+        if getattr(args, name) is not None:
+            setattr(args, name, getattr(args, name).absolute())
+    args.device_name = (f"SLURM jobs, {cfg.gpus} GPU{'s' if cfg.gpus > 1 else ''} per run" if args.device == "cuda"
+                        else f"SLURM jobs, CPU ({args.cpus_per_run} per run)")
+    return None
+
+
+def resources(args, cfg: Config) -> Dict[str, object]:
+    """submitit's parameters of a run's job."""
+    params = {"nodes": 1, "ntasks_per_node": 1, "cpus_per_task": args.cpus_per_run, "time": args.time_minutes,
+              # submitit's SIGUSR2 that long before the time limit: put back in the queue
+              "signal_delay_s": 120, "stderr_to_stdout": True,
+              "additional_parameters": {"requeue": True, **args.sbatch_options}}
+    if args.device == "cuda":
+        params["gpus_per_node"] = cfg.gpus
+    if args.partition:
+        params["partition"] = args.partition
+    if args.account:
+        params["account"] = args.account
+    return params
+
+
+def describe(args, cfg: Config) -> str:
+    """The jobs in words (``--dry-run``)."""
+    hours, minutes = divmod(args.time_minutes, 60)
+    gpus = f"{cfg.gpus} GPU{'s' if cfg.gpus > 1 else ''}, " if args.device == "cuda" else ""
+    extra = "".join(f", --{k}={v}" for k, v in args.sbatch_options.items())
+    return (f"SLURM: one job per run not finished: partition {args.partition or '(the default)'}, {gpus}"
+            f"{args.cpus_per_run} CPUs, time limit {hours}:{minutes:02d}:00{extra}, --requeue (put back in the "
+            f"queue at the time limit and on preemption, resuming from its checkpoint); then one report job "
+            f"(1 CPU) after all of them; job files and logs in {args.out / 'slurm'}")
+
+
+# ----------------------------------------------------------------------------- the cluster
+
+
+def cluster_problem(args) -> Optional[str]:
+    """Why jobs cannot be submitted from here (or None): SLURM's commands, the partition."""
+    missing = [c for c in ("sbatch", "srun", "squeue", "sinfo", "scontrol") if shutil.which(c) is None]
+    if missing:
+        return (f"--launcher slurm: {', '.join(missing)} not found on PATH: submit from a machine of the "
+                "SLURM cluster (a login node), or run the study here with --launcher local")
+    listed = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True)
+    if listed.returncode != 0:
+        return f"--launcher slurm: sinfo failed: {listed.stderr.strip() or listed.returncode}"
+    partitions = [p.rstrip("*") for p in listed.stdout.split()]
+    if args.partition and args.partition not in partitions:
+        return f"--partition {args.partition}: no such partition on this cluster (it has {', '.join(partitions)})"
+    return None
+
+
+def queue_states(job_ids: List[str]) -> Dict[str, str]:
+    """{job id: state} of those of ``job_ids`` still in the queue (pending, running,
+    requeued...); a job that has ended is not there."""
+    if not job_ids:
+        return {}
+    shown = subprocess.run(["squeue", "-h", "-o", "%i %T", "-j", ",".join(job_ids)], capture_output=True, text=True)
+    if shown.returncode != 0:
+        if "Invalid job id" in shown.stderr:  # a single id no longer known
+            return {}
+        raise StudyError(f"squeue failed: {shown.stderr.strip()}")
+    return dict(line.split()[:2] for line in shown.stdout.splitlines() if line.strip())
+
+
+def job_state(job_id: str) -> str:
+    """The state SLURM last knew of a job (COMPLETED, FAILED, ...)."""
+    shown = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True)
+    match = re.search(r"\bJobState=(\S+)", shown.stdout)
+    return match.group(1) if match else "no longer known to SLURM"
+
+
+def jobs_file(out: Path) -> Path:
+    return out / "slurm" / "jobs.json"
+
+
+def load_jobs(out: Path) -> dict:
+    path = jobs_file(out)
+    return json.loads(path.read_text()) if path.exists() else {"runs": {}, "report": None}
+
+
+def save_jobs(out: Path, record: dict) -> None:
+    path = jobs_file(out)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def executor(args, params: Dict[str, object]):
+    import submitit
+
+    venv = os.environ.get("TPP_VENV")  # the environment the jobs use (default: this one)
+    python = str(Path(venv) / "bin" / "python") if venv else sys.executable
+    ex = submitit.SlurmExecutor(folder=args.out / "slurm", max_num_timeout=MAX_TIME_LIMITS, python=python)
+    ex.update_parameters(**params)
+    return ex
+
+
+def resume_hint(command: str) -> str:
+    return (f"to resume, submit the study again with the same command:\n  {command}\n"
+            "(finished runs are kept; an unfinished run goes on from its last checkpoint)")
+
+
+# ----------------------------------------------------------------------------- the jobs
+
+
+class RunJob:
+    """One run's job: :func:`execute` in a thread (the main thread keeps the signals), the
+    run's save-dir lock held. SIGTERM (preemption, ``scontrol requeue``, ``scancel``)
+    stops the run's commands and ends the job without a result, so that SLURM's requeue
+    starts it again; submitit's SIGUSR2 before the time limit does the same and requeues
+    it. ``checkpoint``: the same call again (what is done is on disk)."""
+
+    def __init__(self, run: Run, cfg: Config, paths, args, command: str):
+        self.run, self.cfg, self.paths, self.args, self.command = run, cfg, paths, args, command
+
+    def checkpoint(self, *args, **kwargs):
+        from submitit.helpers import DelayedSubmission
+
+        return DelayedSubmission(self, *args, **kwargs)
+
+    def __call__(self) -> str:
+        import submitit
+
+        from .train import TrainError, take_lock
+
+        run = self.run
+        restart = os.environ.get("SLURM_RESTART_COUNT", "0")
+        log(f"{run.name}: job {os.environ.get('SLURM_JOB_ID', '?')} on {os.uname().nodename} "
+            f"(restart count {restart}), run folder {run.folder}")
+        save_dir = run.folder / "checkpoints"
+        save_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            take_lock(save_dir, [PROG, "--launcher", "slurm", f"job {os.environ.get('SLURM_JOB_ID', '?')}", run.name])
+        except TrainError as err:
+            raise RuntimeError(f"{run.name}: {err}") from None
+        requeue_signal = getattr(signal, "SIG" + submitit.JobEnvironment.USR_SIG)
+        submitit_handler = signal.getsignal(requeue_signal)
+
+        def stop(signum, frame):
+            log(f"{run.name}: {signal.Signals(signum).name}: stopping its commands; the job put back in the "
+                "queue resumes from the last checkpoint")
+            CHILDREN.stop(grace=20)
+            if signum == requeue_signal and callable(submitit_handler):
+                submitit_handler(signum, frame)  # checkpoint, requeue, exit
+            raise SystemExit(128 + signum)
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(requeue_signal, stop)
+        failure: List[BaseException] = []
+
+        def work():
+            try:
+                execute(run, self.cfg, self.paths, self.args)
+            except BaseException as err:  # noqa: B036  (reported by the main thread)
+                failure.append(err)
+
+        worker = threading.Thread(target=work, name=run.name, daemon=True)
+        worker.start()
+        while worker.is_alive():
+            worker.join(1.0)
+        if failure:
+            job_log = submitit.JobEnvironment().paths.stdout
+            raise RuntimeError(f"{run.name} failed: {failure[0]}\n  run log: {run.folder / 'run.log'}\n"
+                               f"  job log: {job_log}\n" + resume_hint(self.command))
+        log(f"{run.name}: done")
+        return run.name
+
+
+class ReportJob:
+    """The report job: the report of the runs that finished (``--report-only``); it
+    fails, naming them, when some did not."""
+
+    def __init__(self, cfg: Config, args, command: str):
+        self.cfg, self.args, self.command = cfg, args, command
+
+    def __call__(self) -> str:
+        args = self.args
+        args.dry_run, args.report_only = False, True
+        status = plan_or_report(args, self.cfg, self.command)
+        paths = prepare_data(args, self.cfg, plan_only=True)
+        runs = plan_runs(args, self.cfg, paths["data"])
+        lines = count_lines(paths["reference"]) if paths.get("prepared") else None
+        missing = [run for run in runs if lines is None or not translated(run, lines)]
+        if missing:
+            record = load_jobs(args.out)
+            said = []
+            for run in missing:
+                job = record["runs"].get(run.folder.name)
+                where = (f"job {job['job']} ({job_state(job['job'])}), job log {job['log']}" if job
+                         else "no job recorded")
+                said.append(f"  {run.name}: {where}, run log {run.folder / 'run.log'}")
+            raise RuntimeError(f"{len(missing)} of {len(runs)} runs did not finish"
+                               f"{'' if status == 0 else ' (no report: see above)'}:\n" + "\n".join(said)
+                               + "\n" + resume_hint(self.command))
+        if status != 0:
+            raise RuntimeError("the report failed (see above)")
+        return str(args.out / "report.md")
+
+
+# ----------------------------------------------------------------------------- submitting
+
+
+def submit(args, cfg: Config, command: str) -> int:
+    """Submit a job for every run neither finished nor queued, and the report job after
+    them (the study folder's lock held)."""
+    problem = cluster_problem(args)
+    if problem:
+        print(f"{PROG}: error: {problem}", file=sys.stderr)
+        return 2
+    try:
+        paths = prepare_data(args, cfg)
+        runs = plan_runs(args, cfg, paths["data"])
+        reference_lines = count_lines(paths["reference"])
+        (args.out / "slurm").mkdir(parents=True, exist_ok=True)
+        record = load_jobs(args.out)
+        queued = queue_states([job["job"] for job in record["runs"].values()])
+    except StudyError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+    import submitit
+
+    params = resources(args, cfg)
+    run_executor = executor(args, params)
+    waiting_on = []
+    for run in runs:
+        if translated(run, reference_lines):
+            log(f"{run.name}: finished ({run.folder})")
+            continue
+        earlier = record["runs"].get(run.folder.name)
+        if earlier and earlier["job"] in queued:
+            log(f"{run.name}: its job {earlier['job']} is {queued[earlier['job']]}: not submitted again")
+            waiting_on.append(earlier["job"])
+            continue
+        if earlier:
+            log(f"{run.name}: its job {earlier['job']} ended before the run finished (log {earlier['log']}): "
+                "submitting it again (it resumes from its last checkpoint)")
+        run_executor.update_parameters(job_name=f"tpp-{run.name}")
+        try:
+            job = run_executor.submit(RunJob(run, cfg, paths, args, command))
+        except submitit.core.utils.FailedJobError as err:
+            print(f"{PROG}: error: sbatch refused the job of {run.name}: {str(err).strip()}\n"
+                  f"The jobs submitted so far are in {jobs_file(args.out)}; " + resume_hint(command),
+                  file=sys.stderr)
+            return 1
+        record["runs"][run.folder.name] = {"run": run.name, "job": job.job_id, "log": str(job.paths.stdout),
+                                           "submitted": time.strftime("%Y-%m-%d %H:%M:%S")}
+        save_jobs(args.out, record)
+        waiting_on.append(job.job_id)
+        log(f"{run.name}: job {job.job_id}, log {job.paths.stdout}")
+    report_params = {k: v for k, v in params.items() if k != "gpus_per_node"}
+    report_params.update(job_name="tpp-study-report", cpus_per_task=1, time=REPORT_TIME_MIN)
+    if waiting_on:
+        report_params["additional_parameters"] = {**params["additional_parameters"],
+                                                  "dependency": "afterany:" + ":".join(waiting_on)}
+    try:
+        report = executor(args, report_params).submit(ReportJob(cfg, args, command))
+    except submitit.core.utils.FailedJobError as err:
+        print(f"{PROG}: error: sbatch refused the report job: {str(err).strip()}\n"
+              f"(the runs' jobs are in {jobs_file(args.out)}; {PROG} ... --report-only writes the report at any "
+              "time)", file=sys.stderr)
+        return 1
+    record["report"] = {"job": report.job_id, "log": str(report.paths.stdout), "after": waiting_on}
+    save_jobs(args.out, record)
+    log(f"{len(waiting_on)} run job(s) to wait for{': ' + ', '.join(waiting_on) if waiting_on else ''}; "
+        f"the report job {report.job_id} (log {report.paths.stdout}) writes {args.out / 'report.md'} after them")
+    print(f"Follow the jobs with: squeue -j {','.join(waiting_on + [report.job_id])}\n"
+          f"The report of what has finished, at any time: {command} --report-only")
+    return 0
