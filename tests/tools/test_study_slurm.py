@@ -142,3 +142,12 @@ def test_without_slurm_commands_nothing_is_prepared_or_submitted(tmp_path):
     assert "--launcher local" in shown.stderr
     assert not (out / "slurm").exists() and not (out / "runs").exists()
     assert os.listdir(out) == [".lock"] or os.listdir(out) == []
+
+
+def test_gpu_slots_give_each_run_its_gpus():
+    """Locally, a run of --gpus-per-run N takes N of the visible GPUs."""
+    slots = study.gpu_slots(3, [str(i) for i in range(8)], 4)
+    assert [slots.get() for _ in range(3)] == ["0,1,2,3", "4,5,6,7", "0,1,2,3"]
+    assert study.gpu_slots(1, ["0", "1"]).get() == "0"
+    with pytest.raises(study.StudyError, match="each run trains on 4 GPUs .* but 2 are visible"):
+        study.gpu_slots(1, ["0", "1"], 4)
