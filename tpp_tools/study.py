@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from .evaluate import plugin_dir
-from .train import OPTIMIZER, PRESETS, SETTINGS
+from .train import OPTIMIZER, PRESETS, RESUMABLE, SETTINGS
 
 PROG = "tpp-study"
 
@@ -165,7 +165,7 @@ CONFIGS = {
                         save_interval_updates=int(recipe("save_interval_updates")),
                         validate_interval_updates=int(recipe("save_interval_updates")),
                         average=int(recipe("keep_interval_updates")), dtype="fp16", bpe_merges=40000,
-                        extra=["--update-epoch-batch-itr", "True"]),
+                        extra=list(RESUMABLE)),
 }
 
 

@@ -39,6 +39,11 @@ OPTIMIZER = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--adam-eps",
              "--clip-norm", "0.0", "--weight-decay", "0.0",
              "--lr-scheduler", "inverse_sqrt", "--warmup-init-lr", "1e-07"]
 
+#: every epoch's batches grouped anew from the seed and the epoch, so that a run resumed
+#: in a later epoch trains on the batches an uninterrupted run would (fairseq otherwise
+#: groups them once, with the seed of the epoch the process starts in)
+RESUMABLE = ["--update-epoch-batch-itr", "True"]
+
 #: preset -> (arch, peak lr, default data folder under the project)
 PRESETS = {
     "en-de": ("transformer_pp_wmt_en_de_big", "5e-4", "data-bin/wmt14_en_de"),
@@ -158,7 +163,7 @@ def fairseq_command(args):
         "--save-dir", args.save_dir, "--save-interval-updates", args.save_interval_updates,
         "--keep-interval-updates", args.keep_interval_updates, "--no-epoch-checkpoints",
         "--seed", args.seed, "--log-format", "simple", "--log-interval", args.log_interval,
-        "--log-file", args.log_file, *device, *args.extra,
+        "--log-file", args.log_file, *RESUMABLE, *device, *args.extra,
     ]
 
 
