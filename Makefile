@@ -3,7 +3,7 @@ VENV ?= $(CURDIR)/.venv
 export TPP_VENV := $(VENV)
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: env demo test bench
+.PHONY: env demo test bench format
 env:
 	@bash scripts/setup_env.sh
 
@@ -15,3 +15,6 @@ test: env
 
 bench: env
 	@$(VENV)/bin/python benchmarks/bench_model.py
+
+format: env
+	@$(VENV)/bin/ruff format .

@@ -36,12 +36,17 @@ from pathlib import Path
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     p.add_argument("--data", type=Path, required=True, help="binarized translation data folder")
     p.add_argument("-s", "--source-lang", help="default: fairseq infers the pair from the folder")
     p.add_argument("-t", "--target-lang")
-    p.add_argument("--max-tokens", type=int, default=8192, help="training batch (fairseq-train --max-tokens)")
+    p.add_argument(
+        "--max-tokens", type=int, default=8192, help="training batch (fairseq-train --max-tokens)"
+    )
     p.add_argument("--max-positions", type=int, default=1024)
     p.add_argument("--batch-size", type=int, default=128, help="sentences per beam-search batch")
     p.add_argument("--beam", type=int, default=5)
@@ -61,18 +66,40 @@ def fairseq_batches(args, split, **batching):
     (``tpp_plugin/compat``)."""
     from fairseq import options, tasks
 
-    pair = [*(["-s", args.source_lang] if args.source_lang else []), *(["-t", args.target_lang] if args.target_lang else [])]
-    command = [str(args.data), "--user-dir", str(Path(__file__).resolve().parent.parent / "tpp_plugin"),
-               "--task", "translation", "--arch", "transformer", *pair,
-               "--max-source-positions", str(args.max_positions), "--max-target-positions", str(args.max_positions)]
+    pair = [
+        *(["-s", args.source_lang] if args.source_lang else []),
+        *(["-t", args.target_lang] if args.target_lang else []),
+    ]
+    command = [
+        str(args.data),
+        "--user-dir",
+        str(Path(__file__).resolve().parent.parent / "tpp_plugin"),
+        "--task",
+        "translation",
+        "--arch",
+        "transformer",
+        *pair,
+        "--max-source-positions",
+        str(args.max_positions),
+        "--max-target-positions",
+        str(args.max_positions),
+    ]
     try:
-        task = tasks.setup_task(options.parse_args_and_arch(options.get_training_parser(), input_args=command))
+        task = tasks.setup_task(
+            options.parse_args_and_arch(options.get_training_parser(), input_args=command)
+        )
         task.load_dataset(split)
     except Exception as err:  # fairseq's own messages: no pair found, no such split
         sys.exit(f"attention_shapes.py: --data {args.data}: {err}")
     dataset = task.dataset(split)
-    itr = task.get_batch_iterator(dataset=dataset, max_positions=task.max_positions(), ignore_invalid_inputs=True,
-                                  required_batch_size_multiple=8, seed=args.seed, **batching)
+    itr = task.get_batch_iterator(
+        dataset=dataset,
+        max_positions=task.max_positions(),
+        ignore_invalid_inputs=True,
+        required_batch_size_multiple=8,
+        seed=args.seed,
+        **batching,
+    )
     return dataset, itr.ordered_batches(1, False, shuffle=split == "train")
 
 
@@ -93,16 +120,25 @@ def training(args):
         seen |= problems
     steps = len(epoch)
     print(f"### Training: {args.data}, train split, --max-tokens {args.max_tokens}\n")
-    print("| batches per epoch | sentences | distinct encoder problems | distinct decoder problems "
-          "| steps of the first epoch that meet a new problem |")
+    print(
+        "| batches per epoch | sentences | distinct encoder problems | distinct decoder problems "
+        "| steps of the first epoch that meet a new problem |"
+    )
     print("|---:|---:|---:|---:|---:|")
-    print(f"| {steps:,} | {len(dataset):,} | {len(encoder):,} | {len(decoder):,} "
-          f"| {new_steps:,} ({100 * new_steps / max(steps, 1):.0f}%) |")
+    print(
+        f"| {steps:,} | {len(dataset):,} | {len(encoder):,} | {len(decoder):,} "
+        f"| {new_steps:,} ({100 * new_steps / max(steps, 1):.0f}%) |"
+    )
     quarters = [int(steps * q / 4) for q in (1, 2, 3, 4)]
-    share = [sum(1 for s in first_new if lo <= s < hi) / max(hi - lo, 1)
-             for lo, hi in zip([0] + quarters[:-1], quarters)]
-    print("\nShare of steps meeting a new problem, by quarter of the first epoch: "
-          + ", ".join(f"{100 * x:.0f}%" for x in share) + " (later epochs: none)\n")
+    share = [
+        sum(1 for s in first_new if lo <= s < hi) / max(hi - lo, 1)
+        for lo, hi in zip([0] + quarters[:-1], quarters)
+    ]
+    print(
+        "\nShare of steps meeting a new problem, by quarter of the first epoch: "
+        + ", ".join(f"{100 * x:.0f}%" for x in share)
+        + " (later epochs: none)\n"
+    )
 
 
 def beam_search(args):
@@ -110,7 +146,9 @@ def beam_search(args):
     tgt = dataset.tgt_sizes
     seen, steps, new_steps = set(), 0, 0
     for batch in batches:
-        lengths = sorted(int(tgt[i]) for i in batch)  # output length taken as the reference's (with EOS)
+        lengths = sorted(
+            int(tgt[i]) for i in batch
+        )  # output length taken as the reference's (with EOS)
         for t in range(lengths[-1]):
             active = sum(1 for n in lengths if n > t)
             problem = (args.beam * active, t + 1)
@@ -118,13 +156,19 @@ def beam_search(args):
             if problem not in seen:
                 new_steps += 1
                 seen.add(problem)
-    print(f"### Beam search: test split, {len(dataset):,} sentences, --batch-size {args.batch_size}, "
-          f"beam {args.beam}\n")
-    print("| decoding steps | distinct problems (rows, key length) | steps that meet a new problem |")
+    print(
+        f"### Beam search: test split, {len(dataset):,} sentences, --batch-size {args.batch_size}, "
+        f"beam {args.beam}\n"
+    )
+    print(
+        "| decoding steps | distinct problems (rows, key length) | steps that meet a new problem |"
+    )
     print("|---:|---:|---:|")
     print(f"| {steps:,} | {len(seen):,} | {new_steps:,} ({100 * new_steps / max(steps, 1):.0f}%) |")
-    print("\n(An estimate: each output taken to be as long as its reference; a step of every "
-          "decoder layer meets the same problem, so it is built once per step, not per layer.)")
+    print(
+        "\n(An estimate: each output taken to be as long as its reference; a step of every "
+        "decoder layer meets the same problem, so it is built once per step, not per layer.)"
+    )
 
 
 def main(argv=None) -> int:

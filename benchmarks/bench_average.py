@@ -16,13 +16,10 @@ system's temporary folder).
 
 import argparse
 import math
-import os
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -49,18 +46,28 @@ def write_checkpoints(folder, count, params, dtype):
     rows = max(1, math.ceil(params / MATRIX / 8))
     for index in range(count):
         generator = torch.Generator().manual_seed(index)
-        model = {f"encoder.layers.{i}.weight": torch.randn(rows, MATRIX, generator=generator).to(dtype)
-                 for i in range(8)}
+        model = {
+            f"encoder.layers.{i}.weight": torch.randn(rows, MATRIX, generator=generator).to(dtype)
+            for i in range(8)
+        }
         state = {
             "model": model,
             "args": argparse.Namespace(arch="transformer_pp_wmt_en_de_big"),
-            "optimizer_history": [{"criterion_name": "LabelSmoothedCrossEntropyCriterion",
-                                   "optimizer_name": "FairseqAdam", "lr_scheduler_state": {},
-                                   "num_updates": (index + 1) * 1000}],
+            "optimizer_history": [
+                {
+                    "criterion_name": "LabelSmoothedCrossEntropyCriterion",
+                    "optimizer_name": "FairseqAdam",
+                    "lr_scheduler_state": {},
+                    "num_updates": (index + 1) * 1000,
+                }
+            ],
             "extra_state": {"epoch": 1},
-            "last_optimizer_state": {"state": {i: {"exp_avg": torch.zeros(t.shape),
-                                                   "exp_avg_sq": torch.zeros(t.shape)}
-                                               for i, t in enumerate(model.values())}},
+            "last_optimizer_state": {
+                "state": {
+                    i: {"exp_avg": torch.zeros(t.shape), "exp_avg_sq": torch.zeros(t.shape)}
+                    for i, t in enumerate(model.values())
+                }
+            },
         }
         torch.save(state, folder / f"checkpoint_1_{(index + 1) * 1000}.pt")
         del model, state
@@ -68,8 +75,11 @@ def write_checkpoints(folder, count, params, dtype):
 
 
 def measure(*args):
-    result = subprocess.run([sys.executable, "-c", CHILD_PEAK, *COMMAND, *map(str, args)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-c", CHILD_PEAK, *COMMAND, *map(str, args)],
+        capture_output=True,
+        text=True,
+    )
     if result.returncode != 0:
         raise SystemExit(f"averaging failed:\n{result.stderr}")
     peak, seconds = result.stdout.split()
@@ -79,28 +89,38 @@ def measure(*args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--params", type=float, default=25e6, help="parameters per model")
-    parser.add_argument("--counts", type=int, nargs="+", default=[2, 10],
-                        help="numbers of checkpoints to average")
+    parser.add_argument(
+        "--counts", type=int, nargs="+", default=[2, 10], help="numbers of checkpoints to average"
+    )
     parser.add_argument("--dtype", choices=["float32", "float16"], default="float32")
     parser.add_argument("--tmp-dir", default=None, help="where the checkpoints are written")
     args = parser.parse_args()
 
     folder = Path(tempfile.mkdtemp(prefix="bench-average-", dir=args.tmp_dir))
     try:
-        size = write_checkpoints(folder, max(args.counts), int(args.params), getattr(torch, args.dtype))
+        size = write_checkpoints(
+            folder, max(args.counts), int(args.params), getattr(torch, args.dtype)
+        )
         baseline, _ = measure("--help")
-        mib = 2 ** 20
-        print(f"one checkpoint: {size / mib:.0f} MiB ({args.params / 1e6:.0f}M {args.dtype} "
-              f"parameters + Adam state); imports alone: {baseline / mib:.0f} MiB peak RSS")
-        print(f"{'N':>3} {'N x checkpoint':>15} {'peak RSS':>9} {'minus imports':>14} "
-              f"{'/ checkpoint':>13} {'time':>7}")
+        mib = 2**20
+        print(
+            f"one checkpoint: {size / mib:.0f} MiB ({args.params / 1e6:.0f}M {args.dtype} "
+            f"parameters + Adam state); imports alone: {baseline / mib:.0f} MiB peak RSS"
+        )
+        print(
+            f"{'N':>3} {'N x checkpoint':>15} {'peak RSS':>9} {'minus imports':>14} "
+            f"{'/ checkpoint':>13} {'time':>7}"
+        )
         for count in args.counts:
             output = folder / f"avg{count}.pt"
-            peak, seconds = measure("--inputs", folder, "--num-update-checkpoints", count,
-                                    "--output", output)
+            peak, seconds = measure(
+                "--inputs", folder, "--num-update-checkpoints", count, "--output", output
+            )
             used = peak - baseline
-            print(f"{count:>3} {count * size / mib:>11.0f} MiB {peak / mib:>5.0f} MiB "
-                  f"{used / mib:>10.0f} MiB {used / size:>12.2f}x {seconds:>6.1f}s")
+            print(
+                f"{count:>3} {count * size / mib:>11.0f} MiB {peak / mib:>5.0f} MiB "
+                f"{used / mib:>10.0f} MiB {used / size:>12.2f}x {seconds:>6.1f}s"
+            )
             output.unlink()
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -49,7 +49,9 @@ import time
 from pathlib import Path
 
 # bench_model.py beside this script, loaded by path (the benchmarks are scripts, not a package)
-_spec = importlib.util.spec_from_file_location("bench_model", Path(__file__).resolve().parent / "bench_model.py")
+_spec = importlib.util.spec_from_file_location(
+    "bench_model", Path(__file__).resolve().parent / "bench_model.py"
+)
 bench_model = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_model)
 
@@ -61,29 +63,46 @@ MODELS = ("mha", "mha-b", "tpp", "tpp-triton")
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     parser.add_argument("--dim", type=int, default=128, help="model width d (default 128)")
-    parser.add_argument("--heads", type=int,
-                        help="heads H (default d/64, at least 4: bench_model.py's sizes); tpp's conv heads: H/2")
+    parser.add_argument(
+        "--heads",
+        type=int,
+        help="heads H (default d/64, at least 4: bench_model.py's sizes); tpp's conv heads: H/2",
+    )
     parser.add_argument("--kernel", type=int, default=7, help="LocalConv's width F (default 7)")
     parser.add_argument("--dilation", type=int, default=1)
-    parser.add_argument("--rows", default="5,100",
-                        help="hypotheses per step, sentences × beam, comma-separated (default 5,100)")
-    parser.add_argument("--cached", type=int, default=15, help="positions already decoded (default 15)")
-    parser.add_argument("--steps", type=int, default=400, help="timed units per module and row count")
+    parser.add_argument(
+        "--rows",
+        default="5,100",
+        help="hypotheses per step, sentences × beam, comma-separated (default 5,100)",
+    )
+    parser.add_argument(
+        "--cached", type=int, default=15, help="positions already decoded (default 15)"
+    )
+    parser.add_argument(
+        "--steps", type=int, default=400, help="timed units per module and row count"
+    )
     parser.add_argument("--warmup", type=int, default=20, help="untimed units per module first")
     parser.add_argument("--models", default="mha,mha-b,tpp", help=f"from {', '.join(MODELS)}")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads on the CPU (0: torch's default)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads on the CPU (0: torch's default)"
+    )
     parser.add_argument("--no-reorder", action="store_true", help="time the step alone")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
     unknown = [m for m in args.models if m not in MODELS]
     if unknown or not args.models:
-        parser.error(f"--models: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(MODELS)}")
+        parser.error(
+            f"--models: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(MODELS)}"
+        )
     if args.models[0] != "mha":
         parser.error("--models must start with mha, the baseline the ratios are taken against")
     try:
@@ -103,8 +122,10 @@ def parse_args(argv=None):
     bench_model.check_device(parser, args)
     interpreted = plugin().modules.conv_heads_triton.interpreting()
     if "tpp-triton" in args.models and args.device != "cuda" and not interpreted:
-        parser.error("tpp-triton runs its kernels on CUDA tensors (use --device cuda); on the CPU only through "
-                     "Triton's interpreter (TRITON_INTERPRET=1), which checks the unit but times the interpreter")
+        parser.error(
+            "tpp-triton runs its kernels on CUDA tensors (use --device cuda); on the CPU only through "
+            "Triton's interpreter (TRITON_INTERPRET=1), which checks the unit but times the interpreter"
+        )
     return args
 
 
@@ -126,15 +147,25 @@ def build(name, args):
         module = MultiheadAttention(args.dim, args.heads, self_attention=True)
     else:
         module = plugin().modules.HybridMultiheadAttention(
-            args.dim, args.heads, args.heads // 2, kernel_size=args.kernel, dilation=args.dilation, causal=True,
-            conv_heads_impl="triton" if name == "tpp-triton" else "taps")
+            args.dim,
+            args.heads,
+            args.heads // 2,
+            kernel_size=args.kernel,
+            dilation=args.dilation,
+            causal=True,
+            conv_heads_impl="triton" if name == "tpp-triton" else "taps",
+        )
     return module.to(device=args.device, dtype=bench_model.torch_dtype(args)).eval()
 
 
 def reorderers(module):
     """The ``reorder_incremental_state`` of the module and of each submodule that has one,
     as fairseq's ``FairseqIncrementalDecoder`` collects them."""
-    return [m.reorder_incremental_state for m in module.modules() if hasattr(m, "reorder_incremental_state")]
+    return [
+        m.reorder_incremental_state
+        for m in module.modules()
+        if hasattr(m, "reorder_incremental_state")
+    ]
 
 
 def prepared_state(module, x, cached):
@@ -157,8 +188,11 @@ def prepare(rows, args):
     with torch.no_grad():
         for name in args.models:
             module = build(name, args)
-            units[name] = (module, prepared_state(module, x, args.cached),
-                           [] if args.no_reorder else reorderers(module))
+            units[name] = (
+                module,
+                prepared_state(module, x, args.cached),
+                [] if args.no_reorder else reorderers(module),
+            )
     return x, order, units
 
 
@@ -197,22 +231,33 @@ def time_units(x, order, units, args):
 
 def report(times_by_rows, args, device_name):
     what = "step + reordering" if not args.no_reorder else "step"
-    lines = [f"### decoder self-attention, one {what}: d={args.dim}, {args.heads} heads (tpp: {args.heads // 2} "
-             f"convolution heads, F={args.kernel}, dilation {args.dilation}), {args.cached} cached positions, "
-             f"{args.dtype}, {device_name}", "",
-             "| rows | model | µs per unit | speed vs mha | paired |", "|---:|---|---:|---:|---:|"]
+    lines = [
+        f"### decoder self-attention, one {what}: d={args.dim}, {args.heads} heads (tpp: {args.heads // 2} "
+        f"convolution heads, F={args.kernel}, dilation {args.dilation}), {args.cached} cached positions, "
+        f"{args.dtype}, {device_name}",
+        "",
+        "| rows | model | µs per unit | speed vs mha | paired |",
+        "|---:|---|---:|---:|---:|",
+    ]
     for rows, times in times_by_rows.items():
         base = times["mha"]
         for name in args.models:
             mine = times[name]
             ratio = statistics.median(base) / statistics.median(mine)
             paired = [b / m for b, m in zip(base, mine)]
-            lines.append(f"| {rows} | {name} | {statistics.median(mine) * 1e6:,.1f} | {ratio:.2f}× | "
-                         f"{statistics.median(paired):.2f}× ±{bench_model.spread(paired):.0%} |")
-    lines += ["", f"medians of {args.steps} units per module (after {args.warmup} untimed), the modules taking "
-              f"turns; `mha-b` is the control (must be 1.0×)."]
+            lines.append(
+                f"| {rows} | {name} | {statistics.median(mine) * 1e6:,.1f} | {ratio:.2f}× | "
+                f"{statistics.median(paired):.2f}× ±{bench_model.spread(paired):.0%} |"
+            )
+    lines += [
+        "",
+        f"medians of {args.steps} units per module (after {args.warmup} untimed), the modules taking "
+        f"turns; `mha-b` is the control (must be 1.0×).",
+    ]
     if "tpp-triton" in args.models and args.device != "cuda":
-        lines.append("tpp-triton ran through Triton's interpreter: its time is the interpreter's, not a speed.")
+        lines.append(
+            "tpp-triton ran through Triton's interpreter: its time is the interpreter's, not a speed."
+        )
     return "\n".join(lines)
 
 
@@ -222,7 +267,11 @@ def main(argv=None):
 
     if args.device == "cpu" and args.threads > 0:
         torch.set_num_threads(args.threads)
-    device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    device_name = (
+        torch.cuda.get_device_name()
+        if args.device == "cuda"
+        else f"CPU, {torch.get_num_threads()} threads"
+    )
     times = {rows: time_units(*prepare(rows, args), args) for rows in args.rows}
     print(report(times, args, device_name))
 

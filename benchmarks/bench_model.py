@@ -81,13 +81,41 @@ MODELS = {
     # kernels, this is the one that must come out at 1.0×)
     "transformer-b": ["--arch", "transformer"],
     "tpp": ["--arch", "transformer_pp", "--encoder-tag-layers", ""],
-    "tpp-conv0": ["--arch", "transformer_pp", "--encoder-tag-layers", "",
-                  "--encoder-conv-heads", "0", "--decoder-conv-heads", "0"],
-    "tpp-triton": ["--arch", "transformer_pp", "--encoder-tag-layers", "", "--conv-heads-impl", "triton"],
-    "tpp-taps": ["--arch", "transformer_pp", "--encoder-tag-layers", "", "--conv-heads-impl", "taps"],
+    "tpp-conv0": [
+        "--arch",
+        "transformer_pp",
+        "--encoder-tag-layers",
+        "",
+        "--encoder-conv-heads",
+        "0",
+        "--decoder-conv-heads",
+        "0",
+    ],
+    "tpp-triton": [
+        "--arch",
+        "transformer_pp",
+        "--encoder-tag-layers",
+        "",
+        "--conv-heads-impl",
+        "triton",
+    ],
+    "tpp-taps": [
+        "--arch",
+        "transformer_pp",
+        "--encoder-tag-layers",
+        "",
+        "--conv-heads-impl",
+        "taps",
+    ],
     # --bf16's master copy one tensor per parameter (fairseq's own --bf16), not flat
     "transformer-split": ["--arch", "transformer", "--fp16-no-flatten-grads"],
-    "tpp-split": ["--arch", "transformer_pp", "--encoder-tag-layers", "", "--fp16-no-flatten-grads"],
+    "tpp-split": [
+        "--arch",
+        "transformer_pp",
+        "--encoder-tag-layers",
+        "",
+        "--fp16-no-flatten-grads",
+    ],
 }
 
 #: the plugin's default speed-ups but cuDNN's attention switch (tpp_plugin.compat.speed.DEFAULT)
@@ -112,46 +140,84 @@ def check_device(parser, args) -> None:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     p.add_argument("--data", type=Path, help="binarized data folder (default: a synthetic corpus)")
     p.add_argument("--sizes", default="256", help=f"model widths d, from {sorted(SIZES)}")
     p.add_argument("--layers", type=int, default=5, help="encoder and decoder layers each")
-    p.add_argument("--models", default=None,
-                   help="default: transformer,tpp,tpp-conv0 (on a GPU also transformer-b)")
+    p.add_argument(
+        "--models",
+        default=None,
+        help="default: transformer,tpp,tpp-conv0 (on a GPU also transformer-b)",
+    )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"],
-                   help="training precision (fairseq's --fp16 / --bf16); generation runs in it too")
-    p.add_argument("--max-tokens", type=int, default=None,
-                   help="tokens per batch (default: 2048 on CPU, 16384 on GPU)")
+    p.add_argument(
+        "--dtype",
+        default="fp32",
+        choices=["fp32", "fp16", "bf16"],
+        help="training precision (fairseq's --fp16 / --bf16); generation runs in it too",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="tokens per batch (default: 2048 on CPU, 16384 on GPU)",
+    )
     p.add_argument("--rounds", type=int, default=12, help="timed training steps per model")
     p.add_argument("--warmup", type=int, default=3, help="untimed training steps per model first")
     p.add_argument("--gen-batches", type=int, default=4, help="timed generation batches per model")
-    p.add_argument("--gen-batch", type=int, default=None, help="sentences per batch (default 20 CPU, 128 GPU)")
-    p.add_argument("--gen-len", type=int, default=30, help="forced output length (tokens before EOS)")
+    p.add_argument(
+        "--gen-batch", type=int, default=None, help="sentences per batch (default 20 CPU, 128 GPU)"
+    )
+    p.add_argument(
+        "--gen-len", type=int, default=30, help="forced output length (tokens before EOS)"
+    )
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--no-generation", action="store_true")
     p.add_argument("--no-memory", action="store_true")
-    p.add_argument("--no-training", action="store_true",
-                   help="time generation only (the models train their --warmup steps untimed first)")
-    p.add_argument("--partial", type=Path,
-                   help="after every timed training round, write the table of the rounds so far here "
-                        "(what a run stopped midway still reports)")
-    p.add_argument("--update-freq", type=int, default=None,
-                   help="batches per timed training step (fairseq's --update-freq: gradients of N "
-                        "batches accumulated, one optimizer step; default 1 on CPU, 2 on GPU)")
-    p.add_argument("--cudnn-attention", action="store_true",
-                   help="GPU: let scaled_dot_product_attention use its cuDNN backend (all models; the "
-                        "plugin switches it off when loaded). Every batch shape runs once before the "
-                        "timing, so this times the kernel with its plans built, not the plan builds")
+    p.add_argument(
+        "--no-training",
+        action="store_true",
+        help="time generation only (the models train their --warmup steps untimed first)",
+    )
+    p.add_argument(
+        "--partial",
+        type=Path,
+        help="after every timed training round, write the table of the rounds so far here "
+        "(what a run stopped midway still reports)",
+    )
+    p.add_argument(
+        "--update-freq",
+        type=int,
+        default=None,
+        help="batches per timed training step (fairseq's --update-freq: gradients of N "
+        "batches accumulated, one optimizer step; default 1 on CPU, 2 on GPU)",
+    )
+    p.add_argument(
+        "--cudnn-attention",
+        action="store_true",
+        help="GPU: let scaled_dot_product_attention use its cuDNN backend (all models; the "
+        "plugin switches it off when loaded). Every batch shape runs once before the "
+        "timing, so this times the kernel with its plans built, not the plan builds",
+    )
     p.add_argument("--mfu", action="store_true", help="model-FLOPs utilisation of training (GPU)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads on the CPU (0: torch's default)")
+    p.add_argument(
+        "--threads", type=int, default=0, help="torch threads on the CPU (0: torch's default)"
+    )
     p.add_argument("--quick", action="store_true", help="synthetic data, d=128, few rounds")
     p.add_argument("--json", type=Path, help="also write every measurement here")
-    p.add_argument("--isolate", type=int, default=0, metavar="N",
-                   help="measure every model in a process of its own, N repetitions with the models "
-                        "alternating (default 0: one process, models taking turns step by step; on an "
-                        "H100, separate processes of the *same* model differed by 20-40%%)")
+    p.add_argument(
+        "--isolate",
+        type=int,
+        default=0,
+        metavar="N",
+        help="measure every model in a process of its own, N repetitions with the models "
+        "alternating (default 0: one process, models taking turns step by step; on an "
+        "H100, separate processes of the *same* model differed by 20-40%%)",
+    )
     p.add_argument("--memory-child", nargs=2, metavar=("MODEL", "SIZE"), help=argparse.SUPPRESS)
     p.add_argument("--child", nargs=2, metavar=("MODEL", "SIZE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -164,7 +230,9 @@ def parse_args(argv=None):
             p.error(f"--sizes: {s} is not one of {sorted(SIZES)}")
     gpu = args.device == "cuda"
     if args.models is None:
-        args.models = "transformer,transformer-b,tpp-conv0,tpp" if gpu else "transformer,tpp,tpp-conv0"
+        args.models = (
+            "transformer,transformer-b,tpp-conv0,tpp" if gpu else "transformer,tpp,tpp-conv0"
+        )
     args.models = [m for m in args.models.split(",") if m]
     for m in args.models:
         if m not in MODELS:
@@ -201,10 +269,28 @@ def synthetic_data(folder: Path) -> Path:
         (raw / f"{split}.src").write_text("\n".join(src) + "\n")
         (raw / f"{split}.tgt").write_text("\n".join(tgt) + "\n")
     dest = folder / "data-bin"
-    subprocess.run([str(Path(sys.executable).parent / "fairseq-preprocess"), "-s", "src", "-t", "tgt",
-                    "--joined-dictionary", "--trainpref", str(raw / "train"), "--validpref", str(raw / "valid"),
-                    "--testpref", str(raw / "test"), "--destdir", str(dest), "--workers", "1"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            str(Path(sys.executable).parent / "fairseq-preprocess"),
+            "-s",
+            "src",
+            "-t",
+            "tgt",
+            "--joined-dictionary",
+            "--trainpref",
+            str(raw / "train"),
+            "--validpref",
+            str(raw / "valid"),
+            "--testpref",
+            str(raw / "test"),
+            "--destdir",
+            str(dest),
+            "--workers",
+            "1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return dest
 
 
@@ -217,18 +303,52 @@ def command_line(name, size, args):
     heads, ffn = SIZES[size]
     dims = []
     for side in ("encoder", "decoder"):
-        dims += [f"--{side}-embed-dim", str(size), f"--{side}-ffn-embed-dim", str(ffn),
-                 f"--{side}-attention-heads", str(heads), f"--{side}-layers", str(args.layers)]
+        dims += [
+            f"--{side}-embed-dim",
+            str(size),
+            f"--{side}-ffn-embed-dim",
+            str(ffn),
+            f"--{side}-attention-heads",
+            str(heads),
+            f"--{side}-layers",
+            str(args.layers),
+        ]
     precision = {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}[args.dtype]
     return [
-        str(args.data), "--user-dir", str(PLUGIN), *MODELS[name], *dims,
-        "--dropout", "0.1", "--attention-dropout", "0.1", "--activation-dropout", "0.1",
-        "--share-all-embeddings", "--task", "translation",
-        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-        *OPTIMIZER, "--lr", "5e-4", "--warmup-updates", "4000",
-        "--max-tokens", str(args.max_tokens), "--seed", "1", "--num-workers", "0",
-        "--no-save", "--disable-validation", "--no-progress-bar",
-        *(["--cpu"] if args.device == "cpu" else []), *precision,
+        str(args.data),
+        "--user-dir",
+        str(PLUGIN),
+        *MODELS[name],
+        *dims,
+        "--dropout",
+        "0.1",
+        "--attention-dropout",
+        "0.1",
+        "--activation-dropout",
+        "0.1",
+        "--share-all-embeddings",
+        "--task",
+        "translation",
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--label-smoothing",
+        "0.1",
+        *OPTIMIZER,
+        "--lr",
+        "5e-4",
+        "--warmup-updates",
+        "4000",
+        "--max-tokens",
+        str(args.max_tokens),
+        "--seed",
+        "1",
+        "--num-workers",
+        "0",
+        "--no-save",
+        "--disable-validation",
+        "--no-progress-bar",
+        *(["--cpu"] if args.device == "cpu" else []),
+        *precision,
     ]
 
 
@@ -261,9 +381,14 @@ def fixed_batches(task, cfg, split, count, max_tokens=None, max_sentences=None, 
     """``count`` batches of ``split`` in fairseq's own batching (shuffled, seeded)."""
     task.load_dataset(split)
     itr = task.get_batch_iterator(
-        dataset=task.dataset(split), max_tokens=max_tokens, max_sentences=max_sentences,
-        max_positions=(1024, 1024), ignore_invalid_inputs=True,
-        required_batch_size_multiple=8, seed=seed, num_workers=0,
+        dataset=task.dataset(split),
+        max_tokens=max_tokens,
+        max_sentences=max_sentences,
+        max_positions=(1024, 1024),
+        ignore_invalid_inputs=True,
+        required_batch_size_multiple=8,
+        seed=seed,
+        num_workers=0,
     ).next_epoch_itr(shuffle=True)
     batches = []
     for sample in itr:
@@ -280,13 +405,15 @@ def training_steps(task, cfg, count, args):
     per list), from :func:`fixed_batches`."""
     n = args.update_freq
     flat = fixed_batches(task, cfg, "train", count * n, max_tokens=args.max_tokens)
-    return [flat[i * n:(i + 1) * n] for i in range(count)]
+    return [flat[i * n : (i + 1) * n] for i in range(count)]
 
 
 def beam_search(task, model, args):
     """fairseq's ``SequenceGenerator`` for one model: beam ``--beam``, every output forced
     to ``--gen-len`` tokens (then EOS), so all models decode the same number of steps."""
-    gen_args = argparse.Namespace(beam=args.beam, max_len_a=0, max_len_b=args.gen_len, min_len=args.gen_len)
+    gen_args = argparse.Namespace(
+        beam=args.beam, max_len_a=0, max_len_b=args.gen_len, min_len=args.gen_len
+    )
     return task.build_generator([model], gen_args)
 
 
@@ -390,11 +517,20 @@ def train_flops(cfg, sample) -> float:
     d, ffn, vocab = m.encoder_embed_dim, m.encoder_ffn_embed_dim, None
     heads = m.encoder_attention_heads
     dh = d // heads
-    conv = {"encoder": getattr(m, "encoder_conv_heads", 0) or 0, "decoder": getattr(m, "decoder_conv_heads", 0) or 0}
-    if getattr(m, "_name", "") != "transformer_pp" and not str(getattr(m, "arch", "")).startswith("transformer_pp"):
+    conv = {
+        "encoder": getattr(m, "encoder_conv_heads", 0) or 0,
+        "decoder": getattr(m, "decoder_conv_heads", 0) or 0,
+    }
+    if getattr(m, "_name", "") != "transformer_pp" and not str(getattr(m, "arch", "")).startswith(
+        "transformer_pp"
+    ):
         conv = {"encoder": 0, "decoder": 0}
-    kernels = {side: [int(k) for k in str(getattr(m, f"{side}_conv_kernel_sizes", "") or "").split(",") if k]
-               for side in ("encoder", "decoder")}
+    kernels = {
+        side: [
+            int(k) for k in str(getattr(m, f"{side}_conv_kernel_sizes", "") or "").split(",") if k
+        ]
+        for side in ("encoder", "decoder")
+    }
     src_lengths = sample["net_input"]["src_lengths"].tolist()
     tgt_lengths = sample["target"].ne(1).sum(1).tolist()  # pad index 1
     vocab = sample["_vocab"]
@@ -462,13 +598,13 @@ def measure_training(size, args, results):
         # every batch shape once, untimed: the first call with a new shape can cost
         # library set-up (kernel selection, workspaces) that a long run pays only once
         for name in args.models:
-            for batch in batches[args.warmup:]:
+            for batch in batches[args.warmup :]:
                 trainers[name][2].train_step(batch)
     times = {name: [] for name in args.models}
     memory = {}
     for r in range(args.rounds):
         batch = batches[args.warmup + r]
-        order = args.models[r % len(args.models):] + args.models[: r % len(args.models)]
+        order = args.models[r % len(args.models) :] + args.models[: r % len(args.models)]
         for name in order:
             trainer = trainers[name][2]
             if args.device == "cuda":
@@ -481,10 +617,21 @@ def measure_training(size, args, results):
             else:
                 seconds, _ = timed(lambda: trainer.train_step(batch), args)
             times[name].append(seconds)
-        training_figures(trainers, batches[args.warmup:r + args.warmup + 1], times, memory, vocab, args, results)
+        training_figures(
+            trainers,
+            batches[args.warmup : r + args.warmup + 1],
+            times,
+            memory,
+            vocab,
+            args,
+            results,
+        )
         if args.partial and r >= 1:  # what a run stopped midway still reports
-            write_atomically(args.partial, report(size, args, results, device_label(args)) +
-                             f"\n\n(partial: {r + 1} of {args.rounds} timed rounds)\n")
+            write_atomically(
+                args.partial,
+                report(size, args, results, device_label(args))
+                + f"\n\n(partial: {r + 1} of {args.rounds} timed rounds)\n",
+            )
     return trainers
 
 
@@ -511,7 +658,11 @@ def training_figures(trainers, batches, times, memory, vocab, args, results):
 def device_label(args):
     import torch
 
-    return torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    return (
+        torch.cuda.get_device_name()
+        if args.device == "cuda"
+        else f"CPU, {torch.get_num_threads()} threads"
+    )
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -542,7 +693,7 @@ def generation_turns(runs, samples, args, before=None):
         for sample in samples if args.device == "cuda" else samples[:1]:
             task.inference_step(generator, [model], sample)
     for r, sample in enumerate(samples[1:]):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             task, model, generator = runs[name]
             if before is not None:
                 before(name)
@@ -605,15 +756,34 @@ def memory_child(name, size, args):
 
 def measure_cpu_memory(size, args, results):
     for name in args.models:
-        cmd = [sys.executable, __file__, "--memory-child", name, str(size), "--data", str(args.data),
-               "--device", "cpu", "--dtype", args.dtype, "--max-tokens", str(args.max_tokens),
-               "--layers", str(args.layers), "--models", ",".join(args.models),
-               "--threads", str(args.threads), "--warmup", str(args.warmup)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--memory-child",
+            name,
+            str(size),
+            "--data",
+            str(args.data),
+            "--device",
+            "cpu",
+            "--dtype",
+            args.dtype,
+            "--max-tokens",
+            str(args.max_tokens),
+            "--layers",
+            str(args.layers),
+            "--models",
+            ",".join(args.models),
+            "--threads",
+            str(args.threads),
+            "--warmup",
+            str(args.warmup),
+        ]
         out = subprocess.run(cmd, capture_output=True, text=True)
         line = [l for l in out.stdout.splitlines() if l.startswith("BENCH_MEMORY ")]
         if out.returncode != 0 or not line:
             raise SystemExit(f"memory measurement of {name} failed:\n{out.stderr[-3000:]}")
-        record = json.loads(line[-1][len("BENCH_MEMORY "):])
+        record = json.loads(line[-1][len("BENCH_MEMORY ") :])
         results[name]["train_memory"] = record["peak"] - record["base"]
 
 
@@ -630,8 +800,11 @@ def spread(values):
 
 def report(size, args, results, device_name):
     mib = 2**20
-    lines = [f"### d={size}, {SIZES[size][0]} heads, FFN {SIZES[size][1]}, {args.layers}+{args.layers} layers, "
-             f"{args.dtype}, {device_name}", ""]
+    lines = [
+        f"### d={size}, {SIZES[size][0]} heads, FFN {SIZES[size][1]}, {args.layers}+{args.layers} layers, "
+        f"{args.dtype}, {device_name}",
+        "",
+    ]
     trained = "train_wps" in results[args.models[0]]
     head = "| model | parameters |" + (" train words/s | step ms |" if trained else "")
     rule = "|---|---:|" + ("---:|---:|" if trained else "")
@@ -652,8 +825,10 @@ def report(size, args, results, device_name):
         r = results[name]
         row = f"| {name} | {r['params'] / 1e6:.1f}M |"
         if trained:
-            row += (f" {r['train_wps']:,.0f} (±{100 * spread(r['train_wps_all']):.0f}%) "
-                    f"| {1000 * r['step_seconds']:.1f} |")
+            row += (
+                f" {r['train_wps']:,.0f} (±{100 * spread(r['train_wps_all']):.0f}%) "
+                f"| {1000 * r['step_seconds']:.1f} |"
+            )
         if "gen_sent_per_s" in r:
             row += f" {r['gen_sent_per_s']:.2f} (±{100 * spread(r['gen_sent_per_s_all']):.0f}%) |"
         if "train_memory" in r:
@@ -669,8 +844,11 @@ def report(size, args, results, device_name):
             keys.append(("gen_sent_per_s", "generation sentences/s", True))
         if "train_memory" in base:
             keys.append(("train_memory", "training memory", False))
-        lines += ["", "| ratio to transformer | " + " | ".join(k[1] for k in keys) + " |",
-                  "|---|" + "---:|" * len(keys)]
+        lines += [
+            "",
+            "| ratio to transformer | " + " | ".join(k[1] for k in keys) + " |",
+            "|---|" + "---:|" * len(keys),
+        ]
         for name in args.models:
             if name == "transformer":
                 continue
@@ -679,8 +857,10 @@ def report(size, args, results, device_name):
                 ratio = results[name][key] / base[key]
                 if key + "_all" in results[name]:  # paired: per-round ratios
                     pairs = [a / b for a, b in zip(results[name][key + "_all"], base[key + "_all"])]
-                    cells.append(f"{ratio:.2f}× (paired {statistics.median(pairs):.2f}×, "
-                                 f"±{100 * spread(pairs):.0f}%)")
+                    cells.append(
+                        f"{ratio:.2f}× (paired {statistics.median(pairs):.2f}×, "
+                        f"±{100 * spread(pairs):.0f}%)"
+                    )
                 else:
                     cells.append(f"{ratio:.2f}×")
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -689,12 +869,41 @@ def report(size, args, results, device_name):
 
 def child_command(name, size, args):
     """This script, measuring one model of one size in a process of its own."""
-    cmd = [sys.executable, __file__, "--child", name, str(size), "--data", str(args.data),
-           "--device", args.device, "--dtype", args.dtype, "--max-tokens", str(args.max_tokens),
-           "--layers", str(args.layers), "--rounds", str(args.rounds), "--warmup", str(args.warmup),
-           "--gen-batches", str(args.gen_batches), "--gen-batch", str(args.gen_batch),
-           "--gen-len", str(args.gen_len), "--beam", str(args.beam), "--threads", str(args.threads),
-           "--models", name, "--isolate", "0"]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        name,
+        str(size),
+        "--data",
+        str(args.data),
+        "--device",
+        args.device,
+        "--dtype",
+        args.dtype,
+        "--max-tokens",
+        str(args.max_tokens),
+        "--layers",
+        str(args.layers),
+        "--rounds",
+        str(args.rounds),
+        "--warmup",
+        str(args.warmup),
+        "--gen-batches",
+        str(args.gen_batches),
+        "--gen-batch",
+        str(args.gen_batch),
+        "--gen-len",
+        str(args.gen_len),
+        "--beam",
+        str(args.beam),
+        "--threads",
+        str(args.threads),
+        "--models",
+        name,
+        "--isolate",
+        "0",
+    ]
     cmd += ["--update-freq", str(args.update_freq)]
     if args.cudnn_attention:
         cmd.append("--cudnn-attention")
@@ -712,13 +921,15 @@ def measure_isolated(size, args):
     the repetitions)."""
     per_model = {name: [] for name in args.models}
     for rep in range(args.isolate):
-        order = args.models[rep % len(args.models):] + args.models[: rep % len(args.models)]
+        order = args.models[rep % len(args.models) :] + args.models[: rep % len(args.models)]
         for name in order:
             out = subprocess.run(child_command(name, size, args), capture_output=True, text=True)
             line = [l for l in out.stdout.splitlines() if l.startswith("BENCH_RESULT ")]
             if out.returncode != 0 or not line:
-                raise SystemExit(f"{name} (d={size}) failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
-            per_model[name].append(json.loads(line[-1][len("BENCH_RESULT "):]))
+                raise SystemExit(
+                    f"{name} (d={size}) failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
+                )
+            per_model[name].append(json.loads(line[-1][len("BENCH_RESULT ") :]))
     results = {}
     for name, reps in per_model.items():
         entry = {}
@@ -784,19 +995,29 @@ def main(argv=None):
     finally:
         if work is not None:
             shutil.rmtree(work, ignore_errors=True)
-    how = (f"each model in its own process, {args.isolate} repetitions" if args.isolate
-           else "one process, models taking turns step by step")
+    how = (
+        f"each model in its own process, {args.isolate} repetitions"
+        if args.isolate
+        else "one process, models taking turns step by step"
+    )
     how += f"; {args.rounds} timed steps per model (after {args.warmup} untimed)"
     if args.update_freq > 1:
         how += f" of {args.update_freq} batches each (--update-freq)"
     if args.cudnn_attention:
         how += "; cuDNN attention allowed"
-    print(f"{how}, {args.gen_batches} generation "
-          f"batches of {args.gen_batch} sentences, --max-tokens {args.max_tokens}, data {args.data}; "
-          f"total {(time.perf_counter() - started) / 60:.1f} min.")
+    print(
+        f"{how}, {args.gen_batches} generation "
+        f"batches of {args.gen_batch} sentences, --max-tokens {args.max_tokens}, data {args.data}; "
+        f"total {(time.perf_counter() - started) / 60:.1f} min."
+    )
     if args.json:
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                         "sizes": everything}, indent=1, default=str))
+        args.json.write_text(
+            json.dumps(
+                {"args": {k: str(v) for k, v in vars(args).items()}, "sizes": everything},
+                indent=1,
+                default=str,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -44,8 +44,12 @@ def naive(lines, model):
     out = []
     for line in lines:
         doc = nlp(Doc(nlp.vocab, words=[tagging.unescape_moses_token(t) for t in line.split()]))
-        out.append((" ".join(t.pos_ or "X" for t in doc),
-                    " ".join(f"{t.ent_iob_}-{t.ent_type_}" if t.ent_type_ else "O" for t in doc)))
+        out.append(
+            (
+                " ".join(t.pos_ or "X" for t in doc),
+                " ".join(f"{t.ent_iob_}-{t.ent_type_}" if t.ent_type_ else "O" for t in doc),
+            )
+        )
     return time.perf_counter() - start, out
 
 
@@ -91,13 +95,17 @@ def main():
                 rates[workers].append(words / seconds)
                 differing[workers] += sum(a != b for a, b in zip(labels, reference))
     naive_wps = statistics.median(rates["naive"])
-    print(f"naive nlp(doc), full pipeline: {naive_wps:,.0f} words/s "
-          f"(runs: {', '.join(f'{r:,.0f}' for r in rates['naive'])})")
+    print(
+        f"naive nlp(doc), full pipeline: {naive_wps:,.0f} words/s "
+        f"(runs: {', '.join(f'{r:,.0f}' for r in rates['naive'])})"
+    )
     for workers in args.workers:
         wps = statistics.median(rates[workers])
-        print(f"pipeline, {workers} worker(s): {wps:,.0f} words/s = {wps / naive_wps:.2f}x naive "
-              f"(runs: {', '.join(f'{r:,.0f}' for r in rates[workers])}); lines whose labels "
-              f"differ from naive: {differing[workers]} of {len(lines) * args.runs}")
+        print(
+            f"pipeline, {workers} worker(s): {wps:,.0f} words/s = {wps / naive_wps:.2f}x naive "
+            f"(runs: {', '.join(f'{r:,.0f}' for r in rates[workers])}); lines whose labels "
+            f"differ from naive: {differing[workers]} of {len(lines) * args.runs}"
+        )
 
 
 if __name__ == "__main__":

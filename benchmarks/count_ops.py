@@ -35,22 +35,54 @@ import importlib.util
 from pathlib import Path
 
 # bench_model.py beside this script, loaded by path (the benchmarks are scripts, not a package)
-_spec = importlib.util.spec_from_file_location("bench_model", Path(__file__).resolve().parent / "bench_model.py")
+_spec = importlib.util.spec_from_file_location(
+    "bench_model", Path(__file__).resolve().parent / "bench_model.py"
+)
 bench_model = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_model)
 
 #: operators that compute nothing: views of their input, allocations, metadata
 FREE = {
-    "view", "_unsafe_view", "_reshape_alias", "reshape", "as_strided", "alias", "t", "transpose", "permute",
-    "expand", "unsqueeze", "squeeze", "select", "slice", "narrow", "split", "split_with_sizes", "unbind",
-    "detach", "lift_fresh", "empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided",
-    "_local_scalar_dense", "unflatten", "flatten", "resize_", "promote_types", "result_type",
+    "view",
+    "_unsafe_view",
+    "_reshape_alias",
+    "reshape",
+    "as_strided",
+    "alias",
+    "t",
+    "transpose",
+    "permute",
+    "expand",
+    "unsqueeze",
+    "squeeze",
+    "select",
+    "slice",
+    "narrow",
+    "split",
+    "split_with_sizes",
+    "unbind",
+    "detach",
+    "lift_fresh",
+    "empty",
+    "empty_like",
+    "new_empty",
+    "empty_strided",
+    "new_empty_strided",
+    "_local_scalar_dense",
+    "unflatten",
+    "flatten",
+    "resize_",
+    "promote_types",
+    "result_type",
 }
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     p.add_argument("--data", type=Path, help="binarized data folder (default: a synthetic corpus)")
     p.add_argument("--size", type=int, default=512, choices=sorted(bench_model.SIZES))
     p.add_argument("--layers", type=int, default=5)
@@ -101,13 +133,14 @@ class Counter:
 
 def beam_step_counts(name, args, trainer, task, cfg):
     """Operators of one more decoding step, by part, from two searches of different lengths."""
-    import torch
 
     model = trainer.model.eval()
     counter = Counter()
     hooks = []
     for layer in model.decoder.layers:
-        hooks.append(layer.self_attn.register_forward_pre_hook(lambda m, i: counter.enter("self-attention")))
+        hooks.append(
+            layer.self_attn.register_forward_pre_hook(lambda m, i: counter.enter("self-attention"))
+        )
         hooks.append(layer.self_attn.register_forward_hook(lambda m, i, o: counter.leave()))
     reorder = model.decoder.reorder_incremental_state_scripting
 
@@ -126,19 +159,25 @@ def beam_step_counts(name, args, trainer, task, cfg):
         sample = utils.move_to_cuda(sample)
     totals = {}
     for length in (args.short, args.long):
-        generator = bench_model.beam_search(task, model, argparse.Namespace(beam=args.beam, gen_len=length))
+        generator = bench_model.beam_search(
+            task, model, argparse.Namespace(beam=args.beam, gen_len=length)
+        )
         task.inference_step(generator, [model], sample)  # once uncounted: one-off set-up
         counter.counts.clear()
         with counter.mode:
             hyps = task.inference_step(generator, [model], sample)
-        assert {len(h[0]["tokens"]) for h in hyps} == {length + 1}, f"{name}: outputs not forced to {length}"
+        assert {len(h[0]["tokens"]) for h in hyps} == {
+            length + 1
+        }, f"{name}: outputs not forced to {length}"
         totals[length] = collections.Counter(counter.counts)
     for hook in hooks:
         hook.remove()
     del model.decoder.reorder_incremental_state_scripting
     steps = args.long - args.short
-    return {key: (totals[args.long][key] - totals[args.short][key]) / steps
-            for key in set(totals[args.long]) | set(totals[args.short])}
+    return {
+        key: (totals[args.long][key] - totals[args.short][key]) / steps
+        for key in set(totals[args.long]) | set(totals[args.short])
+    }
 
 
 def training_counts(args, trainer, task, cfg):
@@ -188,23 +227,36 @@ def main(argv=None):
         print(f"\n{title}")
         print(f"{'part':<22}" + "".join(f"{name:>22}" for name in args.models))
         for part in parts + [None]:
-            cells = [f"{count(r, 'launches', part):>10.1f} + {count(r, 'free', part):>6.1f} free"
-                     for r in results.values()]
+            cells = [
+                f"{count(r, 'launches', part):>10.1f} + {count(r, 'free', part):>6.1f} free"
+                for r in results.values()
+            ]
             print(f"{part or 'total':<22}" + "".join(f"{c:>22}" for c in cells))
         if "transformer" in results:
             base = count(results["transformer"], "launches")
-            ratios = ", ".join(f"{n} {count(r, 'launches') / base:.2f}x" for n, r in results.items())
+            ratios = ", ".join(
+                f"{n} {count(r, 'launches') / base:.2f}x" for n, r in results.items()
+            )
             print(f"launches, ratio to transformer: {ratios}")
         if args.device == "cuda" and any(n in ("tpp", "tpp-triton") for n in args.models):
-            print("(a Triton kernel is no ATen operator: these counts leave out the conv heads' "
-                  "Triton launches, one per decoder layer and beam step, three per LocalConv "
-                  "and training batch)")
+            print(
+                "(a Triton kernel is no ATen operator: these counts leave out the conv heads' "
+                "Triton launches, one per decoder layer and beam step, three per LocalConv "
+                "and training batch)"
+            )
 
     where = f"d={args.size}, {args.layers}+{args.layers} layers, {args.dtype}, {args.device}"
-    table(f"operators per beam-search step ({where}; beam {args.beam}, {args.gen_batch} sentences; "
-          f"launches + free)", beam, ["self-attention", "state reordering", "rest"])
-    table(f"operators per training batch ({where}; --max-tokens {args.max_tokens}; launches + free)",
-          train, ["forward", "backward"])
+    table(
+        f"operators per beam-search step ({where}; beam {args.beam}, {args.gen_batch} sentences; "
+        f"launches + free)",
+        beam,
+        ["self-attention", "state reordering", "rest"],
+    )
+    table(
+        f"operators per training batch ({where}; --max-tokens {args.max_tokens}; launches + free)",
+        train,
+        ["forward", "backward"],
+    )
 
 
 if __name__ == "__main__":

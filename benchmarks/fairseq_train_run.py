@@ -57,7 +57,7 @@ def parse(text):
         elif "done training in" in line:
             done = float(re.search(r"done training in ([\d.]+) seconds", line).group(1))
         elif line.startswith(MARK):
-            peak = json.loads(line[len(MARK):])["peak_gpu_bytes"]
+            peak = json.loads(line[len(MARK) :])["peak_gpu_bytes"]
     return inner, done, peak
 
 
@@ -66,23 +66,32 @@ def row(name, text):
     if not inner:
         return f"| {name} | 0 | – | – | – | – |"
     wps = [float(r["wps"]) for r in inner[1:]] or [float(inner[0]["wps"])]
-    cells = [name, str(inner[-1]["num_updates"]), f"{statistics.median(wps):,.0f}",
-             f"{float(inner[-1]['loss']):.3f}",
-             f"{done:.1f} s" if done is not None else "cut off",
-             f"{peak / 2**30:.2f} GiB" if peak else "–"]
+    cells = [
+        name,
+        str(inner[-1]["num_updates"]),
+        f"{statistics.median(wps):,.0f}",
+        f"{float(inner[-1]['loss']):.3f}",
+        f"{done:.1f} s" if done is not None else "cut off",
+        f"{peak / 2**30:.2f} GiB" if peak else "–",
+    ]
     return "| " + " | ".join(cells) + " |"
 
 
 def table(pairs):
-    lines = ["| run | updates | words/s | loss, last interval | done training in | peak GPU memory |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| run | updates | words/s | loss, last interval | done training in | peak GPU memory |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for pair in pairs:
         name, _, path = pair.partition("=")
         path = Path(path)
         if not path.exists():
             path = Path(f"{path}.partial")  # a run cut off or failed keeps its output there
-        lines.append(row(name, path.read_text(errors="replace")) if path.exists()
-                     else f"| {name} | not run | | | | |")
+        lines.append(
+            row(name, path.read_text(errors="replace"))
+            if path.exists()
+            else f"| {name} | not run | | | | |"
+        )
     return "\n".join(lines)
 
 

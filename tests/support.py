@@ -61,12 +61,20 @@ def tool_env() -> dict:
 
 def run(args, cwd=None, input_text=None, timeout=600, check=True) -> subprocess.CompletedProcess:
     """Run a command; with ``check``, raise with its output when it fails."""
-    proc = subprocess.run([str(a) for a in args], cwd=cwd, env=tool_env(), input=input_text,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [str(a) for a in args],
+        cwd=cwd,
+        env=tool_env(),
+        input=input_text,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if check and proc.returncode != 0:
         raise AssertionError(
             f"command failed ({proc.returncode}): {' '.join(map(str, args))}\n"
-            f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}")
+            f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}"
+        )
     return proc
 
 
@@ -78,8 +86,13 @@ def pipeline_command(name, *args):
 
 def run_pipeline(name, *args, check=True, timeout=600):
     """Run the data pipeline's console script ``name``; returns the CompletedProcess."""
-    result = subprocess.run(pipeline_command(name, *args), capture_output=True, text=True,
-                            env=tool_env(), timeout=timeout)
+    result = subprocess.run(
+        pipeline_command(name, *args),
+        capture_output=True,
+        text=True,
+        env=tool_env(),
+        timeout=timeout,
+    )
     if check and result.returncode != 0:
         raise AssertionError(f"{name} failed ({result.returncode}):\n{result.stderr[-4000:]}")
     return result
@@ -89,14 +102,43 @@ def train_command(data, save_dir, max_update, save_interval_updates, extra=()):
     """scripts/train.sh on the CPU with fairseq's tiny plain Transformer on plain
     translation data."""
     return [
-        "bash", str(SCRIPTS / "train.sh"), "--cpu", "--preset", "tiny",
-        "--data", str(data), "--save-dir", str(save_dir),
-        "--arch", "transformer_tiny", "--task", "translation",
-        "--criterion", "label_smoothed_cross_entropy",
-        "--lr", "5e-3", "--warmup-updates", "20", "--max-tokens", "400", "--update-freq", "1",
-        "--max-update", str(max_update), "--save-interval-updates", str(save_interval_updates),
-        "--keep-interval-updates", "10", "--log-interval", "5",
-        "--", "--num-workers", "0", "--disable-validation", "--save-interval", "1000",
+        "bash",
+        str(SCRIPTS / "train.sh"),
+        "--cpu",
+        "--preset",
+        "tiny",
+        "--data",
+        str(data),
+        "--save-dir",
+        str(save_dir),
+        "--arch",
+        "transformer_tiny",
+        "--task",
+        "translation",
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--lr",
+        "5e-3",
+        "--warmup-updates",
+        "20",
+        "--max-tokens",
+        "400",
+        "--update-freq",
+        "1",
+        "--max-update",
+        str(max_update),
+        "--save-interval-updates",
+        str(save_interval_updates),
+        "--keep-interval-updates",
+        "10",
+        "--log-interval",
+        "5",
+        "--",
+        "--num-workers",
+        "0",
+        "--disable-validation",
+        "--save-interval",
+        "1000",
         *extra,
     ]
 
@@ -123,8 +165,9 @@ class FakeTask:
         self.tag_dictionaries = tag_dictionaries or {}
 
 
-def build_model(arch: str = "transformer_pp_tiny", dictionary=None, tag_dictionaries=None,
-                **overrides):
+def build_model(
+    arch: str = "transformer_pp_tiny", dictionary=None, tag_dictionaries=None, **overrides
+):
     """A ``transformer_pp`` model of preset ``arch`` (options overridden by ``overrides``)."""
     from fairseq.models import ARCH_CONFIG_REGISTRY
 
@@ -163,8 +206,18 @@ def bf16_model_and_batch(device: str = "cuda"):
     """A 2+2-layer base-width ``transformer_pp`` in bfloat16 (training mode) on ``device``,
     its dictionary, 8 sources of 30 tokens and 8 target prefixes of 25."""
     d = make_dictionary(50)
-    model = build_model("transformer_pp", dictionary=d, encoder_tag_layers="",
-                        encoder_layers=2, decoder_layers=2).to(device).bfloat16().train()
+    model = (
+        build_model(
+            "transformer_pp",
+            dictionary=d,
+            encoder_tag_layers="",
+            encoder_layers=2,
+            decoder_layers=2,
+        )
+        .to(device)
+        .bfloat16()
+        .train()
+    )
     return d, model, random_tokens(d, 8, 30).to(device), random_tokens(d, 8, 25, seed=1).to(device)
 
 
@@ -201,25 +254,53 @@ def binarize(folder, dest, src="src", tgt="tgt", tags=None):
     folder, dest = Path(folder), Path(dest)
     splits = [s for s in SPLITS if Path(f"{folder / s}.{src}").exists()]
     prefixes = [arg for s in splits for arg in (f"--{s}pref", folder / s)]
-    run(["fairseq-preprocess", "--source-lang", src, "--target-lang", tgt, *prefixes,
-         "--destdir", dest, "--joined-dictionary", "--workers", "1"])
+    run(
+        [
+            "fairseq-preprocess",
+            "--source-lang",
+            src,
+            "--target-lang",
+            tgt,
+            *prefixes,
+            "--destdir",
+            dest,
+            "--joined-dictionary",
+            "--workers",
+            "1",
+        ]
+    )
     if tags is None:
         return dest
-    labels = {s: [tags(line) for line in Path(f"{folder / s}.{src}").read_text().splitlines()]
-              for s in splits}
+    labels = {
+        s: [tags(line) for line in Path(f"{folder / s}.{src}").read_text().splitlines()]
+        for s in splits
+    }
     kinds = list(next(iter(labels["train"]), {}))
     for kind in kinds:
         for split in splits:
             Path(f"{folder / split}.{kind}").write_text(
-                "".join(" ".join(line[kind]) + "\n" for line in labels[split]))
+                "".join(" ".join(line[kind]) + "\n" for line in labels[split])
+            )
         binarized = folder / f"bin-{kind}"
-        run(["fairseq-preprocess", "--only-source", "--source-lang", kind, *prefixes,
-             "--destdir", binarized, "--workers", "1"])
+        run(
+            [
+                "fairseq-preprocess",
+                "--only-source",
+                "--source-lang",
+                kind,
+                *prefixes,
+                "--destdir",
+                binarized,
+                "--workers",
+                "1",
+            ]
+        )
         (binarized / f"dict.{kind}.txt").rename(label_dictionary_path(str(dest), kind))
         for split in splits:
             for ext in ("bin", "idx"):
                 (binarized / f"{split}.{kind}-None.{kind}.{ext}").rename(
-                    f"{label_stream_prefix(str(dest), split, src, tgt, kind)}.{ext}")
+                    f"{label_stream_prefix(str(dest), split, src, tgt, kind)}.{ext}"
+                )
     return dest
 
 
@@ -258,15 +339,48 @@ def binarize_tagged(work: Path, dest: Path, n_train: int = 400, seed: int = 1, t
     a joint dictionary and (with ``tags``) the POS/NER label streams of
     ``translation_with_tags``."""
     write_corpus(work, lexicon_pairs((n_train, 40, 20), seed))
-    return binarize(work, dest, tags=(lambda line: dict(zip(("pos", "ner"), toy_tags(line))))
-                    if tags else None)
+    return binarize(
+        work, dest, tags=(lambda line: dict(zip(("pos", "ner"), toy_tags(line)))) if tags else None
+    )
 
 
 WORDS = [
-    "the", "house", "cat", "dog", "is", "red", "big", "small", "runs", "sees", "a",
-    "garden", "tree", "ice-cream", "state-of-the-art", "water", "drinks", "eats",
-    "mountain", "fire", "there", "in", "on", "very", "cold", "warm", "book", "reads",
-    "child", "woman", "man", "car", "blue", "green", "beautiful", "yesterday",
+    "the",
+    "house",
+    "cat",
+    "dog",
+    "is",
+    "red",
+    "big",
+    "small",
+    "runs",
+    "sees",
+    "a",
+    "garden",
+    "tree",
+    "ice-cream",
+    "state-of-the-art",
+    "water",
+    "drinks",
+    "eats",
+    "mountain",
+    "fire",
+    "there",
+    "in",
+    "on",
+    "very",
+    "cold",
+    "warm",
+    "book",
+    "reads",
+    "child",
+    "woman",
+    "man",
+    "car",
+    "blue",
+    "green",
+    "beautiful",
+    "yesterday",
 ]
 
 
@@ -278,7 +392,7 @@ def target_word(word):
 def capitalise(text):
     """Upper-case the first letter (after an opening quote, if any)."""
     start = 1 if text.startswith('"') else 0
-    return text[:start] + text[start].upper() + text[start + 1:]
+    return text[:start] + text[start].upper() + text[start + 1 :]
 
 
 def sentence_pairs(sizes=(300, 40, 40), seed=7):
@@ -305,8 +419,9 @@ def sentence_pairs(sizes=(300, 40, 40), seed=7):
 
 def fake_bpe(tokens):
     """Split long tokens in two with the '@@ ' continuation marker, as subword-nmt does."""
-    return " ".join(token[:4] + "@@ " + token[4:] if len(token) > 7 else token
-                    for token in tokens.split())
+    return " ".join(
+        token[:4] + "@@ " + token[4:] if len(token) > 7 else token for token in tokens.split()
+    )
 
 
 def make_corpus(root, sizes=(300, 40, 40), seed=7):
@@ -319,12 +434,16 @@ def make_corpus(root, sizes=(300, 40, 40), seed=7):
     tokenizers = {lang: MosesTokenizer(lang=lang) for lang in ("en", "de")}
 
     def tokenize(pair):
-        return tuple(tokenizers[lang].tokenize(line, return_str=True, escape=True)
-                     for lang, line in zip(("en", "de"), pair))
+        return tuple(
+            tokenizers[lang].tokenize(line, return_str=True, escape=True)
+            for lang, line in zip(("en", "de"), pair)
+        )
 
     tok = {split: [tokenize(pair) for pair in pairs] for split, pairs in raw.items()}
-    bpe = {split: [tuple(fake_bpe(line) for line in pair) for pair in pairs]
-           for split, pairs in tok.items()}
+    bpe = {
+        split: [tuple(fake_bpe(line) for line in pair) for pair in pairs]
+        for split, pairs in tok.items()
+    }
     for layer, splits in (("raw", raw), ("tok", tok), ("bpe", bpe)):
         write_corpus(root / layer, splits, "en", "de")
     return root
@@ -332,7 +451,7 @@ def make_corpus(root, sizes=(300, 40, 40), seed=7):
 
 ENGLISH = [
     "Barack Obama visited Paris on Monday.",
-    "The well-known author didn't say \"hello\" & left early.",
+    'The well-known author didn\'t say "hello" & left early.',
     "Prices rose 3.5% to $1,200 in 2013, analysts said.",
     "See https://example.com/a-b?x=1 for the full report.",
     "Müller travelled to Zürich — a naïve café owner greeted him.",
@@ -346,7 +465,7 @@ ENGLISH = [
 ]
 GERMAN = [
     "Barack Obama besuchte Paris am Montag.",
-    "Der bekannte Autor sagte nicht \"hallo\" & ging früh.",
+    'Der bekannte Autor sagte nicht "hallo" & ging früh.',
     "Die Preise stiegen 2013 um 3,5 % auf 1.200 $, sagten Analysten.",
     "Siehe https://example.com/a-b?x=1 für den vollständigen Bericht.",
     "Müller reiste nach Zürich — ein naiver Cafébesitzer begrüßte ihn.",

@@ -23,8 +23,13 @@ import shutil
 import subprocess
 import sys
 
-from .contract import (TagAlignmentError, check_tag_alignment, label_dictionary_lines,
-                       label_dictionary_path, label_stream_prefix)
+from .contract import (
+    TagAlignmentError,
+    check_tag_alignment,
+    label_dictionary_lines,
+    label_dictionary_path,
+    label_stream_prefix,
+)
 from .errors import FULL_DISK, DataError, full_disk_hint
 from .textio import atomic_open, iter_lines
 
@@ -42,8 +47,11 @@ def run_fairseq_preprocess(arguments, log_path, append=False):
         with open(log_path, encoding="utf-8", errors="replace") as handle:
             tail = "".join(handle.readlines()[-15:])
         full = any(os.strerror(code) in tail for code in FULL_DISK)
-        raise DataError(f"fairseq-preprocess failed (exit {result.returncode}):\n{tail}"
-                        + (f"\n{full_disk_hint()}" if full else ""), log_path)
+        raise DataError(
+            f"fairseq-preprocess failed (exit {result.returncode}):\n{tail}"
+            + (f"\n{full_disk_hint()}" if full else ""),
+            log_path,
+        )
 
 
 def write_tag_dictionary(train_labels_path, label_set, out_path):
@@ -51,8 +59,7 @@ def write_tag_dictionary(train_labels_path, label_set, out_path):
     from the training labels, plus every label the tagger can emit (count 0), so
     valid/test never map a label to <unk> and the dictionary does not depend on the
     corpus size."""
-    lines = label_dictionary_lines((line for _, line in iter_lines(train_labels_path)),
-                                   label_set)
+    lines = label_dictionary_lines((line for _, line in iter_lines(train_labels_path)), label_set)
     with atomic_open(out_path) as out:
         out.writelines(line + "\n" for line in lines)
 
@@ -101,19 +108,32 @@ def binarize_labels(text_dir, src, tgt, staging, label_sets, workers=1):
         dictionary = label_dictionary_path(tag_dir, kind)
         write_tag_dictionary(os.path.join(text_dir, f"train.{kind}"), label_set, dictionary)
         run_fairseq_preprocess(
-            ["--only-source", "--source-lang", kind, *prefixes, "--destdir", tag_dir,
-             "--srcdict", dictionary, "--workers", workers],
-            os.path.join(staging, "preprocess_tags.log"), append=number > 0)
+            [
+                "--only-source",
+                "--source-lang",
+                kind,
+                *prefixes,
+                "--destdir",
+                tag_dir,
+                "--srcdict",
+                dictionary,
+                "--workers",
+                workers,
+            ],
+            os.path.join(staging, "preprocess_tags.log"),
+            append=number > 0,
+        )
         os.replace(dictionary, label_dictionary_path(staging, kind))
         for split in SPLITS:
             for ext in ("bin", "idx"):
-                os.replace(os.path.join(tag_dir, f"{split}.{kind}-None.{kind}.{ext}"),
-                           f"{label_stream_prefix(staging, split, src, tgt, kind)}.{ext}")
+                os.replace(
+                    os.path.join(tag_dir, f"{split}.{kind}-None.{kind}.{ext}"),
+                    f"{label_stream_prefix(staging, split, src, tgt, kind)}.{ext}",
+                )
     shutil.rmtree(tag_dir)
 
 
-def binarize(text_dir, src, tgt, dest_dir, dict_size=None, workers=1, label_sets=None,
-             info=None):
+def binarize(text_dir, src, tgt, dest_dir, dict_size=None, workers=1, label_sets=None, info=None):
     """Binarize ``text_dir/{split}.{lang}`` (and ``{split}.{kind}`` for every tag kind
     of ``label_sets``) into ``dest_dir``.
 
@@ -129,8 +149,18 @@ def binarize(text_dir, src, tgt, dest_dir, dict_size=None, workers=1, label_sets
         prefixes = []
         for split in SPLITS:
             prefixes += [f"--{split}pref", os.path.join(text_dir, split)]
-        text_args = ["--source-lang", src, "--target-lang", tgt, *prefixes,
-                     "--destdir", staging, "--joined-dictionary", "--workers", workers]
+        text_args = [
+            "--source-lang",
+            src,
+            "--target-lang",
+            tgt,
+            *prefixes,
+            "--destdir",
+            staging,
+            "--joined-dictionary",
+            "--workers",
+            workers,
+        ]
         if dict_size:
             text_args += ["--nwordssrc", dict_size, "--nwordstgt", dict_size]
         run_fairseq_preprocess(text_args, os.path.join(staging, "preprocess.log"))
@@ -157,8 +187,12 @@ def binarize(text_dir, src, tgt, dest_dir, dict_size=None, workers=1, label_sets
                 except OSError:
                     pass
         shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(error, DataError) and error.path is not None and \
-                os.path.dirname(os.path.abspath(error.path)) == os.path.abspath(staging):
-            raise DataError(error.message, kept.get(os.path.basename(error.path),
-                                                    error.path)) from None
+        if (
+            isinstance(error, DataError)
+            and error.path is not None
+            and os.path.dirname(os.path.abspath(error.path)) == os.path.abspath(staging)
+        ):
+            raise DataError(
+                error.message, kept.get(os.path.basename(error.path), error.path)
+            ) from None
         raise

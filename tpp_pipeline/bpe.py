@@ -54,16 +54,23 @@ def check_codes(path):
     except FileNotFoundError:
         raise DataError("BPE codes not found (--bpe-codes)", path) from None
     except OSError as error:
-        raise DataError(f"cannot read the BPE codes (--bpe-codes): {error.strerror}",
-                        path) from None
+        raise DataError(
+            f"cannot read the BPE codes (--bpe-codes): {error.strerror}", path
+        ) from None
     except UnicodeDecodeError as error:
-        raise DataError(f"not UTF-8 ({error.reason} at byte {error.start}): not a file of "
-                        "BPE codes (--bpe-codes)", path) from None
+        raise DataError(
+            f"not UTF-8 ({error.reason} at byte {error.start}): not a file of "
+            "BPE codes (--bpe-codes)",
+            path,
+        ) from None
     except (SystemExit, ValueError) as error:
         said = " ".join(complaint.getvalue().split()) or str(error)
-        raise DataError(f"not BPE codes that subword-nmt can read (--bpe-codes): {said}; "
-                        "give the codes file written by subword-nmt learn-bpe (or by "
-                        "this pipeline, work/<name>/bpe/codes)", path) from None
+        raise DataError(
+            f"not BPE codes that subword-nmt can read (--bpe-codes): {said}; "
+            "give the codes file written by subword-nmt learn-bpe (or by "
+            "this pipeline, work/<name>/bpe/codes)",
+            path,
+        ) from None
 
 
 _worker_bpe = None
@@ -103,13 +110,20 @@ def _blocks(text_path, tag_paths):
             break
         if any(row is None for row in rows):
             short = ([text_path] + list(tag_paths))[[r is None for r in rows].index(True)]
-            raise DataError("has fewer lines than the files aligned with it "
-                            f"({text_path} and its tag files)", short)
+            raise DataError(
+                "has fewer lines than the files aligned with it "
+                f"({text_path} and its tag files)",
+                short,
+            )
         number, text = rows[0]
         for path, (_, labels) in zip(tag_paths, rows[1:]):
             if len(labels.split()) != len(text.split()):
-                raise DataError(f"{len(labels.split())} labels for {len(text.split())} tokens "
-                                f"of {text_path}", path, number)
+                raise DataError(
+                    f"{len(labels.split())} labels for {len(text.split())} tokens "
+                    f"of {text_path}",
+                    path,
+                    number,
+                )
         block.append((text, [labels for _, labels in rows[1:]]))
         if len(block) == _LINES_PER_TASK:
             yield block
@@ -118,8 +132,9 @@ def _blocks(text_path, tag_paths):
         yield block
 
 
-def apply_bpe(codes_path, text_path, out_path, tag_paths=(), tag_out_paths=(), workers=1,
-              tag_kinds=TAG_KINDS):
+def apply_bpe(
+    codes_path, text_path, out_path, tag_paths=(), tag_out_paths=(), workers=1, tag_kinds=TAG_KINDS
+):
     """Segment ``text_path`` into ``out_path``; project the aligned tag files if given
     (``tag_paths[i]`` holds the labels of kind ``tag_kinds[i]``).
 
@@ -128,15 +143,16 @@ def apply_bpe(codes_path, text_path, out_path, tag_paths=(), tag_out_paths=(), w
     if len(tag_kinds) < len(tag_paths):
         raise ValueError(f"{len(tag_paths)} tag files but only the kinds {list(tag_kinds)}")
     outputs = [out_path] + list(tag_out_paths)
-    kinds = tuple(tag_kinds[:len(tag_paths)])
+    kinds = tuple(tag_kinds[: len(tag_paths)])
     tasks = ((block, kinds) for block in _blocks(text_path, tag_paths))
     with atomic_files(outputs) as outs:
         if workers <= 1:
             _init_worker(codes_path)
             _write(map(_process_block, tasks), outs, tag_out_paths)
         else:
-            with pool_context().Pool(workers, initializer=_init_worker,
-                                     initargs=(codes_path,)) as pool:
+            with pool_context().Pool(
+                workers, initializer=_init_worker, initargs=(codes_path,)
+            ) as pool:
                 _write(pool.imap(_process_block, tasks), outs, tag_out_paths)
 
 

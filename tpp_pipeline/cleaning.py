@@ -66,8 +66,9 @@ def filter_aligned(in_paths, out_paths, length_filter):
             if any(row is None for row in rows):
                 short = in_paths[[row is None for row in rows].index(True)]
                 line = max(row[0] for row in rows if row is not None)
-                raise DataError(f"file ends before its parallel files (which have line {line})",
-                                short, line)
+                raise DataError(
+                    f"file ends before its parallel files (which have line {line})", short, line
+                )
             texts = [text for _, text in rows]
             if length_filter.keep(texts[0], texts[1]):
                 for out, text in zip(outs, texts):
@@ -77,7 +78,6 @@ def filter_aligned(in_paths, out_paths, length_filter):
                 dropped += 1
     log.info("cleaning %s: kept %d lines, dropped %d", in_paths[0], kept, dropped)
     return kept, dropped
-
 
 
 def drop_reasons(source_path, target_path, length_filter, names):
@@ -101,8 +101,10 @@ def drop_reasons(source_path, target_path, length_filter, names):
             elif tokens > length_filter.max_len:
                 count(f"over --max-len {length_filter.max_len} tokens in {names[side]}", side)
         if all(length_filter.min_len <= n <= length_filter.max_len for n in lengths):
-            if check_ratio and (lengths[0] > length_filter.ratio * lengths[1]
-                                or lengths[1] > length_filter.ratio * lengths[0]):
+            if check_ratio and (
+                lengths[0] > length_filter.ratio * lengths[1]
+                or lengths[1] > length_filter.ratio * lengths[0]
+            ):
                 count(f"length ratio of the two sides over --max-ratio {length_filter.ratio}")
             else:
                 count(f"a token over {length_filter.max_word_len} characters")
@@ -117,12 +119,17 @@ def require_pairs(kept, dropped, in_paths, length_filter, names, stage):
         return
     total = kept + dropped
     if total == 0:
-        raise DataError(f"no training pairs: the training files are empty ({names[0]} and "
-                        f"{names[1]})", names[0])
+        raise DataError(
+            f"no training pairs: the training files are empty ({names[0]} and " f"{names[1]})",
+            names[0],
+        )
     reasons = drop_reasons(in_paths[0], in_paths[1], length_filter, names)
     per_side = [sum(n for (_, side), n in reasons.items() if side == i) for i in (0, 1)]
     culprit = names[per_side.index(max(per_side))] if max(per_side) else names[0]
-    detail = "; ".join(f"{n} {reason}" for (reason, _), n in
-                       sorted(reasons.items(), key=lambda kv: -kv[1]))
-    raise DataError(f"no usable training pairs: 0 of {total} left after {stage} "
-                    f"(dropped: {detail})", culprit)
+    detail = "; ".join(
+        f"{n} {reason}" for (reason, _), n in sorted(reasons.items(), key=lambda kv: -kv[1])
+    )
+    raise DataError(
+        f"no usable training pairs: 0 of {total} left after {stage} " f"(dropped: {detail})",
+        culprit,
+    )

@@ -47,8 +47,9 @@ def parse_tag_kinds(value: str) -> list:
     return names
 
 
-def check_tag_alignment(split: str, kind: str, where: str, src_sizes: Sequence[int],
-                        tag_sizes: Sequence[int]) -> None:
+def check_tag_alignment(
+    split: str, kind: str, where: str, src_sizes: Sequence[int], tag_sizes: Sequence[int]
+) -> None:
     """Raise :class:`TagAlignmentError` unless every sentence has exactly as many labels
     as source tokens. Sizes count the end-of-sentence slot on both sides; the message
     names the split, the first misaligned sentence (0-based) and both lengths without
@@ -58,14 +59,17 @@ def check_tag_alignment(split: str, kind: str, where: str, src_sizes: Sequence[i
     if len(src_sizes) != len(tag_sizes):
         raise TagAlignmentError(
             f"{split}: {kind} labels ({where}) have {len(tag_sizes)} sentences, "
-            f"the source has {len(src_sizes)}")
+            f"the source has {len(src_sizes)}"
+        )
     bad = np.flatnonzero(np.asarray(src_sizes) != np.asarray(tag_sizes))
     if len(bad):
         i = int(bad[0])
         raise TagAlignmentError(
             f"{split}: sentence {i} has {int(tag_sizes[i]) - 1} {kind} labels for "
             f"{int(src_sizes[i]) - 1} source tokens ({where}; {len(bad)} misaligned "
-            f"sentence(s) in this split)", sentence=i)
+            f"sentence(s) in this split)",
+            sentence=i,
+        )
 
 
 def label_dictionary_lines(train_label_lines: Iterable[str], label_set: Iterable[str] = ()) -> list:
@@ -78,11 +82,15 @@ def label_dictionary_lines(train_label_lines: Iterable[str], label_set: Iterable
         counts.update(line.split())
     for label in label_set:
         counts.setdefault(label, 0)
-    return [f"{label} {count}" for label, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+    return [
+        f"{label} {count}"
+        for label, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    ]
 
 
-def describe_layout(src: str, tgt: str, kinds: Sequence[str] = TAG_KINDS,
-                    splits: Mapping[str, str] = None) -> str:
+def describe_layout(
+    src: str, tgt: str, kinds: Sequence[str] = TAG_KINDS, splits: Mapping[str, str] = None
+) -> str:
     """The expected files, for error messages and documentation."""
     lines = [f"dict.{kind}.txt" for kind in kinds]
     for split in splits or ("train", "valid", "test"):

@@ -40,8 +40,9 @@ def check_archive(path):
                     while handle.read(_BLOCK):
                         pass
     except (tarfile.TarError, OSError, EOFError) as exc:
-        raise DataError(f"archive is damaged or incomplete ({exc}); delete it and download "
-                        "it again", path) from None
+        raise DataError(
+            f"archive is damaged or incomplete ({exc}); delete it and download " "it again", path
+        ) from None
 
 
 def _remote_size(response, offset):
@@ -63,7 +64,9 @@ def download(url, dest, sha256=None, retries=5, timeout=60):
     total = None
     for attempt in range(1, retries + 1):
         offset = os.path.getsize(part) if os.path.exists(part) else 0
-        request = urllib.request.Request(url, headers={"Range": f"bytes={offset}-"} if offset else {})
+        request = urllib.request.Request(
+            url, headers={"Range": f"bytes={offset}-"} if offset else {}
+        )
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 if offset and response.status != 206:
@@ -81,10 +84,13 @@ def download(url, dest, sha256=None, retries=5, timeout=60):
             log.warning("download of %s failed (%s), attempt %d/%d", url, exc, attempt, retries)
         except (urllib.error.URLError, OSError) as exc:
             log.warning("download of %s failed (%s), attempt %d/%d", url, exc, attempt, retries)
-        time.sleep(min(60, 2 ** attempt))
+        time.sleep(min(60, 2**attempt))
     else:
-        raise DataError(f"could not download {url} after {retries} attempts; the partial "
-                        "file is kept and the next run resumes it", part)
+        raise DataError(
+            f"could not download {url} after {retries} attempts; the partial "
+            "file is kept and the next run resumes it",
+            part,
+        )
     size = os.path.getsize(part)
     if total is not None and size != total:
         raise DataError(f"downloaded {size} bytes, the server announced {total}", part)

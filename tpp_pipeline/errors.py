@@ -5,13 +5,14 @@ import errno
 # A write failing for one of these reasons means the disk (or a quota, or a limit on the
 # size of a file) is full: the fix is more room, not another input.
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-FULL_DISK_HINT = ("make room (free space, raise the quota or file-size limit) or point "
-                  "{folders} at another disk, then run again{kept}")
+FULL_DISK_HINT = (
+    "make room (free space, raise the quota or file-size limit) or point "
+    "{folders} at another disk, then run again{kept}"
+)
 PIPELINE_FOLDERS = "--work-dir / --data-bin"
 # Errors of the file system that a user fixes (permissions, a read-only or full disk, a
 # file where a folder should be); any other OSError is left to show its traceback.
-FILE_SYSTEM = FULL_DISK + (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR,
-                           errno.EISDIR)
+FILE_SYSTEM = FULL_DISK + (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR)
 
 
 class DataError(Exception):
@@ -50,9 +51,13 @@ def from_os_error(error, path=None, folders=PIPELINE_FOLDERS):
     if error.errno in FULL_DISK:
         hint = full_disk_hint(folders)
     elif error.errno in (errno.ENOTDIR, errno.EISDIR):
-        hint = ("a file stands where a folder should be, or the other way round: check the "
-                "paths given")
+        hint = (
+            "a file stands where a folder should be, or the other way round: check the "
+            "paths given"
+        )
     else:
         hint = f"make it writable or point {folders} elsewhere"
-    return DataError(f"{'writing failed' if error.errno in FULL_DISK else 'cannot use it'}: "
-                     f"{cause}; {hint}", where)
+    return DataError(
+        f"{'writing failed' if error.errno in FULL_DISK else 'cannot use it'}: " f"{cause}; {hint}",
+        where,
+    )

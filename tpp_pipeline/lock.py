@@ -54,8 +54,10 @@ def _read_record(handle):
 def _describe(record):
     if "unreadable" in record:
         return f"unreadable record {record['unreadable']!r}"
-    return (f"process {record.get('pid')} on host {record.get('host')}, started "
-            f"{record.get('started')}: {record.get('command', '?')}")
+    return (
+        f"process {record.get('pid')} on host {record.get('host')}, started "
+        f"{record.get('started')}: {record.get('command', '?')}"
+    )
 
 
 def _flock_holders(path):
@@ -96,8 +98,11 @@ def _holder(handle, path):
     or a --tag-shard run, which writes none) is found in /proc/locks."""
     here = socket.gethostname()
     record = _read_record(handle)
-    if record is not None and "unreadable" not in record and (
-            record.get("host") != here or _alive(record.get("pid"))):
+    if (
+        record is not None
+        and "unreadable" not in record
+        and (record.get("host") != here or _alive(record.get("pid")))
+    ):
         return _describe(record)
     pids = [pid for pid in _flock_holders(path) if pid != os.getpid()]
     if pids:
@@ -106,8 +111,9 @@ def _holder(handle, path):
 
 
 @contextlib.contextmanager
-def work_dir_lock(work_dir, shared=False, user="run of the pipeline", folder="work folder",
-                  lock_name=LOCK_NAME):
+def work_dir_lock(
+    work_dir, shared=False, user="run of the pipeline", folder="work folder", lock_name=LOCK_NAME
+):
     """Hold the lock of ``work_dir`` for the duration of the block (see module doc);
     ``user`` and ``folder`` name the two in the refusal ("another run of the pipeline is
     using this work folder"). The lock is the file ``lock_name`` in ``work_dir``, which
@@ -119,14 +125,22 @@ def work_dir_lock(work_dir, shared=False, user="run of the pipeline", folder="wo
         try:
             fcntl.flock(handle, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise DataError(f"another {user} is using this {folder} "
-                            f"({_holder(handle, path)}); wait for it to finish or stop it",
-                            path) from None
+            raise DataError(
+                f"another {user} is using this {folder} "
+                f"({_holder(handle, path)}); wait for it to finish or stop it",
+                path,
+            ) from None
         except OSError as error:
             if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
                 raise
-            log.warning("%s: this filesystem does not support locks (%s); nothing prevents a "
-                        "second %s in this %s", path, error.strerror, user, folder)
+            log.warning(
+                "%s: this filesystem does not support locks (%s); nothing prevents a "
+                "second %s in this %s",
+                path,
+                error.strerror,
+                user,
+                folder,
+            )
             yield path
             return
         # Holding the lock. A record still in the file belongs to a run that ended
@@ -137,9 +151,14 @@ def work_dir_lock(work_dir, shared=False, user="run of the pipeline", folder="wo
             if record.get("host") not in (None, here):
                 raise DataError(
                     f"the lock was left by {_describe(record)}, which this host cannot "
-                    "check; if that run is over, remove this file and start again", path)
-            log.warning("%s: taking over the lock left by %s: that run ended without "
-                        "releasing it", path, _describe(record))
+                    "check; if that run is over, remove this file and start again",
+                    path,
+                )
+            log.warning(
+                "%s: taking over the lock left by %s: that run ended without " "releasing it",
+                path,
+                _describe(record),
+            )
             if shared:  # another shard may have cleared it already: harmless
                 handle.seek(0)
                 handle.truncate()
@@ -147,10 +166,17 @@ def work_dir_lock(work_dir, shared=False, user="run of the pipeline", folder="wo
         if not shared:
             handle.seek(0)
             handle.truncate()
-            handle.write(json.dumps({
-                "pid": os.getpid(), "host": socket.gethostname(),
-                "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-                "command": " ".join(sys.argv)[:500]}) + "\n")
+            handle.write(
+                json.dumps(
+                    {
+                        "pid": os.getpid(),
+                        "host": socket.gethostname(),
+                        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                        "command": " ".join(sys.argv)[:500],
+                    }
+                )
+                + "\n"
+            )
             handle.flush()
         try:
             yield path

@@ -38,8 +38,9 @@ class MosesPreprocessor:
     def __call__(self, line):
         text = self.normalizer.normalize(line)
         text = replace_non_printing(text)
-        text = self.tokenizer.tokenize(text, aggressive_dash_splits=True, escape=True,
-                                       return_str=True)
+        text = self.tokenizer.tokenize(
+            text, aggressive_dash_splits=True, escape=True, return_str=True
+        )
         # One space between tokens and none inside them: fairseq and subword-nmt split
         # on different kinds of whitespace, so only plain spaces may separate tokens.
         return " ".join(text.split())

@@ -66,38 +66,81 @@ def add_pipeline_arguments(parser):
     """Options shared by the generic entry point and the WMT'14 script."""
     group = parser.add_argument_group("pipeline")
     group.add_argument("--work-dir", help="intermediate files (default: <repo>/work/<name>)")
-    group.add_argument("--data-bin", default=os.path.join(REPO_ROOT, "data-bin"),
-                       help="parent folder of the binarized output (default: <repo>/data-bin)")
-    group.add_argument("--workers", type=int, default=1,
-                       help="processes for tokenisation, tagging, BPE and binarization")
-    group.add_argument("--bpe-merges", type=int, default=40000,
-                       help="number of joint BPE merge operations to learn (default 40000)")
+    group.add_argument(
+        "--data-bin",
+        default=os.path.join(REPO_ROOT, "data-bin"),
+        help="parent folder of the binarized output (default: <repo>/data-bin)",
+    )
+    group.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="processes for tokenisation, tagging, BPE and binarization",
+    )
+    group.add_argument(
+        "--bpe-merges",
+        type=int,
+        default=40000,
+        help="number of joint BPE merge operations to learn (default 40000)",
+    )
     group.add_argument("--bpe-codes", help="use these BPE codes instead of learning them")
-    group.add_argument("--dict-size", type=int, default=None,
-                       help="cap the joint dictionary at this many types (--nwordssrc/tgt)")
-    group.add_argument("--no-tags", action="store_true",
-                       help="do not tag the source (required when it is not English)")
-    group.add_argument("--spacy-model", default=None,
-                       help="spaCy model for tagging (default: installed en_core_web_sm*)")
-    group.add_argument("--pos-scheme", choices=tagging.POS_SCHEMES, default="upos",
-                       help="upos: token.pos_ (17 universal tags, default); ptb: token.tag_")
-    group.add_argument("--tag-batch-size", type=positive_int, default=256,
-                       help="sentences per nlp.pipe batch")
-    group.add_argument("--tag-chunk-size", type=positive_int, default=10000,
-                       help="lines per resumable tagging chunk")
-    group.add_argument("--tag-shard", type=tagging.parse_shard, default=None, metavar="I/N",
-                       help="only tag shard I of N (0-based; for array jobs) and stop")
+    group.add_argument(
+        "--dict-size",
+        type=int,
+        default=None,
+        help="cap the joint dictionary at this many types (--nwordssrc/tgt)",
+    )
+    group.add_argument(
+        "--no-tags",
+        action="store_true",
+        help="do not tag the source (required when it is not English)",
+    )
+    group.add_argument(
+        "--spacy-model",
+        default=None,
+        help="spaCy model for tagging (default: installed en_core_web_sm*)",
+    )
+    group.add_argument(
+        "--pos-scheme",
+        choices=tagging.POS_SCHEMES,
+        default="upos",
+        help="upos: token.pos_ (17 universal tags, default); ptb: token.tag_",
+    )
+    group.add_argument(
+        "--tag-batch-size", type=positive_int, default=256, help="sentences per nlp.pipe batch"
+    )
+    group.add_argument(
+        "--tag-chunk-size",
+        type=positive_int,
+        default=10000,
+        help="lines per resumable tagging chunk",
+    )
+    group.add_argument(
+        "--tag-shard",
+        type=tagging.parse_shard,
+        default=None,
+        metavar="I/N",
+        help="only tag shard I of N (0-based; for array jobs) and stop",
+    )
     group.add_argument("--min-len", type=int, default=1, help="train: min tokens per side")
     group.add_argument("--max-len", type=int, default=250, help="train: max tokens per side")
-    group.add_argument("--max-ratio", type=float, default=1.5,
-                       help="train: max length ratio of the two sides")
-    group.add_argument("--utf8-errors", choices=("strict", "replace"), default="strict",
-                       help="strict: invalid UTF-8 is an error naming file and line")
+    group.add_argument(
+        "--max-ratio", type=float, default=1.5, help="train: max length ratio of the two sides"
+    )
+    group.add_argument(
+        "--utf8-errors",
+        choices=("strict", "replace"),
+        default="strict",
+        help="strict: invalid UTF-8 is an error naming file and line",
+    )
     group.add_argument("--stop-after", choices=STEPS, help="stop after this step")
-    group.add_argument("--force", action="store_true",
-                       help="redo the steps whose settings changed (and the steps after "
-                       "them; the others are kept) and rebuild the output folder, "
-                       "overwriting it")
+    group.add_argument(
+        "--force",
+        action="store_true",
+        help="redo the steps whose settings changed (and the steps after "
+        "them; the others are kept) and rebuild the output folder, "
+        "overwriting it",
+    )
     group.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
@@ -106,7 +149,8 @@ def build_parser():
     parser = argparse.ArgumentParser(
         prog="tpp-prepare-corpus",
         description="Tokenise, tag (POS/NER), BPE and binarize a parallel corpus.",
-        epilog="See docs/data_pipeline.md for every option and the output layout.")
+        epilog="See docs/data_pipeline.md for every option and the output layout.",
+    )
     parser.add_argument("--source-lang", "-s", required=True)
     parser.add_argument("--target-lang", "-t", required=True)
     parser.add_argument("--trainpref", required=True, help="train files are PREF.{src,tgt}")
@@ -138,42 +182,63 @@ def _copy(src_path, dst_path):
 
 
 # What the user knows each step setting by, for the error about changed settings.
-OPTION_NAMES = {"inputs": "the input files", "min": "--min-len", "max": "--max-len",
-                "ratio": "--max-ratio", "model": "--spacy-model", "pos_scheme": "--pos-scheme",
-                "chunk": "--tag-chunk-size", "batch": "--tag-batch-size",
-                "merges": "--bpe-merges", "codes": "--bpe-codes", "tags": "tagging (--no-tags)",
-                "dict_size": "--dict-size", "dest": "the output folder (--data-bin, --name)",
-                "archives": "the archives"}
+OPTION_NAMES = {
+    "inputs": "the input files",
+    "min": "--min-len",
+    "max": "--max-len",
+    "ratio": "--max-ratio",
+    "model": "--spacy-model",
+    "pos_scheme": "--pos-scheme",
+    "chunk": "--tag-chunk-size",
+    "batch": "--tag-batch-size",
+    "merges": "--bpe-merges",
+    "codes": "--bpe-codes",
+    "tags": "tagging (--no-tags)",
+    "dict_size": "--dict-size",
+    "dest": "the output folder (--data-bin, --name)",
+    "archives": "the archives",
+}
 
 
 def check_before_running(args, prefixes, src, tgt):
     """Every check that needs no step, so that a bad input or setting is an error before
     hours of tokenising and tagging rather than after. Returns {split: {lang: raw file}}."""
     if src == tgt:
-        raise DataError(f"source and target language are both '{src}' (-s, -t): they must "
-                        f"differ (each split is read from PREFIX.{src} and PREFIX.{tgt})")
+        raise DataError(
+            f"source and target language are both '{src}' (-s, -t): they must "
+            f"differ (each split is read from PREFIX.{src} and PREFIX.{tgt})"
+        )
     tags = not args.no_tags
     if args.tag_shard and args.force:
-        raise DataError("--force would wipe the other shards' work; do not combine it "
-                        "with --tag-shard")
+        raise DataError(
+            "--force would wipe the other shards' work; do not combine it " "with --tag-shard"
+        )
     if args.tag_shard and not tags:
         raise DataError("--tag-shard makes no sense with --no-tags")
     if tags and src != "en" and not args.spacy_model:
-        raise DataError(f"the source language is '{src}', but tagging uses an English spaCy "
-                        "model; pass --no-tags, or --spacy-model for a model of that language")
+        raise DataError(
+            f"the source language is '{src}', but tagging uses an English spaCy "
+            "model; pass --no-tags, or --spacy-model for a model of that language"
+        )
     if tags:
         tagging.check_model(args.spacy_model)
     raw = {s: {lang: f"{prefixes[s]}.{lang}" for lang in (src, tgt)} for s in SPLITS}
     for split in SPLITS:
         for path in raw[split].values():
             if os.path.isdir(path):
-                raise DataError(f"is a folder, not a file: the {split} files are "
-                                f"PREFIX.{src} and PREFIX.{tgt} (--{split}pref PREFIX)", path)
+                raise DataError(
+                    f"is a folder, not a file: the {split} files are "
+                    f"PREFIX.{src} and PREFIX.{tgt} (--{split}pref PREFIX)",
+                    path,
+                )
             if not os.path.isfile(path):
                 raise DataError("input file not found", path)
         if check_same_line_count(list(raw[split].values())) == 0:
-            raise DataError(f"the {split} set is empty (0 lines in both files): every split "
-                            "needs at least one sentence pair", raw[split][src])
+            raise DataError(
+                f"the {split} set is empty (0 lines in both files): every split "
+                "needs at least one sentence pair",
+                raw[split][src],
+            )
     if args.bpe_codes:
         bpe.check_codes(args.bpe_codes)
     return raw
@@ -190,15 +255,22 @@ def run_pipeline(args, prefixes, name, src, tgt):
     if args.stop_after in (None, "binarize") and not args.tag_shard:
         parent = os.path.dirname(dest_dir) or "."
         ensure_writable_dir(parent, "--data-bin folder")
-        lock = work_dir_lock(parent, folder=f"output folder {dest_dir}",
-                             lock_name=f".{os.path.basename(dest_dir)}.lock")
+        lock = work_dir_lock(
+            parent,
+            folder=f"output folder {dest_dir}",
+            lock_name=f".{os.path.basename(dest_dir)}.lock",
+        )
     with lock:
         ledger = StepLedger(work_dir, force=args.force, names=OPTION_NAMES)
-        made_here = ((ledger.saved("binarize") or {}).get("settings") or {}).get("dest") \
-            == os.path.abspath(dest_dir)
+        made_here = ((ledger.saved("binarize") or {}).get("settings") or {}).get(
+            "dest"
+        ) == os.path.abspath(dest_dir)
         if os.path.exists(dest_dir) and not args.force and not made_here:
-            raise DataError("output folder exists and was not made by this run's work folder; "
-                            "pass --force to overwrite it", dest_dir)
+            raise DataError(
+                "output folder exists and was not made by this run's work folder; "
+                "pass --force to overwrite it",
+                dest_dir,
+            )
         return _run_steps(args, raw, src, tgt, work_dir, dest_dir, ledger)
 
 
@@ -212,29 +284,40 @@ def _run_steps(args, raw, src, tgt, work_dir, dest_dir, ledger):
         for split in SPLITS:
             for lang, path in raw[split].items():
                 log.info("tokenising %s", path)
-                moses.tokenize_file(path, lay.path("tok", split, lang), lang, args.workers,
-                                    args.utf8_errors)
+                moses.tokenize_file(
+                    path, lay.path("tok", split, lang), lang, args.workers, args.utf8_errors
+                )
 
-    stamp = ledger.run("tokenize", {"inputs": [file_identity(p) for s in SPLITS
-                                               for p in raw[s].values()]},
-                       lay.texts("tok"), tokenize)
+    stamp = ledger.run(
+        "tokenize",
+        {"inputs": [file_identity(p) for s in SPLITS for p in raw[s].values()]},
+        lay.texts("tok"),
+        tokenize,
+    )
     if stop == "tokenize":
         return None
 
     # 2. preclean (train only, like the recipe; valid/test are kept whole) ----------------
     def preclean():
         pre_filter = cleaning.SafePreFilter(args.min_len, args.max_len)
-        kept, dropped = cleaning.filter_aligned(lay.texts("tok", ["train"]),
-                                                lay.texts("clean", ["train"]), pre_filter)
-        cleaning.require_pairs(kept, dropped, lay.texts("tok", ["train"]), pre_filter,
-                               [raw["train"][src], raw["train"][tgt]],
-                               "tokenisation and cleaning (empty lines, --min-len, --max-len)")
+        kept, dropped = cleaning.filter_aligned(
+            lay.texts("tok", ["train"]), lay.texts("clean", ["train"]), pre_filter
+        )
+        cleaning.require_pairs(
+            kept,
+            dropped,
+            lay.texts("tok", ["train"]),
+            pre_filter,
+            [raw["train"][src], raw["train"][tgt]],
+            "tokenisation and cleaning (empty lines, --min-len, --max-len)",
+        )
         for split in ("valid", "test"):
             for lang in (src, tgt):
                 _copy(lay.path("tok", split, lang), lay.path("clean", split, lang))
 
-    stamp = ledger.run("preclean", {"min": args.min_len, "max": args.max_len},
-                       lay.texts("clean"), preclean, stamp)
+    stamp = ledger.run(
+        "preclean", {"min": args.min_len, "max": args.max_len}, lay.texts("clean"), preclean, stamp
+    )
     if stop == "preclean":
         return None
 
@@ -244,34 +327,72 @@ def _run_steps(args, raw, src, tgt, work_dir, dest_dir, ledger):
         model = args.spacy_model or tagging.default_model_name()
         tag_settings = {"model": model, "pos_scheme": args.pos_scheme}
         label_sets_path = os.path.join(work_dir, "tags", "label_sets.json")
-        jobs = [tagging.TagJob(lay.path("clean", s, src), os.path.join(work_dir, "tags", s),
-                               args.tag_chunk_size) for s in SPLITS]
+        jobs = [
+            tagging.TagJob(
+                lay.path("clean", s, src), os.path.join(work_dir, "tags", s), args.tag_chunk_size
+            )
+            for s in SPLITS
+        ]
         if args.tag_shard:
-            if ledger.is_done("tag", _tag_stamp(tag_settings, args, stamp),
-                              _tag_settings(tag_settings, args), stamp):
+            if ledger.is_done(
+                "tag",
+                _tag_stamp(tag_settings, args, stamp),
+                _tag_settings(tag_settings, args),
+                stamp,
+            ):
                 log.info("tagging already complete")
                 return None
-            n, words, secs = tagging.tag_files(jobs, model, args.pos_scheme, args.workers,
-                                               args.tag_batch_size, args.tag_shard,
-                                               progress=not args.quiet)
-            log.info("shard %d/%d: tagged %d sentences (%d words) in %.0fs",
-                     *args.tag_shard, n, words, secs)
+            n, words, secs = tagging.tag_files(
+                jobs,
+                model,
+                args.pos_scheme,
+                args.workers,
+                args.tag_batch_size,
+                args.tag_shard,
+                progress=not args.quiet,
+            )
+            log.info(
+                "shard %d/%d: tagged %d sentences (%d words) in %.0fs",
+                *args.tag_shard,
+                n,
+                words,
+                secs,
+            )
             return None
 
         def tag():
-            tagging.tag_files(jobs, model, args.pos_scheme, args.workers, args.tag_batch_size,
-                              force=args.force, progress=not args.quiet)
+            tagging.tag_files(
+                jobs,
+                model,
+                args.pos_scheme,
+                args.workers,
+                args.tag_batch_size,
+                force=args.force,
+                progress=not args.quiet,
+            )
             for job in jobs:
                 tagging.merge_tags(job)
             labeler = tagging._worker_labeler or tagging.Labeler(model, args.pos_scheme)
             import json
-            with atomic_open(label_sets_path) as out:
-                json.dump({"label_sets": labeler.label_sets(), "model": labeler.model_version,
-                           "pos_scheme": args.pos_scheme}, out, indent=1)
 
-        stamp = ledger.run("tag", _tag_settings(tag_settings, args),
-                           [o for j in jobs for o in j.outputs()] + [label_sets_path], tag,
-                           stamp)
+            with atomic_open(label_sets_path) as out:
+                json.dump(
+                    {
+                        "label_sets": labeler.label_sets(),
+                        "model": labeler.model_version,
+                        "pos_scheme": args.pos_scheme,
+                    },
+                    out,
+                    indent=1,
+                )
+
+        stamp = ledger.run(
+            "tag",
+            _tag_settings(tag_settings, args),
+            [o for j in jobs for o in j.outputs()] + [label_sets_path],
+            tag,
+            stamp,
+        )
     if stop == "tag":
         return None
 
@@ -282,8 +403,12 @@ def _run_steps(args, raw, src, tgt, work_dir, dest_dir, ledger):
         learn = lambda: _copy(args.bpe_codes, codes)  # noqa: E731
     else:
         bpe_settings = {"merges": args.bpe_merges}
-        learn = lambda: bpe.learn_joint_bpe(lay.texts("clean", ["train"]), codes,  # noqa: E731
-                                            args.bpe_merges, args.workers)
+        learn = lambda: bpe.learn_joint_bpe(
+            lay.texts("clean", ["train"]),
+            codes,  # noqa: E731
+            args.bpe_merges,
+            args.workers,
+        )
     stamp = ledger.run("bpe_learn", bpe_settings, [codes], learn, stamp)
     if stop == "bpe_learn":
         return None
@@ -293,10 +418,21 @@ def _run_steps(args, raw, src, tgt, work_dir, dest_dir, ledger):
         for split in SPLITS:
             tag_in = [lay.path("tags", split, k) for k in TAG_KINDS] if tags else []
             tag_out = [lay.path("bpe", split, k) for k in TAG_KINDS] if tags else []
-            bpe.apply_bpe(codes, lay.path("clean", split, src), lay.path("bpe", split, src),
-                          tag_in, tag_out, args.workers, TAG_KINDS)
-            bpe.apply_bpe(codes, lay.path("clean", split, tgt), lay.path("bpe", split, tgt),
-                          workers=args.workers)
+            bpe.apply_bpe(
+                codes,
+                lay.path("clean", split, src),
+                lay.path("bpe", split, src),
+                tag_in,
+                tag_out,
+                args.workers,
+                TAG_KINDS,
+            )
+            bpe.apply_bpe(
+                codes,
+                lay.path("clean", split, tgt),
+                lay.path("bpe", split, tgt),
+                workers=args.workers,
+            )
 
     outputs = lay.texts("bpe") + (lay.tags("bpe") if tags else [])
     stamp = ledger.run("bpe_apply", {"tags": tags}, outputs, apply, stamp)
@@ -312,10 +448,14 @@ def _run_steps(args, raw, src, tgt, work_dir, dest_dir, ledger):
             if split == "train":
                 length_filter = cleaning.LengthFilter(args.min_len, args.max_len, args.max_ratio)
                 kept, dropped = cleaning.filter_aligned(ins, outs, length_filter)
-                cleaning.require_pairs(kept, dropped, ins[:2], length_filter,
-                                       [raw["train"][src], raw["train"][tgt]],
-                                       "BPE and the length/ratio filter (--min-len, "
-                                       "--max-len, --max-ratio)")
+                cleaning.require_pairs(
+                    kept,
+                    dropped,
+                    ins[:2],
+                    length_filter,
+                    [raw["train"][src], raw["train"][tgt]],
+                    "BPE and the length/ratio filter (--min-len, " "--max-len, --max-ratio)",
+                )
             else:
                 for i, o in zip(ins, outs):
                     _copy(i, o)
@@ -329,21 +469,43 @@ def _run_steps(args, raw, src, tgt, work_dir, dest_dir, ledger):
     # 7. binarize ------------------------------------------------------------------------
     def binarize():
         label_sets = None
-        info = {"source_lang": src, "target_lang": tgt, "bpe": bpe_settings,
-                "dict_size": args.dict_size, "clean": filt, "tags": tag_settings}
+        info = {
+            "source_lang": src,
+            "target_lang": tgt,
+            "bpe": bpe_settings,
+            "dict_size": args.dict_size,
+            "clean": filt,
+            "tags": tag_settings,
+        }
         if tags:
             import json
+
             with open(os.path.join(work_dir, "tags", "label_sets.json"), encoding="utf-8") as f:
                 saved = json.load(f)
             label_sets = saved["label_sets"]
             info["tags"] = dict(tag_settings, model_version=saved["model"])
-        binarize_mod.binarize(os.path.join(work_dir, "final"), src, tgt, dest_dir,
-                              args.dict_size, args.workers, label_sets, info)
+        binarize_mod.binarize(
+            os.path.join(work_dir, "final"),
+            src,
+            tgt,
+            dest_dir,
+            args.dict_size,
+            args.workers,
+            label_sets,
+            info,
+        )
 
     # Where the output goes is not what it holds: another --data-bin just binarizes
     # again (nothing to overwrite, checked above); --force always rebuilds the output.
-    ledger.run("binarize", {"dict_size": args.dict_size, "dest": os.path.abspath(dest_dir)},
-               [dest_dir], binarize, stamp, relocatable=("dest",), redo=args.force)
+    ledger.run(
+        "binarize",
+        {"dict_size": args.dict_size, "dest": os.path.abspath(dest_dir)},
+        [dest_dir],
+        binarize,
+        stamp,
+        relocatable=("dest",),
+        redo=args.force,
+    )
     log.info("done: %s", dest_dir)
     return dest_dir
 
@@ -354,8 +516,10 @@ def _tag_settings(tag_settings, args):
 
 def _tag_stamp(tag_settings, args, upstream):
     from .steps import fingerprint
-    return fingerprint({"step": "tag", "settings": _tag_settings(tag_settings, args),
-                        "upstream": upstream})
+
+    return fingerprint(
+        {"step": "tag", "settings": _tag_settings(tag_settings, args), "upstream": upstream}
+    )
 
 
 def setup_logging():

@@ -73,8 +73,11 @@ def side_path(prefix: str, lang: str) -> Path:
     packed = Path(f"{prefix}.{lang}.xz")
     for path in (plain, packed):
         if path.is_dir():
-            raise DataError(f"is a folder, not a file: --corpus PREFIX reads the files "
-                            f"PREFIX.{lang} (or PREFIX.{lang}.xz), one sentence per line", path)
+            raise DataError(
+                f"is a folder, not a file: --corpus PREFIX reads the files "
+                f"PREFIX.{lang} (or PREFIX.{lang}.xz), one sentence per line",
+                path,
+            )
     if plain.exists():
         return plain
     if packed.exists():
@@ -113,9 +116,12 @@ def carve(
             current = next(names, None)
     for name, wanted in sizes.items():
         if len(splits[name]) < wanted:
-            raise DataError(f"only {len(splits[name])} distinct pairs left for {name} ({wanted} asked)")
+            raise DataError(
+                f"only {len(splits[name])} distinct pairs left for {name} ({wanted} asked)"
+            )
     splits["train"] = [
-        i for i in range(len(sources))
+        i
+        for i in range(len(sources))
         if normalise(sources[i]) not in taken_src and normalise(targets[i]) not in taken_tgt
     ]
     for name in sizes:
@@ -128,8 +134,11 @@ def write_lines(path: Path, lines: Sequence[str]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise DataError(f"cannot create the output folder ({exc.strerror}): choose an --out "
-                        "you can write to", exc.filename or path.parent) from None
+        raise DataError(
+            f"cannot create the output folder ({exc.strerror}): choose an --out "
+            "you can write to",
+            exc.filename or path.parent,
+        ) from None
     with atomic_open(path) as handle:
         for line in lines:
             handle.write(line + "\n")
@@ -162,7 +171,9 @@ def carve_corpus(
     out_dir = Path(out_dir)
     given = dict(given or {})
     names = ["train", *sizes, *given]
-    outputs = {name: (out_dir / f"{name}.{src_lang}", out_dir / f"{name}.{tgt_lang}") for name in names}
+    outputs = {
+        name: (out_dir / f"{name}.{src_lang}", out_dir / f"{name}.{tgt_lang}") for name in names
+    }
     if not force and all(p.exists() for pair in outputs.values() for p in pair):
         return outputs
     sources, targets = read_pairs(prefix, src_lang, tgt_lang)
@@ -187,7 +198,8 @@ def main(argv=None) -> int:
         "deduplicated against training on both sides.",
         epilog="Example: tpp-carve-splits --corpus corpora/en-de/train -s en -t de "
         "--valid 1000 --test 2000 --out work/study/raw (inputs may be .xz); writes "
-        "OUT/{train,valid,test}.{src,tgt}.")
+        "OUT/{train,valid,test}.{src,tgt}.",
+    )
     parser.add_argument("--corpus", required=True, help="PREFIX of PREFIX.{src,tgt}[.xz]")
     parser.add_argument("-s", "--source-lang", required=True)
     parser.add_argument("-t", "--target-lang", required=True)
@@ -198,9 +210,15 @@ def main(argv=None) -> int:
     parser.add_argument("--force", action="store_true", help="carve again over existing outputs")
     args = parser.parse_args(argv)
     try:
-        outputs = carve_corpus(args.corpus, args.source_lang, args.target_lang, args.out,
-                               {"test": args.test, "valid": args.valid}, seed=args.seed,
-                               force=args.force)
+        outputs = carve_corpus(
+            args.corpus,
+            args.source_lang,
+            args.target_lang,
+            args.out,
+            {"test": args.test, "valid": args.valid},
+            seed=args.seed,
+            force=args.force,
+        )
     except (DataError, OSError) as err:
         reported = err if isinstance(err, DataError) else from_os_error(err, folders="--out")
         if reported is None:
@@ -210,7 +228,9 @@ def main(argv=None) -> int:
     for name, (src, _) in outputs.items():
         with open(src, encoding="utf-8") as handle:
             count = sum(1 for _ in handle)
-        print(f"{name}: {count} pairs -> {src.with_suffix('')}.{{{args.source_lang},{args.target_lang}}}")
+        print(
+            f"{name}: {count} pairs -> {src.with_suffix('')}.{{{args.source_lang},{args.target_lang}}}"
+        )
     return 0
 
 

@@ -39,6 +39,7 @@ def _plain(value):
 
 def _describe_change(label, old, new):
     """One changed setting, in words: ``label`` names it (an option, usually)."""
+
     def files(value):
         if isinstance(value, dict) and "path" in value:
             return [value]
@@ -88,8 +89,11 @@ class StepLedger:
     def changes(self, saved, settings, upstream):
         """What differs between a marker and this run: a list of phrases."""
         old, new = saved.get("settings") or {}, _plain(settings or {})
-        found = [_describe_change(self.names.get(key, key), old.get(key), new.get(key))
-                 for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+        found = [
+            _describe_change(self.names.get(key, key), old.get(key), new.get(key))
+            for key in sorted(set(old) | set(new))
+            if old.get(key) != new.get(key)
+        ]
         if not found:  # same settings, so the stamp of the step before differs
             found.append("the steps before it were done with other settings or inputs")
         return found
@@ -111,17 +115,23 @@ class StepLedger:
                 moved = {k for k in set(old) | set(new) if old.get(k) != new.get(k)}
                 changes = "; ".join(self.changes(saved, settings, upstream))
                 if moved and moved <= set(relocatable) and saved.get("upstream") == upstream:
-                    log.info("step %s: done before with %s; running it again for this run",
-                             name, changes)
+                    log.info(
+                        "step %s: done before with %s; running it again for this run", name, changes
+                    )
                     return False
             if self.force:
-                log.info("step %s: settings changed (%s): redoing it and the steps after it",
-                         name, changes)
+                log.info(
+                    "step %s: settings changed (%s): redoing it and the steps after it",
+                    name,
+                    changes,
+                )
                 return False
             raise DataError(
                 f"step '{name}' was already done with other settings or inputs: {changes}; "
                 "re-run with --force to redo this step and the ones after it (the steps "
-                "before it are kept), or use another --work-dir", marker)
+                "before it are kept), or use another --work-dir",
+                marker,
+            )
         missing = [p for p in saved.get("outputs", []) if not os.path.exists(p)]
         if missing:
             log.warning("step %s: outputs missing (%s), redoing it", name, ", ".join(missing))
@@ -145,6 +155,16 @@ class StepLedger:
         if missing:
             raise DataError(f"step '{name}' finished without writing {', '.join(missing)}")
         with atomic_open(self.marker_path(name)) as handle:
-            json.dump({"stamp": stamp, "settings": settings, "upstream": upstream,
-                       "outputs": list(outputs)}, handle, indent=1, sort_keys=True, default=str)
+            json.dump(
+                {
+                    "stamp": stamp,
+                    "settings": settings,
+                    "upstream": upstream,
+                    "outputs": list(outputs),
+                },
+                handle,
+                indent=1,
+                sort_keys=True,
+                default=str,
+            )
         return stamp

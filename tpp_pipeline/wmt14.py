@@ -84,10 +84,12 @@ def expected_members(pair):
     members = {}
     for archive, stem, gz in TRAIN_CORPORA[pair]:
         members.setdefault(archive, []).extend(
-            f"{stem}.{lang}" + (".gz" if gz else "") for lang in (tgt, src))
+            f"{stem}.{lang}" + (".gz" if gz else "") for lang in (tgt, src)
+        )
     for archive, pattern in TEST_SETS.values():
         members.setdefault(archive, []).extend(
-            _sgm_name(pattern, pair, side, lang) for side, lang in (("src", src), ("ref", tgt)))
+            _sgm_name(pattern, pair, side, lang) for side, lang in (("src", src), ("ref", tgt))
+        )
     return members
 
 
@@ -126,8 +128,9 @@ def _stream_member_lines(handle, where, utf8_errors):
         try:
             yield raw.decode("utf-8", errors=utf8_errors)
         except UnicodeDecodeError:
-            raise DataError("invalid UTF-8 (pass --utf8-errors replace to substitute U+FFFD)",
-                            where, number) from None
+            raise DataError(
+                "invalid UTF-8 (pass --utf8-errors replace to substitute U+FFFD)", where, number
+            ) from None
 
 
 def _extract_parallel_members(archive_path, names, part_paths, utf8_errors):
@@ -142,8 +145,9 @@ def _extract_parallel_members(archive_path, names, part_paths, utf8_errors):
                 where = f"{archive_path}:{name}"
                 with atomic_open(part_paths[name]) as out:
                     count = 0
-                    for line in _stream_member_lines(archive.extractfile(member), where,
-                                                     utf8_errors):
+                    for line in _stream_member_lines(
+                        archive.extractfile(member), where, utf8_errors
+                    ):
                         out.write(line + "\n")
                         count += 1
                 counts[name] = count
@@ -183,8 +187,11 @@ def extract_train(pair, raw_dir, out_dir, utf8_errors="strict"):
             parts = {n: os.path.join(parts_dir, os.path.basename(n)) for n in names}
             counts = _extract_parallel_members(path, names, parts, utf8_errors)
             if counts[names[0]] != counts[names[1]]:
-                raise DataError(f"{counts[names[0]]} lines in {names[0]} but "
-                                f"{counts[names[1]]} in {names[1]}", path)
+                raise DataError(
+                    f"{counts[names[0]]} lines in {names[0]} but "
+                    f"{counts[names[1]]} in {names[1]}",
+                    path,
+                )
             log.info("%s: %d sentence pairs", path, counts[names[0]])
             for name, out in zip(names, outs):
                 with open(parts[name], encoding="utf-8", newline="\n") as part:
@@ -200,14 +207,20 @@ def extract_test_sets(pair, raw_dir, out_dir):
     outputs = []
     for split, (archive, pattern) in TEST_SETS.items():
         path = os.path.join(raw_dir, archive)
-        names = {lang: _sgm_name(pattern, pair, side, lang)
-                 for side, lang in (("src", src), ("ref", tgt))}
+        names = {
+            lang: _sgm_name(pattern, pair, side, lang)
+            for side, lang in (("src", src), ("ref", tgt))
+        }
         data = _read_members(path, list(names.values()))
-        segments = {lang: _sgm_segments(data[names[lang]], f"{path}:{names[lang]}")
-                    for lang in (src, tgt)}
+        segments = {
+            lang: _sgm_segments(data[names[lang]], f"{path}:{names[lang]}") for lang in (src, tgt)
+        }
         if len(segments[src]) != len(segments[tgt]):
-            raise DataError(f"{len(segments[src])} segments in {names[src]} but "
-                            f"{len(segments[tgt])} in {names[tgt]}", path)
+            raise DataError(
+                f"{len(segments[src])} segments in {names[src]} but "
+                f"{len(segments[tgt])} in {names[tgt]}",
+                path,
+            )
         paths = [os.path.join(out_dir, f"{split}.{lang}") for lang in (src, tgt)]
         with atomic_files(paths) as outs:
             for lang, out in zip((src, tgt), outs):
@@ -223,8 +236,11 @@ def obtain_archives(pair, raw_dir=None, download_dir=None):
         missing = [n for n in names if not os.path.isfile(os.path.join(raw_dir, n))]
         if missing:
             listing = "\n".join(f"  {n}  <- {ARCHIVE_URLS[n]}" for n in missing)
-            raise DataError(f"missing archives for WMT'14 {pair}; expected these files "
-                            f"(download them from the URLs shown):\n{listing}", raw_dir)
+            raise DataError(
+                f"missing archives for WMT'14 {pair}; expected these files "
+                f"(download them from the URLs shown):\n{listing}",
+                raw_dir,
+            )
         return raw_dir
     for name in names:
         download_mod.download(ARCHIVE_URLS[name], os.path.join(download_dir, name))
@@ -235,16 +251,23 @@ def build_parser():
     parser = argparse.ArgumentParser(
         prog="tpp-prepare-wmt14",
         description="Download (or read) WMT'14 En-De/En-Fr and prepare data-bin/<name>/.",
-        epilog="See docs/data_pipeline.md.")
+        epilog="See docs/data_pipeline.md.",
+    )
     parser.add_argument("--pair", choices=sorted(TRAIN_CORPORA), required=True)
     parser.add_argument("--name", help="output name (default: wmt14_en_de / wmt14_en_fr)")
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--raw-dir", help="folder with the archives already downloaded "
-                        "(no network access); see --list-files")
-    source.add_argument("--download-dir", help="where to download the archives "
-                        "(default: <work-dir>/orig)")
-    parser.add_argument("--list-files", action="store_true",
-                        help="print the archives (and members) --raw-dir must hold, and exit")
+    source.add_argument(
+        "--raw-dir",
+        help="folder with the archives already downloaded " "(no network access); see --list-files",
+    )
+    source.add_argument(
+        "--download-dir", help="where to download the archives " "(default: <work-dir>/orig)"
+    )
+    parser.add_argument(
+        "--list-files",
+        action="store_true",
+        help="print the archives (and members) --raw-dir must hold, and exit",
+    )
     pipeline.add_pipeline_arguments(parser)
     parser.set_defaults(dict_size=-1)
     return parser
@@ -277,12 +300,12 @@ def main(argv=None):
 
 def _prepare(args, name, src, tgt, work_dir, raw_out):
     """Archives -> raw text -> the generic pipeline (under the work folder's lock)."""
-    archives = obtain_archives(args.pair, args.raw_dir,
-                               args.download_dir or os.path.join(work_dir, "orig"))
+    archives = obtain_archives(
+        args.pair, args.raw_dir, args.download_dir or os.path.join(work_dir, "orig")
+    )
     ledger = StepLedger(work_dir, force=args.force, names=pipeline.OPTION_NAMES)
     identities = [file_identity(os.path.join(archives, n)) for n in expected_archives(args.pair)]
-    outputs = [os.path.join(raw_out, f"{s}.{lang}") for s in pipeline.SPLITS
-               for lang in (src, tgt)]
+    outputs = [os.path.join(raw_out, f"{s}.{lang}") for s in pipeline.SPLITS for lang in (src, tgt)]
 
     def extract():
         extract_train(args.pair, archives, raw_out, args.utf8_errors)

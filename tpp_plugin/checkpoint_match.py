@@ -33,12 +33,23 @@ RECORD_VERSION = 1
 # the configuration and are not compared either), where pre-trained embeddings were
 # read from (initialisation only), switches that trade speed for memory, and the
 # choice between implementations of the same function.
-IGNORED_MODEL_KEYS = frozenset({
-    "task", "criterion", "optimizer", "lr_scheduler", "bpe", "tokenizer", "scoring",
-    "encoder_embed_path", "decoder_embed_path",
-    "checkpoint_activations", "offload_activations", "min_params_to_wrap",
-    "conv_heads_impl",
-})
+IGNORED_MODEL_KEYS = frozenset(
+    {
+        "task",
+        "criterion",
+        "optimizer",
+        "lr_scheduler",
+        "bpe",
+        "tokenizer",
+        "scoring",
+        "encoder_embed_path",
+        "decoder_embed_path",
+        "checkpoint_activations",
+        "offload_activations",
+        "min_params_to_wrap",
+        "conv_heads_impl",
+    }
+)
 
 #: the state-dict keys whose rows are the source and target dictionaries' words
 EMBEDDING_KEYS = {"source": "encoder.embed_tokens.weight", "target": "decoder.embed_tokens.weight"}
@@ -96,8 +107,10 @@ def record_of_task(task, data=None):
     return {
         "version": RECORD_VERSION,
         "data": first_data_folder(data) if data else task_data_folder(task),
-        "dictionaries": {role: {"file": name, **fingerprint(dictionary)}
-                         for role, (name, dictionary) in dictionaries.items()},
+        "dictionaries": {
+            role: {"file": name, **fingerprint(dictionary)}
+            for role, (name, dictionary) in dictionaries.items()
+        },
     }
 
 
@@ -111,9 +124,15 @@ def record_of_data_folder(data, source_lang, target_lang):
         name = f"dict.{lang}.txt"
         path = os.path.join(first_data_folder(data), name)
         if not os.path.isfile(path):
-            raise CheckpointMismatch(f"{path}: no such dictionary (the {role} dictionary of {data})")
+            raise CheckpointMismatch(
+                f"{path}: no such dictionary (the {role} dictionary of {data})"
+            )
         dictionaries[role] = {"file": name, **fingerprint(Dictionary.load(path))}
-    return {"version": RECORD_VERSION, "data": first_data_folder(data), "dictionaries": dictionaries}
+    return {
+        "version": RECORD_VERSION,
+        "data": first_data_folder(data),
+        "dictionaries": dictionaries,
+    }
 
 
 def recorded(state):
@@ -140,8 +159,12 @@ def what_checks_read(state):
     """The part of a loaded checkpoint that the checks read: its record, configuration
     and token embeddings (to keep it without the other weights)."""
     model = state.get("model") or {}
-    return {RECORD_KEY: state.get(RECORD_KEY), "cfg": state.get("cfg"), "args": state.get("args"),
-            "model": {key: model[key] for key in EMBEDDING_KEYS.values() if key in model}}
+    return {
+        RECORD_KEY: state.get(RECORD_KEY),
+        "cfg": state.get("cfg"),
+        "args": state.get("args"),
+        "model": {key: model[key] for key in EMBEDDING_KEYS.values() if key in model},
+    }
 
 
 def trained_data_folder(state) -> str:
@@ -162,9 +185,13 @@ def dictionary_differences(record, current):
     """``[(role, recorded entry, current entry)]`` of the dictionaries both records hold
     and that differ."""
     ours, theirs = record.get("dictionaries") or {}, current.get("dictionaries") or {}
-    return [(role, ours[role], theirs[role]) for role in ours
-            if role in theirs and (ours[role].get("size"), ours[role].get("sha256"))
-            != (theirs[role].get("size"), theirs[role].get("sha256"))]
+    return [
+        (role, ours[role], theirs[role])
+        for role in ours
+        if role in theirs
+        and (ours[role].get("size"), ours[role].get("sha256"))
+        != (theirs[role].get("size"), theirs[role].get("sha256"))
+    ]
 
 
 def describe_dictionaries(differences, first_name, second_name):
@@ -178,8 +205,10 @@ def describe_dictionaries(differences, first_name, second_name):
         what = f"{', '.join(roles[:-1])} and {roles[-1]} dictionaries ({files}) differ from those"
     _, first, second = differences[0]
     if first.get("size") == second.get("size"):
-        how = (f"the same size ({first.get('size')} types) but other words or another order, so "
-               "every embedding row would stand for another word")
+        how = (
+            f"the same size ({first.get('size')} types) but other words or another order, so "
+            "every embedding row would stand for another word"
+        )
     else:
         how = f"{first.get('size')} types in {first_name}, {second.get('size')} in {second_name}"
     return what, how
@@ -196,8 +225,10 @@ def check_dictionaries(state, current, checkpoint, hint=""):
         differences = dictionary_differences(record, current)
         if differences:
             what, how = describe_dictionaries(differences, "the checkpoint's", "the data folder's")
-            raise CheckpointMismatch(f"{checkpoint} was trained on {record.get('data')}, whose {what} "
-                                     f"in {current.get('data')}: {how}{hint}")
+            raise CheckpointMismatch(
+                f"{checkpoint} was trained on {record.get('data')}, whose {what} "
+                f"in {current.get('data')}: {how}{hint}"
+            )
         return True
     rows = embedding_rows(state)
     for role, entry in (current.get("dictionaries") or {}).items():
@@ -205,7 +236,8 @@ def check_dictionaries(state, current, checkpoint, hint=""):
             raise CheckpointMismatch(
                 f"{checkpoint} was trained on {trained_data_folder(state)}, with another {role} "
                 f"dictionary than {entry.get('file')} of {current.get('data')}: {rows[role]} types in "
-                f"the checkpoint's embeddings, {entry.get('size')} in the data folder's{hint}")
+                f"the checkpoint's embeddings, {entry.get('size')} in the data folder's{hint}"
+            )
     return False
 
 
@@ -303,8 +335,9 @@ def more_options(differences) -> str:
 def check_resumed_options(state, current_cfg, checkpoint):
     """Raise :class:`CheckpointMismatch` when the run being resumed from ``checkpoint``
     now has other model options than the checkpoint was trained with."""
-    differences = config_differences(model_options(state, checkpoint),
-                                     model_options({"cfg": current_cfg}, "the command line"))
+    differences = config_differences(
+        model_options(state, checkpoint), model_options({"cfg": current_cfg}, "the command line")
+    )
     if not differences:
         return
     key, saved, now = differences[0]
@@ -312,4 +345,5 @@ def check_resumed_options(state, current_cfg, checkpoint):
         f"{checkpoint} was trained with other model options than this run has: {option_name(key)} "
         f"{saved!r} in the checkpoint, {now!r} now{more_options(differences)}. Resume with the run's "
         "own options, or start a new run in another --save-dir (--reset-optimizer starts a new "
-        "training from these weights)")
+        "training from these weights)"
+    )

@@ -36,7 +36,9 @@ def parse_named(value, option: str, cast: Callable[[str], T] = int) -> Dict[str,
             if cast is int and not raw.isdigit():
                 raise ValueError
         except ValueError:
-            raise ValueError(f"--{option}: expected NAME:{kind}[,NAME:{kind}...], got {value!r}") from None
+            raise ValueError(
+                f"--{option}: expected NAME:{kind}[,NAME:{kind}...], got {value!r}"
+            ) from None
         if name in result:
             raise ValueError(f"--{option}: {name!r} given twice in {value!r}")
         result[name] = number

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+
 class AnalysisError(Exception):
     """A problem with the user's input; the message says what to fix."""
 
@@ -19,13 +20,24 @@ class AnalysisError(Exception):
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """The options every analysis script takes to find a model and a sentence."""
     parser.add_argument("--path", type=Path, required=True, help="model checkpoint (.pt)")
-    parser.add_argument("--data", type=Path, required=True,
-                        help="data-bin folder the model was trained on (for its dictionaries)")
-    parser.add_argument("--bpe-codes", type=Path, default=None,
-                        help="subword-nmt BPE codes: the sentence is raw text, to be "
-                             "Moses-tokenised and BPE-segmented as in training")
-    parser.add_argument("--tokenize", action="store_true",
-                        help="Moses-tokenise the raw sentence (implied by --bpe-codes)")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        required=True,
+        help="data-bin folder the model was trained on (for its dictionaries)",
+    )
+    parser.add_argument(
+        "--bpe-codes",
+        type=Path,
+        default=None,
+        help="subword-nmt BPE codes: the sentence is raw text, to be "
+        "Moses-tokenised and BPE-segmented as in training",
+    )
+    parser.add_argument(
+        "--tokenize",
+        action="store_true",
+        help="Moses-tokenise the raw sentence (implied by --bpe-codes)",
+    )
 
 
 @dataclass
@@ -50,8 +62,10 @@ def load_model(checkpoint: Path, data: Path) -> LoadedModel:
     if not data.is_dir():
         raise AnalysisError(f"data folder not found: {data}")
     if not list(data.glob("dict.*.txt")):
-        raise AnalysisError(f"no dictionaries (dict.*.txt) in {data}: pass the data-bin "
-                            "folder the model was trained on")
+        raise AnalysisError(
+            f"no dictionaries (dict.*.txt) in {data}: pass the data-bin "
+            "folder the model was trained on"
+        )
 
     # imported here: fairseq takes seconds to import, the argument checks above do not
     from fairseq import checkpoint_utils, utils
@@ -66,19 +80,22 @@ def load_model(checkpoint: Path, data: Path) -> LoadedModel:
     utils.import_user_module(argparse.Namespace(user_dir=os.path.dirname(tpp_plugin.__file__)))
     try:
         models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-            [str(checkpoint)], arg_overrides={"data": str(data)})
+            [str(checkpoint)], arg_overrides={"data": str(data)}
+        )
     except AnalysisError:
         raise
     except Exception as err:  # fairseq raises many kinds; the user needs the reason
         reason = (str(err).strip().splitlines() or [""])[0]  # torch's messages run long
-        raise AnalysisError(f"cannot load checkpoint {checkpoint}: "
-                            f"{type(err).__name__}: {reason}") from err
+        raise AnalysisError(
+            f"cannot load checkpoint {checkpoint}: " f"{type(err).__name__}: {reason}"
+        ) from err
     model = models[0].cpu().eval()
     return LoadedModel(model, task, cfg)
 
 
-def prepare_sentence(sentence: str, lang: str, bpe_codes: Path | None = None,
-                     tokenize: bool = False) -> str:
+def prepare_sentence(
+    sentence: str, lang: str, bpe_codes: Path | None = None, tokenize: bool = False
+) -> str:
     """Raw sentence -> the space-separated (sub)word tokens the model was trained on.
 
     Without --bpe-codes and --tokenize the sentence is taken as already prepared.
@@ -109,8 +126,10 @@ def encode(loaded: LoadedModel, prepared: str):
     ids = src_dict.encode_line(prepared, add_if_not_exist=False, append_eos=True).long()
     tokens = [src_dict[i] for i in ids.tolist()]
     if all(i in (src_dict.unk(), src_dict.eos()) for i in ids.tolist()):
-        raise AnalysisError(f"no token of {prepared!r} is in the source dictionary: is "
-                            "the sentence tokenised/BPE-segmented like the training data?")
+        raise AnalysisError(
+            f"no token of {prepared!r} is in the source dictionary: is "
+            "the sentence tokenised/BPE-segmented like the training data?"
+        )
     return torch.as_tensor(ids).unsqueeze(0), tokens
 
 

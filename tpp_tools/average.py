@@ -84,25 +84,45 @@ def parse_args(argv=None):
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("\n\n", 1)[1],
     )
-    parser.add_argument("--inputs", nargs="+", required=True, metavar="PATH",
-                        help="checkpoint files, or one directory together with "
-                        "--num-epoch-checkpoints or --num-update-checkpoints")
-    parser.add_argument("--output", required=True, metavar="FILE",
-                        help="where to write the averaged checkpoint")
+    parser.add_argument(
+        "--inputs",
+        nargs="+",
+        required=True,
+        metavar="PATH",
+        help="checkpoint files, or one directory together with "
+        "--num-epoch-checkpoints or --num-update-checkpoints",
+    )
+    parser.add_argument(
+        "--output", required=True, metavar="FILE", help="where to write the averaged checkpoint"
+    )
     select = parser.add_mutually_exclusive_group()
-    select.add_argument("--num-epoch-checkpoints", type=int, metavar="N",
-                        help="average the last N checkpoint<epoch>.pt files of the directory")
-    select.add_argument("--num-update-checkpoints", type=int, metavar="N",
-                        help="average the last N checkpoint_<epoch>_<update>.pt files")
-    parser.add_argument("--checkpoint-upper-bound", type=int, metavar="K",
-                        help="ignore checkpoints after epoch K (with --num-epoch-checkpoints) "
-                        "or after update K (with --num-update-checkpoints)")
-    parser.add_argument("--force", action="store_true",
-                        help="replace --output if it exists")
-    parser.add_argument("--allow-config-mismatch", action="store_true",
-                        help="average checkpoints whose model configurations differ "
-                        "(a warning lists the differences; the output carries the last "
-                        "input's configuration)")
+    select.add_argument(
+        "--num-epoch-checkpoints",
+        type=int,
+        metavar="N",
+        help="average the last N checkpoint<epoch>.pt files of the directory",
+    )
+    select.add_argument(
+        "--num-update-checkpoints",
+        type=int,
+        metavar="N",
+        help="average the last N checkpoint_<epoch>_<update>.pt files",
+    )
+    parser.add_argument(
+        "--checkpoint-upper-bound",
+        type=int,
+        metavar="K",
+        help="ignore checkpoints after epoch K (with --num-epoch-checkpoints) "
+        "or after update K (with --num-update-checkpoints)",
+    )
+    parser.add_argument("--force", action="store_true", help="replace --output if it exists")
+    parser.add_argument(
+        "--allow-config-mismatch",
+        action="store_true",
+        help="average checkpoints whose model configurations differ "
+        "(a warning lists the differences; the output carries the last "
+        "input's configuration)",
+    )
     args = parser.parse_args(argv)
 
     count = args.num_epoch_checkpoints or args.num_update_checkpoints
@@ -110,11 +130,15 @@ def parse_args(argv=None):
         if count is None or count < 1:
             parser.error("the number of checkpoints to average must be at least 1")
         if len(args.inputs) != 1 or not os.path.isdir(args.inputs[0]):
-            parser.error("--num-epoch-checkpoints/--num-update-checkpoints need exactly one "
-                         f"directory in --inputs, got: {' '.join(args.inputs)}")
+            parser.error(
+                "--num-epoch-checkpoints/--num-update-checkpoints need exactly one "
+                f"directory in --inputs, got: {' '.join(args.inputs)}"
+            )
     elif args.checkpoint_upper_bound is not None:
-        parser.error("--checkpoint-upper-bound only applies with --num-epoch-checkpoints "
-                     "or --num-update-checkpoints")
+        parser.error(
+            "--checkpoint-upper-bound only applies with --num-epoch-checkpoints "
+            "or --num-update-checkpoints"
+        )
     return args
 
 
@@ -158,7 +182,9 @@ def model_options(state, path):
     try:
         return checkpoint_match.model_options(state, path)
     except checkpoint_match.CheckpointMismatch as error:
-        raise AveragingError(f"{error}: cannot check that it is the same model as the others") from None
+        raise AveragingError(
+            f"{error}: cannot check that it is the same model as the others"
+        ) from None
 
 
 def accumulation_dtype(dtype):
@@ -170,11 +196,11 @@ def average_checkpoints(paths, allow_config_mismatch=False):
     """Return a checkpoint whose model parameters are the mean of those in ``paths``."""
     if not paths:
         raise AveragingError("no checkpoints to average")
-    sums = None            # name -> running sum (floating) or last value (other dtypes)
-    reference = None       # name -> (shape, dtype) of the first checkpoint
+    sums = None  # name -> running sum (floating) or last value (other dtypes)
+    reference = None  # name -> (shape, dtype) of the first checkpoint
     first_path = paths[0]
-    first_options = None   # model configuration of the first checkpoint
-    first_record = None    # (path, record of its dictionaries) of the first checkpoint that has one
+    first_options = None  # model configuration of the first checkpoint
+    first_record = None  # (path, record of its dictionaries) of the first checkpoint that has one
     metadata = None
     for index, path in enumerate(paths):
         state = load_checkpoint(path)
@@ -191,8 +217,9 @@ def average_checkpoints(paths, allow_config_mismatch=False):
             sums = OrderedDict()
             first_options = options
         else:
-            check_same_configuration(first_options, options, path, first_path,
-                                     allow_config_mismatch)
+            check_same_configuration(
+                first_options, options, path, first_path, allow_config_mismatch
+            )
             check_same_parameters(reference, model, path, first_path)
         for name, tensor in model.items():
             if tensor.is_floating_point():
@@ -232,7 +259,8 @@ def check_same_dictionaries(first_path, first_record, path, record):
     raise AveragingError(
         f"{path} was trained on {record.get('data')}, whose {what} of {first_path} (trained on "
         f"{first_record.get('data')}): {how}. Checkpoints trained with different dictionaries "
-        "cannot be averaged")
+        "cannot be averaged"
+    )
 
 
 def check_same_configuration(first_options, options, path, first_path, allow_mismatch):
@@ -240,12 +268,17 @@ def check_same_configuration(first_options, options, path, first_path, allow_mis
     differences = config_differences(first_options, options)
     if not differences:
         return
-    described = [f"{checkpoint_match.option_name(key)}: {first!r} in {first_path}, {this!r} in {path}"
-                 for key, first, this in differences]
+    described = [
+        f"{checkpoint_match.option_name(key)}: {first!r} in {first_path}, {this!r} in {path}"
+        for key, first, this in differences
+    ]
     if allow_mismatch:
-        print(f"{PROG}: warning: averaging checkpoints of different model "
-              "configurations (--allow-config-mismatch); the output carries the last "
-              "input's configuration:", file=sys.stderr)
+        print(
+            f"{PROG}: warning: averaging checkpoints of different model "
+            "configurations (--allow-config-mismatch); the output carries the last "
+            "input's configuration:",
+            file=sys.stderr,
+        )
         for line in described:
             print(f"  {line}", file=sys.stderr)
         return
@@ -287,9 +320,13 @@ def check_no_duplicates(paths):
         spellings.setdefault(os.path.realpath(path), []).append(path)
     repeated = [(resolved, given) for resolved, given in spellings.items() if len(given) > 1]
     if repeated:
-        named = "; ".join(f"{', '.join(given)} ({len(given)} times {resolved})" for resolved, given in repeated)
-        raise AveragingError(f"checkpoints given more than once in --inputs: {named}. Each would weigh "
-                             "as many times in the average; give each checkpoint once")
+        named = "; ".join(
+            f"{', '.join(given)} ({len(given)} times {resolved})" for resolved, given in repeated
+        )
+        raise AveragingError(
+            f"checkpoints given more than once in --inputs: {named}. Each would weigh "
+            "as many times in the average; give each checkpoint once"
+        )
 
 
 def save_atomically(state, output, force):

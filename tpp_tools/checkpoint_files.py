@@ -82,13 +82,17 @@ def format_problem(path, verify_zip=False):
                 if verify_zip:
                     bad = archive.testzip()
                     if bad is not None:
-                        return (f"damaged checkpoint: member '{bad}' of the archive fails "
-                                "its checksum")
+                        return (
+                            f"damaged checkpoint: member '{bad}' of the archive fails "
+                            "its checksum"
+                        )
         except (zipfile.BadZipFile, OSError, EOFError):
-            return (f"truncated or damaged checkpoint ({size} bytes): the zip archive that "
-                    "torch.save writes has no intact central directory at its end, so the "
-                    "file was cut short, e.g. by a kill or a full disk while it was being "
-                    "written or copied")
+            return (
+                f"truncated or damaged checkpoint ({size} bytes): the zip archive that "
+                "torch.save writes has no intact central directory at its end, so the "
+                "file was cut short, e.g. by a kill or a full disk while it was being "
+                "written or copied"
+            )
         return None
     if head.startswith(LEGACY_MAGIC):
         return None
@@ -112,21 +116,27 @@ def load_checkpoint(path, mmap=False, verify_zip=False):
     with open(path, "rb") as handle:
         is_zip = handle.read(4) == ZIP_MAGIC
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True,
-                           mmap=bool(mmap and is_zip))
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=bool(mmap and is_zip))
     except pickle.UnpicklingError as error:
         lines = [line for line in str(error).splitlines() if line.strip()]
-        detail = next((line.strip() for line in lines if "Unsupported global" in line),
-                      lines[0] if lines else type(error).__name__)
-        raise CheckpointError(path, "safe loading (weights_only) refuses its contents: "
-                              f"{detail}") from None
+        detail = next(
+            (line.strip() for line in lines if "Unsupported global" in line),
+            lines[0] if lines else type(error).__name__,
+        )
+        raise CheckpointError(
+            path, "safe loading (weights_only) refuses its contents: " f"{detail}"
+        ) from None
     except Exception as error:  # anything torch's reader raises on a damaged file
         message = str(error).splitlines()[0] if str(error) else ""
-        raise CheckpointError(path, "cannot be loaded: "
-                              f"{type(error).__name__}{': ' + message if message else ''}") from None
+        raise CheckpointError(
+            path, "cannot be loaded: " f"{type(error).__name__}{': ' + message if message else ''}"
+        ) from None
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
-        what = (f"keys: {', '.join(map(str, list(state)[:6]))}" if isinstance(state, dict)
-                else f"it holds a {type(state).__name__}")
+        what = (
+            f"keys: {', '.join(map(str, list(state)[:6]))}"
+            if isinstance(state, dict)
+            else f"it holds a {type(state).__name__}"
+        )
         raise CheckpointError(path, f"not a fairseq checkpoint (no 'model' state dict; {what})")
     return state
 

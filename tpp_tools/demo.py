@@ -50,26 +50,50 @@ def checkout():
 def build_parser(root):
     max_update = int(os.environ.get("DEMO_MAX_UPDATE", 500))
     parser = argparse.ArgumentParser(
-        prog=PROG, description=__doc__.split("\n\n")[0],
+        prog=PROG,
+        description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n\n", 1)[1])
-    parser.add_argument("--out", type=Path, default=root / "runs" / "demo",
-                        help="where everything goes [runs/demo]")
-    parser.add_argument("--max-update", type=int, default=max_update,
-                        help="training updates [DEMO_MAX_UPDATE or 500]")
-    parser.add_argument("--train-lines", type=int, default=None,
-                        help="use only the first N training pairs (quick runs, tests) [all]")
-    parser.add_argument("--heldout-lines", type=int, default=None,
-                        help="use only the first N valid and test pairs (quick runs, tests) [all]")
-    parser.add_argument("--save-every", type=int,
-                        default=int(os.environ["DEMO_SAVE_EVERY"]) if os.environ.get("DEMO_SAVE_EVERY") else None,
-                        help="checkpoint interval in updates [DEMO_SAVE_EVERY or max-update/10]")
-    parser.add_argument("--average", type=int, default=5,
-                        help="how many of the last checkpoints to average [5]")
-    parser.add_argument("--sample", type=Path, default=root / "data" / "sample",
-                        help="the parallel corpus: {train,valid,test}.{en,de} [data/sample]")
-    parser.add_argument("--force", action="store_true",
-                        help="start again from scratch (removes --out)")
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    parser.add_argument(
+        "--out", type=Path, default=root / "runs" / "demo", help="where everything goes [runs/demo]"
+    )
+    parser.add_argument(
+        "--max-update",
+        type=int,
+        default=max_update,
+        help="training updates [DEMO_MAX_UPDATE or 500]",
+    )
+    parser.add_argument(
+        "--train-lines",
+        type=int,
+        default=None,
+        help="use only the first N training pairs (quick runs, tests) [all]",
+    )
+    parser.add_argument(
+        "--heldout-lines",
+        type=int,
+        default=None,
+        help="use only the first N valid and test pairs (quick runs, tests) [all]",
+    )
+    parser.add_argument(
+        "--save-every",
+        type=int,
+        default=int(os.environ["DEMO_SAVE_EVERY"]) if os.environ.get("DEMO_SAVE_EVERY") else None,
+        help="checkpoint interval in updates [DEMO_SAVE_EVERY or max-update/10]",
+    )
+    parser.add_argument(
+        "--average", type=int, default=5, help="how many of the last checkpoints to average [5]"
+    )
+    parser.add_argument(
+        "--sample",
+        type=Path,
+        default=root / "data" / "sample",
+        help="the parallel corpus: {train,valid,test}.{en,de} [data/sample]",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="start again from scratch (removes --out)"
+    )
     return parser
 
 
@@ -133,8 +157,9 @@ def run_demo(args, root):
     # this environment's commands first: fairseq-train and tpp-recover-checkpoint
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     if shutil.which("fairseq-train", path=env["PATH"]) is None:
-        raise DemoError("fairseq-train not on PATH: run 'make demo' (it sets up the "
-                        "environment)", 2)
+        raise DemoError(
+            "fairseq-train not on PATH: run 'make demo' (it sets up the " "environment)", 2
+        )
     save_every = args.save_every or max(args.max_update // 10, 1)
     if args.force and args.out.exists():
         shutil.rmtree(args.out)
@@ -143,26 +168,51 @@ def run_demo(args, root):
     started = time.monotonic()
 
     def stage(number, title):
-        print(f"\n=== [{number}/{STAGES}] {title} ({time.monotonic() - started:.0f}s elapsed)",
-              flush=True)
+        print(
+            f"\n=== [{number}/{STAGES}] {title} ({time.monotonic() - started:.0f}s elapsed)",
+            flush=True,
+        )
 
     # ------------------------------------------------------------------------ 1. data
     sample = args.sample
     if args.train_lines is not None or args.heldout_lines is not None:
         sample = cut_down_sample(sample, out / "sample", args.train_lines, args.heldout_lines)
     stage(1, f"prepare, tag (spaCy), BPE and binarize {sample}")
-    check(pipeline.main([
-        "-s", "en", "-t", "de", "--trainpref", str(sample / "train"),
-        "--validpref", str(sample / "valid"), "--testpref", str(sample / "test"),
-        "--name", "sample_en_de", "--work-dir", str(out / "work"),
-        "--data-bin", str(out / "data-bin"),
-        "--bpe-merges", os.environ.get("DEMO_BPE_MERGES", "8000"),
-        "--workers", str(os.cpu_count() or 1)]), "the data pipeline")
+    check(
+        pipeline.main(
+            [
+                "-s",
+                "en",
+                "-t",
+                "de",
+                "--trainpref",
+                str(sample / "train"),
+                "--validpref",
+                str(sample / "valid"),
+                "--testpref",
+                str(sample / "test"),
+                "--name",
+                "sample_en_de",
+                "--work-dir",
+                str(out / "work"),
+                "--data-bin",
+                str(out / "data-bin"),
+                "--bpe-merges",
+                os.environ.get("DEMO_BPE_MERGES", "8000"),
+                "--workers",
+                str(os.cpu_count() or 1),
+            ]
+        ),
+        "the data pipeline",
+    )
     data = out / "data-bin" / "sample_en_de"
 
     # ------------------------------------------------------------------------ 2. train
-    stage(2, "train transformer_pp_cpu (d=256, 3+3 layers) with POS/NER losses for "
-             f"{args.max_update} updates")
+    stage(
+        2,
+        "train transformer_pp_cpu (d=256, 3+3 layers) with POS/NER losses for "
+        f"{args.max_update} updates",
+    )
     ckpt = out / "checkpoints"
     ckpt.mkdir(parents=True, exist_ok=True)
     done = trained_updates(ckpt / "checkpoint_last.pt")
@@ -171,13 +221,42 @@ def run_demo(args, root):
     else:
         interval = str(max(args.max_update // 6, 1))
         command = [
-            "bash", str(root / "scripts" / "train.sh"), "--preset", "cpu", "--data", str(data),
-            "--save-dir", str(ckpt), "--cpu", "--max-update", str(args.max_update),
-            "--update-freq", "1", "--max-tokens", os.environ.get("DEMO_MAX_TOKENS", "4096"),
-            "--warmup-updates", interval, "--save-interval-updates", str(save_every),
-            "--keep-interval-updates", str(args.average), "--log-interval", "25", "--",
-            "--dropout", "0.2", "--log-format", "json", "--log-file", str(ckpt / "train.log"),
-            "--no-progress-bar", "--num-workers", "0", "--validate-interval-updates", interval]
+            "bash",
+            str(root / "scripts" / "train.sh"),
+            "--preset",
+            "cpu",
+            "--data",
+            str(data),
+            "--save-dir",
+            str(ckpt),
+            "--cpu",
+            "--max-update",
+            str(args.max_update),
+            "--update-freq",
+            "1",
+            "--max-tokens",
+            os.environ.get("DEMO_MAX_TOKENS", "4096"),
+            "--warmup-updates",
+            interval,
+            "--save-interval-updates",
+            str(save_every),
+            "--keep-interval-updates",
+            str(args.average),
+            "--log-interval",
+            "25",
+            "--",
+            "--dropout",
+            "0.2",
+            "--log-format",
+            "json",
+            "--log-file",
+            str(ckpt / "train.log"),
+            "--no-progress-bar",
+            "--num-workers",
+            "0",
+            "--validate-interval-updates",
+            interval,
+        ]
         sys.stdout.flush()
         check(subprocess.run(command, env=env).returncode, "training")
 
@@ -192,9 +271,20 @@ def run_demo(args, root):
         found = len(list(ckpt.glob("checkpoint_*_*.pt")))
         if found == 0:
             raise DemoError(f"no checkpoint_<epoch>_<update>.pt in {ckpt} to average")
-        check(average.main(["--inputs", str(ckpt), "--num-update-checkpoints",
-                            str(min(found, args.average)), "--output", str(avg), "--force"]),
-              "averaging")
+        check(
+            average.main(
+                [
+                    "--inputs",
+                    str(ckpt),
+                    "--num-update-checkpoints",
+                    str(min(found, args.average)),
+                    "--output",
+                    str(avg),
+                    "--force",
+                ]
+            ),
+            "averaging",
+        )
 
     # ------------------------------------------------------------------------ 4. evaluate
     stage(4, "translate the test set (beam 5, length penalty 0.5) and score it")
@@ -203,49 +293,84 @@ def run_demo(args, root):
     if has_content(bleu) and newer(bleu, avg):
         print(f"reusing {bleu}", flush=True)
     else:
-        check(evaluate.main(["--data", str(data), "--checkpoint", str(avg),
-                             "--reference", str(sample / "test.de"), "--out", str(eval_dir),
-                             "--cpu", "--force"]), "evaluation")
+        check(
+            evaluate.main(
+                [
+                    "--data",
+                    str(data),
+                    "--checkpoint",
+                    str(avg),
+                    "--reference",
+                    str(sample / "test.de"),
+                    "--out",
+                    str(eval_dir),
+                    "--cpu",
+                    "--force",
+                ]
+            ),
+            "evaluation",
+        )
 
     # ------------------------------------------------------------------------ 5. plots
     stage(5, "training curves")
     plots = out / "plots"
     if not list(plots.glob("*.png")) or newer(ckpt / "train.log", plots):
-        check(plot_training.main(["--log", str(ckpt / "train.log"), "--out-dir", str(plots),
-                                  "--force"]), "plotting the training curves")
+        check(
+            plot_training.main(
+                ["--log", str(ckpt / "train.log"), "--out-dir", str(plots), "--force"]
+            ),
+            "plotting the training curves",
+        )
 
     # ------------------------------------------------------------------------ 6. attention
     stage(6, "attention maps and the paper's fire/mountain similarity")
     sentence = os.environ.get("DEMO_SENTENCE", "There is a fire in the mountain.")
-    model = ["--path", str(avg), "--data", str(data), "--bpe-codes", str(out / "work" / "bpe" / "codes")]
+    model = [
+        "--path",
+        str(avg),
+        "--data",
+        str(data),
+        "--bpe-codes",
+        str(out / "work" / "bpe" / "codes"),
+    ]
     attention = out / "attention"
     if not list(attention.glob("*.png")) or newer(avg, attention):
-        check(plot_attention.main([*model, "--sentence", sentence, "--out-dir", str(attention),
-                                   "--force"]), "drawing the attention maps")
+        check(
+            plot_attention.main(
+                [*model, "--sentence", sentence, "--out-dir", str(attention), "--force"]
+            ),
+            "drawing the attention maps",
+        )
     printed = io.StringIO()
     with redirect_stdout(printed):
-        status = embedding_similarity.main([*model, "--sentence", sentence,
-                                            "--words", "fire", "mountain"])
+        status = embedding_similarity.main(
+            [*model, "--sentence", sentence, "--words", "fire", "mountain"]
+        )
     print(printed.getvalue(), end="", flush=True)
     write_atomically(out / "fire_mountain.txt", printed.getvalue())
     if status != 0:
         print("(similarity: the words are not single tokens of this model's vocabulary)")
 
     print(f"\n=== done in {time.monotonic() - started:.0f}s")
-    print(f"  data:            {data}\n"
-          f"  checkpoints:     {ckpt}   (averaged: {avg})\n"
-          f"  translations:    {eval_dir / 'generate-test.txt'}\n"
-          f"  scores:          {bleu}\n"
-          f"  training curves: {plots}\n"
-          f"  attention maps:  {attention}\n")
+    print(
+        f"  data:            {data}\n"
+        f"  checkpoints:     {ckpt}   (averaged: {avg})\n"
+        f"  translations:    {eval_dir / 'generate-test.txt'}\n"
+        f"  scores:          {bleu}\n"
+        f"  training curves: {plots}\n"
+        f"  attention maps:  {attention}\n"
+    )
     print(bleu.read_text(encoding="utf-8"), end="", flush=True)
 
 
 def main(argv=None):
     root = checkout()
     if root is None:
-        print(f"{PROG}: error: the demo runs from a checkout of the repository (its sample "
-              "corpus and scripts/train.sh); this package is installed elsewhere", file=sys.stderr)
+        print(
+            f"{PROG}: error: the demo runs from a checkout of the repository (its sample "
+            "corpus and scripts/train.sh); this package is installed elsewhere",
+            file=sys.stderr,
+        )
         return 2
     args = build_parser(root).parse_args(argv)
     # before torch is imported (the plots and analyses run in this process)

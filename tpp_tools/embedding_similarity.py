@@ -27,7 +27,13 @@ import argparse
 import sys
 
 from .analysis_model import (
-    AnalysisError, add_model_arguments, encode, load_model, prepare_sentence, word_spans)
+    AnalysisError,
+    add_model_arguments,
+    encode,
+    load_model,
+    prepare_sentence,
+    word_spans,
+)
 
 PAPER_SENTENCE = "There is a fire in the mountain ."
 PAPER_WORDS = ("fire", "mountain")
@@ -38,8 +44,9 @@ def find_word(words: list, wanted: str) -> list[int]:
     for word, positions in words:
         if word.casefold() == wanted.casefold():
             return positions
-    raise AnalysisError(f"word {wanted!r} is not in the prepared sentence "
-                        f"({' '.join(w for w, _ in words)})")
+    raise AnalysisError(
+        f"word {wanted!r} is not in the prepared sentence " f"({' '.join(w for w, _ in words)})"
+    )
 
 
 def layer_representations(model, src_tokens) -> list[dict]:
@@ -59,18 +66,21 @@ def layer_representations(model, src_tokens) -> list[dict]:
         def hook(_module, args, kwargs):
             query = kwargs.get("query", args[0] if args else None)
             inputs[i] = (query, kwargs.get("key_padding_mask"))
+
         return hook
 
     def keep_output(i):
         def hook(_module, _args, output):
             outputs[i] = output[0] if isinstance(output, tuple) else output
+
         return hook
 
     layers = list(model.encoder.layers)
     try:
         for i, layer in enumerate(layers):
-            handles.append(layer.self_attn.register_forward_pre_hook(keep_input(i),
-                                                                     with_kwargs=True))
+            handles.append(
+                layer.self_attn.register_forward_pre_hook(keep_input(i), with_kwargs=True)
+            )
             handles.append(layer.register_forward_hook(keep_output(i)))
         with torch.no_grad():
             model.encoder(src_tokens, src_lengths=torch.tensor([src_tokens.size(1)]))
@@ -83,8 +93,7 @@ def layer_representations(model, src_tokens) -> list[dict]:
         for i, layer in enumerate(layers):
             attn = layer.self_attn
             x, padding = inputs[i]
-            entry = {"module": attn, "dot": None, "local": None,
-                     "output": outputs[i][:, 0]}
+            entry = {"module": attn, "dot": None, "local": None, "output": outputs[i][:, 0]}
             if getattr(attn, "conv_heads", 0):
                 heads = attn.head_outputs(x, padding)
                 entry["local"] = heads["local"][:, 0]
@@ -107,21 +116,31 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="tpp-embedding-similarity",
         description="Per encoder layer: cosine similarity of two words in the dot-product "
-                    "heads' output vs the convolution heads' LocalConv representation.",
+        "heads' output vs the convolution heads' LocalConv representation.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example: tpp-embedding-similarity --path avg.pt --data "
-               "data-bin/sample --words fire mountain")
+        "data-bin/sample --words fire mountain",
+    )
     add_model_arguments(parser)
-    parser.add_argument("--sentence", default=PAPER_SENTENCE,
-                        help=f"source sentence (default: the paper's {PAPER_SENTENCE!r})")
-    parser.add_argument("--words", nargs=2, default=list(PAPER_WORDS), metavar="WORD",
-                        help="the two words to compare (default: fire mountain)")
+    parser.add_argument(
+        "--sentence",
+        default=PAPER_SENTENCE,
+        help=f"source sentence (default: the paper's {PAPER_SENTENCE!r})",
+    )
+    parser.add_argument(
+        "--words",
+        nargs=2,
+        default=list(PAPER_WORDS),
+        metavar="WORD",
+        help="the two words to compare (default: fire mountain)",
+    )
     args = parser.parse_args(argv)
 
     try:
         loaded = load_model(args.path, args.data)
-        prepared = prepare_sentence(args.sentence, loaded.source_lang, args.bpe_codes,
-                                    args.tokenize)
+        prepared = prepare_sentence(
+            args.sentence, loaded.source_lang, args.bpe_codes, args.tokenize
+        )
         src_tokens, tokens = encode(loaded, prepared)
         # words from the prepared text, not the dictionary's view of it: a word the
         # model does not know still has a position (and a representation, of <unk>)
@@ -130,12 +149,15 @@ def main(argv: list[str] | None = None) -> int:
         unknown = loaded.task.source_dictionary.unk_string()
         for word, positions in zip(args.words, (first, second)):
             if all(tokens[p] == unknown for p in positions):
-                print(f"warning: {word!r} is out of the model's vocabulary (<unk>)",
-                      file=sys.stderr)
+                print(
+                    f"warning: {word!r} is out of the model's vocabulary (<unk>)", file=sys.stderr
+                )
         layers = layer_representations(loaded.model, src_tokens)
         if not any(entry["local"] is not None for entry in layers):
-            raise AnalysisError("the encoder has no convolution-attention heads "
-                                "(--encoder-conv-heads 0): nothing to compare")
+            raise AnalysisError(
+                "the encoder has no convolution-attention heads "
+                "(--encoder-conv-heads 0): nothing to compare"
+            )
     except AnalysisError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -145,18 +167,22 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"sentence: {' '.join(tokens)}")
     print(f"cosine similarity of {args.words[0]!r} and {args.words[1]!r}")
-    header = f"{'layer':>5}  {'F':>3}  {'dil':>3}  {'dot-product heads':>17}  " \
-             f"{'LocalConv':>9}  {'layer output':>12}"
+    header = (
+        f"{'layer':>5}  {'F':>3}  {'dil':>3}  {'dot-product heads':>17}  "
+        f"{'LocalConv':>9}  {'layer output':>12}"
+    )
     print(header)
     print("-" * len(header))
     for i, entry in enumerate(layers, 1):
         conv = getattr(entry["module"], "local_conv", None)
         width = str(conv.kernel_size) if conv is not None else "-"
         dilation = str(conv.dilation) if conv is not None else "-"
-        print(f"{i:>5}  {width:>3}  {dilation:>3}  "
-              f"{fmt(cosine(entry['dot'], first, second)):>17}  "
-              f"{fmt(cosine(entry['local'], first, second)):>9}  "
-              f"{fmt(cosine(entry['output'], first, second)):>12}")
+        print(
+            f"{i:>5}  {width:>3}  {dilation:>3}  "
+            f"{fmt(cosine(entry['dot'], first, second)):>17}  "
+            f"{fmt(cosine(entry['local'], first, second)):>9}  "
+            f"{fmt(cosine(entry['output'], first, second)):>12}"
+        )
     return 0
 
 

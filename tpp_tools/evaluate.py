@@ -83,14 +83,17 @@ class GenerationError(Exception):
 
 # --------------------------------------------------------------------------- inputs
 
+
 def read_lines(path):
     """The lines of a text file as sacreBLEU reads them: split at ``\\n`` only (a last
     line without a final newline counts), trailing whitespace (and ``\\r``) dropped.
     Invalid UTF-8 is an error naming the file and line."""
     path = Path(path)
     if path.is_dir():
-        raise EvaluationError(f"{path}: is a folder, not a file (--reference takes the raw "
-                              "reference file itself, one sentence per line)")
+        raise EvaluationError(
+            f"{path}: is a folder, not a file (--reference takes the raw "
+            "reference file itself, one sentence per line)"
+        )
     if not path.is_file():
         raise EvaluationError(f"{path}: no such file")
     data = path.read_bytes()
@@ -104,7 +107,8 @@ def read_lines(path):
         except UnicodeDecodeError as error:
             raise EvaluationError(
                 f"{path}:{number}: invalid UTF-8 byte {raw[error.start:error.start + 1]!r} "
-                f"at column {error.start + 1}") from None
+                f"at column {error.start + 1}"
+            ) from None
     return lines
 
 
@@ -112,23 +116,30 @@ def infer_languages(data, split, source_lang=None, target_lang=None):
     """(source, target) of ``split`` from the data folder's ``<split>.<src>-<tgt>.*.idx``."""
     pairs = set()
     for idx in Path(data).glob(f"{split}.*-*.*.idx"):
-        pair = idx.name[len(split) + 1:].split(".")[0]
+        pair = idx.name[len(split) + 1 :].split(".")[0]
         src, _, tgt = pair.partition("-")
         if src and tgt:
             pairs.add((src, tgt))
     if source_lang and target_lang:
         return source_lang, target_lang
-    matching = sorted(p for p in pairs if (source_lang in (None, p[0]))
-                      and (target_lang in (None, p[1])))
+    matching = sorted(
+        p for p in pairs if (source_lang in (None, p[0])) and (target_lang in (None, p[1]))
+    )
     if not matching:
         raise EvaluationError(
             f"{data}: no '{split}' split (expected {split}.<src>-<tgt>.<lang>.idx"
-            + (f" for {source_lang or '*'}-{target_lang or '*'}" if source_lang or target_lang else "")
-            + ")")
+            + (
+                f" for {source_lang or '*'}-{target_lang or '*'}"
+                if source_lang or target_lang
+                else ""
+            )
+            + ")"
+        )
     if len(matching) > 1:
         raise EvaluationError(
             f"{data}: split '{split}' exists for several language pairs "
-            f"({', '.join('-'.join(p) for p in matching)}): pass --source-lang and --target-lang")
+            f"({', '.join('-'.join(p) for p in matching)}): pass --source-lang and --target-lang"
+        )
     return matching[0]
 
 
@@ -145,7 +156,8 @@ def count_sentences(data, split, src, tgt):
         if not Path(f"{prefix}.idx").is_file():
             raise EvaluationError(
                 f"{prefix}.idx: no such file (the split '{split}' needs its binarized source "
-                "and target; the target gives the tokenised reference)")
+                "and target; the target gives the tokenised reference)"
+            )
         try:
             dataset = data_utils.load_indexed_dataset(str(prefix), None)
         except Exception as error:
@@ -155,8 +167,10 @@ def count_sentences(data, split, src, tgt):
         counts[lang] = len(dataset)
         del dataset
     if counts[src] != counts[tgt]:
-        raise EvaluationError(f"{data}: split '{split}' has {counts[src]} source but "
-                              f"{counts[tgt]} target sentences")
+        raise EvaluationError(
+            f"{data}: split '{split}' has {counts[src]} source but "
+            f"{counts[tgt]} target sentences"
+        )
     return counts[tgt]
 
 
@@ -169,12 +183,20 @@ def check_checkpoint(path, data, source_lang, target_lang):
         state = load_checkpoint(path, mmap=True)  # maps the tensors: cheap, but a full unpickle
     except CheckpointError as error:
         raise EvaluationError(str(error)) from None
-    from tpp_plugin.checkpoint_match import CheckpointMismatch, check_dictionaries, record_of_data_folder
+    from tpp_plugin.checkpoint_match import (
+        CheckpointMismatch,
+        check_dictionaries,
+        record_of_data_folder,
+    )
 
     try:
-        check_dictionaries(state, record_of_data_folder(data, source_lang, target_lang), path,
-                           hint="Evaluate with the data folder the model was trained on (or one with "
-                           "the same dictionaries)")
+        check_dictionaries(
+            state,
+            record_of_data_folder(data, source_lang, target_lang),
+            path,
+            hint="Evaluate with the data folder the model was trained on (or one with "
+            "the same dictionaries)",
+        )
     except CheckpointMismatch as error:
         raise EvaluationError(str(error)) from None
 
@@ -189,6 +211,7 @@ def plugin_dir():
 
 
 # --------------------------------------------------------------------------- generate output
+
 
 def parse_generate_output(text):
     """{sentence id: {"S": source, "T": target, "H": best hypothesis, "score": float}}
@@ -217,6 +240,7 @@ def split_compounds(line):
 
 # --------------------------------------------------------------------------- scores
 
+
 def score_all(hypotheses_tok, references_tok, references_raw, target_lang):
     """Detokenise and score; returns (scores dict, {file name: lines})."""
     import sacrebleu  # noqa: F401  (the metrics below are sacreBLEU's own)
@@ -224,42 +248,58 @@ def score_all(hypotheses_tok, references_tok, references_raw, target_lang):
     from sacremoses import MosesDetokenizer
 
     detokenizer = MosesDetokenizer(lang=target_lang)
-    detok = [detokenizer.detokenize(h.split(), return_str=True, unescape=True).rstrip()
-             for h in hypotheses_tok]
+    detok = [
+        detokenizer.detokenize(h.split(), return_str=True, unescape=True).rstrip()
+        for h in hypotheses_tok
+    ]
     hyp_split = [split_compounds(h).rstrip() for h in hypotheses_tok]
     ref_split = [split_compounds(r).rstrip() for r in references_tok]
 
     scores = {}
     for key, metric, hyps, refs in (
-            ("sacrebleu_detok", BLEU(), detok, references_raw),
-            ("chrf", CHRF(), detok, references_raw),
-            ("bleu_tok_compound_split", BLEU(tokenize="none", smooth_method="none"),
-             hyp_split, ref_split)):
+        ("sacrebleu_detok", BLEU(), detok, references_raw),
+        ("chrf", CHRF(), detok, references_raw),
+        (
+            "bleu_tok_compound_split",
+            BLEU(tokenize="none", smooth_method="none"),
+            hyp_split,
+            ref_split,
+        ),
+    ):
         result = metric.corpus_score(hyps, [refs])
         signature = metric.get_signature().format()
         scores[key] = result.score
         scores[f"{key}_signature"] = signature
         scores[f"{key}_full"] = result.format(width=2, signature=signature)
-    files = {"hyp.tok": hypotheses_tok, "ref.tok": references_tok, "hyp.detok": detok,
-             "hyp.tok.split": hyp_split, "ref.tok.split": ref_split}
+    files = {
+        "hyp.tok": hypotheses_tok,
+        "ref.tok": references_tok,
+        "hyp.detok": detok,
+        "hyp.tok.split": hyp_split,
+        "ref.tok.split": ref_split,
+    }
     return scores, files
 
 
 def bleu_report(scores, header):
     lines = list(header)
     for key in ("sacrebleu_detok", "chrf", "bleu_tok_compound_split"):
-        lines += [f"{key}: {scores[key]:.2f}", f"{key}_signature: {scores[key + '_signature']}",
-                  f"{key}_full: {scores[key + '_full']}"]
+        lines += [
+            f"{key}: {scores[key]:.2f}",
+            f"{key}_signature: {scores[key + '_signature']}",
+            f"{key}_full: {scores[key + '_full']}",
+        ]
     return "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------- files
 
+
 def _remove_abandoned_temporaries(out):
     """Temporary folders of evaluations killed on this host (their process is gone)."""
     host = socket.gethostname()
     for folder in out.glob(f"{TEMP_PREFIX}*"):
-        parts = folder.name[len(TEMP_PREFIX):].split("-")
+        parts = folder.name[len(TEMP_PREFIX) :].split("-")
         if len(parts) < 3 or parts[0] != host.replace("-", "_") or not parts[1].isdigit():
             continue
         try:
@@ -289,9 +329,25 @@ def _publish(staging, out, names):
 
 # --------------------------------------------------------------------------- evaluation
 
-def evaluate(data, checkpoint, reference, out, split="test", source_lang=None,
-             target_lang=None, beam=5, lenpen=0.5, max_tokens=4096, task="translation",
-             user_dir=None, cpu=False, force=False, generate_args=(), log=sys.stderr):
+
+def evaluate(
+    data,
+    checkpoint,
+    reference,
+    out,
+    split="test",
+    source_lang=None,
+    target_lang=None,
+    beam=5,
+    lenpen=0.5,
+    max_tokens=4096,
+    task="translation",
+    user_dir=None,
+    cpu=False,
+    force=False,
+    generate_args=(),
+    log=sys.stderr,
+):
     """Translate ``split`` of ``data`` with ``checkpoint`` and score it against
     ``reference``; write the files described in the module docstring into ``out``.
 
@@ -312,59 +368,96 @@ def evaluate(data, checkpoint, reference, out, split="test", source_lang=None,
     if out.exists() and not out.is_dir():
         raise EvaluationError(f"{out}: exists and is not a folder")
     if (out / "bleu.txt").exists() and not force:
-        raise EvaluationError(f"{out / 'bleu.txt'}: already exists (use --force to evaluate "
-                              f"again into {out})")
+        raise EvaluationError(
+            f"{out / 'bleu.txt'}: already exists (use --force to evaluate " f"again into {out})"
+        )
     src, tgt = infer_languages(data, split, source_lang, target_lang)
     sentences = count_sentences(data, split, src, tgt)
     references = read_lines(reference)
     if len(references) != sentences:
         raise EvaluationError(
             f"{reference}: {len(references)} lines, but split '{split}' of {data} has "
-            f"{sentences} sentences (wrong split or reference?)")
+            f"{sentences} sentences (wrong split or reference?)"
+        )
     check_checkpoint(checkpoint, data, src, tgt)
 
     out.mkdir(parents=True, exist_ok=True)
     _remove_abandoned_temporaries(out)
-    staging = Path(tempfile.mkdtemp(
-        prefix=f"{TEMP_PREFIX}{socket.gethostname().replace('-', '_')}-{os.getpid()}-", dir=out))
+    staging = Path(
+        tempfile.mkdtemp(
+            prefix=f"{TEMP_PREFIX}{socket.gethostname().replace('-', '_')}-{os.getpid()}-", dir=out
+        )
+    )
     try:
         generated = staging / f"generate-{split}.txt"
-        command = [sys.executable, "-m", "fairseq_cli.generate", str(data),
-                   "--user-dir", str(user_dir), "--task", task,
-                   "--source-lang", src, "--target-lang", tgt, "--path", str(checkpoint),
-                   "--gen-subset", split, "--beam", str(beam), "--lenpen", str(lenpen),
-                   "--max-tokens", str(max_tokens), "--remove-bpe",
-                   *(["--cpu"] if cpu else []), *map(str, generate_args)]
-        print(f"{PROG}: translating {data}:{split} ({src}-{tgt}, {sentences} sentences) "
-              f"with {checkpoint} (beam {beam}, lenpen {lenpen})", file=log, flush=True)
+        command = [
+            sys.executable,
+            "-m",
+            "fairseq_cli.generate",
+            str(data),
+            "--user-dir",
+            str(user_dir),
+            "--task",
+            task,
+            "--source-lang",
+            src,
+            "--target-lang",
+            tgt,
+            "--path",
+            str(checkpoint),
+            "--gen-subset",
+            split,
+            "--beam",
+            str(beam),
+            "--lenpen",
+            str(lenpen),
+            "--max-tokens",
+            str(max_tokens),
+            "--remove-bpe",
+            *(["--cpu"] if cpu else []),
+            *map(str, generate_args),
+        ]
+        print(
+            f"{PROG}: translating {data}:{split} ({src}-{tgt}, {sentences} sentences) "
+            f"with {checkpoint} (beam {beam}, lenpen {lenpen})",
+            file=log,
+            flush=True,
+        )
         with open(generated, "w", encoding="utf-8") as handle:
             status = subprocess.run(command, stdout=handle).returncode
         text = generated.read_text(encoding="utf-8", errors="replace")
         if status != 0:
             # its log and error messages went to stderr, above this one
             tail = "\n".join(text.splitlines()[-10:])
-            raise GenerationError(f"fairseq-generate failed (exit status {status}; its messages "
-                                  "are above); the previous results in --out are untouched"
-                                  + (f"; the end of its output:\n{tail}" if tail.strip() else ""))
+            raise GenerationError(
+                f"fairseq-generate failed (exit status {status}; its messages "
+                "are above); the previous results in --out are untouched"
+                + (f"; the end of its output:\n{tail}" if tail.strip() else "")
+            )
         parsed = parse_generate_output(text)
         missing = [i for i in range(sentences) if "H" not in parsed.get(i, {})]
         if missing:
             raise GenerationError(
                 f"fairseq-generate translated {sentences - len(missing)} of the {sentences} "
                 f"sentences of '{split}' (missing ids: {', '.join(map(str, missing[:10]))}"
-                f"{' ...' if len(missing) > 10 else ''})")
+                f"{' ...' if len(missing) > 10 else ''})"
+            )
         no_target = [i for i in range(sentences) if "T" not in parsed[i]]
         if no_target:
-            raise GenerationError(f"fairseq-generate printed no target (T- line) for "
-                                  f"sentence {no_target[0]}: is the binarized target missing?")
+            raise GenerationError(
+                f"fairseq-generate printed no target (T- line) for "
+                f"sentence {no_target[0]}: is the binarized target missing?"
+            )
         hypotheses = [parsed[i]["H"] for i in range(sentences)]
         targets = [parsed[i]["T"] for i in range(sentences)]
         scores, files = score_all(hypotheses, targets, references, tgt)
         for name, lines in files.items():
             _write_lines(staging / name, lines)
-        header = [f"checkpoint: {checkpoint}",
-                  f"data: {data} split {split} ({src}-{tgt}), beam {beam}, lenpen {lenpen}, "
-                  f"{sentences} sentences"]
+        header = [
+            f"checkpoint: {checkpoint}",
+            f"data: {data} split {split} ({src}-{tgt}), beam {beam}, lenpen {lenpen}, "
+            f"{sentences} sentences",
+        ]
         report = bleu_report(scores, header)
         (staging / "bleu.txt").write_text(report, encoding="utf-8")
         _publish(staging, out, [generated.name, *files, "bleu.txt"])
@@ -381,27 +474,36 @@ def build_parser():
         description="Translate a binarized split with fairseq-generate and score it: "
         "detokenised sacreBLEU, chrF and tokenised BLEU with compound splitting.",
         epilog="Options after '--' go to fairseq-generate. See docs/training_and_evaluation.md "
-        "(or the docstring of tpp_tools/evaluate.py).")
+        "(or the docstring of tpp_tools/evaluate.py).",
+    )
     parser.add_argument("--data", required=True, help="binarized data folder")
     parser.add_argument("--checkpoint", required=True, help="model (e.g. the averaged checkpoint)")
-    parser.add_argument("--reference", required=True,
-                        help="raw, untokenised reference, one sentence per line, in the "
-                        "order of the split (e.g. newstest2014.de)")
-    parser.add_argument("--out", required=True,
-                        help="results folder; its bleu.txt is refused unless --force")
+    parser.add_argument(
+        "--reference",
+        required=True,
+        help="raw, untokenised reference, one sentence per line, in the "
+        "order of the split (e.g. newstest2014.de)",
+    )
+    parser.add_argument(
+        "--out", required=True, help="results folder; its bleu.txt is refused unless --force"
+    )
     parser.add_argument("--split", default="test", help="[test]")
     parser.add_argument("--source-lang", help="[inferred from the data folder]")
     parser.add_argument("--target-lang", help="[inferred from the data folder]")
     parser.add_argument("--beam", type=int, default=5, help="[5]")
     parser.add_argument("--lenpen", type=float, default=0.5, help="[0.5]")
     parser.add_argument("--max-tokens", type=int, default=4096, help="[4096]")
-    parser.add_argument("--task", default="translation",
-                        help="[translation]: the model needs no tags at inference")
+    parser.add_argument(
+        "--task", default="translation", help="[translation]: the model needs no tags at inference"
+    )
     parser.add_argument("--user-dir", default=None, help="[the installed tpp_plugin package]")
     parser.add_argument("--cpu", action="store_true", help="translate on the CPU")
-    parser.add_argument("--force", action="store_true",
-                        help="replace the results of an earlier run in --out (only once the "
-                        "new evaluation has succeeded)")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the results of an earlier run in --out (only once the "
+        "new evaluation has succeeded)",
+    )
     return parser
 
 
@@ -414,14 +516,27 @@ def main(argv=None):
     generate_args = []
     if "--" in argv:
         cut = argv.index("--")
-        argv, generate_args = argv[:cut], argv[cut + 1:]
+        argv, generate_args = argv[:cut], argv[cut + 1 :]
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        scores = evaluate(args.data, args.checkpoint, args.reference, args.out, args.split,
-                          args.source_lang, args.target_lang, args.beam, args.lenpen,
-                          args.max_tokens, args.task, args.user_dir, args.cpu, args.force,
-                          generate_args)
+        scores = evaluate(
+            args.data,
+            args.checkpoint,
+            args.reference,
+            args.out,
+            args.split,
+            args.source_lang,
+            args.target_lang,
+            args.beam,
+            args.lenpen,
+            args.max_tokens,
+            args.task,
+            args.user_dir,
+            args.cpu,
+            args.force,
+            generate_args,
+        )
     except EvaluationError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2

@@ -36,8 +36,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display on cluster nodes; set before pyplot is imported
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .analysis_model import (
-    AnalysisError, add_model_arguments, encode, load_model, prepare_sentence)
+from .analysis_model import AnalysisError, add_model_arguments, encode, load_model, prepare_sentence
 
 CELL_INCHES = 4  # each head's heatmap gets a 4 x 4 inch cell ...
 DPI = 100  # ... i.e. 400 x 400 pixels: a PNG is (400 * columns) x (400 * rows)
@@ -92,6 +91,7 @@ def capture_maps(model, src_tokens, prev_output_tokens) -> dict:
             if weights is None or weights.dim() != 4:
                 raise RuntimeError(f"{key[0]} layer {key[1]} returned no per-head weights")
             captured[key] = weights[:, 0].detach().float().cpu()  # H x T x S
+
         return keep
 
     try:
@@ -112,19 +112,22 @@ def translate(loaded, src_tokens, beam: int):
     from fairseq.dataclass.configs import GenerationConfig
 
     generator = loaded.task.build_generator([loaded.model], GenerationConfig(beam=beam))
-    sample = {"net_input": {"src_tokens": src_tokens,
-                            "src_lengths": torch.tensor([src_tokens.size(1)])}}
+    sample = {
+        "net_input": {"src_tokens": src_tokens, "src_lengths": torch.tensor([src_tokens.size(1)])}
+    }
     with torch.no_grad():
         hypos = generator.generate([loaded.model], sample)
     return hypos[0][0]["tokens"].cpu()
 
 
-def draw_grid(maps, kinds: list[str], rows_labels: list[str], col_labels: list[str],
-              title: str, out: Path) -> None:
+def draw_grid(
+    maps, kinds: list[str], rows_labels: list[str], col_labels: list[str], title: str, out: Path
+) -> None:
     """One heatmap per head, token labels on both axes."""
     n_rows, n_cols = grid_shape(maps.size(0))
-    fig, axes = plt.subplots(n_rows, n_cols, squeeze=False, dpi=DPI,
-                             figsize=(CELL_INCHES * n_cols, CELL_INCHES * n_rows))
+    fig, axes = plt.subplots(
+        n_rows, n_cols, squeeze=False, dpi=DPI, figsize=(CELL_INCHES * n_cols, CELL_INCHES * n_rows)
+    )
     # smaller labels for longer sentences, so they stay legible without overlapping
     size = max(3.0, min(8.0, 200.0 / max(len(rows_labels), len(col_labels))))
     for h, ax in enumerate(axes.flat):
@@ -133,8 +136,14 @@ def draw_grid(maps, kinds: list[str], rows_labels: list[str], col_labels: list[s
             continue
         head = maps[h].numpy()
         # each head on its own scale: conv heads' pooling weights are much flatter
-        ax.imshow(head, cmap="viridis", vmin=0.0, vmax=max(float(head.max()), 1e-9),
-                  aspect="auto", interpolation="nearest")
+        ax.imshow(
+            head,
+            cmap="viridis",
+            vmin=0.0,
+            vmax=max(float(head.max()), 1e-9),
+            aspect="auto",
+            interpolation="nearest",
+        )
         ax.set_title(f"head {h + 1}: {kinds[h]}", fontsize=9)
         ax.set_xticks(range(len(col_labels)))
         ax.set_xticklabels(col_labels, rotation=90, fontsize=size)
@@ -147,8 +156,11 @@ def draw_grid(maps, kinds: list[str], rows_labels: list[str], col_labels: list[s
     plt.close(fig)
 
 
-TITLES = {"encoder_self": "Encoder self-attention", "decoder_self": "Decoder self-attention",
-          "decoder_cross": "Encoder-decoder attention"}
+TITLES = {
+    "encoder_self": "Encoder self-attention",
+    "decoder_self": "Decoder self-attention",
+    "decoder_cross": "Encoder-decoder attention",
+}
 
 
 def layer_note(module) -> str:
@@ -162,17 +174,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="tpp-plot-attention",
         description="Plot per-head attention maps of a trained (Transformer++) model for "
-                    "one source sentence: one PNG per layer and attention kind.",
+        "one source sentence: one PNG per layer and attention kind.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example: tpp-plot-attention --path checkpoints/avg.pt "
-               "--data data-bin/sample --sentence 'There is a fire in the mountain .'")
+        "--data data-bin/sample --sentence 'There is a fire in the mountain .'",
+    )
     add_model_arguments(parser)
     parser.add_argument("--sentence", required=True, help="source sentence")
-    parser.add_argument("--target", default=None,
-                        help="use this (prepared) translation instead of the model's own")
+    parser.add_argument(
+        "--target", default=None, help="use this (prepared) translation instead of the model's own"
+    )
     parser.add_argument("--beam", type=int, default=5, help="beam size (default: 5)")
-    parser.add_argument("--out-dir", type=Path, default=Path("attention"),
-                        help="folder for the PNGs (default: ./attention)")
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=Path("attention"),
+        help="folder for the PNGs (default: ./attention)",
+    )
     parser.add_argument("--force", action="store_true", help="overwrite existing PNGs")
     args = parser.parse_args(argv)
 
@@ -180,8 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.sentence.strip():  # before the (slow) model loading
             raise AnalysisError("the sentence is empty")
         loaded = load_model(args.path, args.data)
-        prepared = prepare_sentence(args.sentence, loaded.source_lang, args.bpe_codes,
-                                    args.tokenize)
+        prepared = prepare_sentence(
+            args.sentence, loaded.source_lang, args.bpe_codes, args.tokenize
+        )
         src_tokens, src_labels = encode(loaded, prepared)
         import torch
 
@@ -189,8 +208,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.target is not None:
             if not args.target.strip():
                 raise AnalysisError("--target is empty")
-            hypothesis = tgt_dict.encode_line(args.target, add_if_not_exist=False,
-                                              append_eos=True).long()
+            hypothesis = tgt_dict.encode_line(
+                args.target, add_if_not_exist=False, append_eos=True
+            ).long()
         else:
             hypothesis = translate(loaded, src_tokens, args.beam)
         out_labels = [tgt_dict[i] for i in hypothesis.tolist()]
@@ -199,8 +219,9 @@ def main(argv: list[str] | None = None) -> int:
         in_labels = [tgt_dict[i] for i in prev.tolist()]
 
         modules = attention_modules(loaded.model)
-        targets = {(kind, layer): args.out_dir / f"{kind}_layer{layer}.png"
-                   for kind, layer, _ in modules}
+        targets = {
+            (kind, layer): args.out_dir / f"{kind}_layer{layer}.png" for kind, layer, _ in modules
+        }
         existing = [p for p in targets.values() if p.exists()]
         if existing and not args.force:
             raise AnalysisError(f"{existing[0]} exists; pass --force to overwrite")
@@ -213,14 +234,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"source:      {' '.join(src_labels)}")
     print(f"translation: {' '.join(out_labels)}")
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    labels = {"encoder_self": (src_labels, src_labels),
-              "decoder_self": (out_labels, in_labels),
-              "decoder_cross": (out_labels, src_labels)}
+    labels = {
+        "encoder_self": (src_labels, src_labels),
+        "decoder_self": (out_labels, in_labels),
+        "decoder_cross": (out_labels, src_labels),
+    }
     for kind, layer, module in modules:
         rows, cols = labels[kind]
         title = f"{TITLES[kind]}, layer {layer}{layer_note(module)}"
-        draw_grid(maps[kind, layer], head_kinds(module), rows, cols, title,
-                  targets[kind, layer])
+        draw_grid(maps[kind, layer], head_kinds(module), rows, cols, title, targets[kind, layer])
         print(f"wrote {targets[kind, layer]}")
     return 0
 

@@ -144,7 +144,7 @@ def _classify(record: dict) -> tuple[str, float, dict] | None:
         if key.startswith(prefix):
             x = _number(value)
             if x is not None:
-                values[key[len(prefix):]] = x
+                values[key[len(prefix) :]] = x
     return name, step, values
 
 
@@ -172,10 +172,16 @@ def read_log(path: Path) -> dict[str, list[tuple[float, dict]]]:
         series[name].append((step, values))
     for points in series.values():
         points.sort(key=lambda p: p[0])
-    if not any(values.get(m) is not None for points in series.values()
-               for _, values in points for m in ("loss", "ppl")):
-        raise LogError(f"no training or validation records in {path}: is it a fairseq-train "
-                       "log in --log-format json or simple?")
+    if not any(
+        values.get(m) is not None
+        for points in series.values()
+        for _, values in points
+        for m in ("loss", "ppl")
+    ):
+        raise LogError(
+            f"no training or validation records in {path}: is it a fairseq-train "
+            "log in --log-format json or simple?"
+        )
     return dict(series)
 
 
@@ -187,8 +193,7 @@ def _style(series_name: str) -> dict:
     return {"label": series_name, "marker": "s", "markersize": 4, "linewidth": 1.5}
 
 
-def draw(series: dict, title: str, ylabel: str, metrics: tuple, log_scale: bool,
-         out: Path) -> bool:
+def draw(series: dict, title: str, ylabel: str, metrics: tuple, log_scale: bool, out: Path) -> bool:
     """Draw one figure; return False (and write nothing) when no metric has data."""
     fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
     drawn = 0
@@ -248,14 +253,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="tpp-plot-training",
         description="Plot loss, perplexity and POS/NER tagging curves from a "
-                    "fairseq-train log (--log-file PATH, --log-format json or simple; "
-                    "scripts/train.sh writes <save-dir>/train.log).",
+        "fairseq-train log (--log-file PATH, --log-format json or simple; "
+        "scripts/train.sh writes <save-dir>/train.log).",
         epilog="Example: tpp-plot-training --log checkpoints/train.log "
-               "--out-dir checkpoints/plots")
-    parser.add_argument("--log", type=Path, required=True,
-                        help="fairseq-train log: the --log-file, or its console output")
-    parser.add_argument("--out-dir", type=Path, default=None,
-                        help="folder for the PNGs (default: 'plots' next to the log)")
+        "--out-dir checkpoints/plots",
+    )
+    parser.add_argument(
+        "--log",
+        type=Path,
+        required=True,
+        help="fairseq-train log: the --log-file, or its console output",
+    )
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=None,
+        help="folder for the PNGs (default: 'plots' next to the log)",
+    )
     parser.add_argument("--force", action="store_true", help="overwrite existing PNGs")
     args = parser.parse_args(argv)
     out_dir = args.out_dir or args.log.parent / "plots"

@@ -80,9 +80,11 @@ def problem_with(path):
 def candidates(save_dir, suffix=""):
     """Checkpoints fairseq writes that a run can resume from: (path, kind rank)."""
     suffix = re.escape(suffix)
-    patterns = [(re.compile(rf"^checkpoint_\d+_\d+{suffix}\.pt$"), 0),
-                (re.compile(rf"^checkpoint\d+{suffix}\.pt$"), 0),
-                (re.compile(rf"^checkpoint_best{suffix}\.pt$"), 1)]
+    patterns = [
+        (re.compile(rf"^checkpoint_\d+_\d+{suffix}\.pt$"), 0),
+        (re.compile(rf"^checkpoint\d+{suffix}\.pt$"), 0),
+        (re.compile(rf"^checkpoint_best{suffix}\.pt$"), 1),
+    ]
     found = []
     for name in sorted(os.listdir(save_dir)):
         for pattern, rank in patterns:
@@ -116,8 +118,9 @@ def newest_readable(save_dir, suffix=""):
 
 
 def copy_atomically(source, target):
-    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
-                                         dir=target.parent)
+    handle, temporary = tempfile.mkstemp(
+        prefix=f".{target.name}.", suffix=".tmp", dir=target.parent
+    )
     try:
         with os.fdopen(handle, "wb") as out, open(source, "rb") as src:
             shutil.copyfileobj(src, out, 16 << 20)
@@ -158,7 +161,8 @@ def recover(save_dir, restore_file=DEFAULT_RESTORE_FILE, suffix=""):
         raise RecoveryError(
             f"{save_dir}: no readable checkpoint to resume from (the damaged "
             f"{last.name} is kept as {aside.name}); run the same command again to start "
-            "training from the beginning")
+            "training from the beginning"
+        )
     path, updates = found
     copy_atomically(path, last)
     say(f"resuming from {path} ({updates} updates): copied to {last}")
@@ -172,16 +176,25 @@ def parse_args(argv=None):
         "resumes from it; if it does not (a torn copy), keep it aside and resume from the "
         "newest readable checkpoint of the save dir.",
         epilog="Other options (a whole fairseq-train command line) are ignored.",
-        allow_abbrev=False)
-    parser.add_argument("--save-dir", default="checkpoints",
-                        help="fairseq's --save-dir [checkpoints]")
-    parser.add_argument("--restore-file", default=DEFAULT_RESTORE_FILE,
-                        help="fairseq's --restore-file: anything but the default means "
-                        "fairseq resumes from that file, and nothing is checked here")
+        allow_abbrev=False,
+    )
+    parser.add_argument(
+        "--save-dir", default="checkpoints", help="fairseq's --save-dir [checkpoints]"
+    )
+    parser.add_argument(
+        "--restore-file",
+        default=DEFAULT_RESTORE_FILE,
+        help="fairseq's --restore-file: anything but the default means "
+        "fairseq resumes from that file, and nothing is checked here",
+    )
     parser.add_argument("--checkpoint-suffix", default="", help="fairseq's --checkpoint-suffix")
-    parser.add_argument("--max-update", type=int, default=0,
-                        help="fairseq's --max-update: a checkpoint_last.pt with that many updates is a "
-                        "finished run (exit status 3)")
+    parser.add_argument(
+        "--max-update",
+        type=int,
+        default=0,
+        help="fairseq's --max-update: a checkpoint_last.pt with that many updates is a "
+        "finished run (exit status 3)",
+    )
     args, _ = parser.parse_known_args(argv)
     return args
 
@@ -208,10 +221,14 @@ def main(argv=None):
     except RecoveryError as error:
         say(f"error: {error}")
         return 2
-    updates = finished_updates(args.save_dir, args.max_update, args.restore_file, args.checkpoint_suffix)
+    updates = finished_updates(
+        args.save_dir, args.max_update, args.restore_file, args.checkpoint_suffix
+    )
     if updates is not None:
-        say(f"{Path(args.save_dir) / 'checkpoint_last.pt'} has {updates} updates: the run is finished "
-            f"(--max-update {args.max_update}); nothing to train (a larger --max-update continues it)")
+        say(
+            f"{Path(args.save_dir) / 'checkpoint_last.pt'} has {updates} updates: the run is finished "
+            f"(--max-update {args.max_update}); nothing to train (a larger --max-update continues it)"
+        )
         return 3
     return 0
 

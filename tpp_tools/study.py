@@ -51,9 +51,7 @@ import json
 import math
 import os
 import queue
-import re
 import shlex
-import shutil
 import signal
 import statistics
 import subprocess
@@ -79,26 +77,55 @@ RUN_VERSION = 2
 
 VARIANTS = {
     "transformer": dict(
-        label="(a) transformer", what="fairseq's transformer",
-        arch="transformer", task="translation", criterion="label_smoothed_cross_entropy", model=[], conv=False),
+        label="(a) transformer",
+        what="fairseq's transformer",
+        arch="transformer",
+        task="translation",
+        criterion="label_smoothed_cross_entropy",
+        model=[],
+        conv=False,
+    ),
     "control": dict(
-        label="(b) control", what="transformer_pp, 0 conv heads, no tags",
-        arch="transformer_pp", task="translation", criterion="label_smoothed_cross_entropy",
-        model=["--encoder-conv-heads", "0", "--decoder-conv-heads", "0", "--encoder-tag-layers", ""], conv=False),
+        label="(b) control",
+        what="transformer_pp, 0 conv heads, no tags",
+        arch="transformer_pp",
+        task="translation",
+        criterion="label_smoothed_cross_entropy",
+        model=[
+            "--encoder-conv-heads",
+            "0",
+            "--decoder-conv-heads",
+            "0",
+            "--encoder-tag-layers",
+            "",
+        ],
+        conv=False,
+    ),
     "hybrid": dict(
-        label="(c) hybrid", what="hybrid heads, no tags",
-        arch="transformer_pp", task="translation", criterion="label_smoothed_cross_entropy",
-        model=["--encoder-tag-layers", ""], conv=True),
+        label="(c) hybrid",
+        what="hybrid heads, no tags",
+        arch="transformer_pp",
+        task="translation",
+        criterion="label_smoothed_cross_entropy",
+        model=["--encoder-tag-layers", ""],
+        conv=True,
+    ),
     "hybrid+tags": dict(
-        label="(d) hybrid+tags", what="hybrid heads + POS/NER losses (Transformer++)",
-        arch="transformer_pp", task="translation_with_tags",
-        criterion="label_smoothed_cross_entropy_with_tags", model=[], conv=True),
+        label="(d) hybrid+tags",
+        what="hybrid heads + POS/NER losses (Transformer++)",
+        arch="transformer_pp",
+        task="translation_with_tags",
+        criterion="label_smoothed_cross_entropy_with_tags",
+        model=[],
+        conv=True,
+    ),
 }
 
 
 @dataclass
 class Config:
     """Everything that defines the study's runs, besides variant and seed."""
+
     embed_dim: int
     ffn_dim: int
     heads: int
@@ -137,35 +164,93 @@ def recipe(name: str) -> str:
 
 CONFIGS = {
     # transformer-base size on one GPU, bf16: all variants x 3 seeds in about 25 minutes
-    "gpu": Config(embed_dim=512, ffn_dim=2048, heads=8, layers=6, max_update=2200, max_tokens=8192,
-                  update_freq=1, lr=7e-4, warmup_updates=400, dropout=0.1, attention_dropout=0.1,
-                  activation_dropout=0.1, average=5, dtype="bf16", bpe_merges=16000),
+    "gpu": Config(
+        embed_dim=512,
+        ffn_dim=2048,
+        heads=8,
+        layers=6,
+        max_update=2200,
+        max_tokens=8192,
+        update_freq=1,
+        lr=7e-4,
+        warmup_updates=400,
+        dropout=0.1,
+        attention_dropout=0.1,
+        activation_dropout=0.1,
+        average=5,
+        dtype="bf16",
+        bpe_merges=16000,
+    ),
     # transformer-base size on one GPU, bf16, sized for one short call on an H100 (all
     # variants x 2 seeds, four at a time): a few minutes of training in all
-    "gpu-short": Config(embed_dim=512, ffn_dim=2048, heads=8, layers=6, max_update=600, max_tokens=8192,
-                        update_freq=1, lr=7e-4, warmup_updates=150, dropout=0.1, attention_dropout=0.1,
-                        activation_dropout=0.1, average=3, save_interval_updates=60,
-                        validate_interval_updates=60, dtype="bf16", bpe_merges=8000),
+    "gpu-short": Config(
+        embed_dim=512,
+        ffn_dim=2048,
+        heads=8,
+        layers=6,
+        max_update=600,
+        max_tokens=8192,
+        update_freq=1,
+        lr=7e-4,
+        warmup_updates=150,
+        dropout=0.1,
+        attention_dropout=0.1,
+        activation_dropout=0.1,
+        average=3,
+        save_interval_updates=60,
+        validate_interval_updates=60,
+        dtype="bf16",
+        bpe_merges=8000,
+    ),
     # chosen for learning speed on a 2-core CPU (a small model, a small BPE vocabulary,
     # short segments, small batches, a short warm-up): all variants x 2 seeds in 3 hours
-    "cpu": Config(embed_dim=256, ffn_dim=512, heads=4, layers=3, max_update=1400, max_tokens=2048,
-                  update_freq=1, lr=2e-3, warmup_updates=200, dropout=0.1, attention_dropout=0.0,
-                  activation_dropout=0.0, average=5, dtype="fp32", bpe_merges=8000, max_len=40),
+    "cpu": Config(
+        embed_dim=256,
+        ffn_dim=512,
+        heads=4,
+        layers=3,
+        max_update=1400,
+        max_tokens=2048,
+        update_freq=1,
+        lr=2e-3,
+        warmup_updates=200,
+        dropout=0.1,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        average=5,
+        dtype="fp32",
+        bpe_merges=8000,
+        max_len=40,
+    ),
     # the paper's scale, on a cluster (--launcher slurm; docs/slurm.md): the sizes of the
     # En-De big preset transformer_pp_wmt_en_de_big (a test holds them to it) and the
     # training recipe of tpp_tools/train.py, each run on 4 GPUs. --update-epoch-batch-itr:
     # every epoch's batches grouped anew from the seed and the epoch, so that a run resumed
     # after a requeue trains on the batches an uninterrupted run would (fairseq otherwise
     # groups the batches once, with the seed of the epoch it starts in: another grouping)
-    "wmt14-big": Config(embed_dim=1024, ffn_dim=4096, heads=16, layers=5, dropout=0.1, attention_dropout=0.25,
-                        activation_dropout=0.25, shared_embeddings="decoder", gpus=4,
-                        lr=float(PRESETS["en-de"][1]), warmup_updates=int(recipe("warmup_updates")),
-                        max_update=int(recipe("max_update")), max_tokens=int(recipe("max_tokens")),
-                        update_freq=int(recipe("update_freq")), label_smoothing=float(recipe("label_smoothing")),
-                        save_interval_updates=int(recipe("save_interval_updates")),
-                        validate_interval_updates=int(recipe("save_interval_updates")),
-                        average=int(recipe("keep_interval_updates")), dtype="fp16", bpe_merges=40000,
-                        extra=list(RESUMABLE)),
+    "wmt14-big": Config(
+        embed_dim=1024,
+        ffn_dim=4096,
+        heads=16,
+        layers=5,
+        dropout=0.1,
+        attention_dropout=0.25,
+        activation_dropout=0.25,
+        shared_embeddings="decoder",
+        gpus=4,
+        lr=float(PRESETS["en-de"][1]),
+        warmup_updates=int(recipe("warmup_updates")),
+        max_update=int(recipe("max_update")),
+        max_tokens=int(recipe("max_tokens")),
+        update_freq=int(recipe("update_freq")),
+        label_smoothing=float(recipe("label_smoothing")),
+        save_interval_updates=int(recipe("save_interval_updates")),
+        validate_interval_updates=int(recipe("save_interval_updates")),
+        average=int(recipe("keep_interval_updates")),
+        dtype="fp16",
+        bpe_merges=40000,
+        extra=list(RESUMABLE),
+    ),
 }
 
 
@@ -216,16 +301,25 @@ def file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def data_identity(args, cfg: Config, src: str, tgt: str, given: Dict[str, str], sizes: Dict[str, int]) -> str:
+def data_identity(
+    args, cfg: Config, src: str, tgt: str, given: Dict[str, str], sizes: Dict[str, int]
+) -> str:
     """Identity of the data a raw corpus becomes: the inputs' contents (not their names
     or modification times: a corpus copied or unpacked again is the same corpus), the
     carving and the preparation settings. Any change prepares a new folder."""
     from tpp_pipeline.splits import side_path
 
-    identity = {"corpus": [file_digest(side_path(args.corpus, lang)) for lang in (src, tgt)],
-                "given": {n: [file_digest(side_path(p, lang)) for lang in (src, tgt)] for n, p in given.items()},
-                "sizes": sizes, "seed": args.split_seed, "bpe": cfg.bpe_merges,
-                "max_len": cfg.max_len, "tags": args.variants_need_tags}
+    identity = {
+        "corpus": [file_digest(side_path(args.corpus, lang)) for lang in (src, tgt)],
+        "given": {
+            n: [file_digest(side_path(p, lang)) for lang in (src, tgt)] for n, p in given.items()
+        },
+        "sizes": sizes,
+        "seed": args.split_seed,
+        "bpe": cfg.bpe_merges,
+        "max_len": cfg.max_len,
+        "tags": args.variants_need_tags,
+    }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:8]
 
 
@@ -253,7 +347,9 @@ class Children:
         with self._lock:
             if self.stopping.is_set():
                 raise RuntimeError("the study is stopping")
-            proc = subprocess.Popen([str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT, env=env)
+            proc = subprocess.Popen(
+                [str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT, env=env
+            )
             self._procs.add(proc)
         try:
             return proc.wait()
@@ -321,10 +417,17 @@ def prepare_data(args, cfg: Config, plan_only: bool = False) -> Dict[str, Path]:
         reference = args.test_reference
         if not reference.is_file():
             raise StudyError(f"--test-reference {reference}: no such file")
-        if args.variants_need_tags and not (data / f"dict.pos.txt").exists():
-            raise StudyError(f"{data} has no POS/NER labels (dict.pos.txt) for the hybrid+tags variant: "
-                             "prepare it with tpp-prepare-corpus, or leave that variant out")
-        paths = {"data": data, "reference": reference, "source": args.test_source, "bpe_codes": args.bpe_codes}
+        if args.variants_need_tags and not (data / "dict.pos.txt").exists():
+            raise StudyError(
+                f"{data} has no POS/NER labels (dict.pos.txt) for the hybrid+tags variant: "
+                "prepare it with tpp-prepare-corpus, or leave that variant out"
+            )
+        paths = {
+            "data": data,
+            "reference": reference,
+            "source": args.test_source,
+            "bpe_codes": args.bpe_codes,
+        }
     else:
         src, tgt = args.source_lang, args.target_lang
         if not (src and tgt):
@@ -333,8 +436,11 @@ def prepare_data(args, cfg: Config, plan_only: bool = False) -> Dict[str, Path]:
         from tpp_pipeline.splits import carve_corpus
 
         given = {name: getattr(args, name) for name in ("test", "valid") if getattr(args, name)}
-        sizes = {name: size for name, size in (("test", args.test_size), ("valid", args.valid_size))
-                 if name not in given}
+        sizes = {
+            name: size
+            for name, size in (("test", args.test_size), ("valid", args.valid_size))
+            if name not in given
+        }
         try:
             digest = data_identity(args, cfg, src, tgt, given, sizes)
             root = args.out / "data" / f"{src}-{tgt}-{digest}"
@@ -348,23 +454,52 @@ def prepare_data(args, cfg: Config, plan_only: bool = False) -> Dict[str, Path]:
             raise StudyError(str(err)) from None
         if not (data / "preprocess.done").exists():
             log(f"preparing {raw} -> {data} (tokenise, tag, BPE {cfg.bpe_merges}, binarize)")
-            cmd = [sys.executable, "-m", "tpp_pipeline.pipeline", "-s", src, "-t", tgt,
-                   "--trainpref", raw / "train", "--validpref", raw / "valid", "--testpref", raw / "test",
-                   "--name", name, "--work-dir", root / "work", "--data-bin", root / "data-bin",
-                   "--bpe-merges", cfg.bpe_merges, "--max-len", cfg.max_len, "--workers", args.workers]
+            cmd = [
+                sys.executable,
+                "-m",
+                "tpp_pipeline.pipeline",
+                "-s",
+                src,
+                "-t",
+                tgt,
+                "--trainpref",
+                raw / "train",
+                "--validpref",
+                raw / "valid",
+                "--testpref",
+                raw / "test",
+                "--name",
+                name,
+                "--work-dir",
+                root / "work",
+                "--data-bin",
+                root / "data-bin",
+                "--bpe-merges",
+                cfg.bpe_merges,
+                "--max-len",
+                cfg.max_len,
+                "--workers",
+                args.workers,
+            ]
             if not args.variants_need_tags:
                 cmd.append("--no-tags")
             run_command(cmd, root / "prepare.log")
             (data / "preprocess.done").write_text("ok\n")
-        paths = {"data": data, "reference": raw / f"test.{tgt}", "source": raw / f"test.{src}",
-                 "bpe_codes": root / "work" / "bpe" / "codes"}
+        paths = {
+            "data": data,
+            "reference": raw / f"test.{tgt}",
+            "source": raw / f"test.{src}",
+            "bpe_codes": root / "work" / "bpe" / "codes",
+        }
     size = split_size(paths["data"], "test")
     if size is None:
         raise StudyError(f"{paths['data']}: no test split (test.*.idx)")
     ref_lines = count_lines(paths["reference"])
     if ref_lines != size:
-        raise StudyError(f"test reference {paths['reference']} has {ref_lines} lines but the test split of "
-                         f"{paths['data']} has {size} sentences")
+        raise StudyError(
+            f"test reference {paths['reference']} has {ref_lines} lines but the test split of "
+            f"{paths['data']} has {size} sentences"
+        )
     paths["src"], paths["tgt"] = language_pair(paths["data"])
     paths["prepared"] = True
     return paths
@@ -392,36 +527,100 @@ def intervals(cfg: Config):
     return save, valid
 
 
-def train_command(variant: str, seed: int, cfg: Config, data: Path, folder: Path, device: str,
-                  extra: List[str]) -> List[str]:
+def train_command(
+    variant: str, seed: int, cfg: Config, data: Path, folder: Path, device: str, extra: List[str]
+) -> List[str]:
     v = VARIANTS[variant]
     save, valid = intervals(cfg)
     dims = []
     for side in ("encoder", "decoder"):
-        dims += [f"--{side}-embed-dim", cfg.embed_dim, f"--{side}-ffn-embed-dim", cfg.ffn_dim,
-                 f"--{side}-attention-heads", cfg.heads, f"--{side}-layers", cfg.layers]
+        dims += [
+            f"--{side}-embed-dim",
+            cfg.embed_dim,
+            f"--{side}-ffn-embed-dim",
+            cfg.ffn_dim,
+            f"--{side}-attention-heads",
+            cfg.heads,
+            f"--{side}-layers",
+            cfg.layers,
+        ]
     precision = {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}[cfg.dtype]
-    scaling = ["--conv-head-scaling", cfg.conv_head_scaling] if v["conv"] and cfg.conv_head_scaling != "none" else []
-    shared = {"all": "--share-all-embeddings", "decoder": "--share-decoder-input-output-embed"}[cfg.shared_embeddings]
+    scaling = (
+        ["--conv-head-scaling", cfg.conv_head_scaling]
+        if v["conv"] and cfg.conv_head_scaling != "none"
+        else []
+    )
+    shared = {"all": "--share-all-embeddings", "decoder": "--share-decoder-input-output-embed"}[
+        cfg.shared_embeddings
+    ]
     cmd = [
-        "fairseq-train", data, "--user-dir", plugin_dir(), "--arch", v["arch"], *v["model"], *scaling, *dims,
-        shared, "--dropout", cfg.dropout, "--attention-dropout", cfg.attention_dropout,
-        "--activation-dropout", cfg.activation_dropout,
-        "--task", v["task"], "--criterion", v["criterion"], "--label-smoothing", cfg.label_smoothing,
-        *OPTIMIZER, "--lr", cfg.lr, "--warmup-updates", cfg.warmup_updates,
-        "--max-tokens", cfg.max_tokens, "--update-freq", cfg.update_freq,
-        "--max-update", cfg.max_update, "--seed", seed, *precision,
-        "--save-dir", folder / "checkpoints", "--save-interval-updates", save,
-        "--keep-interval-updates", cfg.average, "--no-epoch-checkpoints", "--save-interval", 1000000,
-        "--validate-interval-updates", valid, "--validate-interval", 1000000,
-        "--log-format", "json", "--log-file", folder / "train.log", "--log-interval", max(1, valid // 4),
-        "--no-progress-bar", "--num-workers", 1 if device == "cuda" else 0,
+        "fairseq-train",
+        data,
+        "--user-dir",
+        plugin_dir(),
+        "--arch",
+        v["arch"],
+        *v["model"],
+        *scaling,
+        *dims,
+        shared,
+        "--dropout",
+        cfg.dropout,
+        "--attention-dropout",
+        cfg.attention_dropout,
+        "--activation-dropout",
+        cfg.activation_dropout,
+        "--task",
+        v["task"],
+        "--criterion",
+        v["criterion"],
+        "--label-smoothing",
+        cfg.label_smoothing,
+        *OPTIMIZER,
+        "--lr",
+        cfg.lr,
+        "--warmup-updates",
+        cfg.warmup_updates,
+        "--max-tokens",
+        cfg.max_tokens,
+        "--update-freq",
+        cfg.update_freq,
+        "--max-update",
+        cfg.max_update,
+        "--seed",
+        seed,
+        *precision,
+        "--save-dir",
+        folder / "checkpoints",
+        "--save-interval-updates",
+        save,
+        "--keep-interval-updates",
+        cfg.average,
+        "--no-epoch-checkpoints",
+        "--save-interval",
+        1000000,
+        "--validate-interval-updates",
+        valid,
+        "--validate-interval",
+        1000000,
+        "--log-format",
+        "json",
+        "--log-file",
+        folder / "train.log",
+        "--log-interval",
+        max(1, valid // 4),
+        "--no-progress-bar",
+        "--num-workers",
+        1 if device == "cuda" else 0,
         # cfg.gpus devices per run (the runs go in parallel, each on its own GPUs where there
         # are several: gpu_slots): fairseq's default is every GPU it sees, data-parallel,
         # which would multiply the batch and make the parallel runs share one rendezvous port
-        "--distributed-world-size", cfg.gpus,
+        "--distributed-world-size",
+        cfg.gpus,
         "--skip-invalid-size-inputs-valid-test",
-        *(["--cpu"] if device == "cpu" else []), *cfg.extra, *extra,
+        *(["--cpu"] if device == "cpu" else []),
+        *cfg.extra,
+        *extra,
     ]
     return [str(c) for c in cmd]
 
@@ -442,12 +641,21 @@ def plan_runs(args, cfg: Config, data: Path) -> List[Run]:
             for name, before in (("gpus", 1), ("shared_embeddings", "all")):
                 if config[name] == before:  # as every run was before the field: the same identity
                     del config[name]
-            spec = {"variant": variant, "seed": seed, "config": config, "data": data_id,
-                    "extra": args.extra, "device": args.device}
+            spec = {
+                "variant": variant,
+                "seed": seed,
+                "config": config,
+                "data": data_id,
+                "extra": args.extra,
+                "device": args.device,
+            }
             if RUN_VERSION > 1:  # version 1: the runs made before the field existed
                 spec["run_version"] = RUN_VERSION
-            run_id = (hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:8]
-                      if data_id is not None else "<id>")
+            run_id = (
+                hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:8]
+                if data_id is not None
+                else "<id>"
+            )
             folder = args.out / "runs" / f"{variant.replace('+', '_')}-s{seed}-{run_id}"
             cmd = train_command(variant, seed, cfg, data, folder, args.device, args.extra)
             runs.append(Run(variant, seed, folder, cmd, spec))
@@ -478,13 +686,18 @@ def translated(run: Run, reference_lines: int) -> bool:
     """The test set translated and scored: the scores, and one translation per reference
     line (a truncated translation file is done again)."""
     hyp = run.folder / "eval" / "hyp.detok"
-    return ((run.folder / "eval" / "bleu.txt").exists() and hyp.exists()
-            and count_lines(hyp) == reference_lines)
+    return (
+        (run.folder / "eval" / "bleu.txt").exists()
+        and hyp.exists()
+        and count_lines(hyp) == reference_lines
+    )
 
 
 def last_checkpoint_updates(run: Run) -> int:
-    updates = [int(r.get("train_num_updates", r.get("num_updates", 0)) or 0)
-               for r in json_records(run.folder / "train.log")]
+    updates = [
+        int(r.get("train_num_updates", r.get("num_updates", 0)) or 0)
+        for r in json_records(run.folder / "train.log")
+    ]
     return max(updates, default=0)
 
 
@@ -504,8 +717,10 @@ def gpu_slots(parallel: int, gpus: List[str], per_run: int = 1) -> "queue.Queue[
     run): a run takes a slot (its GPUs) for its training and evaluation and gives it back
     when done."""
     if per_run > len(gpus):
-        raise StudyError(f"each run trains on {per_run} GPUs (--gpus-per-run) but {len(gpus)} are visible")
-    groups = [",".join(gpus[i:i + per_run]) for i in range(0, len(gpus) - per_run + 1, per_run)]
+        raise StudyError(
+            f"each run trains on {per_run} GPUs (--gpus-per-run) but {len(gpus)} are visible"
+        )
+    groups = [",".join(gpus[i : i + per_run]) for i in range(0, len(gpus) - per_run + 1, per_run)]
     slots = queue.Queue()
     for i in range(parallel):
         slots.put(groups[i % len(groups)])
@@ -531,8 +746,12 @@ def _execute(run: Run, cfg: Config, paths, args, env_extra: Dict[str, str]) -> N
     """:func:`execute`'s steps, each skipped when done; ``env_extra`` added to the
     commands' environment."""
     run.folder.mkdir(parents=True, exist_ok=True)
-    (run.folder / "run.json").write_text(json.dumps(
-        {**run.spec, "train_command": " ".join(shlex.quote(c) for c in run.train_cmd)}, indent=1) + "\n")
+    (run.folder / "run.json").write_text(
+        json.dumps(
+            {**run.spec, "train_command": " ".join(shlex.quote(c) for c in run.train_cmd)}, indent=1
+        )
+        + "\n"
+    )
     env = dict(os.environ, **env_extra)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env["PYTHONWARNINGS"] = "ignore"
@@ -542,32 +761,73 @@ def _execute(run: Run, cfg: Config, paths, args, env_extra: Dict[str, str]) -> N
     if trained_updates(run) < cfg.max_update and checkpoint_updates(run) >= cfg.max_update:
         # trained to the end, stopped before it was marked so: finished means finished
         # (fairseq-train started again would train one update more and overwrite checkpoints)
-        (run.folder / "train.done").write_text(f"{checkpoint_updates(run)} updates, nan s (found finished)\n")
+        (run.folder / "train.done").write_text(
+            f"{checkpoint_updates(run)} updates, nan s (found finished)\n"
+        )
     if trained_updates(run) < cfg.max_update:
         log(f"{run.name}: training ({cfg.max_update} updates) in {run.folder}")
         started = time.time()
         if (run.folder / "checkpoints" / "checkpoint_last.pt").exists():
             # an interrupted run resumes; a torn checkpoint_last.pt is set aside first
-            run_command([sys.executable, "-m", "tpp_tools.recover", "--save-dir", run.folder / "checkpoints"],
-                        out_log, env=env)
+            run_command(
+                [
+                    sys.executable,
+                    "-m",
+                    "tpp_tools.recover",
+                    "--save-dir",
+                    run.folder / "checkpoints",
+                ],
+                out_log,
+                env=env,
+            )
         run_command(run.train_cmd, out_log, env=env)
         updates = last_checkpoint_updates(run)
         if updates < cfg.max_update:
-            raise RuntimeError(f"{run.name}: fairseq-train stopped at update {updates} of {cfg.max_update}")
-        (run.folder / "train.done").write_text(f"{updates} updates, {time.time() - started:.0f} s\n")
+            raise RuntimeError(
+                f"{run.name}: fairseq-train stopped at update {updates} of {cfg.max_update}"
+            )
+        (run.folder / "train.done").write_text(
+            f"{updates} updates, {time.time() - started:.0f} s\n"
+        )
     ckpt = run.folder / "checkpoints"
     avg = run.folder / "checkpoint_avg.pt"
     if not avg.exists():
         interval = sorted(ckpt.glob("checkpoint_*_*.pt"))
         n = min(cfg.average, len(interval))
         log(f"{run.name}: averaging the last {n} checkpoints")
-        run_command([sys.executable, "-m", "tpp_tools.average", "--inputs", ckpt,
-                     "--num-update-checkpoints", n, "--output", avg], out_log, env=env)
+        run_command(
+            [
+                sys.executable,
+                "-m",
+                "tpp_tools.average",
+                "--inputs",
+                ckpt,
+                "--num-update-checkpoints",
+                n,
+                "--output",
+                avg,
+            ],
+            out_log,
+            env=env,
+        )
     if not translated(run, count_lines(paths["reference"])):
         log(f"{run.name}: translating the test set")
-        cmd = [sys.executable, "-m", "tpp_tools.evaluate", "--data", paths["data"], "--checkpoint", avg,
-               "--reference", paths["reference"], "--out", run.folder / "eval", "--force",
-               "--max-tokens", args.gen_max_tokens]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tpp_tools.evaluate",
+            "--data",
+            paths["data"],
+            "--checkpoint",
+            avg,
+            "--reference",
+            paths["reference"],
+            "--out",
+            run.folder / "eval",
+            "--force",
+            "--max-tokens",
+            args.gen_max_tokens,
+        ]
         if args.device == "cpu":
             cmd.append("--cpu")
         elif cfg.dtype == "fp16":
@@ -597,7 +857,17 @@ def t_interval(values: List[float]) -> float:
     n = len(values)
     if n < 2:
         return float("nan")
-    t95 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365, 9: 2.306, 10: 2.262}
+    t95 = {
+        2: 12.706,
+        3: 4.303,
+        4: 3.182,
+        5: 2.776,
+        6: 2.571,
+        7: 2.447,
+        8: 2.365,
+        9: 2.306,
+        10: 2.262,
+    }
     return t95.get(n, 1.96) * statistics.stdev(values) / math.sqrt(n)
 
 
@@ -617,11 +887,14 @@ def significance(runs_by_variant: Dict[str, List[Run]], reference: Path, samples
         for run in sorted(runs_by_variant[name], key=lambda r: r.seed)[:seeds]:
             lines = (run.folder / "eval" / "hyp.detok").read_text(encoding="utf-8").splitlines()
             if len(lines) != len(refs):
-                raise StudyError(f"{run.folder / 'eval' / 'hyp.detok'}: {len(lines)} lines, reference {len(refs)}")
+                raise StudyError(
+                    f"{run.folder / 'eval' / 'hyp.detok'}: {len(lines)} lines, reference {len(refs)}"
+                )
             hyps += lines
         systems.append((name, hyps))
-    test = PairedTest(systems, {"BLEU": BLEU(), "chrF": CHRF()}, [refs * seeds], test_type="bs",
-                      n_samples=samples)
+    test = PairedTest(
+        systems, {"BLEU": BLEU(), "chrF": CHRF()}, [refs * seeds], test_type="bs", n_samples=samples
+    )
     signatures, scores = test()
     # sacreBLEU names the metrics by their own names (e.g. "chrF2")
     bleu_key = next(k for k in scores if k.startswith("BLEU"))
@@ -629,11 +902,14 @@ def significance(runs_by_variant: Dict[str, List[Run]], reference: Path, samples
     out = {}
     baseline_hyps = systems[0][1]
     for i, name in enumerate(scores["System"]):
-        out[name] = {"BLEU": scores[bleu_key][i], "chrF": scores[chrf_key][i],
-                     # sacreBLEU gives a system compared with an identical one its smallest
-                     # p-value ("a zero difference should not be attributed to chance"):
-                     # the report says "identical" instead of quoting it
-                     "identical": i > 0 and dict(systems)[name] == baseline_hyps}
+        out[name] = {
+            "BLEU": scores[bleu_key][i],
+            "chrF": scores[chrf_key][i],
+            # sacreBLEU gives a system compared with an identical one its smallest
+            # p-value ("a zero difference should not be attributed to chance"):
+            # the report says "identical" instead of quoting it
+            "identical": i > 0 and dict(systems)[name] == baseline_hyps,
+        }
     sigs = {"BLEU": str(signatures[bleu_key]), "chrF": str(signatures[chrf_key])}
     return out, sigs, seeds
 
@@ -644,7 +920,12 @@ def plot_curves(runs: List[Run], target: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colours = {"transformer": "tab:blue", "control": "tab:green", "hybrid": "tab:orange", "hybrid+tags": "tab:red"}
+    colours = {
+        "transformer": "tab:blue",
+        "control": "tab:green",
+        "hybrid": "tab:orange",
+        "hybrid+tags": "tab:red",
+    }
     styles = ["-", "--", ":", "-."]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     drawn = False
@@ -654,8 +935,14 @@ def plot_curves(runs: List[Run], target: Path) -> bool:
             continue
         xs = [int(r["valid_num_updates"]) for r in valid]
         ys = [float(r["valid_nll_loss"]) for r in valid]
-        ax.plot(xs, ys, styles[(run.seed - 1) % len(styles)], color=colours.get(run.variant, "k"),
-                label=f"{run.variant} seed {run.seed}", linewidth=1.2)
+        ax.plot(
+            xs,
+            ys,
+            styles[(run.seed - 1) % len(styles)],
+            color=colours.get(run.variant, "k"),
+            label=f"{run.variant} seed {run.seed}",
+            linewidth=1.2,
+        )
         drawn = True
     ax.set_xlabel("updates")
     ax.set_ylabel("validation NLL (base 2, per target token)")
@@ -683,9 +970,15 @@ def run_facts(run: Run, reference: Path) -> dict:
     records = json_records(run.folder / "train.log")
     inner = [r for r in records if "wps" in r and "train_wps" not in r]
     valid = [r for r in records if "valid_loss" in r]
-    done = (run.folder / "train.done").read_text().split() if (run.folder / "train.done").exists() else []
+    done = (
+        (run.folder / "train.done").read_text().split()
+        if (run.folder / "train.done").exists()
+        else []
+    )
     return {
-        "wps": statistics.median(float(r["wps"]) for r in inner[1:] or inner) if inner else float("nan"),
+        "wps": statistics.median(float(r["wps"]) for r in inner[1:] or inner)
+        if inner
+        else float("nan"),
         "valid_nll": float(valid[-1]["valid_nll_loss"]) if valid else float("nan"),
         "train_seconds": float(done[2]) if len(done) > 2 else float("nan"),
         "scores": read_scores(run.folder / "eval" / "bleu.txt"),
@@ -702,18 +995,35 @@ def analysis_section(by_variant, facts, paths) -> List[str]:
     for variant in ("hybrid", "hybrid+tags"):
         if variant not in by_variant:
             continue
-        best = max(by_variant[variant], key=lambda r: float(facts[r.name]["scores"]["sacrebleu_detok"]))
-        cmd = [sys.executable, "-m", "tpp_tools.embedding_similarity", "--path", best.folder / "checkpoint_avg.pt",
-               "--data", paths["data"]]
+        best = max(
+            by_variant[variant], key=lambda r: float(facts[r.name]["scores"]["sacrebleu_detok"])
+        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "tpp_tools.embedding_similarity",
+            "--path",
+            best.folder / "checkpoint_avg.pt",
+            "--data",
+            paths["data"],
+        ]
         if codes and Path(codes).exists():
             cmd += ["--bpe-codes", codes]
         proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
         if not lines:
-            lines += ["## Fire and mountain", "",
-                      "The paper's analysis on the best model (by test BLEU) of each kind with convolution "
-                      "heads: cosine similarity of the two words in the dot-product heads' output and in "
-                      "LocalConv's representation, per encoder layer (paper: 0.21 vs 0.39).", ""]
-        body = proc.stdout.strip() if proc.returncode == 0 else f"(failed: {proc.stderr.strip()[-300:]})"
+            lines += [
+                "## Fire and mountain",
+                "",
+                "The paper's analysis on the best model (by test BLEU) of each kind with convolution "
+                "heads: cosine similarity of the two words in the dot-product heads' output and in "
+                "LocalConv's representation, per encoder layer (paper: 0.21 vs 0.39).",
+                "",
+            ]
+        body = (
+            proc.stdout.strip()
+            if proc.returncode == 0
+            else f"(failed: {proc.stderr.strip()[-300:]})"
+        )
         lines += [f"{VARIANTS[variant]['label']}, seed {best.seed}:", "", "```", body, "```", ""]
     return lines
 
@@ -726,12 +1036,25 @@ def parameter_count(run: Run) -> int:
     allow_fairseq_checkpoints()
 
     state = torch.load(run.folder / "checkpoint_avg.pt", map_location="cpu", weights_only=True)
-    return sum(t.numel() for k, t in state["model"].items() if hasattr(t, "numel")
-               and "tag_heads" not in k and "_float_tensor" not in k and "version" not in k)
+    return sum(
+        t.numel()
+        for k, t in state["model"].items()
+        if hasattr(t, "numel")
+        and "tag_heads" not in k
+        and "_float_tensor" not in k
+        and "version" not in k
+    )
 
 
-def write_report(args, cfg: Config, paths, runs: List[Run], command: str, elapsed: float,
-                 missing: Optional[List[Run]] = None) -> Path:
+def write_report(
+    args,
+    cfg: Config,
+    paths,
+    runs: List[Run],
+    command: str,
+    elapsed: float,
+    missing: Optional[List[Run]] = None,
+) -> Path:
     """The report of ``runs`` (finished); ``missing``: planned runs not finished, named."""
     by_variant: Dict[str, List[Run]] = {}
     for run in runs:
@@ -745,7 +1068,8 @@ def write_report(args, cfg: Config, paths, runs: List[Run], command: str, elapse
         return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
     lines = [
-        "# Quality study: Transformer++ against the Transformer", "",
+        "# Quality study: Transformer++ against the Transformer",
+        "",
         f"Data: `{paths['data']}` ({paths['src']}→{paths['tgt']}; test set {count_lines(paths['reference'])} "
         f"sentences, reference `{paths['reference']}`).",
         f"Budget (every run): {cfg.max_update} updates × up to {cfg.max_tokens * cfg.update_freq * cfg.gpus} tokens "
@@ -763,9 +1087,17 @@ def write_report(args, cfg: Config, paths, runs: List[Run], command: str, elapse
         f"Wall time of this invocation: {elapsed / 60:.1f} min; training time per run (median): "
         f"{statistics.median(facts[r.name]['train_seconds'] for r in runs) / 60:.0f} min "
         "(words/s and times are as measured under the machine's load at the time: not a speed comparison, "
-        "which is docs/benchmarks.md's).", "",
-        *([f"Not finished, not in the tables: {', '.join(r.name for r in missing)} (re-run the study "
-           "to finish them).", ""] if missing else []),
+        "which is docs/benchmarks.md's).",
+        "",
+        *(
+            [
+                f"Not finished, not in the tables: {', '.join(r.name for r in missing)} (re-run the study "
+                "to finish them).",
+                "",
+            ]
+            if missing
+            else []
+        ),
         "| variant | what | parameters | BLEU (mean over seeds ± 95% CI) | per seed | chrF (mean) "
         "| tok. BLEU, compound split (mean) | bootstrap BLEU: mean ± 95% CI | p vs (a) "
         "| bootstrap chrF: mean ± 95% CI | p vs (a) | valid NLL | train words/s |",
@@ -789,7 +1121,8 @@ def write_report(args, cfg: Config, paths, runs: List[Run], command: str, elapse
             f"| {statistics.mean(chrfs):.2f} | {statistics.mean(toks):.2f} "
             f"| {b.mean:.2f} ± {b.ci:.2f} | {p_b} | {c.mean:.2f} ± {c.ci:.2f} | {p_c} "
             f"| {statistics.mean(facts[r.name]['valid_nll'] for r in vruns):.3f} "
-            f"| {statistics.median(facts[r.name]['wps'] for r in vruns):,.0f} |")
+            f"| {statistics.median(facts[r.name]['wps'] for r in vruns):,.0f} |"
+        )
     first = runs[0]
     sig = facts[first.name]["scores"]
     lines += [
@@ -803,23 +1136,49 @@ def write_report(args, cfg: Config, paths, runs: List[Run], command: str, elapse
         f"Signatures: BLEU `{signatures['BLEU']}`; chrF `{signatures['chrF']}`; "
         f"per-run detokenised BLEU `{sig.get('sacrebleu_detok_signature', '')}`; tokenised `"
         f"{sig.get('bleu_tok_compound_split_signature', '')}`.",
-        "", "![learning curves](curves.png)", "",
-        "## Commands", "", "The study:", "", "```bash", command, "```", "",
+        "",
+        "![learning curves](curves.png)",
+        "",
+        "## Commands",
+        "",
+        "The study:",
+        "",
+        "```bash",
+        command,
+        "```",
+        "",
         "Each run's fairseq-train command (the first seed of each variant; the others differ in --seed "
-        "and folder):", "",
+        "and folder):",
+        "",
     ]
     for variant, vruns in by_variant.items():
-        lines += [f"- {variant}:", "", "```bash", " ".join(shlex.quote(c) for c in vruns[0].train_cmd), "```", ""]
+        lines += [
+            f"- {variant}:",
+            "",
+            "```bash",
+            " ".join(shlex.quote(c) for c in vruns[0].train_cmd),
+            "```",
+            "",
+        ]
     lines += analysis_section(by_variant, facts, paths)
-    lines += ["Per-run scores and logs: `runs/<variant>-s<seed>-<id>/eval/bleu.txt`, `train.log`, `run.json`."]
+    lines += [
+        "Per-run scores and logs: `runs/<variant>-s<seed>-<id>/eval/bleu.txt`, `train.log`, `run.json`."
+    ]
     report = args.out / "report.md"
     tmp = report.with_suffix(f".md.{os.getpid()}.tmp")
     tmp.write_text("\n".join(lines) + "\n")
     os.replace(tmp, report)
     summary = {
-        "config": asdict(cfg), "command": command,
-        "runs": {r.name: {"folder": str(r.folder), **{k: v for k, v in facts[r.name].items()}} for r in runs},
-        "bootstrap": {v: {m: (vars(x) if m != "identical" else x) for m, x in d.items()} for v, d in boot.items()},
+        "config": asdict(cfg),
+        "command": command,
+        "runs": {
+            r.name: {"folder": str(r.folder), **{k: v for k, v in facts[r.name].items()}}
+            for r in runs
+        },
+        "bootstrap": {
+            v: {m: (vars(x) if m != "identical" else x) for m, x in d.items()}
+            for v, d in boot.items()
+        },
         "signatures": signatures,
     }
     tmp = args.out / f"summary.json.{os.getpid()}.tmp"
@@ -832,12 +1191,22 @@ def write_report(args, cfg: Config, paths, runs: List[Run], command: str, elapse
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--config", choices=sorted(CONFIGS), default="gpu",
-                   help="model size, budget, schedule and data preparation (default gpu)")
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
+    p.add_argument(
+        "--config",
+        choices=sorted(CONFIGS),
+        default="gpu",
+        help="model size, budget, schedule and data preparation (default gpu)",
+    )
     src = p.add_argument_group("data (raw text, or a prepared folder)")
-    src.add_argument("--corpus", help="PREFIX of the raw parallel training text PREFIX.{src,tgt}[.xz]")
+    src.add_argument(
+        "--corpus", help="PREFIX of the raw parallel training text PREFIX.{src,tgt}[.xz]"
+    )
     src.add_argument("-s", "--source-lang")
     src.add_argument("-t", "--target-lang")
     src.add_argument("--valid", help="PREFIX of a raw valid set (default: carved from --corpus)")
@@ -848,40 +1217,87 @@ def parse_args(argv=None):
     src.add_argument("--data", type=Path, help="a prepared data folder (instead of --corpus)")
     src.add_argument("--test-reference", type=Path, help="with --data: the raw test target")
     src.add_argument("--test-source", type=Path, help="with --data: the raw test source (optional)")
-    src.add_argument("--bpe-codes", type=Path, help="with --data: its BPE codes (for the fire/mountain analysis)")
-    src.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="data preparation processes")
+    src.add_argument(
+        "--bpe-codes", type=Path, help="with --data: its BPE codes (for the fire/mountain analysis)"
+    )
+    src.add_argument(
+        "--workers", type=int, default=os.cpu_count() or 1, help="data preparation processes"
+    )
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--variants", default="transformer,control,hybrid,hybrid+tags",
-                   help=f"from {', '.join(VARIANTS)}; the first is the baseline of the tests")
+    p.add_argument(
+        "--variants",
+        default="transformer,control,hybrid,hybrid+tags",
+        help=f"from {', '.join(VARIANTS)}; the first is the baseline of the tests",
+    )
     p.add_argument("--seeds", default="1,2,3")
     over = p.add_argument_group("overrides of the configuration (each changes the runs' identity)")
-    for name, kind in (("max_update", int), ("max_tokens", int), ("update_freq", int), ("lr", float),
-                       ("warmup_updates", int), ("embed_dim", int), ("ffn_dim", int), ("heads", int),
-                       ("layers", int), ("dropout", float), ("average", int), ("dtype", str),
-                       ("bpe_merges", int), ("max_len", int), ("save_interval_updates", int),
-                       ("validate_interval_updates", int)):
+    for name, kind in (
+        ("max_update", int),
+        ("max_tokens", int),
+        ("update_freq", int),
+        ("lr", float),
+        ("warmup_updates", int),
+        ("embed_dim", int),
+        ("ffn_dim", int),
+        ("heads", int),
+        ("layers", int),
+        ("dropout", float),
+        ("average", int),
+        ("dtype", str),
+        ("bpe_merges", int),
+        ("max_len", int),
+        ("save_interval_updates", int),
+        ("validate_interval_updates", int),
+    ):
         over.add_argument("--" + name.replace("_", "-"), type=kind, dest=name)
-    over.add_argument("--gpus-per-run", type=int, dest="gpus",
-                      help="GPUs per run, data-parallel: an update is GPUs x --update-freq batches (default 1; "
-                           "wmt14-big: 4)")
-    over.add_argument("--conv-head-scaling", choices=["none", "inv-sqrt-head-dim"], dest="conv_head_scaling",
-                      help="the hybrid variants' --conv-head-scaling (default none: the paper's; "
-                           "see docs/study.md)")
-    p.add_argument("--launcher", choices=["local", "slurm"], default="local",
-                   help="local: the runs as processes on this machine (default); slurm: every run a SLURM job "
-                        "and the report a job after them (docs/slurm.md)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
-                   help="default: cuda if available (with --launcher slurm: cuda)")
-    p.add_argument("--parallel", type=int, default=None,
-                   help="runs at once (default: 4 on a GPU, cores/threads on the CPU)")
+    over.add_argument(
+        "--gpus-per-run",
+        type=int,
+        dest="gpus",
+        help="GPUs per run, data-parallel: an update is GPUs x --update-freq batches (default 1; "
+        "wmt14-big: 4)",
+    )
+    over.add_argument(
+        "--conv-head-scaling",
+        choices=["none", "inv-sqrt-head-dim"],
+        dest="conv_head_scaling",
+        help="the hybrid variants' --conv-head-scaling (default none: the paper's; "
+        "see docs/study.md)",
+    )
+    p.add_argument(
+        "--launcher",
+        choices=["local", "slurm"],
+        default="local",
+        help="local: the runs as processes on this machine (default); slurm: every run a SLURM job "
+        "and the report a job after them (docs/slurm.md)",
+    )
+    p.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default=None,
+        help="default: cuda if available (with --launcher slurm: cuda)",
+    )
+    p.add_argument(
+        "--parallel",
+        type=int,
+        default=None,
+        help="runs at once (default: 4 on a GPU, cores/threads on the CPU)",
+    )
     p.add_argument("--threads", type=int, default=1, help="CPU threads per run (CPU device)")
     p.add_argument("--gen-max-tokens", type=int, default=None, help="tokens per generation batch")
     p.add_argument("--bootstrap-samples", type=int, default=1000)
-    p.add_argument("--keep-checkpoints", action="store_true", help="keep every run's interval checkpoints")
-    p.add_argument("--dry-run", action="store_true", help="print the runs and their commands, run nothing")
-    p.add_argument("--report-only", action="store_true",
-                   help="train nothing: the report of the runs that have finished (evaluated), the others "
-                        "listed as not finished; the baseline variant needs at least one")
+    p.add_argument(
+        "--keep-checkpoints", action="store_true", help="keep every run's interval checkpoints"
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the runs and their commands, run nothing"
+    )
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="train nothing: the report of the runs that have finished (evaluated), the others "
+        "listed as not finished; the baseline variant needs at least one",
+    )
     p.add_argument("extra", nargs="*", help="options after -- go to every fairseq-train command")
     from . import study_slurm
 
@@ -900,7 +1316,9 @@ def parse_args(argv=None):
     except ValueError:
         p.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
     if len(args.seeds) < 2:
-        p.error("--seeds: at least two seeds (a single run cannot tell a difference from seed noise)")
+        p.error(
+            "--seeds: at least two seeds (a single run cannot tell a difference from seed noise)"
+        )
     args.variants_need_tags = "hybrid+tags" in args.variants
     return args
 
@@ -909,9 +1327,16 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     cfg = CONFIGS[args.config]
-    cfg = Config(**{**asdict(cfg), **{k: getattr(args, k) for k in asdict(cfg) if getattr(args, k, None) is not None}})
+    cfg = Config(
+        **{
+            **asdict(cfg),
+            **{k: getattr(args, k) for k in asdict(cfg) if getattr(args, k, None) is not None},
+        }
+    )
     if cfg.dtype not in ("fp32", "fp16", "bf16"):
-        print(f"{PROG}: error: --dtype must be fp32, fp16 or bf16, not {cfg.dtype!r}", file=sys.stderr)
+        print(
+            f"{PROG}: error: --dtype must be fp32, fp16 or bf16, not {cfg.dtype!r}", file=sys.stderr
+        )
         return 2
     import torch
 
@@ -928,14 +1353,22 @@ def main(argv=None) -> int:
     if args.launcher == "local":  # (a cluster's jobs: check_options named their device)
         if args.device == "cuda" and not torch.cuda.is_available():
             if not (args.dry_run or args.report_only):
-                print(f"{PROG}: error: --device cuda: torch {torch.__version__} sees no CUDA GPU on this machine "
-                      "(--dry-run plans a GPU study anywhere, --report-only reports one)", file=sys.stderr)
+                print(
+                    f"{PROG}: error: --device cuda: torch {torch.__version__} sees no CUDA GPU on this machine "
+                    "(--dry-run plans a GPU study anywhere, --report-only reports one)",
+                    file=sys.stderr,
+                )
                 return 2
             args.device_name = "a CUDA GPU (planned on a machine without one)"
         else:
-            args.device_name = (torch.cuda.get_device_name() if args.device == "cuda"
-                                else f"CPU ({os.cpu_count()} cores)")
-    args.parallel = args.parallel or (4 if args.device == "cuda" else max(1, (os.cpu_count() or 1) // args.threads))
+            args.device_name = (
+                torch.cuda.get_device_name()
+                if args.device == "cuda"
+                else f"CPU ({os.cpu_count()} cores)"
+            )
+    args.parallel = args.parallel or (
+        4 if args.device == "cuda" else max(1, (os.cpu_count() or 1) // args.threads)
+    )
     args.gen_max_tokens = args.gen_max_tokens or (16384 if args.device == "cuda" else 4096)
     args.out.mkdir(parents=True, exist_ok=True)
     command = f"{PROG} " + " ".join(shlex.quote(a) for a in argv)
@@ -947,8 +1380,12 @@ def main(argv=None) -> int:
     from tpp_pipeline.errors import DataError
     from tpp_pipeline.lock import work_dir_lock
 
-    def stop(signum, frame):  # SIGTERM (kill, a scheduler's limit) or SIGINT: the runs' commands too
-        log(f"{signal.Signals(signum).name}: stopping the runs' commands; the same command resumes the study")
+    def stop(
+        signum, frame
+    ):  # SIGTERM (kill, a scheduler's limit) or SIGINT: the runs' commands too
+        log(
+            f"{signal.Signals(signum).name}: stopping the runs' commands; the same command resumes the study"
+        )
         CHILDREN.stop()
         raise SystemExit(128 + signum)
 
@@ -973,20 +1410,31 @@ def plan_or_report(args, cfg: Config, command: str) -> int:
     runs = plan_runs(args, cfg, paths["data"])
     if args.dry_run:
         if not paths["prepared"]:
-            print(f"(the data folder {paths['data']} is not prepared yet: the study will carve and prepare it "
-                  "first; the runs' ids follow from its dictionaries)")
+            print(
+                f"(the data folder {paths['data']} is not prepared yet: the study will carve and prepare it "
+                "first; the runs' ids follow from its dictionaries)"
+            )
         for run in runs:
             state = "done" if trained_updates(run) >= cfg.max_update else "to train"
-            print(f"{run.name} [{state}] {run.folder}\n  " + " ".join(shlex.quote(c) for c in run.train_cmd))
+            print(
+                f"{run.name} [{state}] {run.folder}\n  "
+                + " ".join(shlex.quote(c) for c in run.train_cmd)
+            )
         return 0
     if not paths["prepared"]:
-        print(f"{PROG}: error: --report-only: the data folder {paths['data']} is not prepared: no run has "
-              "finished", file=sys.stderr)
+        print(
+            f"{PROG}: error: --report-only: the data folder {paths['data']} is not prepared: no run has "
+            "finished",
+            file=sys.stderr,
+        )
         return 1
     finished = [run for run in runs if translated(run, count_lines(paths["reference"]))]
     if not any(run.variant == args.variants[0] for run in finished):
-        print(f"{PROG}: error: --report-only: no run of the baseline {args.variants[0]} has finished in "
-              f"{args.out / 'runs'}", file=sys.stderr)
+        print(
+            f"{PROG}: error: --report-only: no run of the baseline {args.variants[0]} has finished in "
+            f"{args.out / 'runs'}",
+            file=sys.stderr,
+        )
         return 1
     missing = [run for run in runs if run not in finished]
     try:
@@ -1017,8 +1465,10 @@ def study(args, cfg: Config, command: str) -> int:
             print(f"{PROG}: error: {err}", file=sys.stderr)
             return 2
         where += f" ({len(gpus)} visible: each run on {cfg.gpus} of {', '.join(gpus)})"
-    log(f"{len(runs)} runs ({len(args.variants)} variants x {len(args.seeds)} seeds), {args.parallel} at a time "
-        f"on {where}")
+    log(
+        f"{len(runs)} runs ({len(args.variants)} variants x {len(args.seeds)} seeds), {args.parallel} at a time "
+        f"on {where}"
+    )
     failures = []
     pool = ThreadPoolExecutor(max_workers=args.parallel)
     try:
@@ -1033,8 +1483,10 @@ def study(args, cfg: Config, command: str) -> int:
     finally:  # told to stop: the runs not started are not started
         pool.shutdown(wait=True, cancel_futures=True)
     if failures:
-        print(f"{PROG}: error: {len(failures)} run(s) failed; re-run the same command to resume:",
-              file=sys.stderr)
+        print(
+            f"{PROG}: error: {len(failures)} run(s) failed; re-run the same command to resume:",
+            file=sys.stderr,
+        )
         for run, err in failures:
             print(f"  {run.name}: {str(err).splitlines()[0]}", file=sys.stderr)
         return 1

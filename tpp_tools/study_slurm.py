@@ -27,8 +27,20 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .study import (CHILDREN, PROG, Config, Run, StudyError, count_lines, execute, log, plan_or_report,
-                    plan_runs, prepare_data, translated)
+from .study import (
+    CHILDREN,
+    PROG,
+    Config,
+    Run,
+    StudyError,
+    count_lines,
+    execute,
+    log,
+    plan_or_report,
+    plan_runs,
+    prepare_data,
+    translated,
+)
 
 #: how often one run's job may be put back in the queue at its time limit (preemptions
 #: do not count): a run longer than this many time limits fails
@@ -51,7 +63,9 @@ def time_minutes(text: str) -> int:
     if days is not None:
         seconds = int(days) * 86400 + sum(v * m for v, m in zip(values, (3600, 60, 1)))
     else:
-        seconds = sum(v * m for v, m in zip(values, {1: (60,), 2: (60, 1), 3: (3600, 60, 1)}[len(values)]))
+        seconds = sum(
+            v * m for v, m in zip(values, {1: (60,), 2: (60, 1), 3: (3600, 60, 1)}[len(values)])
+        )
     if seconds <= 0:
         raise ValueError(f"a time limit must be positive, not {text!r}")
     return math.ceil(seconds / 60)
@@ -59,15 +73,29 @@ def time_minutes(text: str) -> int:
 
 def add_arguments(parser) -> None:
     group = parser.add_argument_group("SLURM (--launcher slurm; docs/slurm.md)")
-    group.add_argument("--partition", help="partition of every job (default: the cluster's default)")
-    group.add_argument("--time-limit", help=f"time limit of a run's job (default {DEFAULT_TIME}); a run that needs "
-                       "more is put back in the queue at the limit and resumes from its checkpoint")
-    group.add_argument("--cpus-per-run", type=int, help=f"CPUs of a run's job (default: {CPUS_PER_GPU} per GPU; "
-                       "--threads with --device cpu)")
+    group.add_argument(
+        "--partition", help="partition of every job (default: the cluster's default)"
+    )
+    group.add_argument(
+        "--time-limit",
+        help=f"time limit of a run's job (default {DEFAULT_TIME}); a run that needs "
+        "more is put back in the queue at the limit and resumes from its checkpoint",
+    )
+    group.add_argument(
+        "--cpus-per-run",
+        type=int,
+        help=f"CPUs of a run's job (default: {CPUS_PER_GPU} per GPU; "
+        "--threads with --device cpu)",
+    )
     group.add_argument("--account", help="SLURM account to charge")
-    group.add_argument("--sbatch-option", action="append", default=[], metavar="KEY=VALUE",
-                       help="any other sbatch option for every job, e.g. mem=64G, qos=high, constraint=a100 "
-                            "(repeatable)")
+    group.add_argument(
+        "--sbatch-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other sbatch option for every job, e.g. mem=64G, qos=high, constraint=a100 "
+        "(repeatable)",
+    )
 
 
 def check_options(args, cfg: Config) -> Optional[str]:
@@ -76,19 +104,27 @@ def check_options(args, cfg: Config) -> Optional[str]:
     if cfg.gpus < 1:
         return f"--gpus-per-run must be at least 1, not {cfg.gpus}"
     if cfg.gpus > 1 and args.device == "cpu":
-        given = f"--gpus-per-run {cfg.gpus}" if args.gpus else f"--config {args.config} ({cfg.gpus} GPUs per run)"
+        given = (
+            f"--gpus-per-run {cfg.gpus}"
+            if args.gpus
+            else f"--config {args.config} ({cfg.gpus} GPUs per run)"
+        )
         return f"{given} trains each run on GPUs: not with --device cpu"
     if args.launcher != "slurm":
         given = [name for name in SLURM_OPTIONS if getattr(args, name)]
         if given:
-            return (f"--{given[0].replace('_', '-')} is an option of --launcher slurm "
-                    "(the runs go to SLURM only with it)")
+            return (
+                f"--{given[0].replace('_', '-')} is an option of --launcher slurm "
+                "(the runs go to SLURM only with it)"
+            )
         return None
     try:
         import submitit  # noqa: F401
     except ImportError:
-        return ("--launcher slurm submits the jobs with submitit, which is not installed here: "
-                "pip install -r requirements-train.txt (or scripts/setup_env.sh)")
+        return (
+            "--launcher slurm submits the jobs with submitit, which is not installed here: "
+            "pip install -r requirements-train.txt (or scripts/setup_env.sh)"
+        )
     try:
         args.time_minutes = time_minutes(args.time_limit or DEFAULT_TIME)
     except ValueError as err:
@@ -106,17 +142,26 @@ def check_options(args, cfg: Config) -> Optional[str]:
     for name in ("out", "data", "test_reference", "test_source", "bpe_codes"):
         if getattr(args, name) is not None:
             setattr(args, name, getattr(args, name).absolute())
-    args.device_name = (f"SLURM jobs, {cfg.gpus} GPU{'s' if cfg.gpus > 1 else ''} per run" if args.device == "cuda"
-                        else f"SLURM jobs, CPU ({args.cpus_per_run} per run)")
+    args.device_name = (
+        f"SLURM jobs, {cfg.gpus} GPU{'s' if cfg.gpus > 1 else ''} per run"
+        if args.device == "cuda"
+        else f"SLURM jobs, CPU ({args.cpus_per_run} per run)"
+    )
     return None
 
 
 def resources(args, cfg: Config) -> Dict[str, object]:
     """submitit's parameters of a run's job."""
-    params = {"nodes": 1, "ntasks_per_node": 1, "cpus_per_task": args.cpus_per_run, "time": args.time_minutes,
-              # submitit's SIGUSR2 that long before the time limit: put back in the queue
-              "signal_delay_s": 120, "stderr_to_stdout": True,
-              "additional_parameters": {"requeue": True, **args.sbatch_options}}
+    params = {
+        "nodes": 1,
+        "ntasks_per_node": 1,
+        "cpus_per_task": args.cpus_per_run,
+        "time": args.time_minutes,
+        # submitit's SIGUSR2 that long before the time limit: put back in the queue
+        "signal_delay_s": 120,
+        "stderr_to_stdout": True,
+        "additional_parameters": {"requeue": True, **args.sbatch_options},
+    }
     if args.device == "cuda":
         params["gpus_per_node"] = cfg.gpus
     if args.partition:
@@ -131,10 +176,12 @@ def describe(args, cfg: Config) -> str:
     hours, minutes = divmod(args.time_minutes, 60)
     gpus = f"{cfg.gpus} GPU{'s' if cfg.gpus > 1 else ''}, " if args.device == "cuda" else ""
     extra = "".join(f", --{k}={v}" for k, v in args.sbatch_options.items())
-    return (f"SLURM: one job per run not finished: partition {args.partition or '(the default)'}, {gpus}"
-            f"{args.cpus_per_run} CPUs, time limit {hours}:{minutes:02d}:00{extra}, --requeue (put back in the "
-            f"queue at the time limit and on preemption, resuming from its checkpoint); then one report job "
-            f"(1 CPU) after all of them; job files and logs in {args.out / 'slurm'}")
+    return (
+        f"SLURM: one job per run not finished: partition {args.partition or '(the default)'}, {gpus}"
+        f"{args.cpus_per_run} CPUs, time limit {hours}:{minutes:02d}:00{extra}, --requeue (put back in the "
+        f"queue at the time limit and on preemption, resuming from its checkpoint); then one report job "
+        f"(1 CPU) after all of them; job files and logs in {args.out / 'slurm'}"
+    )
 
 
 # ----------------------------------------------------------------------------- the cluster
@@ -142,10 +189,14 @@ def describe(args, cfg: Config) -> str:
 
 def cluster_problem(args) -> Optional[str]:
     """Why jobs cannot be submitted from here (or None): SLURM's commands, the partition."""
-    missing = [c for c in ("sbatch", "srun", "squeue", "sinfo", "scontrol") if shutil.which(c) is None]
+    missing = [
+        c for c in ("sbatch", "srun", "squeue", "sinfo", "scontrol") if shutil.which(c) is None
+    ]
     if missing:
-        return (f"--launcher slurm: {', '.join(missing)} not found on PATH: submit from a machine of the "
-                "SLURM cluster (a login node), or run the study here with --launcher local")
+        return (
+            f"--launcher slurm: {', '.join(missing)} not found on PATH: submit from a machine of the "
+            "SLURM cluster (a login node), or run the study here with --launcher local"
+        )
     listed = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True)
     if listed.returncode != 0:
         return f"--launcher slurm: sinfo failed: {listed.stderr.strip() or listed.returncode}"
@@ -160,7 +211,9 @@ def queue_states(job_ids: List[str]) -> Dict[str, str]:
     requeued...); a job that has ended is not there."""
     if not job_ids:
         return {}
-    shown = subprocess.run(["squeue", "-h", "-o", "%i %T", "-j", ",".join(job_ids)], capture_output=True, text=True)
+    shown = subprocess.run(
+        ["squeue", "-h", "-o", "%i %T", "-j", ",".join(job_ids)], capture_output=True, text=True
+    )
     if shown.returncode != 0:
         if "Invalid job id" in shown.stderr:  # a single id no longer known
             return {}
@@ -170,7 +223,9 @@ def queue_states(job_ids: List[str]) -> Dict[str, str]:
 
 def job_state(job_id: str) -> str:
     """The state SLURM last knew of a job (COMPLETED, FAILED, ...)."""
-    shown = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True)
+    shown = subprocess.run(
+        ["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True
+    )
     match = re.search(r"\bJobState=(\S+)", shown.stdout)
     return match.group(1) if match else "no longer known to SLURM"
 
@@ -196,14 +251,18 @@ def executor(args, params: Dict[str, object]):
 
     venv = os.environ.get("TPP_VENV")  # the environment the jobs use (default: this one)
     python = str(Path(venv) / "bin" / "python") if venv else sys.executable
-    ex = submitit.SlurmExecutor(folder=args.out / "slurm", max_num_timeout=MAX_TIME_LIMITS, python=python)
+    ex = submitit.SlurmExecutor(
+        folder=args.out / "slurm", max_num_timeout=MAX_TIME_LIMITS, python=python
+    )
     ex.update_parameters(**params)
     return ex
 
 
 def resume_hint(command: str) -> str:
-    return (f"to resume, submit the study again with the same command:\n  {command}\n"
-            "(finished runs are kept; an unfinished run goes on from its last checkpoint)")
+    return (
+        f"to resume, submit the study again with the same command:\n  {command}\n"
+        "(finished runs are kept; an unfinished run goes on from its last checkpoint)"
+    )
 
 
 # ----------------------------------------------------------------------------- the jobs
@@ -231,20 +290,33 @@ class RunJob:
 
         run = self.run
         restart = os.environ.get("SLURM_RESTART_COUNT", "0")
-        log(f"{run.name}: job {os.environ.get('SLURM_JOB_ID', '?')} on {os.uname().nodename} "
-            f"(restart count {restart}), run folder {run.folder}")
+        log(
+            f"{run.name}: job {os.environ.get('SLURM_JOB_ID', '?')} on {os.uname().nodename} "
+            f"(restart count {restart}), run folder {run.folder}"
+        )
         save_dir = run.folder / "checkpoints"
         save_dir.mkdir(parents=True, exist_ok=True)
         try:
-            take_lock(save_dir, [PROG, "--launcher", "slurm", f"job {os.environ.get('SLURM_JOB_ID', '?')}", run.name])
+            take_lock(
+                save_dir,
+                [
+                    PROG,
+                    "--launcher",
+                    "slurm",
+                    f"job {os.environ.get('SLURM_JOB_ID', '?')}",
+                    run.name,
+                ],
+            )
         except TrainError as err:
             raise RuntimeError(f"{run.name}: {err}") from None
         requeue_signal = getattr(signal, "SIG" + submitit.JobEnvironment.USR_SIG)
         submitit_handler = signal.getsignal(requeue_signal)
 
         def stop(signum, frame):
-            log(f"{run.name}: {signal.Signals(signum).name}: stopping its commands; the job put back in the "
-                "queue resumes from the last checkpoint")
+            log(
+                f"{run.name}: {signal.Signals(signum).name}: stopping its commands; the job put back in the "
+                "queue resumes from the last checkpoint"
+            )
             CHILDREN.stop(grace=20)
             if signum == requeue_signal and callable(submitit_handler):
                 submitit_handler(signum, frame)  # checkpoint, requeue, exit
@@ -266,8 +338,10 @@ class RunJob:
             worker.join(1.0)
         if failure:
             job_log = submitit.JobEnvironment().paths.stdout
-            raise RuntimeError(f"{run.name} failed: {failure[0]}\n  run log: {run.folder / 'run.log'}\n"
-                               f"  job log: {job_log}\n" + resume_hint(self.command))
+            raise RuntimeError(
+                f"{run.name} failed: {failure[0]}\n  run log: {run.folder / 'run.log'}\n"
+                f"  job log: {job_log}\n" + resume_hint(self.command)
+            )
         log(f"{run.name}: done")
         return run.name
 
@@ -292,12 +366,19 @@ class ReportJob:
             said = []
             for run in missing:
                 job = record["runs"].get(run.folder.name)
-                where = (f"job {job['job']} ({job_state(job['job'])}), job log {job['log']}" if job
-                         else "no job recorded")
+                where = (
+                    f"job {job['job']} ({job_state(job['job'])}), job log {job['log']}"
+                    if job
+                    else "no job recorded"
+                )
                 said.append(f"  {run.name}: {where}, run log {run.folder / 'run.log'}")
-            raise RuntimeError(f"{len(missing)} of {len(runs)} runs did not finish"
-                               f"{'' if status == 0 else ' (no report: see above)'}:\n" + "\n".join(said)
-                               + "\n" + resume_hint(self.command))
+            raise RuntimeError(
+                f"{len(missing)} of {len(runs)} runs did not finish"
+                f"{'' if status == 0 else ' (no report: see above)'}:\n"
+                + "\n".join(said)
+                + "\n"
+                + resume_hint(self.command)
+            )
         if status != 0:
             raise RuntimeError("the report failed (see above)")
         return str(args.out / "report.md")
@@ -334,41 +415,60 @@ def submit(args, cfg: Config, command: str) -> int:
             continue
         earlier = record["runs"].get(run.folder.name)
         if earlier and earlier["job"] in queued:
-            log(f"{run.name}: its job {earlier['job']} is {queued[earlier['job']]}: not submitted again")
+            log(
+                f"{run.name}: its job {earlier['job']} is {queued[earlier['job']]}: not submitted again"
+            )
             waiting_on.append(earlier["job"])
             continue
         if earlier:
-            log(f"{run.name}: its job {earlier['job']} ended before the run finished (log {earlier['log']}): "
-                "submitting it again (it resumes from its last checkpoint)")
+            log(
+                f"{run.name}: its job {earlier['job']} ended before the run finished (log {earlier['log']}): "
+                "submitting it again (it resumes from its last checkpoint)"
+            )
         run_executor.update_parameters(job_name=f"tpp-{run.name}")
         try:
             job = run_executor.submit(RunJob(run, cfg, paths, args, command))
         except submitit.core.utils.FailedJobError as err:
-            print(f"{PROG}: error: sbatch refused the job of {run.name}: {str(err).strip()}\n"
-                  f"The jobs submitted so far are in {jobs_file(args.out)}; " + resume_hint(command),
-                  file=sys.stderr)
+            print(
+                f"{PROG}: error: sbatch refused the job of {run.name}: {str(err).strip()}\n"
+                f"The jobs submitted so far are in {jobs_file(args.out)}; " + resume_hint(command),
+                file=sys.stderr,
+            )
             return 1
-        record["runs"][run.folder.name] = {"run": run.name, "job": job.job_id, "log": str(job.paths.stdout),
-                                           "submitted": time.strftime("%Y-%m-%d %H:%M:%S")}
+        record["runs"][run.folder.name] = {
+            "run": run.name,
+            "job": job.job_id,
+            "log": str(job.paths.stdout),
+            "submitted": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
         save_jobs(args.out, record)
         waiting_on.append(job.job_id)
         log(f"{run.name}: job {job.job_id}, log {job.paths.stdout}")
     report_params = {k: v for k, v in params.items() if k != "gpus_per_node"}
     report_params.update(job_name="tpp-study-report", cpus_per_task=1, time=REPORT_TIME_MIN)
     if waiting_on:
-        report_params["additional_parameters"] = {**params["additional_parameters"],
-                                                  "dependency": "afterany:" + ":".join(waiting_on)}
+        report_params["additional_parameters"] = {
+            **params["additional_parameters"],
+            "dependency": "afterany:" + ":".join(waiting_on),
+        }
     try:
         report = executor(args, report_params).submit(ReportJob(cfg, args, command))
     except submitit.core.utils.FailedJobError as err:
-        print(f"{PROG}: error: sbatch refused the report job: {str(err).strip()}\n"
-              f"(the runs' jobs are in {jobs_file(args.out)}; {PROG} ... --report-only writes the report at any "
-              "time)", file=sys.stderr)
+        print(
+            f"{PROG}: error: sbatch refused the report job: {str(err).strip()}\n"
+            f"(the runs' jobs are in {jobs_file(args.out)}; {PROG} ... --report-only writes the report at any "
+            "time)",
+            file=sys.stderr,
+        )
         return 1
     record["report"] = {"job": report.job_id, "log": str(report.paths.stdout), "after": waiting_on}
     save_jobs(args.out, record)
-    log(f"{len(waiting_on)} run job(s) to wait for{': ' + ', '.join(waiting_on) if waiting_on else ''}; "
-        f"the report job {report.job_id} (log {report.paths.stdout}) writes {args.out / 'report.md'} after them")
-    print(f"Follow the jobs with: squeue -j {','.join(waiting_on + [report.job_id])}\n"
-          f"The report of what has finished, at any time: {command} --report-only")
+    log(
+        f"{len(waiting_on)} run job(s) to wait for{': ' + ', '.join(waiting_on) if waiting_on else ''}; "
+        f"the report job {report.job_id} (log {report.paths.stdout}) writes {args.out / 'report.md'} after them"
+    )
+    print(
+        f"Follow the jobs with: squeue -j {','.join(waiting_on + [report.job_id])}\n"
+        f"The report of what has finished, at any time: {command} --report-only"
+    )
     return 0

@@ -35,9 +35,22 @@ PROG = "tpp-train"
 
 #: the optimiser and schedule of every training of the project (the peak, the warm-up
 #: and the batch come from the preset or the caller)
-OPTIMIZER = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-8",
-             "--clip-norm", "0.0", "--weight-decay", "0.0",
-             "--lr-scheduler", "inverse_sqrt", "--warmup-init-lr", "1e-07"]
+OPTIMIZER = [
+    "--optimizer",
+    "adam",
+    "--adam-betas",
+    "(0.9, 0.98)",
+    "--adam-eps",
+    "1e-8",
+    "--clip-norm",
+    "0.0",
+    "--weight-decay",
+    "0.0",
+    "--lr-scheduler",
+    "inverse_sqrt",
+    "--warmup-init-lr",
+    "1e-07",
+]
 
 #: every epoch's batches grouped anew from the seed and the epoch, so that a run resumed
 #: in a later epoch trains on the batches an uninterrupted run would (fairseq otherwise
@@ -67,7 +80,14 @@ SETTINGS = {
     "seed": ("SEED", "1"),
     "log_interval": ("LOG_INTERVAL", "100"),
 }
-PRECISIONS = ("--fp16", "--memory-efficient-fp16", "--bf16", "--memory-efficient-bf16", "--amp", "--cpu")
+PRECISIONS = (
+    "--fp16",
+    "--memory-efficient-fp16",
+    "--bf16",
+    "--memory-efficient-bf16",
+    "--amp",
+    "--cpu",
+)
 
 
 class TrainError(Exception):
@@ -93,34 +113,60 @@ def parse_args(argv):
     extra = []
     if "--" in argv:
         cut = argv.index("--")
-        argv, extra = argv[:cut], argv[cut + 1:]
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
-                                epilog="Every setting is also an environment variable (PRESET, DATA_BIN, "
-                                "SAVE_DIR, ARCH, LR, MAX_TOKENS, ...: the option's name in capitals); a flag "
-                                "beats the variable. Options after -- go to fairseq-train as they are "
-                                "(fairseq keeps the last value of a repeated option).", allow_abbrev=False)
-    p.add_argument("--preset", default=os.environ.get("PRESET", "en-de"), choices=sorted(PRESETS),
-                   help="en-de, en-fr (the paper's big models), base, cpu (the CPU demo's) or tiny")
+        argv, extra = argv[:cut], argv[cut + 1 :]
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description=__doc__.split("\n\n")[0],
+        epilog="Every setting is also an environment variable (PRESET, DATA_BIN, "
+        "SAVE_DIR, ARCH, LR, MAX_TOKENS, ...: the option's name in capitals); a flag "
+        "beats the variable. Options after -- go to fairseq-train as they are "
+        "(fairseq keeps the last value of a repeated option).",
+        allow_abbrev=False,
+    )
+    p.add_argument(
+        "--preset",
+        default=os.environ.get("PRESET", "en-de"),
+        choices=sorted(PRESETS),
+        help="en-de, en-fr (the paper's big models), base, cpu (the CPU demo's) or tiny",
+    )
     p.add_argument("--data", default=os.environ.get("DATA_BIN"), help="data folder [per preset]")
     p.add_argument("--save-dir", default=os.environ.get("SAVE_DIR"), help="[checkpoints/<preset>]")
     p.add_argument("--arch", default=os.environ.get("ARCH"), help="[per preset]")
-    p.add_argument("--user-dir", default=os.environ.get("USER_DIR"), help="[the installed tpp_plugin]")
+    p.add_argument(
+        "--user-dir", default=os.environ.get("USER_DIR"), help="[the installed tpp_plugin]"
+    )
     p.add_argument("--lr", default=os.environ.get("LR"), help="peak learning rate [per preset]")
     for name, (variable, default) in SETTINGS.items():
-        p.add_argument("--" + name.replace("_", "-"), default=os.environ.get(variable, default),
-                       help=f"[{default}]")
+        p.add_argument(
+            "--" + name.replace("_", "-"),
+            default=os.environ.get(variable, default),
+            help=f"[{default}]",
+        )
     p.add_argument("--log-file", default=os.environ.get("LOG_FILE"), help="[<save-dir>/train.log]")
     p.add_argument("--cpu", action="store_true", default=os.environ.get("CPU", "0") == "1")
     fp16 = p.add_mutually_exclusive_group()
-    fp16.add_argument("--fp16", dest="fp16", action="store_const", const="1",
-                      default=os.environ.get("FP16", "auto"),
-                      help="[on where a GPU is visible and no other precision or --cpu comes after --]")
+    fp16.add_argument(
+        "--fp16",
+        dest="fp16",
+        action="store_const",
+        const="1",
+        default=os.environ.get("FP16", "auto"),
+        help="[on where a GPU is visible and no other precision or --cpu comes after --]",
+    )
     fp16.add_argument("--no-fp16", dest="fp16", action="store_const", const="0")
-    p.add_argument("--no-recover", action="store_true", help="do not check checkpoint_last.pt first")
-    p.add_argument("--recover-only", action="store_true",
-                   help="only check (and if need be recover) checkpoint_last.pt; status 3 when finished")
-    p.add_argument("--no-lock", action="store_true",
-                   help="do not take the save dir's lock (a job holding it for its tasks)")
+    p.add_argument(
+        "--no-recover", action="store_true", help="do not check checkpoint_last.pt first"
+    )
+    p.add_argument(
+        "--recover-only",
+        action="store_true",
+        help="only check (and if need be recover) checkpoint_last.pt; status 3 when finished",
+    )
+    p.add_argument(
+        "--no-lock",
+        action="store_true",
+        help="do not take the save dir's lock (a job holding it for its tasks)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     args = p.parse_args(argv)
     args.extra = extra
@@ -141,8 +187,10 @@ def fairseq_command(args):
 
         args.user_dir = str(plugin_dir())
     if not args.max_update.isdigit() or int(args.max_update) < 1:
-        raise TrainError(f"--max-update must be a positive number of updates, not '{args.max_update}' "
-                         "(fairseq reads 0 as no limit)")
+        raise TrainError(
+            f"--max-update must be a positive number of updates, not '{args.max_update}' "
+            "(fairseq reads 0 as no limit)"
+        )
     asked = next((opt for opt in args.extra if opt in PRECISIONS), None)
     device = []
     if args.cpu:
@@ -155,15 +203,47 @@ def fairseq_command(args):
     elif args.fp16 == "1" or (args.fp16 == "auto" and gpu_visible()):
         device = ["--fp16"]
     return [
-        os.environ.get("FAIRSEQ_TRAIN", "fairseq-train"), args.data, "--user-dir", args.user_dir,
-        "--task", args.task, "--arch", args.arch,
-        "--criterion", args.criterion, "--label-smoothing", args.label_smoothing,
-        *OPTIMIZER, "--lr", args.lr, "--warmup-updates", args.warmup_updates,
-        "--max-tokens", args.max_tokens, "--update-freq", args.update_freq, "--max-update", args.max_update,
-        "--save-dir", args.save_dir, "--save-interval-updates", args.save_interval_updates,
-        "--keep-interval-updates", args.keep_interval_updates, "--no-epoch-checkpoints",
-        "--seed", args.seed, "--log-format", "simple", "--log-interval", args.log_interval,
-        "--log-file", args.log_file, *RESUMABLE, *device, *args.extra,
+        os.environ.get("FAIRSEQ_TRAIN", "fairseq-train"),
+        args.data,
+        "--user-dir",
+        args.user_dir,
+        "--task",
+        args.task,
+        "--arch",
+        args.arch,
+        "--criterion",
+        args.criterion,
+        "--label-smoothing",
+        args.label_smoothing,
+        *OPTIMIZER,
+        "--lr",
+        args.lr,
+        "--warmup-updates",
+        args.warmup_updates,
+        "--max-tokens",
+        args.max_tokens,
+        "--update-freq",
+        args.update_freq,
+        "--max-update",
+        args.max_update,
+        "--save-dir",
+        args.save_dir,
+        "--save-interval-updates",
+        args.save_interval_updates,
+        "--keep-interval-updates",
+        args.keep_interval_updates,
+        "--no-epoch-checkpoints",
+        "--seed",
+        args.seed,
+        "--log-format",
+        "simple",
+        "--log-interval",
+        args.log_interval,
+        "--log-file",
+        args.log_file,
+        *RESUMABLE,
+        *device,
+        *args.extra,
     ]
 
 
@@ -177,11 +257,15 @@ def take_lock(save_dir: Path, argv) -> int:
     except BlockingIOError:
         holder = os.pread(fd, 500, 0).decode("utf-8", "replace").strip()
         os.close(fd)
-        raise TrainError(f"another training is using the save dir {save_dir} "
-                         f"({holder or 'a process that has not recorded itself'}); wait for it to finish "
-                         "or stop it") from None
-    record = (f"process {os.getpid()} on host {socket.gethostname()}, started "
-              f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(argv)[:400]}\n").encode()
+        raise TrainError(
+            f"another training is using the save dir {save_dir} "
+            f"({holder or 'a process that has not recorded itself'}); wait for it to finish "
+            "or stop it"
+        ) from None
+    record = (
+        f"process {os.getpid()} on host {socket.gethostname()}, started "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(argv)[:400]}\n"
+    ).encode()
     os.ftruncate(fd, 0)
     os.pwrite(fd, record, 0)
     os.set_inheritable(fd, True)
@@ -199,7 +283,9 @@ def main(argv=None) -> int:
         if not Path(args.data).is_dir():
             raise TrainError(f"data folder '{args.data}' does not exist (set --data or DATA_BIN)")
         if not Path(args.user_dir).is_dir():
-            raise TrainError(f"plugin folder '{args.user_dir}' does not exist (set --user-dir or USER_DIR)")
+            raise TrainError(
+                f"plugin folder '{args.user_dir}' does not exist (set --user-dir or USER_DIR)"
+            )
         save_dir = Path(args.save_dir)
         save_dir.mkdir(parents=True, exist_ok=True)
         Path(args.log_file).parent.mkdir(parents=True, exist_ok=True)
@@ -221,7 +307,9 @@ def main(argv=None) -> int:
     if args.recover_only:
         return 0
     if (save_dir / "checkpoint_last.pt").exists():
-        print(f"{PROG}: resuming from {save_dir / 'checkpoint_last.pt'}", file=sys.stderr, flush=True)
+        print(
+            f"{PROG}: resuming from {save_dir / 'checkpoint_last.pt'}", file=sys.stderr, flush=True
+        )
     sys.stdout.flush()
     sys.stderr.flush()
     try:  # this process becomes fairseq-train: signals reach it directly, the lock goes with it

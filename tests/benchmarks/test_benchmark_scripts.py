@@ -26,9 +26,14 @@ def data(tmp_path_factory):
     sentences whose target lengths the beam-search count is worked out from by hand."""
     rng = random.Random(3)
     root = tmp_path_factory.mktemp("shapes")
-    train = [(sentence(rng, rng.randint(1, 12)), sentence(rng, rng.randint(1, 12))) for _ in range(300)]
-    test = [(sentence(rng, 4), sentence(rng, 2)), (sentence(rng, 5), sentence(rng, 4)),
-            (sentence(rng, 3), sentence(rng, 1))]
+    train = [
+        (sentence(rng, rng.randint(1, 12)), sentence(rng, rng.randint(1, 12))) for _ in range(300)
+    ]
+    test = [
+        (sentence(rng, 4), sentence(rng, 2)),
+        (sentence(rng, 5), sentence(rng, 4)),
+        (sentence(rng, 3), sentence(rng, 1)),
+    ]
     write_corpus(root / "raw", {"train": train, "valid": train[:5], "test": test})
     return binarize(root / "raw", root / "bin")
 
@@ -60,11 +65,18 @@ def fairseq_batches(data, split, **batching):
     import tpp_plugin  # noqa: F401
 
     parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, input_args=[str(data), "--arch", "transformer", "--task", "translation"])
+    args = options.parse_args_and_arch(
+        parser, input_args=[str(data), "--arch", "transformer", "--task", "translation"]
+    )
     task = tasks.setup_task(args)
     task.load_dataset(split)
-    itr = task.get_batch_iterator(dataset=task.dataset(split), max_positions=(1024, 1024), seed=1,
-                                  ignore_invalid_inputs=True, **batching)
+    itr = task.get_batch_iterator(
+        dataset=task.dataset(split),
+        max_positions=(1024, 1024),
+        seed=1,
+        ignore_invalid_inputs=True,
+        **batching,
+    )
     return list(itr.next_epoch_itr(shuffle=split == "train"))
 
 
@@ -110,18 +122,31 @@ def test_bad_data_folder_is_named(tmp_path):
     res = run([sys.executable, SCRIPT, "--data", tmp_path / "missing"], check=False)
     assert res.returncode == 2 and "missing: no such folder" in res.stderr
     res = run([sys.executable, SCRIPT, "--data", tmp_path], check=False)
-    assert res.returncode == 1 and "Could not infer language pair" in res.stderr and str(tmp_path) in res.stderr
+    assert (
+        res.returncode == 1
+        and "Could not infer language pair" in res.stderr
+        and str(tmp_path) in res.stderr
+    )
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where there is no CUDA device")
-@pytest.mark.parametrize("script", ["bench_model.py", "count_ops.py", "profile_model.py", "kept_for_backward.py"])
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="checks the refusal where there is no CUDA device"
+)
+@pytest.mark.parametrize(
+    "script", ["bench_model.py", "count_ops.py", "profile_model.py", "kept_for_backward.py"]
+)
 def test_benchmarks_refuse_cuda_without_a_cuda_device(script, tmp_path):
     """fairseq's trainer would quietly run on the CPU, and the figures would be the CPU's."""
-    res = run([sys.executable, REPO / "benchmarks" / script, "--data", tmp_path, "--device", "cuda"], check=False)
+    res = run(
+        [sys.executable, REPO / "benchmarks" / script, "--data", tmp_path, "--device", "cuda"],
+        check=False,
+    )
     assert res.returncode == 2 and "--device cuda" in res.stderr and "no CUDA device" in res.stderr
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the stage would run its benchmark for real")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="on a GPU the stage would run its benchmark for real"
+)
 def test_gpu_suite_records_failures_keeps_tables_and_replaces_only_with_force(data, tmp_path):
     """Without a GPU the counts stage's benchmark refuses to start (exit 2): the suite
     records that, leaves the output under a temporary name, never puts a failed
@@ -148,7 +173,11 @@ def test_gpu_suite_takes_folders_relative_to_where_it_is_run(data, tmp_path):
     """DATA and OUT given relative to the caller's folder, the suite run from outside
     the project (which it moves to): the status and the logs land in OUT there."""
     (tmp_path / "data").symlink_to(data)
-    res = run([REPO / "benchmarks" / "gpu_suite.sh", "data", "results", "counts"], cwd=tmp_path, check=False)
+    res = run(
+        [REPO / "benchmarks" / "gpu_suite.sh", "data", "results", "counts"],
+        cwd=tmp_path,
+        check=False,
+    )
     assert res.returncode == 1, res.stdout + res.stderr
     out = tmp_path / "results"
     assert "counts\tcounts.md\texit 2" in (out / "status.txt").read_text()
@@ -164,27 +193,48 @@ def test_gpu_suite_stops_at_its_budget_and_says_what_did_not_run(data, tmp_path)
     run, and the suite exits 1. A command that ends within the budget is recorded as
     before."""
     out = tmp_path / "results"
-    res = run(["benchmarks/gpu_suite.sh", "--budget", "20", data, out, "mixed", "counts"],
-              cwd=REPO, check=False)
+    res = run(
+        ["benchmarks/gpu_suite.sh", "--budget", "20", data, out, "mixed", "counts"],
+        cwd=REPO,
+        check=False,
+    )
     assert res.returncode == 1, res.stdout + res.stderr
     lines = (out / "status.txt").read_text().splitlines()
     first = lines[0].split("\t")
     assert first[:3] == ["mixed", "mixed_transformer_fp32.txt", "exit 124"], lines
     assert first[3].endswith("(stopped: the budget of 20s ran out)")
     assert int(first[3].split("s")[0]) <= 20 + 10, "the budget, and timeout's --kill-after at most"
-    assert (out / "mixed_transformer_fp32.txt.partial").exists() and not (out / "mixed_transformer_fp32.txt").exists()
-    runs = ["transformer_bf16", "tpp_fp32", "tpp_bf16", "transformer_bf16_cudnn", "tpp_bf16_taps",
-            "transformer_bf16_allspeedups", "tpp_bf16_allspeedups", "transformer_fp16", "tpp_fp16", "tpp_mefp16"]
+    assert (out / "mixed_transformer_fp32.txt.partial").exists() and not (
+        out / "mixed_transformer_fp32.txt"
+    ).exists()
+    runs = [
+        "transformer_bf16",
+        "tpp_fp32",
+        "tpp_bf16",
+        "transformer_bf16_cudnn",
+        "tpp_bf16_taps",
+        "transformer_bf16_allspeedups",
+        "tpp_bf16_allspeedups",
+        "transformer_fp16",
+        "tpp_fp16",
+        "tpp_mefp16",
+    ]
     assert [line.split("\t")[1:] for line in lines[1:]] == [
-        [name, "not run: the budget of 20s is spent"] for name in
-        [f"mixed_{r}.txt" for r in runs] + ["counts.md"]]
+        [name, "not run: the budget of 20s is spent"]
+        for name in [f"mixed_{r}.txt" for r in runs] + ["counts.md"]
+    ]
     left = subprocess.run(["pgrep", "-f", "--", f"{data} .*--max-update 150"], capture_output=True)
     assert left.returncode == 1, "no fairseq-train of the suite is left running"
 
-    res = run(["benchmarks/gpu_suite.sh", "--budget", "600", "--force", data, out, "counts"],
-              cwd=REPO, check=False)
+    res = run(
+        ["benchmarks/gpu_suite.sh", "--budget", "600", "--force", data, out, "counts"],
+        cwd=REPO,
+        check=False,
+    )
     assert "\ncounts\tcounts.md\texit 2" in res.stdout, res.stdout
-    assert res.returncode == 1 and "stopped" not in res.stdout, "a command that ended by itself is not cut off"
+    assert (
+        res.returncode == 1 and "stopped" not in res.stdout
+    ), "a command that ended by itself is not cut off"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the stages would run for real")
@@ -194,29 +244,65 @@ def test_gpu_suite_reports_a_stage_cut_off_by_its_limit_and_packs_few_files(data
     ends and gathered in summary.md; --pack leaves three files, the archive holding every
     log, the cut-off run's partial output included. A second call skips what exists."""
     out, pack = tmp_path / "results", tmp_path / "pack"
-    res = run(["benchmarks/gpu_suite.sh", "--limit", "mixed=12", "--pack", pack, data, out, "mixed", "counts"],
-              cwd=REPO, check=False)
+    res = run(
+        [
+            "benchmarks/gpu_suite.sh",
+            "--limit",
+            "mixed=12",
+            "--pack",
+            pack,
+            data,
+            out,
+            "mixed",
+            "counts",
+        ],
+        cwd=REPO,
+        check=False,
+    )
     assert res.returncode == 1, res.stdout + res.stderr
     lines = (out / "status.txt").read_text().splitlines()
     assert lines[0].split("\t")[2:] == ["exit 124", lines[0].split("\t")[3]]
     assert lines[0].endswith("(stopped: the stage's limit of 12s ran out)"), lines
-    assert lines[1].split("\t")[1:] == ["mixed_transformer_bf16.txt", "not run: the stage's limit of 12s is spent"]
+    assert lines[1].split("\t")[1:] == [
+        "mixed_transformer_bf16.txt",
+        "not run: the stage's limit of 12s is spent",
+    ]
     assert lines[-1].split("\t")[:3] == ["counts", "counts.md", "exit 2"], "the next stage runs"
     summary = (pack / "summary.md").read_text()
     assert summary == (out / "summary.md").read_text()
-    for part in ("## mixed", "| transformer_fp32 | 0 |", "| tpp_bf16 | not run |", "## counts", "sees no CUDA device"):
+    for part in (
+        "## mixed",
+        "| transformer_fp32 | 0 |",
+        "| tpp_bf16 | not run |",
+        "## counts",
+        "sees no CUDA device",
+    ):
         assert part in summary and part in res.stdout, part
-    assert res.stdout.index("## mixed") < res.stdout.index("counts\tcounts.md"), "printed as the stage ends"
-    assert sorted(p.name for p in pack.iterdir()) == ["gpu_results.tar.gz", "status.txt", "summary.md"]
+    assert res.stdout.index("## mixed") < res.stdout.index(
+        "counts\tcounts.md"
+    ), "printed as the stage ends"
+    assert sorted(p.name for p in pack.iterdir()) == [
+        "gpu_results.tar.gz",
+        "status.txt",
+        "summary.md",
+    ]
     import tarfile
 
     with tarfile.open(pack / "gpu_results.tar.gz") as tar:
         names = {name.lstrip("./") for name in tar.getnames()}
-    assert {"mixed_transformer_fp32.txt.partial", "mixed_transformer_fp32.txt.log", "counts.md.log",
-            "environment.txt", "status.txt", "summary.md"} <= names
+    assert {
+        "mixed_transformer_fp32.txt.partial",
+        "mixed_transformer_fp32.txt.log",
+        "counts.md.log",
+        "environment.txt",
+        "status.txt",
+        "summary.md",
+    } <= names
 
     (out / "mixed_transformer_fp32.txt").write_text("")  # as if it had finished
-    res = run(["benchmarks/gpu_suite.sh", "--limit", "mixed=1", data, out, "mixed"], cwd=REPO, check=False)
+    res = run(
+        ["benchmarks/gpu_suite.sh", "--limit", "mixed=1", data, out, "mixed"], cwd=REPO, check=False
+    )
     assert "\nmixed\tmixed_transformer_fp32.txt\tskipped: it exists" in res.stdout, res.stdout
 
 
@@ -225,33 +311,83 @@ def test_fairseq_train_runs_are_tabled_from_fairseqs_own_log(data, tmp_path):
     the loss of the last interval, fairseq's "done training in"; a run cut off before
     its first logged interval, and one not run, are said to be so."""
     script = REPO / "benchmarks" / "fairseq_train_run.py"
-    res = run([sys.executable, script, "train", data, "--user-dir", REPO / "tpp_plugin", "--arch", "transformer",
-               "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "16",
-               "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "16", "--decoder-ffn-embed-dim", "16",
-               "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "64", "--max-update", "4", "--cpu",
-               "--no-save", "--disable-validation", "--log-format", "json", "--log-interval", "1",
-               "--no-progress-bar", "--num-workers", "0"])
+    res = run(
+        [
+            sys.executable,
+            script,
+            "train",
+            data,
+            "--user-dir",
+            REPO / "tpp_plugin",
+            "--arch",
+            "transformer",
+            "--encoder-layers",
+            "1",
+            "--decoder-layers",
+            "1",
+            "--encoder-embed-dim",
+            "16",
+            "--decoder-embed-dim",
+            "16",
+            "--encoder-ffn-embed-dim",
+            "16",
+            "--decoder-ffn-embed-dim",
+            "16",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "1e-3",
+            "--max-tokens",
+            "64",
+            "--max-update",
+            "4",
+            "--cpu",
+            "--no-save",
+            "--disable-validation",
+            "--log-format",
+            "json",
+            "--log-interval",
+            "1",
+            "--no-progress-bar",
+            "--num-workers",
+            "0",
+        ]
+    )
     (tmp_path / "done.txt").write_text(res.stdout)
     (tmp_path / "cut.txt.partial").write_text(res.stdout.split("| train_inner |")[0])
-    table = run([sys.executable, script, "table", f"done={tmp_path}/done.txt", f"cut={tmp_path}/cut.txt",
-                 f"none={tmp_path}/none.txt"]).stdout.splitlines()
-    losses = [json.loads(line.split("| train_inner | ")[1])["loss"] for line in res.stdout.splitlines()
-              if "| train_inner | " in line]
+    table = run(
+        [
+            sys.executable,
+            script,
+            "table",
+            f"done={tmp_path}/done.txt",
+            f"cut={tmp_path}/cut.txt",
+            f"none={tmp_path}/none.txt",
+        ]
+    ).stdout.splitlines()
+    losses = [
+        json.loads(line.split("| train_inner | ")[1])["loss"]
+        for line in res.stdout.splitlines()
+        if "| train_inner | " in line
+    ]
     cells = [c.strip() for c in table[2].strip("|").split("|")]
     assert cells[:2] == ["done", "4"] and cells[3] == f"{float(losses[-1]):.3f}"
     assert cells[4].endswith(" s") and cells[5] == "–", "no GPU: no peak memory"
     assert table[3] == "| cut | 0 | – | – | – | – |" and table[4] == "| none | not run | | | | |"
 
 
-@pytest.mark.parametrize("args, message", [
-    (["{data}", "{out}", "speed", "bogus"], "unknown stage 'bogus'"),
-    (["--limit", "speed=soon", "{data}", "{out}"], "--limit takes STAGE=SECONDS"),
-    (["--limit", "bogus=10", "{data}", "{out}"], "--limit takes STAGE=SECONDS"),
-    (["--budget", "ten", "{data}", "{out}"], "--budget takes a whole number of seconds"),
-    (["--budget", "0", "{data}", "{out}"], "--budget takes a whole number of seconds"),
-    (["{out}/missing", "{out}"], "is not a folder"),
-    ([], "Usage:"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["{data}", "{out}", "speed", "bogus"], "unknown stage 'bogus'"),
+        (["--limit", "speed=soon", "{data}", "{out}"], "--limit takes STAGE=SECONDS"),
+        (["--limit", "bogus=10", "{data}", "{out}"], "--limit takes STAGE=SECONDS"),
+        (["--budget", "ten", "{data}", "{out}"], "--budget takes a whole number of seconds"),
+        (["--budget", "0", "{data}", "{out}"], "--budget takes a whole number of seconds"),
+        (["{out}/missing", "{out}"], "is not a folder"),
+        ([], "Usage:"),
+    ],
+)
 def test_gpu_suite_rejects_bad_arguments_before_running_anything(args, message, data, tmp_path):
     out = tmp_path / "results"
     args = [a.format(data=data, out=out) for a in args]
@@ -272,33 +408,77 @@ def test_mfu_takes_the_peak_of_the_gpu_variant_named():
 
 
 def test_decode_step_benchmark_times_every_model_at_every_row_count():
-    res = run([sys.executable, REPO / "benchmarks" / "bench_decode_step.py", "--rows", "2,3", "--steps", "8",
-               "--warmup", "1", "--cached", "4", "--kernel", "3", "--dilation", "2", "--dim", "64"])
-    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in res.stdout.splitlines()
-            if re.match(r"\| \d", line)]
-    assert [(r[0], r[1]) for r in rows] == [(n, m) for n in ("2", "3") for m in ("mha", "mha-b", "tpp")]
+    res = run(
+        [
+            sys.executable,
+            REPO / "benchmarks" / "bench_decode_step.py",
+            "--rows",
+            "2,3",
+            "--steps",
+            "8",
+            "--warmup",
+            "1",
+            "--cached",
+            "4",
+            "--kernel",
+            "3",
+            "--dilation",
+            "2",
+            "--dim",
+            "64",
+        ]
+    )
+    rows = [
+        [cell.strip() for cell in line.split("|")[1:-1]]
+        for line in res.stdout.splitlines()
+        if re.match(r"\| \d", line)
+    ]
+    assert [(r[0], r[1]) for r in rows] == [
+        (n, m) for n in ("2", "3") for m in ("mha", "mha-b", "tpp")
+    ]
     assert all(float(r[2].replace(",", "")) > 0 for r in rows)
     assert [r[3] for r in rows if r[1] == "mha"] == ["1.00×", "1.00×"]
 
 
 @pytest.mark.parametrize("tpp", ["tpp", "tpp-triton"])
-def test_decode_step_benchmark_times_a_step_of_fixed_cache_length_and_fairseqs_reordering(tpp, monkeypatch):
+def test_decode_step_benchmark_times_a_step_of_fixed_cache_length_and_fairseqs_reordering(
+    tpp, monkeypatch
+):
     """Every timed unit starts from the prepared state (the caches do not grow from unit
     to unit), and reorders as fairseq's decoder does: the module and each submodule with
     a reorder_incremental_state (the hybrid attention's LocalConv and Query keep their
     own states). ``tpp-triton`` runs its kernel (through Triton's interpreter on a CPU:
     the unit the GPU runs time), the PyTorch step none."""
     script = load_script("bench_decode_step")
-    args = script.parse_args(["--rows", "3", "--steps", "5", "--warmup", "2", "--cached", "6", "--dim", "64",
-                              "--models", f"mha,mha-b,{tpp}"])
+    args = script.parse_args(
+        [
+            "--rows",
+            "3",
+            "--steps",
+            "5",
+            "--warmup",
+            "2",
+            "--cached",
+            "6",
+            "--dim",
+            "64",
+            "--models",
+            f"mha,mha-b,{tpp}",
+        ]
+    )
     triton_steps = []
     kernels = script.plugin().modules.conv_heads_triton
     step = kernels.conv_step
-    monkeypatch.setattr(kernels, "conv_step", lambda *a, **k: triton_steps.append(1) or step(*a, **k))
+    monkeypatch.setattr(
+        kernels, "conv_step", lambda *a, **k: triton_steps.append(1) or step(*a, **k)
+    )
     x, order, units = script.prepare(3, args)
     _, _, reorder = units[tpp]
     assert sorted(type(fn.__self__).__name__ for fn in reorder) == [
-        "ContextQuery", "HybridMultiheadAttention", "LocalConv"]
+        "ContextQuery",
+        "HybridMultiheadAttention",
+        "LocalConv",
+    ]
     times = script.time_units(x, order, units, args)
     assert {name: len(t) for name, t in times.items()} == {"mha": 5, "mha-b": 5, tpp: 5}
     # 6 prepared steps, 2 untimed and 5 timed units, each one step
@@ -309,18 +489,23 @@ def test_decode_step_benchmark_times_a_step_of_fixed_cache_length_and_fairseqs_r
         assert lengths == [6], name
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--models", "tpp"], "must start with mha"),
-    (["--models", "mha,lstm"], "unknown lstm"),
-    (["--rows", "5,x"], "--rows"),
-    (["--dim", "130"], "must split into"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--models", "tpp"], "must start with mha"),
+        (["--models", "mha,lstm"], "unknown lstm"),
+        (["--rows", "5,x"], "--rows"),
+        (["--dim", "130"], "must split into"),
+    ],
+)
 def test_decode_step_benchmark_rejects_bad_arguments(args, message):
     res = run([sys.executable, REPO / "benchmarks" / "bench_decode_step.py", *args], check=False)
     assert res.returncode == 2 and message in res.stderr
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where there is no CUDA device")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="checks the refusal where there is no CUDA device"
+)
 @pytest.mark.parametrize("args", [["--device", "cuda"], ["--models", "mha,tpp-triton"]])
 def test_decode_step_benchmark_refuses_cuda_work_without_a_cuda_device(args, monkeypatch):
     """Without Triton's interpreter: with it, tpp-triton runs on the CPU (tested above)."""
@@ -333,8 +518,13 @@ def test_profile_projections_are_timed_only_in_beam_search_and_only_when_asked(d
     """Their hooks slow fairseq's self-attention down (on a GPU with synchronisations):
     a run that times them is asked for, and only for beam search."""
     script = load_script("profile_model")
-    for flags, clocks in (([], ["all", "decoder"]), (["--projections"], ["all", "decoder", "projections"])):
-        args = script.parse_args(["--data", str(data), "--size", "128", "--layers", "1", "--generation", *flags])
+    for flags, clocks in (
+        ([], ["all", "decoder"]),
+        (["--projections"], ["all", "decoder", "projections"]),
+    ):
+        args = script.parse_args(
+            ["--data", str(data), "--size", "128", "--layers", "1", "--generation", *flags]
+        )
         _, _, trainer = script.bench_model.build_trainer("transformer", args.size, args)
         assert sorted(script.self_attention_clocks(trainer.model, args)) == clocks
     with pytest.raises(SystemExit):

@@ -13,15 +13,31 @@ from support import REPO, tool_env
 
 pytestmark = pytest.mark.slow
 
-QUICK = ["--train-lines", "300", "--heldout-lines", "40", "--max-update", "10",
-         "--save-every", "1", "--average", "3"]
+QUICK = [
+    "--train-lines",
+    "300",
+    "--heldout-lines",
+    "40",
+    "--max-update",
+    "10",
+    "--save-every",
+    "1",
+    "--average",
+    "3",
+]
 
 
 def run_demo(out, *extra):
     env = tool_env()
     env["OMP_NUM_THREADS"] = "2"
-    proc = subprocess.run(["tpp-demo", "--out", out, *QUICK, *extra],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+    proc = subprocess.run(
+        ["tpp-demo", "--out", out, *QUICK, *extra],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc.stdout + proc.stderr
 
@@ -50,7 +66,11 @@ def test_demo_runs_every_stage_and_reports_bleu(demo):
     assert re.search(r"^sacrebleu_detok: [\d.]+$", bleu, re.M)
     assert re.search(r"^bleu_tok_compound_split: [\d.]+$", bleu, re.M)
     assert "sacrebleu_detok:" in log.split("=== done")[-1], "the score is printed at the end"
-    hyps = [l for l in (out / "eval" / "generate-test.txt").read_text().splitlines() if l.startswith("H-")]
+    hyps = [
+        l
+        for l in (out / "eval" / "generate-test.txt").read_text().splitlines()
+        if l.startswith("H-")
+    ]
     assert len(hyps) == 40
     assert (out / "checkpoints" / "checkpoint_avg.pt").stat().st_size > 0
     for name in ("dict.pos.txt", "dict.ner.txt", "train.en-de.pos.bin", "test.en-de.ner.idx"):
@@ -62,7 +82,11 @@ def test_demo_draws_training_curves_and_attention_maps(demo):
     for name in ("loss.png", "perplexity.png", "tag_accuracy.png"):
         assert_image(out / "plots" / name)
     maps = sorted(p.name for p in (out / "attention").glob("*.png"))
-    expected = {f"{kind}_layer{i}.png" for kind in ("encoder_self", "decoder_self", "decoder_cross") for i in (1, 2, 3)}
+    expected = {
+        f"{kind}_layer{i}.png"
+        for kind in ("encoder_self", "decoder_self", "decoder_cross")
+        for i in (1, 2, 3)
+    }
     assert expected <= set(maps), maps
     sizes = {assert_image(out / "attention" / name) for name in expected}
     assert len(sizes) == 1, "every layer's grid has the same 4-head layout"

@@ -72,8 +72,11 @@ def documented_scripts():
                 continue
             if command[0].startswith("scripts/") or re.fullmatch(r"tpp(-[a-z0-9]+)+", command[0]):
                 form = command[0]
-            elif command[0] in ("python", "python3") and len(command) > 1 \
-                    and command[1].startswith("scripts/"):
+            elif (
+                command[0] in ("python", "python3")
+                and len(command) > 1
+                and command[1].startswith("scripts/")
+            ):
                 form = f"python {command[1]}"
             else:
                 continue
@@ -86,20 +89,38 @@ FORMS = documented_scripts()
 
 def test_the_documents_show_script_commands():
     # the README's own: the pipeline's steps
-    for form in ("scripts/train.sh", "tpp-evaluate", "scripts/slurm/submit.sh",
-                 "tpp-average-checkpoints", "tpp-prepare-corpus", "tpp-prepare-wmt14",
-                 "tpp-plot-training"):
+    for form in (
+        "scripts/train.sh",
+        "tpp-evaluate",
+        "scripts/slurm/submit.sh",
+        "tpp-average-checkpoints",
+        "tpp-prepare-corpus",
+        "tpp-prepare-wmt14",
+        "tpp-plot-training",
+    ):
         assert form in FORMS, sorted(FORMS)
 
 
 @pytest.mark.parametrize("form", sorted(FORMS))
 def test_documented_command_runs_as_written(form, console_scripts):
     path = [str(Path(sys.executable).parent), str(console_scripts), "/usr/local/bin:/usr/bin:/bin"]
-    env = {"PATH": os.pathsep.join(dict.fromkeys(path)),
-           "HOME": os.environ.get("HOME", "/tmp"), "LANG": "C.UTF-8",
-           "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    result = subprocess.run(["bash", "--noprofile", "--norc", "-c", f"{form} --help"],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, (f"`{form} --help` (from {', '.join(sorted(set(FORMS[form])))}) "
-                                    f"failed with {result.returncode}:\n{result.stderr[-2000:]}")
+    env = {
+        "PATH": os.pathsep.join(dict.fromkeys(path)),
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "LANG": "C.UTF-8",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "ignore",
+    }
+    result = subprocess.run(
+        ["bash", "--noprofile", "--norc", "-c", f"{form} --help"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, (
+        f"`{form} --help` (from {', '.join(sorted(set(FORMS[form])))}) "
+        f"failed with {result.returncode}:\n{result.stderr[-2000:]}"
+    )
     assert result.stdout.strip(), f"`{form} --help` printed no help"

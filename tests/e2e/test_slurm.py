@@ -30,13 +30,17 @@ PIPELINE_TIMEOUT = 420  # seconds for the whole chain on a busy 2-core machine
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    install = subprocess.run(["bash", str(SLURM / "local_cluster.sh"), "install"],
-                             capture_output=True, text=True)
+    install = subprocess.run(
+        ["bash", str(SLURM / "local_cluster.sh"), "install"], capture_output=True, text=True
+    )
     if install.returncode != 0:
         pytest.skip(f"SLURM packages cannot be installed here: {install.stderr.strip()}")
     state = tmp_path_factory.mktemp("slurm")
-    started = subprocess.run(["bash", str(SLURM / "local_cluster.sh"), "start", str(state), "4"],
-                             capture_output=True, text=True)
+    started = subprocess.run(
+        ["bash", str(SLURM / "local_cluster.sh"), "start", str(state), "4"],
+        capture_output=True,
+        text=True,
+    )
     assert started.returncode == 0, started.stdout + started.stderr
     env = tool_env()
     env["SLURM_CONF"] = str(state / "slurm.conf")
@@ -49,8 +53,13 @@ def cluster(tmp_path_factory):
 
 def job_states(env, job_id):
     """{job id (array tasks as id_index): state} from scontrol, which keeps finished jobs."""
-    result = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=env,
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        ["scontrol", "-o", "show", "job", job_id],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     states = {}
     for line in result.stdout.splitlines():
         fields = dict(re.findall(r"(\w+)=(\S*)", line))
@@ -64,8 +73,12 @@ def job_states(env, job_id):
 def wait_for_queue_to_drain(env, job_ids, timeout):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        queued = subprocess.run(["squeue", "-h", "-o", "%i %T %r", "-j", ",".join(job_ids)],
-                                env=env, capture_output=True, text=True).stdout.strip()
+        queued = subprocess.run(
+            ["squeue", "-h", "-o", "%i %T %r", "-j", ",".join(job_ids)],
+            env=env,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         if not queued:
             return
         # a dependency that can never be met means an earlier stage failed: stop waiting
@@ -84,17 +97,43 @@ def test_chained_pipeline_runs_on_slurm(cluster, tmp_path):
         f"--work-dir {tmp_path}/work --data-bin {tmp_path}/data-bin --bpe-merges 200"
     )
     # a checkpoint every update (see tools/test_evaluate.py for why), the last two averaged
-    train_opts = ("--max-update 6 --save-interval-updates 1 --keep-interval-updates 10 "
-                  "--max-tokens 600 --update-freq 1 --warmup-updates 10 --log-interval 1")
-    env = dict(cluster, FAIRSEQ_EXTRA="--num-workers 0 --disable-validation",
-               EVAL_OPTS="--max-tokens 2000")
+    train_opts = (
+        "--max-update 6 --save-interval-updates 1 --keep-interval-updates 10 "
+        "--max-tokens 600 --update-freq 1 --warmup-updates 10 --log-interval 1"
+    )
+    env = dict(
+        cluster, FAIRSEQ_EXTRA="--num-workers 0 --disable-validation", EVAL_OPTS="--max-tokens 2000"
+    )
     command = [
-        "bash", str(SLURM / "submit.sh"), "--cpu", "--preset", "tiny",
-        "--tasks-per-node", "2", "--cpus-per-task", "1", "--shards", "2", "--n-avg", "2",
-        "--time-train", "00:20:00", "--prepare-cmd", prepare,
-        "--data-bin", str(tmp_path / "data-bin" / "tiny"), "--save-dir", str(tmp_path / "ckpt"),
-        "--results-dir", str(tmp_path / "results"), "--reference", str(raw / "test.de"),
-        "--train-opts", train_opts, "--log-dir", str(tmp_path / "logs"),
+        "bash",
+        str(SLURM / "submit.sh"),
+        "--cpu",
+        "--preset",
+        "tiny",
+        "--tasks-per-node",
+        "2",
+        "--cpus-per-task",
+        "1",
+        "--shards",
+        "2",
+        "--n-avg",
+        "2",
+        "--time-train",
+        "00:20:00",
+        "--prepare-cmd",
+        prepare,
+        "--data-bin",
+        str(tmp_path / "data-bin" / "tiny"),
+        "--save-dir",
+        str(tmp_path / "ckpt"),
+        "--results-dir",
+        str(tmp_path / "results"),
+        "--reference",
+        str(raw / "test.de"),
+        "--train-opts",
+        train_opts,
+        "--log-dir",
+        str(tmp_path / "logs"),
     ]
     submitted = subprocess.run(command, env=env, capture_output=True, text=True)
     assert submitted.returncode == 0, submitted.stderr
@@ -102,20 +141,32 @@ def test_chained_pipeline_runs_on_slurm(cluster, tmp_path):
     assert list(jobs) == ["prepare", "tag", "binarize", "train", "evaluate"]
     assert all(re.fullmatch(r"\d+", job_id) for job_id in jobs.values()), jobs
     # the chain: each job depends (afterok) on the previous one
-    for stage, before in [("tag", "prepare"), ("binarize", "tag"), ("train", "binarize"),
-                          ("evaluate", "train")]:
-        shown = subprocess.run(["scontrol", "show", "job", jobs[stage]], env=env,
-                               capture_output=True, text=True, check=True).stdout
+    for stage, before in [
+        ("tag", "prepare"),
+        ("binarize", "tag"),
+        ("train", "binarize"),
+        ("evaluate", "train"),
+    ]:
+        shown = subprocess.run(
+            ["scontrol", "show", "job", jobs[stage]],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         assert f"afterok:{jobs[before]}" in shown or "Dependency=(null)" in shown, shown
 
     wait_for_queue_to_drain(env, list(jobs.values()), PIPELINE_TIMEOUT)
-    logs = {path.name: path.read_text(errors="replace") for path in (tmp_path / "logs").glob("*.out")}
+    logs = {
+        path.name: path.read_text(errors="replace") for path in (tmp_path / "logs").glob("*.out")
+    }
     states = {}
     for job_id in jobs.values():
         states.update(job_states(env, job_id))
     failed = {job: state for job, state in states.items() if state != "COMPLETED"}
     assert not failed, f"jobs not completed: {failed}\n" + "\n".join(
-        f"===== {name}\n{text[-3000:]}" for name, text in sorted(logs.items()))
+        f"===== {name}\n{text[-3000:]}" for name, text in sorted(logs.items())
+    )
     assert f"{jobs['tag']}_0" in states and f"{jobs['tag']}_1" in states  # two shards ran
 
     # training ran as 2 ranks through fairseq's SLURM initialisation, with the tag losses
@@ -133,9 +184,24 @@ def test_chained_pipeline_runs_on_slurm(cluster, tmp_path):
 def test_dry_run_prints_chained_commands(tmp_path):
     """Without submitting: GPU resources, dependencies and the requeue-able training job."""
     result = subprocess.run(
-        ["bash", str(SLURM / "submit.sh"), "--dry-run", "--nodes", "2", "--gpus-per-node", "8",
-         "--partition", "gpu", "--log-dir", str(tmp_path / "logs")],
-        env=tool_env(), capture_output=True, text=True, check=True)
+        [
+            "bash",
+            str(SLURM / "submit.sh"),
+            "--dry-run",
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "8",
+            "--partition",
+            "gpu",
+            "--log-dir",
+            str(tmp_path / "logs"),
+        ],
+        env=tool_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     lines = result.stdout.splitlines()
     assert len(lines) == 5
     train = lines[3]
@@ -151,9 +217,26 @@ def test_more_training_tasks_than_gpus_is_refused_before_submitting(tmp_path):
     """fairseq puts each task on GPU number SLURM_LOCALID: a task without one would fail
     on every node once the job starts."""
     result = subprocess.run(
-        ["bash", str(SLURM / "submit.sh"), "--dry-run", "--gpus-per-node", "2", "--tasks-per-node", "4",
-         "--log-dir", str(tmp_path / "logs")], env=tool_env(), capture_output=True, text=True)
-    assert result.returncode == 2 and "--tasks-per-node 4" in result.stderr and "--gpus-per-node is 2" in result.stderr
+        [
+            "bash",
+            str(SLURM / "submit.sh"),
+            "--dry-run",
+            "--gpus-per-node",
+            "2",
+            "--tasks-per-node",
+            "4",
+            "--log-dir",
+            str(tmp_path / "logs"),
+        ],
+        env=tool_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        result.returncode == 2
+        and "--tasks-per-node 4" in result.stderr
+        and "--gpus-per-node is 2" in result.stderr
+    )
     assert not result.stdout
 
 
@@ -164,19 +247,38 @@ def test_training_job_requeues_itself_and_resumes(cluster, nmt_corpus, tmp_path)
     save_dir = tmp_path / "ckpt"
     log = tmp_path / "train.log"
     env = dict(
-        cluster, CPU_ONLY="1", PRESET="tiny", DATA_BIN=str(data), SAVE_DIR=str(save_dir),
+        cluster,
+        CPU_ONLY="1",
+        PRESET="tiny",
+        DATA_BIN=str(data),
+        SAVE_DIR=str(save_dir),
         TRAIN_OPTS="--arch transformer_tiny --task translation --criterion label_smoothed_cross_entropy "
-                   "--lr 5e-3 --warmup-updates 20 --max-tokens 400 --update-freq 1 --max-update 300 "
-                   "--save-interval-updates 20 --log-interval 20",
+        "--lr 5e-3 --warmup-updates 20 --max-tokens 400 --update-freq 1 --max-update 300 "
+        "--save-interval-updates 20 --log-interval 20",
         FAIRSEQ_EXTRA="--num-workers 0 --disable-validation --save-interval 1000",
     )
     # submitted as a user would, from the repository root, straight to sbatch
-    job = subprocess.run(["sbatch", "--parsable", "--ntasks-per-node=1", "--gpus-per-node=0",
-                          "--cpus-per-task=1", f"--output={log}", "scripts/slurm/train.sbatch"],
-                         cwd=REPO, env=env, capture_output=True, text=True, check=True).stdout.strip()
+    job = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "--ntasks-per-node=1",
+            "--gpus-per-node=0",
+            "--cpus-per-task=1",
+            f"--output={log}",
+            "scripts/slurm/train.sbatch",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     deadline = time.monotonic() + 180
     while not (log.exists() and "Saved checkpoint" in log.read_text()):
-        assert time.monotonic() < deadline, "no checkpoint written:\n" + (log.read_text() if log.exists() else "")
+        assert time.monotonic() < deadline, "no checkpoint written:\n" + (
+            log.read_text() if log.exists() else ""
+        )
         assert job_states(env, job)[job] in ("PENDING", "RUNNING"), log.read_text()
         time.sleep(0.2)
     subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=env, check=True)
@@ -188,11 +290,14 @@ def test_training_job_requeues_itself_and_resumes(cluster, nmt_corpus, tmp_path)
     text = log.read_text()
     assert job_states(env, job)[job] == "COMPLETED", text[-3000:]
     assert "requeueing job" in text and "restart count 1" in text, text[-3000:]
-    saved_before = [int(n) for n in re.findall(r"@ (\d+) updates", text.split("restart count 1")[0])]
+    saved_before = [
+        int(n) for n in re.findall(r"@ (\d+) updates", text.split("restart count 1")[0])
+    ]
     loaded = re.search(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)", text)
     assert loaded and int(loaded.group(1)) == max(saved_before) > 0, text[-3000:]
-    shown = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True,
-                           text=True, check=True).stdout
+    shown = subprocess.run(
+        ["scontrol", "show", "job", job], env=env, capture_output=True, text=True, check=True
+    ).stdout
     assert "Restarts=1" in shown
     state = torch.load(save_dir / "checkpoint_last.pt", map_location="cpu", weights_only=True)
     assert state["optimizer_history"][-1]["num_updates"] == 300
@@ -204,12 +309,40 @@ def test_training_job_requeues_itself_and_resumes(cluster, nmt_corpus, tmp_path)
 # for a job to be requeued while it trains; every epoch's batches grouped anew (what
 # --config wmt14-big does), so that the resumed run trains on the batches of an
 # uninterrupted one
-STUDY = ["--config", "cpu", "--variants", "transformer,hybrid+tags", "--seeds", "1,2", "--device", "cpu",
-         "--embed-dim", "32", "--ffn-dim", "64", "--heads", "4", "--layers", "2", "--max-tokens", "256",
-         "--warmup-updates", "2", "--bootstrap-samples", "50", "--max-update", "40",
-         "--save-interval-updates", "10", "--validate-interval-updates", "10"]
+STUDY = [
+    "--config",
+    "cpu",
+    "--variants",
+    "transformer,hybrid+tags",
+    "--seeds",
+    "1,2",
+    "--device",
+    "cpu",
+    "--embed-dim",
+    "32",
+    "--ffn-dim",
+    "64",
+    "--heads",
+    "4",
+    "--layers",
+    "2",
+    "--max-tokens",
+    "256",
+    "--warmup-updates",
+    "2",
+    "--bootstrap-samples",
+    "50",
+    "--max-update",
+    "40",
+    "--save-interval-updates",
+    "10",
+    "--validate-interval-updates",
+    "10",
+]
 FAIRSEQ_EXTRA = ["--", "--update-epoch-batch-itr", "True"]
-STUDY_TIMEOUT = 600  # seconds for the jobs (and the local study beside them) on a busy 2-core machine
+STUDY_TIMEOUT = (
+    600  # seconds for the jobs (and the local study beside them) on a busy 2-core machine
+)
 
 
 @pytest.fixture(scope="module")
@@ -220,39 +353,69 @@ def tagged_data(tmp_path_factory):
 
 
 def study_command(tagged_data, out, *options, study=STUDY, extra=FAIRSEQ_EXTRA):
-    return ["tpp-study", *study, "--data", str(tagged_data["data"]), "--test-reference",
-            str(tagged_data["reference"]), "--out", str(out), *options, *extra]
+    return [
+        "tpp-study",
+        *study,
+        "--data",
+        str(tagged_data["data"]),
+        "--test-reference",
+        str(tagged_data["reference"]),
+        "--out",
+        str(out),
+        *options,
+        *extra,
+    ]
 
 
 def report_tables(report: Path):
     """The report's table rows without their last cell, the measured training words/s."""
-    return [line.rsplit("|", 2)[0] for line in report.read_text().splitlines() if line.startswith("|")]
+    return [
+        line.rsplit("|", 2)[0] for line in report.read_text().splitlines() if line.startswith("|")
+    ]
 
 
-def test_study_runs_as_slurm_jobs_one_requeued_and_reports_as_a_local_study(cluster, tagged_data, tmp_path):
+def test_study_runs_as_slurm_jobs_one_requeued_and_reports_as_a_local_study(
+    cluster, tagged_data, tmp_path
+):
     slurm_out, local_out = tmp_path / "slurm", tmp_path / "local"
-    slurm_command = study_command(tagged_data, slurm_out, "--launcher", "slurm", "--time-limit", "30")
-    submitted = subprocess.run(slurm_command, env=cluster, capture_output=True, text=True, timeout=300)
+    slurm_command = study_command(
+        tagged_data, slurm_out, "--launcher", "slurm", "--time-limit", "30"
+    )
+    submitted = subprocess.run(
+        slurm_command, env=cluster, capture_output=True, text=True, timeout=300
+    )
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     record = json.loads((slurm_out / "slurm" / "jobs.json").read_text())
     jobs = {entry["run"]: entry["job"] for entry in record["runs"].values()}
     folders = {entry["run"]: slurm_out / "runs" / name for name, entry in record["runs"].items()}
     assert sorted(jobs) == ["hybrid+tags-s1", "hybrid+tags-s2", "transformer-s1", "transformer-s2"]
     report_job = record["report"]["job"]
-    dependency = re.search(r"Dependency=(\S+)", subprocess.run(
-        ["scontrol", "show", "job", report_job], env=cluster, capture_output=True, text=True).stdout).group(1)
+    dependency = re.search(
+        r"Dependency=(\S+)",
+        subprocess.run(
+            ["scontrol", "show", "job", report_job], env=cluster, capture_output=True, text=True
+        ).stdout,
+    ).group(1)
     assert all(f"afterany:{job}" in dependency for job in jobs.values()), dependency
 
     # the same study as local processes, meanwhile
-    local = subprocess.Popen(study_command(tagged_data, local_out, "--parallel", "2"), env=tool_env(),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    local = subprocess.Popen(
+        study_command(tagged_data, local_out, "--parallel", "2"),
+        env=tool_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         # requeued while it trains: once it has saved a checkpoint, before its last update
         victim = folders["transformer-s1"]
         deadline = time.monotonic() + 300
         while not (victim / "checkpoints" / "checkpoint_last.pt").exists():
             assert time.monotonic() < deadline, "the job wrote no checkpoint"
-            assert job_states(cluster, jobs["transformer-s1"])[jobs["transformer-s1"]] in ("PENDING", "RUNNING")
+            assert job_states(cluster, jobs["transformer-s1"])[jobs["transformer-s1"]] in (
+                "PENDING",
+                "RUNNING",
+            )
             time.sleep(0.1)
         assert not (victim / "train.done").exists()
         subprocess.run(["scontrol", "requeue", jobs["transformer-s1"]], env=cluster, check=True)
@@ -263,25 +426,36 @@ def test_study_runs_as_slurm_jobs_one_requeued_and_reports_as_a_local_study(clus
             local.kill()
     assert local.returncode == 0, local_output[-4000:]
 
-    logs = {path.name: path.read_text(errors="replace") for path in (slurm_out / "slurm").glob("*_log.out")}
+    logs = {
+        path.name: path.read_text(errors="replace")
+        for path in (slurm_out / "slurm").glob("*_log.out")
+    }
     states = {job: job_states(cluster, job)[job] for job in [*jobs.values(), report_job]}
     assert set(states.values()) == {"COMPLETED"}, f"{states}\n" + "\n".join(
-        f"===== {name}\n{text[-3000:]}" for name, text in sorted(logs.items()))
-    shown = subprocess.run(["scontrol", "show", "job", jobs["transformer-s1"]], env=cluster,
-                           capture_output=True, text=True).stdout
+        f"===== {name}\n{text[-3000:]}" for name, text in sorted(logs.items())
+    )
+    shown = subprocess.run(
+        ["scontrol", "show", "job", jobs["transformer-s1"]],
+        env=cluster,
+        capture_output=True,
+        text=True,
+    ).stdout
     assert "Restarts=1" in shown
     victim_log = logs[f"{jobs['transformer-s1']}_0_log.out"]
     assert "restart count 0" in victim_log and "restart count 1" in victim_log, victim_log[-3000:]
     # the job started again resumed from the checkpoint it had saved, and trained to the end
-    loaded = re.findall(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)",
-                        (victim / "run.log").read_text())
+    loaded = re.findall(
+        r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)", (victim / "run.log").read_text()
+    )
     assert loaded and 0 < int(loaded[-1]) < 40, loaded
     assert (victim / "train.done").read_text().startswith("40 updates")
 
     # the report, written by the report job, is the local study's: same runs, same scores
     assert (slurm_out / "report.md").exists(), logs[f"{report_job}_0_log.out"][-3000:]
     assert "Device: SLURM jobs, CPU (1 per run)" in (slurm_out / "report.md").read_text()
-    assert sorted(p.name for p in (slurm_out / "runs").iterdir()) == sorted(p.name for p in (local_out / "runs").iterdir())
+    assert sorted(p.name for p in (slurm_out / "runs").iterdir()) == sorted(
+        p.name for p in (local_out / "runs").iterdir()
+    )
     tables = report_tables(slurm_out / "report.md")
     assert len(tables) == 4 and tables == report_tables(local_out / "report.md")
 
@@ -293,26 +467,48 @@ def test_study_runs_as_slurm_jobs_one_requeued_and_reports_as_a_local_study(clus
     record_again = json.loads((slurm_out / "slurm" / "jobs.json").read_text())
     assert record_again["runs"] == record["runs"] and record_again["report"]["after"] == []
     wait_for_queue_to_drain(cluster, [record_again["report"]["job"]], 120)
-    assert job_states(cluster, record_again["report"]["job"]) == {record_again["report"]["job"]: "COMPLETED"}
+    assert job_states(cluster, record_again["report"]["job"]) == {
+        record_again["report"]["job"]: "COMPLETED"
+    }
     assert report_tables(slurm_out / "report.md") == tables
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
 
 
-def test_study_jobs_that_fail_are_named_with_their_logs_and_how_to_resume(cluster, tagged_data, tmp_path):
+def test_study_jobs_that_fail_are_named_with_their_logs_and_how_to_resume(
+    cluster, tagged_data, tmp_path
+):
     out = tmp_path / "study"
-    tiny = [*STUDY[:STUDY.index("--max-update")], "--max-update", "2", "--variants", "transformer,control"]
+    tiny = [
+        *STUDY[: STUDY.index("--max-update")],
+        "--max-update",
+        "2",
+        "--variants",
+        "transformer,control",
+    ]
 
     # an unknown partition: an error before anything is submitted
-    refused = subprocess.run(study_command(tagged_data, out, "--launcher", "slurm", "--partition", "nosuch",
-                                           study=tiny), env=cluster, capture_output=True, text=True)
+    refused = subprocess.run(
+        study_command(tagged_data, out, "--launcher", "slurm", "--partition", "nosuch", study=tiny),
+        env=cluster,
+        capture_output=True,
+        text=True,
+    )
     assert refused.returncode == 2
     assert "--partition nosuch: no such partition on this cluster (it has debug)" in refused.stderr
     assert not (out / "slurm").exists() and not (out / "runs").exists()
 
     # every run's job fails (fairseq-train refuses an option): the report job says which, where
     # their logs are and how to resume
-    command = study_command(tagged_data, out, "--launcher", "slurm", "--time-limit", "10", study=tiny,
-                            extra=["--", "--no-such-option"])
+    command = study_command(
+        tagged_data,
+        out,
+        "--launcher",
+        "slurm",
+        "--time-limit",
+        "10",
+        study=tiny,
+        extra=["--", "--no-such-option"],
+    )
     submitted = subprocess.run(command, env=cluster, capture_output=True, text=True, timeout=300)
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     record = json.loads((out / "slurm" / "jobs.json").read_text())
@@ -322,13 +518,20 @@ def test_study_jobs_that_fail_are_named_with_their_logs_and_how_to_resume(cluste
     states = {job: job_states(cluster, job)[job] for job in [*jobs.values(), report_job]}
     assert set(states.values()) == {"FAILED"}, states
     run_log = (out / "slurm" / f"{jobs['control-s2']}_0_log.out").read_text(errors="replace")
-    folder = next(out / "runs" / name for name, e in record["runs"].items() if e["run"] == "control-s2")
-    assert "control-s2 failed: command failed" in run_log and "--no-such-option" in run_log, run_log[-3000:]
+    folder = next(
+        out / "runs" / name for name, e in record["runs"].items() if e["run"] == "control-s2"
+    )
+    assert (
+        "control-s2 failed: command failed" in run_log and "--no-such-option" in run_log
+    ), run_log[-3000:]
     assert f"run log: {folder / 'run.log'}" in run_log
     assert f"job log: {out / 'slurm' / (jobs['control-s2'] + '_0_log.out')}" in run_log
     report_log = (out / "slurm" / f"{report_job}_0_log.out").read_text(errors="replace")
     assert "4 of 4 runs did not finish" in report_log, report_log[-3000:]
     for run, job in jobs.items():
-        assert re.search(rf"{re.escape(run)}: job {job} \(FAILED\), job log \S+{job}_0_log.out, run log ", report_log)
+        assert re.search(
+            rf"{re.escape(run)}: job {job} \(FAILED\), job log \S+{job}_0_log.out, run log ",
+            report_log,
+        )
     assert "to resume, submit the study again with the same command" in report_log
     assert "--no-such-option" in report_log.split("to resume")[-1]  # the command, as it was given

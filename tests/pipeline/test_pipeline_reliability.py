@@ -25,11 +25,29 @@ def corpus(tmp_path):
 
 
 def _run(corpus, *extra, src="en", tgt="de", timeout=600):
-    return run_pipeline("tpp-prepare-corpus", "-s", src, "-t", tgt,
-                      "--trainpref", corpus / "train", "--validpref", corpus / "valid",
-                      "--testpref", corpus / "test", "--name", "rel", "--work-dir",
-                      corpus / "work", "--data-bin", corpus / "bin", "--quiet", *extra,
-                      check=False, timeout=timeout)
+    return run_pipeline(
+        "tpp-prepare-corpus",
+        "-s",
+        src,
+        "-t",
+        tgt,
+        "--trainpref",
+        corpus / "train",
+        "--validpref",
+        corpus / "valid",
+        "--testpref",
+        corpus / "test",
+        "--name",
+        "rel",
+        "--work-dir",
+        corpus / "work",
+        "--data-bin",
+        corpus / "bin",
+        "--quiet",
+        *extra,
+        check=False,
+        timeout=timeout,
+    )
 
 
 def test_line_count_mismatch_names_the_files(corpus):
@@ -57,8 +75,9 @@ def test_invalid_utf8_names_file_and_line(corpus):
 def test_non_english_source_needs_no_tags_and_then_skips_tagging(corpus):
     result = _run(corpus, src="de", tgt="en")
     assert result.returncode == 2 and "--no-tags" in result.stderr
-    result = _run(corpus, "--no-tags", "--bpe-merges", "100", "--stop-after", "clean",
-                  src="de", tgt="en")
+    result = _run(
+        corpus, "--no-tags", "--bpe-merges", "100", "--stop-after", "clean", src="de", tgt="en"
+    )
     assert result.returncode == 0, result.stderr
     assert not (corpus / "work" / "tags").exists()
     assert (corpus / "work" / "final" / "train.de").exists()
@@ -71,20 +90,31 @@ def test_force_and_tag_shard_do_not_mix(corpus):
 
 
 def test_cleaning_drops_lines_from_all_aligned_files_at_once(tmp_path):
-    rows = [("a b c", "x y z", "N N N"), ("", "x", ""), ("a " * 300, "x", "N " * 300),
-            ("a", "x y z w", "N"), ("   ", "  ", ""), ("a b", "x y", "N V")]
+    rows = [
+        ("a b c", "x y z", "N N N"),
+        ("", "x", ""),
+        ("a " * 300, "x", "N " * 300),
+        ("a", "x y z w", "N"),
+        ("   ", "  ", ""),
+        ("a b", "x y", "N V"),
+    ]
     names = ["s", "t", "pos"]
     for i, name in enumerate(names):
         (tmp_path / name).write_text("".join(r[i].strip() + "\n" for r in rows))
-    kept, dropped = cleaning.filter_aligned([tmp_path / n for n in names],
-                                            [tmp_path / f"{n}.out" for n in names],
-                                            cleaning.LengthFilter())
+    kept, dropped = cleaning.filter_aligned(
+        [tmp_path / n for n in names],
+        [tmp_path / f"{n}.out" for n in names],
+        cleaning.LengthFilter(),
+    )
     assert (kept, dropped) == (2, 4)
     assert (tmp_path / "pos.out").read_text() == "N N N\nN V\n"
     (tmp_path / "short").write_text("a\n")
     with pytest.raises(DataError, match=r"short:2: file ends before"):
-        cleaning.filter_aligned([tmp_path / "s", tmp_path / "short"],
-                                [tmp_path / "o1", tmp_path / "o2"], cleaning.LengthFilter())
+        cleaning.filter_aligned(
+            [tmp_path / "s", tmp_path / "short"],
+            [tmp_path / "o1", tmp_path / "o2"],
+            cleaning.LengthFilter(),
+        )
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o1.tmp").exists()
 
 
@@ -98,15 +128,19 @@ def test_atomic_open_leaves_nothing_on_failure(tmp_path):
     assert target.read_text() == "old" and not (tmp_path / "out.txt.tmp").exists()
 
 
-@pytest.mark.parametrize("case", ["whitespace-only side", "all over --max-len", "all over --max-ratio"])
+@pytest.mark.parametrize(
+    "case", ["whitespace-only side", "all over --max-len", "all over --max-ratio"]
+)
 def test_training_data_with_no_usable_pair_is_an_error_naming_the_file(corpus, case):
     """Issue 11.4: no traceback from inside subword-nmt, but an error naming the file and
     what was left."""
     extra = []
     if case == "whitespace-only side":
         (corpus / "train.de").write_text("  \n\t\n \n" * 10, encoding="utf-8")
-        expected = (f"{corpus / 'train.de'}: no usable training pairs: 0 of 30 left after "
-                    "tokenisation and cleaning")
+        expected = (
+            f"{corpus / 'train.de'}: no usable training pairs: 0 of 30 left after "
+            "tokenisation and cleaning"
+        )
         why = f"30 empty or whitespace only in {corpus / 'train.de'}"
     elif case == "all over --max-len":
         extra = ["--max-len", "3"]
@@ -114,8 +148,10 @@ def test_training_data_with_no_usable_pair_is_an_error_naming_the_file(corpus, c
         why = f"30 over --max-len 3 tokens in {corpus / 'train.de'}"
     else:  # everything goes at the last filter, on the BPE text
         extra = ["--no-tags", "--bpe-merges", "50", "--max-ratio", "0.5"]
-        expected = (f"{corpus / 'train.en'}: no usable training pairs: 0 of 30 left after BPE "
-                    "and the length/ratio filter")
+        expected = (
+            f"{corpus / 'train.en'}: no usable training pairs: 0 of 30 left after BPE "
+            "and the length/ratio filter"
+        )
         why = "30 length ratio of the two sides over --max-ratio 0.5"
     result = _run(corpus, *extra)
     assert result.returncode == 2, result.stderr
@@ -137,8 +173,10 @@ def test_failed_binarize_leaves_no_staging_folder(corpus):
     assert not (corpus / "bin" / "rel").exists()
     assert result.returncode == 2, result.stderr
     # the error names the text file that was binarized, and its line
-    assert (f"{final_pos}:3: valid: sentence 2 has {labels} pos labels for {labels - 1} source "
-            "tokens") in result.stderr, result.stderr
+    assert (
+        f"{final_pos}:3: valid: sentence 2 has {labels} pos labels for {labels - 1} source "
+        "tokens"
+    ) in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
     assert (corpus / "work" / "preprocess.log").exists()  # kept where the work is
 
@@ -149,11 +187,32 @@ def _blocked_run(corpus):
     pipe's other end (which tells the test that the run holds the lock) and then until it
     is signalled."""
     process = subprocess.Popen(
-        pipeline_command("tpp-prepare-corpus", "-s", "en", "-t", "de",
-                         "--trainpref", corpus / "train", "--validpref", corpus / "valid",
-                         "--testpref", corpus / "test", "--name", "rel", "--work-dir", corpus / "work",
-                         "--data-bin", corpus / "bin", "--quiet", "--stop-after", "tokenize"),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        pipeline_command(
+            "tpp-prepare-corpus",
+            "-s",
+            "en",
+            "-t",
+            "de",
+            "--trainpref",
+            corpus / "train",
+            "--validpref",
+            corpus / "valid",
+            "--testpref",
+            corpus / "test",
+            "--name",
+            "rel",
+            "--work-dir",
+            corpus / "work",
+            "--data-bin",
+            corpus / "bin",
+            "--quiet",
+            "--stop-after",
+            "tokenize",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     return process
 
 
@@ -179,8 +238,10 @@ def test_one_run_per_work_dir_and_stale_locks_are_taken_over(corpus):
         # (without a lock it would wait on the same step marker: the timeout ends that)
         second = _run(corpus, "--stop-after", "tokenize", timeout=120)
         assert second.returncode == 2, second.stderr
-        assert f"{lock}: another run of the pipeline is using this work folder (process " \
-               f"{first.pid} on host " in second.stderr, second.stderr
+        assert (
+            f"{lock}: another run of the pipeline is using this work folder (process "
+            f"{first.pid} on host " in second.stderr
+        ), second.stderr
         assert "Traceback" not in second.stderr
         first.kill()  # SIGKILL: no chance to clear its record
         first.communicate()
@@ -197,8 +258,10 @@ def test_one_run_per_work_dir_and_stale_locks_are_taken_over(corpus):
         loser = next(p for p in racers if p.pid != winner_pid)
         _, loser_err = loser.communicate(timeout=120)
         assert loser.returncode == 2, loser_err
-        assert f"{lock}: another run of the pipeline is using this work folder (process " \
-               f"{winner_pid} on host " in loser_err, loser_err
+        assert (
+            f"{lock}: another run of the pipeline is using this work folder (process "
+            f"{winner_pid} on host " in loser_err
+        ), loser_err
         winner.send_signal(signal.SIGTERM)  # a clean stop clears the record
         _, winner_err = winner.communicate(timeout=120)
     finally:
@@ -217,15 +280,25 @@ def test_one_run_per_work_dir_and_stale_locks_are_taken_over(corpus):
 
 # ----------------------------------------------------------------- errors before the steps
 
+
 def _no_step_ran(corpus, work="work"):
     """Nothing but the lock (and the step markers' folder) in the work folder."""
     folder = corpus / work
     return not folder.exists() or {p.name for p in folder.iterdir()} <= {".lock", ".steps"}
 
 
-@pytest.mark.parametrize("case", ["same languages", "empty test set", "--bpe-codes missing",
-                                  "--bpe-codes garbage", "--bpe-codes a folder",
-                                  "--spacy-model missing", "input is a folder"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "same languages",
+        "empty test set",
+        "--bpe-codes missing",
+        "--bpe-codes garbage",
+        "--bpe-codes a folder",
+        "--spacy-model missing",
+        "input is a folder",
+    ],
+)
 def test_bad_inputs_and_settings_are_refused_before_any_step(corpus, case):
     """Issue 33.9: each of these ran tokenising (and tagging) first, then ended in a
     traceback (or, for garbage codes, in subword-nmt's own exit status 1)."""
@@ -236,16 +309,20 @@ def test_bad_inputs_and_settings_are_refused_before_any_step(corpus, case):
     elif case == "empty test set":
         for lang in ("en", "de"):
             (corpus / f"test.{lang}").write_bytes(b"")
-        expected = (f"{corpus / 'test.en'}: the test set is empty (0 lines in both files): "
-                    "every split needs at least one sentence pair")
+        expected = (
+            f"{corpus / 'test.en'}: the test set is empty (0 lines in both files): "
+            "every split needs at least one sentence pair"
+        )
     elif case == "--bpe-codes missing":
         extra = ["--bpe-codes", corpus / "no_codes"]
         expected = f"{corpus / 'no_codes'}: BPE codes not found (--bpe-codes)"
     elif case == "--bpe-codes garbage":
         (corpus / "codes").write_text("garbage codes here\n")
         extra = ["--bpe-codes", corpus / "codes"]
-        expected = (f"{corpus / 'codes'}: not BPE codes that subword-nmt can read (--bpe-codes): "
-                    "Error: invalid line 1 in BPE codes file: garbage codes here")
+        expected = (
+            f"{corpus / 'codes'}: not BPE codes that subword-nmt can read (--bpe-codes): "
+            "Error: invalid line 1 in BPE codes file: garbage codes here"
+        )
     elif case == "--bpe-codes a folder":
         extra = ["--bpe-codes", corpus]
         expected = f"{corpus}: is a folder, not a file of BPE codes (--bpe-codes)"
@@ -291,11 +368,27 @@ def test_an_output_folder_that_cannot_be_written_is_an_error_before_any_step(cor
         folder.chmod(0o555)
     args = ["--data-bin", folder] if which == "--data-bin" else []
     if which == "--work-dir":  # the helper gives --work-dir corpus/work: point it elsewhere
-        result = run_pipeline("tpp-prepare-corpus", "-s", "en", "-t", "de",
-                              "--trainpref", corpus / "train", "--validpref", corpus / "valid",
-                              "--testpref", corpus / "test", "--name", "rel",
-                              "--work-dir", folder / "w", "--data-bin", corpus / "bin",
-                              "--quiet", check=False)
+        result = run_pipeline(
+            "tpp-prepare-corpus",
+            "-s",
+            "en",
+            "-t",
+            "de",
+            "--trainpref",
+            corpus / "train",
+            "--validpref",
+            corpus / "valid",
+            "--testpref",
+            corpus / "test",
+            "--name",
+            "rel",
+            "--work-dir",
+            folder / "w",
+            "--data-bin",
+            corpus / "bin",
+            "--quiet",
+            check=False,
+        )
         named = folder / "w"
         expected = "cannot create or write into this work folder"
     else:
@@ -318,20 +411,41 @@ def test_a_full_disk_is_an_error_naming_the_file_and_leaves_no_temporary_file(co
     def small_files():
         resource.setrlimit(resource.RLIMIT_FSIZE, (3000, 3000))
 
-    (corpus / "codes").write_text("#version: 0.2\n" + "".join(
-        f"{a} {b}\n" for a, b in [("t", "h"), ("e", "r</w>"), ("a", "n")]))
+    (corpus / "codes").write_text(
+        "#version: 0.2\n"
+        + "".join(f"{a} {b}\n" for a, b in [("t", "h"), ("e", "r</w>"), ("a", "n")])
+    )
     command = pipeline_command(
-        "tpp-prepare-corpus", "-s", "en", "-t", "de", "--trainpref", corpus / "train",
-        "--validpref", corpus / "valid", "--testpref", corpus / "test", "--name", "rel",
-        "--work-dir", corpus / "work", "--data-bin", corpus / "bin", "--quiet", "--no-tags",
-        "--bpe-codes", corpus / "codes")
+        "tpp-prepare-corpus",
+        "-s",
+        "en",
+        "-t",
+        "de",
+        "--trainpref",
+        corpus / "train",
+        "--validpref",
+        corpus / "valid",
+        "--testpref",
+        corpus / "test",
+        "--name",
+        "rel",
+        "--work-dir",
+        corpus / "work",
+        "--data-bin",
+        corpus / "bin",
+        "--quiet",
+        "--no-tags",
+        "--bpe-codes",
+        corpus / "codes",
+    )
     full = subprocess.run(command, capture_output=True, text=True, preexec_fn=small_files)
     assert full.returncode == 2, full.stderr
     bpe_dir = corpus / "work" / "bpe"
-    assert f"error: {bpe_dir}/train.en: writing failed: File too large [EFBIG]; make room " \
-           "(free space, raise the quota or file-size limit) or point --work-dir / " \
-           "--data-bin at another disk, then run again: the steps already done are kept" \
-           in full.stderr, full.stderr
+    assert (
+        f"error: {bpe_dir}/train.en: writing failed: File too large [EFBIG]; make room "
+        "(free space, raise the quota or file-size limit) or point --work-dir / "
+        "--data-bin at another disk, then run again: the steps already done are kept" in full.stderr
+    ), full.stderr
     assert "Traceback" not in full.stderr
     assert not list(corpus.rglob("*.tmp")), list(corpus.rglob("*.tmp"))
     assert (corpus / "work" / "tok" / "train.en").exists()  # the steps before were done
@@ -382,15 +496,42 @@ def test_a_full_output_disk_at_binarizing_is_an_error_and_leaves_nothing(corpus)
         "        path = '/dev/full'\n"
         "    return builtins.open(path, mode, **kwargs)\n"
         "textio.open = full_disk\n"
-        "sys.exit(pipeline.main(sys.argv[1:]))\n")
+        "sys.exit(pipeline.main(sys.argv[1:]))\n"
+    )
     result = subprocess.run(
-        [sys.executable, "-c", script, "-s", "en", "-t", "de", "--trainpref", corpus / "train",
-         "--validpref", corpus / "valid", "--testpref", corpus / "test", "--name", "rel",
-         "--work-dir", corpus / "work", "--data-bin", corpus / "bin", "--quiet", "--no-tags",
-         "--bpe-merges", "50"], capture_output=True, text=True)
+        [
+            sys.executable,
+            "-c",
+            script,
+            "-s",
+            "en",
+            "-t",
+            "de",
+            "--trainpref",
+            corpus / "train",
+            "--validpref",
+            corpus / "valid",
+            "--testpref",
+            corpus / "test",
+            "--name",
+            "rel",
+            "--work-dir",
+            corpus / "work",
+            "--data-bin",
+            corpus / "bin",
+            "--quiet",
+            "--no-tags",
+            "--bpe-merges",
+            "50",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 2, result.stderr
-    assert f"error: {staging}/preprocess_info.json: writing failed: No space left on device " \
-           "[ENOSPC]; make room" in result.stderr, result.stderr
+    assert (
+        f"error: {staging}/preprocess_info.json: writing failed: No space left on device "
+        "[ENOSPC]; make room" in result.stderr
+    ), result.stderr
     assert "Traceback" not in result.stderr
     assert not (corpus / "bin" / "rel").exists() and not os.path.exists(staging)
     assert not list(corpus.rglob("*.tmp")), list(corpus.rglob("*.tmp"))
@@ -398,6 +539,7 @@ def test_a_full_output_disk_at_binarizing_is_an_error_and_leaves_nothing(corpus)
 
 
 # ------------------------------------------------------------------ one run per output folder
+
 
 def _wait_for_reader(fifo, process, timeout=120):
     """Open ``fifo`` for writing once ``process`` has opened it for reading (it then
@@ -424,20 +566,39 @@ def test_one_run_per_output_folder(corpus):
     marker = steps / "tokenize.json"
     os.mkfifo(marker)
     first = subprocess.Popen(
-        pipeline_command("tpp-prepare-corpus", "-s", "en", "-t", "de",
-                         "--trainpref", corpus / "train", "--validpref", corpus / "valid",
-                         "--testpref", corpus / "test", "--name", "rel",
-                         "--work-dir", corpus / "work1", "--data-bin", corpus / "bin",
-                         "--quiet"),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        pipeline_command(
+            "tpp-prepare-corpus",
+            "-s",
+            "en",
+            "-t",
+            "de",
+            "--trainpref",
+            corpus / "train",
+            "--validpref",
+            corpus / "valid",
+            "--testpref",
+            corpus / "test",
+            "--name",
+            "rel",
+            "--work-dir",
+            corpus / "work1",
+            "--data-bin",
+            corpus / "bin",
+            "--quiet",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     pipe = _wait_for_reader(marker, first)  # the first run waits in its first step
     try:
         second = _run(corpus, timeout=120)  # --work-dir corpus/work
         assert second.returncode == 2, second.stderr
         lock = corpus / "bin" / ".rel.lock"
-        assert f"{lock}: another run of the pipeline is using this output folder " \
-               f"{corpus / 'bin' / 'rel'} (process {first.pid} on host " in second.stderr, \
-            second.stderr
+        assert (
+            f"{lock}: another run of the pipeline is using this output folder "
+            f"{corpus / 'bin' / 'rel'} (process {first.pid} on host " in second.stderr
+        ), second.stderr
         assert "Traceback" not in second.stderr
         assert _no_step_ran(corpus)
         tokenise_only = _run(corpus, "--stop-after", "tokenize", timeout=120)
@@ -454,9 +615,13 @@ def test_one_run_per_output_folder(corpus):
 
 # ------------------------------------------------------------------ changed settings
 
+
 def _binarized(folder):
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())
-            if p.suffix in (".bin", ".idx") or p.name.startswith("dict.")}
+    return {
+        p.name: p.read_bytes()
+        for p in sorted(folder.iterdir())
+        if p.suffix in (".bin", ".idx") or p.name.startswith("dict.")
+    }
 
 
 @pytest.mark.slow  # the whole pipeline, tagging included, four times
@@ -472,26 +637,31 @@ def test_a_changed_setting_is_named_and_force_redoes_only_what_depends_on_it(cor
     moved = _run(corpus, "--bpe-merges", "100", "--data-bin", corpus / "bin2")
     assert moved.returncode == 0, moved.stderr
     assert "step tag: already done, skipping" in moved.stderr
-    assert f'step binarize: done before with the output folder (--data-bin, --name) was ' \
-           f'"{corpus / "bin" / "rel"}", now "{corpus / "bin2" / "rel"}"; running it again' \
-        in moved.stderr, moved.stderr
+    assert (
+        f'step binarize: done before with the output folder (--data-bin, --name) was '
+        f'"{corpus / "bin" / "rel"}", now "{corpus / "bin2" / "rel"}"; running it again'
+        in moved.stderr
+    ), moved.stderr
     assert _binarized(corpus / "bin2" / "rel") == _binarized(corpus / "bin" / "rel")
 
-    changed = _run(corpus, "--bpe-merges", "100", "--data-bin", corpus / "bin2",
-                   "--max-ratio", "2")
+    changed = _run(corpus, "--bpe-merges", "100", "--data-bin", corpus / "bin2", "--max-ratio", "2")
     assert changed.returncode == 2, changed.stderr
-    assert "step 'clean' was already done with other settings or inputs: --max-ratio was " \
-           "1.5, now 2.0; re-run with --force to redo this step and the ones after it (the " \
-           "steps before it are kept)" in changed.stderr, changed.stderr
+    assert (
+        "step 'clean' was already done with other settings or inputs: --max-ratio was "
+        "1.5, now 2.0; re-run with --force to redo this step and the ones after it (the "
+        "steps before it are kept)" in changed.stderr
+    ), changed.stderr
     assert "Traceback" not in changed.stderr
 
-    forced = _run(corpus, "--bpe-merges", "100", "--data-bin", corpus / "bin2",
-                  "--max-ratio", "2", "--force")
+    forced = _run(
+        corpus, "--bpe-merges", "100", "--data-bin", corpus / "bin2", "--max-ratio", "2", "--force"
+    )
     assert forced.returncode == 0, forced.stderr
     for step in ("tokenize", "preclean", "tag", "bpe_learn", "bpe_apply"):
         assert f"step {step}: already done, skipping" in forced.stderr, forced.stderr
-    assert "step clean: settings changed (--max-ratio was 1.5, now 2.0): redoing it" \
-        in forced.stderr
+    assert (
+        "step clean: settings changed (--max-ratio was 1.5, now 2.0): redoing it" in forced.stderr
+    )
     assert "step binarize: running" in forced.stderr
     assert tags.stat().st_mtime_ns == tagged
     info = json.loads((corpus / "bin2" / "rel" / "preprocess_info.json").read_text())

@@ -28,16 +28,39 @@ def corpus(tmp_path_factory):
 
 
 def _pipeline(corpus, work, *extra):
-    return [*pipeline_command("tpp-prepare-corpus"), "-s", "en", "-t", "de",
-            "--trainpref", str(corpus / "train"), "--validpref", str(corpus / "valid"),
-            "--testpref", str(corpus / "test"), "--name", "resume", "--work-dir", str(work),
-            "--data-bin", str(work / "bin"), "--tag-chunk-size", str(CHUNK),
-            "--stop-after", "tag", "--quiet", *extra]
+    return [
+        *pipeline_command("tpp-prepare-corpus"),
+        "-s",
+        "en",
+        "-t",
+        "de",
+        "--trainpref",
+        str(corpus / "train"),
+        "--validpref",
+        str(corpus / "valid"),
+        "--testpref",
+        str(corpus / "test"),
+        "--name",
+        "resume",
+        "--work-dir",
+        str(work),
+        "--data-bin",
+        str(work / "bin"),
+        "--tag-chunk-size",
+        str(CHUNK),
+        "--stop-after",
+        "tag",
+        "--quiet",
+        *extra,
+    ]
 
 
 def _tags(work):
-    return {f"{split}.{kind}": (work / "tags" / f"{split}.{kind}").read_bytes()
-            for split in ("train", "valid", "test") for kind in ("pos", "ner")}
+    return {
+        f"{split}.{kind}": (work / "tags" / f"{split}.{kind}").read_bytes()
+        for split in ("train", "valid", "test")
+        for kind in ("pos", "ner")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +73,12 @@ def uninterrupted(corpus, tmp_path_factory):
 def test_killed_run_resumes_to_identical_output(corpus, uninterrupted, tmp_path):
     work = tmp_path / "killed"
     chunk_dir = work / "tags" / "train.chunks"
-    process = subprocess.Popen(_pipeline(corpus, work), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True)
+    process = subprocess.Popen(
+        _pipeline(corpus, work),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 300
         while not (chunk_dir / "000000.ner").exists():
@@ -86,17 +113,27 @@ def test_partial_temp_file_is_ignored_and_replaced(corpus, uninterrupted, tmp_pa
     # output and the step marker, keep chunk 0 finished, leave a half-written chunk 1.
     job = tagging.TagJob(str(work / "clean" / "train.en"), str(work / "tags" / "train"), CHUNK)
     os.makedirs(job.chunk_dir)
-    full = {k: uninterrupted[f"train.{k}"].decode().splitlines(keepends=True) for k in ("pos", "ner")}
+    full = {
+        k: uninterrupted[f"train.{k}"].decode().splitlines(keepends=True) for k in ("pos", "ner")
+    }
     for kind, path in zip(("pos", "ner"), job.chunk_paths(0)):
         with open(path, "w", encoding="utf-8") as out:
             out.writelines(full[kind][:CHUNK])
     with open(job.chunk_paths(1)[0] + ".tmp", "w", encoding="utf-8") as out:
         out.write("NOUN NOUN\nVER")
     import json
+
     with open(os.path.join(job.chunk_dir, "config.json"), "w") as out:
-        json.dump({"model": tagging.default_model_name(), "pos_scheme": "upos",
-                   "chunk_size": CHUNK, "lines": job.n_lines,
-                   "input_size": os.path.getsize(job.input_path)}, out)
+        json.dump(
+            {
+                "model": tagging.default_model_name(),
+                "pos_scheme": "upos",
+                "chunk_size": CHUNK,
+                "lines": job.n_lines,
+                "input_size": os.path.getsize(job.input_path),
+            },
+            out,
+        )
     for name in ("train.pos", "train.ner"):
         os.remove(work / "tags" / name)
     os.remove(work / ".steps" / "tag.json")
@@ -110,8 +147,9 @@ def test_partial_temp_file_is_ignored_and_replaced(corpus, uninterrupted, tmp_pa
 def test_shards_cover_everything_once(corpus, uninterrupted, tmp_path):
     work = tmp_path / "sharded"
     base = _pipeline(corpus, work)
-    subprocess.run(base[:-3] + ["--stop-after", "preclean", "--quiet"], check=True,
-                   capture_output=True)
+    subprocess.run(
+        base[:-3] + ["--stop-after", "preclean", "--quiet"], check=True, capture_output=True
+    )
     for shard in ("1/3", "0/3"):
         subprocess.run(base + ["--tag-shard", shard], check=True, capture_output=True)
     # not all shards are done: merging refuses and names what is missing
@@ -144,8 +182,9 @@ def test_shards_preparing_one_folder_at_once_both_go_on(tmp_path, monkeypatch):
     moment must not take each other's temporary file away (a shard used to die here)."""
     config = {"model": "m", "chunk_size": 4}
     _with_other_shard_mid_write(monkeypatch, tmp_path / "chunks", config)
-    tagging._prepare_chunk_dir(types.SimpleNamespace(chunk_dir=str(tmp_path / "chunks")),
-                               config, force=False)
+    tagging._prepare_chunk_dir(
+        types.SimpleNamespace(chunk_dir=str(tmp_path / "chunks")), config, force=False
+    )
     assert json.loads((tmp_path / "chunks" / "config.json").read_text()) == config
     assert os.listdir(tmp_path / "chunks") == ["config.json"]  # no temporary file left
 
@@ -153,7 +192,8 @@ def test_shards_preparing_one_folder_at_once_both_go_on(tmp_path, monkeypatch):
 def test_a_shard_losing_the_race_with_other_settings_is_refused(tmp_path, monkeypatch):
     _with_other_shard_mid_write(monkeypatch, tmp_path / "chunks", {"model": "other"})
     with pytest.raises(DataError, match="other settings") as error:
-        tagging._prepare_chunk_dir(types.SimpleNamespace(chunk_dir=str(tmp_path / "chunks")),
-                                   {"model": "m"}, force=False)
+        tagging._prepare_chunk_dir(
+            types.SimpleNamespace(chunk_dir=str(tmp_path / "chunks")), {"model": "m"}, force=False
+        )
     assert "config.json" in str(error.value)
     assert json.loads((tmp_path / "chunks" / "config.json").read_text()) == {"model": "other"}

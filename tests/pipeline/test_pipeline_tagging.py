@@ -34,11 +34,15 @@ def processed(tmp_path_factory, labeler):
     (d / "tok.pos").write_text("\n".join(pos) + "\n", encoding="utf-8")
     (d / "tok.ner").write_text("\n".join(ner) + "\n", encoding="utf-8")
     bpe.learn_joint_bpe([str(d / "tok.en")], str(d / "codes"), 80)
-    bpe.apply_bpe(str(d / "codes"), d / "tok.en", d / "bpe.en",
-                  [d / "tok.pos", d / "tok.ner"], [d / "bpe.pos", d / "bpe.ner"])
+    bpe.apply_bpe(
+        str(d / "codes"),
+        d / "tok.en",
+        d / "bpe.en",
+        [d / "tok.pos", d / "tok.ner"],
+        [d / "bpe.pos", d / "bpe.ner"],
+    )
     read = lambda name: (d / name).read_text(encoding="utf-8").splitlines()  # noqa: E731
-    return {k: read(k) for k in ("tok.en", "tok.pos", "tok.ner", "bpe.en", "bpe.pos",
-                                 "bpe.ner")}
+    return {k: read(k) for k in ("tok.en", "tok.pos", "tok.ner", "bpe.en", "bpe.pos", "bpe.ner")}
 
 
 def test_one_label_per_token_and_per_subword_on_every_line(processed):
@@ -55,8 +59,8 @@ def test_one_label_per_token_and_per_subword_on_every_line(processed):
 
 def test_tricky_lines_survive_tokenisation(processed):
     tok = processed["tok.en"]
-    assert tok[len(ENGLISH)] == "" and tok[len(ENGLISH) + 1] == ""   # empty stays empty
-    assert len(tok[-1].split()) == 400                              # long line kept whole
+    assert tok[len(ENGLISH)] == "" and tok[len(ENGLISH) + 1] == ""  # empty stays empty
+    assert len(tok[-1].split()) == 400  # long line kept whole
     assert "\u0007" not in tok[-2] and "\u200b" not in tok[-2] and "\u00a0" not in tok[-2]
     assert "@-@" in tok[len(ENGLISH) + 2] and "&amp;" in tok[1] and "&apos;" in tok[6]
     # the BPE of every line joins back to the tokens
@@ -73,17 +77,41 @@ def test_labels_are_from_the_tag_sets(processed, labeler):
 
 def test_named_entities_get_the_expected_types(labeler):
     sentences = {
-        "Barack Obama visited Paris on Monday .":
-            ["B-PERSON", "I-PERSON", "O", "B-GPE", "O", "B-DATE", "O"],
-        "Angela Merkel met Emmanuel Macron in Berlin .":
-            ["B-PERSON", "I-PERSON", "O", "B-PERSON", "I-PERSON", "O", "B-GPE", "O"],
-        "Google hired 300 engineers in London last year .":
-            ["B-ORG", "O", "B-CARDINAL", "O", "O", "B-GPE", "B-DATE", "I-DATE", "O"],
+        "Barack Obama visited Paris on Monday .": [
+            "B-PERSON",
+            "I-PERSON",
+            "O",
+            "B-GPE",
+            "O",
+            "B-DATE",
+            "O",
+        ],
+        "Angela Merkel met Emmanuel Macron in Berlin .": [
+            "B-PERSON",
+            "I-PERSON",
+            "O",
+            "B-PERSON",
+            "I-PERSON",
+            "O",
+            "B-GPE",
+            "O",
+        ],
+        "Google hired 300 engineers in London last year .": [
+            "B-ORG",
+            "O",
+            "B-CARDINAL",
+            "O",
+            "O",
+            "B-GPE",
+            "B-DATE",
+            "I-DATE",
+            "O",
+        ],
     }
     for sentence, expected in sentences.items():
-        (pos, ner), = labeler.label_lines([sentence])
+        ((pos, ner),) = labeler.label_lines([sentence])
         assert ner.split() == expected, sentence
-    (pos, _), = labeler.label_lines(["Barack Obama visited Paris on Monday ."])
+    ((pos, _),) = labeler.label_lines(["Barack Obama visited Paris on Monday ."])
     assert pos.split() == ["PROPN", "PROPN", "VERB", "PROPN", "ADP", "PROPN", "PUNCT"]
 
 
@@ -91,16 +119,18 @@ def test_moses_escapes_are_tagged_as_the_characters_they_stand_for(labeler):
     assert tagging.unescape_moses_token("&amp;lt;") == "&lt;"
     assert tagging.unescape_moses_token("O&apos;Brien") == "O'Brien"
     assert tagging.unescape_moses_token("@-@") == "-"
-    escaped = "AT &amp; T said &quot; yes &quot; , O&apos;Brien &apos;s well @-@ known &#91; 1 &#93; ."
+    escaped = (
+        "AT &amp; T said &quot; yes &quot; , O&apos;Brien &apos;s well @-@ known &#91; 1 &#93; ."
+    )
     plain = "AT & T said \" yes \" , O'Brien 's well - known [ 1 ] ."
     assert list(labeler.label_lines([escaped])) == list(labeler.label_lines([plain]))
-    (pos, _), = labeler.label_lines([escaped])
+    ((pos, _),) = labeler.label_lines([escaped])
     assert pos.split()[1] == "CCONJ" and pos.split()[4] == "PUNCT"
 
 
 def test_ptb_scheme_uses_penn_tags():
     ptb = tagging.Labeler(pos_scheme="ptb")
-    (pos, _), = ptb.label_lines(["The two dogs slept quietly ."])
+    ((pos, _),) = ptb.label_lines(["The two dogs slept quietly ."])
     assert pos.split()[:3] == ["DT", "CD", "NNS"] and pos.split()[-1] == "."
     assert set(pos.split()) <= set(ptb.label_sets()["pos"])
 
@@ -108,10 +138,19 @@ def test_ptb_scheme_uses_penn_tags():
 def test_ner_projection_keeps_b_on_the_first_piece_only():
     labels = ["B-PERSON", "O", "B-GPE", "I-GPE"]
     assert projection.project_labels(labels, [3, 1, 2, 2], "ner") == [
-        "B-PERSON", "I-PERSON", "I-PERSON", "O", "B-GPE", "I-GPE", "I-GPE", "I-GPE"]
+        "B-PERSON",
+        "I-PERSON",
+        "I-PERSON",
+        "O",
+        "B-GPE",
+        "I-GPE",
+        "I-GPE",
+        "I-GPE",
+    ]
     assert projection.project_labels(["PROPN", "VERB"], [2, 1], "pos") == ["PROPN"] * 2 + ["VERB"]
-    assert projection.pieces_from_bpe_markers("Schwar@@ zen@@ egger visited Stutt@@ gart".split()) \
-        == [3, 1, 2]
+    assert projection.pieces_from_bpe_markers(
+        "Schwar@@ zen@@ egger visited Stutt@@ gart".split()
+    ) == [3, 1, 2]
 
 
 def test_label_count_mismatch_names_file_and_line(tmp_path, processed):
@@ -120,9 +159,13 @@ def test_label_count_mismatch_names_file_and_line(tmp_path, processed):
     (tmp_path / "t.pos").write_text("X X X\nX\n", encoding="utf-8")
     (tmp_path / "t.ner").write_text("O O O\nO O\n", encoding="utf-8")
     with pytest.raises(DataError, match=r"t\.pos:2: 1 labels for 2 tokens"):
-        bpe.apply_bpe(str(tmp_path / "codes"), tmp_path / "t.en", tmp_path / "b.en",
-                      [tmp_path / "t.pos", tmp_path / "t.ner"],
-                      [tmp_path / "b.pos", tmp_path / "b.ner"])
+        bpe.apply_bpe(
+            str(tmp_path / "codes"),
+            tmp_path / "t.en",
+            tmp_path / "b.en",
+            [tmp_path / "t.pos", tmp_path / "t.ner"],
+            [tmp_path / "b.pos", tmp_path / "b.ner"],
+        )
     assert not (tmp_path / "b.en").exists() and not (tmp_path / "b.pos.tmp").exists()
     with pytest.raises(DataError, match=r"f\.pos:7: 2 labels for 3 BPE tokens"):
         projection.check_label_count("X X", "a@@ b c", "f.pos", 7)

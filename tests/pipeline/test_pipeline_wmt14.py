@@ -32,8 +32,11 @@ def _tgz(path, members):
 def _sgm(setid, lang, kind, segments):
     """An SGM file laid out like the WMT ones (doc/p/seg markup)."""
     tag = "srcset" if kind == "src" else "refset"
-    lines = [f'<{tag} setid="{setid}" srclang="any" trglang="{lang}">',
-             f'<doc sysid="ref" docid="doc-1" genre="news" origlang="en">', "<p>"]
+    lines = [
+        f'<{tag} setid="{setid}" srclang="any" trglang="{lang}">',
+        '<doc sysid="ref" docid="doc-1" genre="news" origlang="en">',
+        "<p>",
+    ]
     lines += [f'<seg id="{i}"> {seg} </seg>' for i, seg in enumerate(segments, start=1)]
     lines += ["</p>", "</doc>", f"</{tag}>"]
     return "\n".join(lines) + "\n"
@@ -51,42 +54,79 @@ def wmt_run(tmp_path_factory):
     europarl = english_pairs(60) + [("", "leer"), (" ".join(["word"] * 300), "Wort")]
     commoncrawl = english_pairs(50, offset=5)
     news = english_pairs(40, offset=7)
-    _tgz(raw / "training-parallel-europarl-v7.tgz", {
-        "training/europarl-v7.de-en.de": _corpus_text(europarl, 1),
-        "training/europarl-v7.de-en.en": _corpus_text(europarl, 0),
-        "training/europarl-v7.fr-en.fr": "ignored\n",
-    })
-    _tgz(raw / "training-parallel-commoncrawl.tgz", {
-        "commoncrawl.de-en.annotation": "x\n" * len(commoncrawl),
-        "commoncrawl.de-en.de": _corpus_text(commoncrawl, 1),
-        "commoncrawl.de-en.en": _corpus_text(commoncrawl, 0),
-    })
-    _tgz(raw / "training-parallel-nc-v9.tgz", {
-        "training/news-commentary-v9.de-en.de": _corpus_text(news, 1).replace("\n", "\r\n"),
-        "training/news-commentary-v9.de-en.en": _corpus_text(news, 0).replace("\n", "\r\n"),
-    })
+    _tgz(
+        raw / "training-parallel-europarl-v7.tgz",
+        {
+            "training/europarl-v7.de-en.de": _corpus_text(europarl, 1),
+            "training/europarl-v7.de-en.en": _corpus_text(europarl, 0),
+            "training/europarl-v7.fr-en.fr": "ignored\n",
+        },
+    )
+    _tgz(
+        raw / "training-parallel-commoncrawl.tgz",
+        {
+            "commoncrawl.de-en.annotation": "x\n" * len(commoncrawl),
+            "commoncrawl.de-en.de": _corpus_text(commoncrawl, 1),
+            "commoncrawl.de-en.en": _corpus_text(commoncrawl, 0),
+        },
+    )
+    _tgz(
+        raw / "training-parallel-nc-v9.tgz",
+        {
+            "training/news-commentary-v9.de-en.de": _corpus_text(news, 1).replace("\n", "\r\n"),
+            "training/news-commentary-v9.de-en.en": _corpus_text(news, 0).replace("\n", "\r\n"),
+        },
+    )
     dev = english_pairs(8, offset=3)
     test = english_pairs(9, offset=1)
-    _tgz(raw / "dev.tgz", {
-        "dev/newstest2013-src.en.sgm": _sgm("newstest2013", "en", "src", [e for e, _ in dev]),
-        "dev/newstest2013-ref.de.sgm": _sgm("newstest2013", "de", "ref", [d for _, d in dev]),
-        "dev/newstest2012-src.en.sgm": _sgm("newstest2012", "en", "src", ["not this"]),
-    })
-    _tgz(raw / "test-full.tgz", {
-        "test-full/newstest2014-deen-src.en.sgm": _sgm("newstest2014", "en", "src",
-                                                       [e for e, _ in test]),
-        "test-full/newstest2014-deen-ref.de.sgm": _sgm("newstest2014", "de", "ref",
-                                                       [d for _, d in test]),
-        "test-full/newstest2014-deen-src.de.sgm": _sgm("newstest2014", "de", "src", ["nein"]),
-    })
+    _tgz(
+        raw / "dev.tgz",
+        {
+            "dev/newstest2013-src.en.sgm": _sgm("newstest2013", "en", "src", [e for e, _ in dev]),
+            "dev/newstest2013-ref.de.sgm": _sgm("newstest2013", "de", "ref", [d for _, d in dev]),
+            "dev/newstest2012-src.en.sgm": _sgm("newstest2012", "en", "src", ["not this"]),
+        },
+    )
+    _tgz(
+        raw / "test-full.tgz",
+        {
+            "test-full/newstest2014-deen-src.en.sgm": _sgm(
+                "newstest2014", "en", "src", [e for e, _ in test]
+            ),
+            "test-full/newstest2014-deen-ref.de.sgm": _sgm(
+                "newstest2014", "de", "ref", [d for _, d in test]
+            ),
+            "test-full/newstest2014-deen-src.de.sgm": _sgm("newstest2014", "de", "src", ["nein"]),
+        },
+    )
     work, data_bin = root / "work", root / "data-bin"
-    args = ["--pair", "en-de", "--raw-dir", raw, "--work-dir", work, "--data-bin", data_bin,
-            "--bpe-merges", 300, "--quiet"]
+    args = [
+        "--pair",
+        "en-de",
+        "--raw-dir",
+        raw,
+        "--work-dir",
+        work,
+        "--data-bin",
+        data_bin,
+        "--bpe-merges",
+        300,
+        "--quiet",
+    ]
     first = run_pipeline("tpp-prepare-wmt14", *args)
     second = run_pipeline("tpp-prepare-wmt14", *args)
-    return {"root": root, "raw": raw, "work": work, "dest": data_bin / "wmt14_en_de",
-            "dev": dev, "test": test, "n_train": len(europarl) + len(commoncrawl) + len(news),
-            "args": args, "first": first, "second": second}
+    return {
+        "root": root,
+        "raw": raw,
+        "work": work,
+        "dest": data_bin / "wmt14_en_de",
+        "dev": dev,
+        "test": test,
+        "n_train": len(europarl) + len(commoncrawl) + len(news),
+        "args": args,
+        "first": first,
+        "second": second,
+    }
 
 
 def test_data_bin_has_the_task_layout(wmt_run):
@@ -112,11 +152,13 @@ def test_valid_and_test_come_from_the_sgm_sets_and_train_is_cleaned(wmt_run):
     bpe_en = (bpe / "train.en").read_text().splitlines()
     bpe_de = (bpe / "train.de").read_text().splitlines()
     assert len(bpe_en) == wmt_run["n_train"] - 2
+
     # ... and the recipe's 1-250 tokens / ratio 1.5 filter runs on the BPE text, dropping
     # the same lines from text and tags
     def keep(a, b):
         a, b = len(a.split()), len(b.split())
         return 1 <= a <= 250 and 1 <= b <= 250 and a <= 1.5 * b and b <= 1.5 * a
+
     kept = [i for i, (a, b) in enumerate(zip(bpe_en, bpe_de)) if keep(a, b)]
     assert 0 < len(kept) < len(bpe_en)
     assert (final / "train.en").read_text().splitlines() == [bpe_en[i] for i in kept]
@@ -143,8 +185,18 @@ def test_missing_archive_is_reported_with_the_expected_names(wmt_run, tmp_path):
     partial = tmp_path / "partial"
     partial.mkdir()
     os.symlink(wmt_run["raw"] / "dev.tgz", partial / "dev.tgz")
-    result = run_pipeline("tpp-prepare-wmt14", "--pair", "en-de", "--raw-dir", partial,
-                        "--work-dir", tmp_path / "w", "--data-bin", tmp_path / "b", check=False)
+    result = run_pipeline(
+        "tpp-prepare-wmt14",
+        "--pair",
+        "en-de",
+        "--raw-dir",
+        partial,
+        "--work-dir",
+        tmp_path / "w",
+        "--data-bin",
+        tmp_path / "b",
+        check=False,
+    )
     assert result.returncode == 2
     assert "training-parallel-commoncrawl.tgz" in result.stderr
     assert "test-full.tgz" in result.stderr and "dev.tgz  <-" not in result.stderr
@@ -154,22 +206,58 @@ def test_existing_output_is_not_overwritten_without_force(wmt_run, tmp_path):
     dest = tmp_path / "b" / "wmt14_en_de"
     dest.mkdir(parents=True)
     (dest / "precious.txt").write_text("keep me")
-    result = run_pipeline("tpp-prepare-wmt14", "--pair", "en-de", "--raw-dir", wmt_run["raw"],
-                        "--work-dir", tmp_path / "w", "--data-bin", tmp_path / "b", check=False)
+    result = run_pipeline(
+        "tpp-prepare-wmt14",
+        "--pair",
+        "en-de",
+        "--raw-dir",
+        wmt_run["raw"],
+        "--work-dir",
+        tmp_path / "w",
+        "--data-bin",
+        tmp_path / "b",
+        check=False,
+    )
     assert result.returncode == 2 and "--force" in result.stderr
     assert (dest / "precious.txt").read_text() == "keep me"
 
 
 def test_fairseq_train_runs_on_the_result(wmt_run, tmp_path):
-    command = [os.path.join(os.path.dirname(sys.executable), "fairseq-train"),
-               str(wmt_run["dest"]), "--user-dir", str(REPO / "tpp_plugin"),
-               "--task", "translation_with_tags", "--arch", "transformer_pp_tiny",
-               "--criterion", "label_smoothed_cross_entropy_with_tags",
-               "--label-smoothing", "0.1", "--share-all-embeddings",
-               "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "500",
-               "--max-update", "3", "--no-save", "--cpu", "--num-workers", "0",
-               "--log-format", "simple", "--log-interval", "1", "--seed", "1",
-               "--save-dir", str(tmp_path / "ckpt")]
+    command = [
+        os.path.join(os.path.dirname(sys.executable), "fairseq-train"),
+        str(wmt_run["dest"]),
+        "--user-dir",
+        str(REPO / "tpp_plugin"),
+        "--task",
+        "translation_with_tags",
+        "--arch",
+        "transformer_pp_tiny",
+        "--criterion",
+        "label_smoothed_cross_entropy_with_tags",
+        "--label-smoothing",
+        "0.1",
+        "--share-all-embeddings",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "1e-3",
+        "--max-tokens",
+        "500",
+        "--max-update",
+        "3",
+        "--no-save",
+        "--cpu",
+        "--num-workers",
+        "0",
+        "--log-format",
+        "simple",
+        "--log-interval",
+        "1",
+        "--seed",
+        "1",
+        "--save-dir",
+        str(tmp_path / "ckpt"),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     output = result.stdout + result.stderr

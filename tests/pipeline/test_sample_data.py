@@ -22,7 +22,8 @@ PERMISSIVE = {"MIT", "BSD-2-Clause", "BSD-3-Clause", "Apache-2.0"}
 
 def load_builder():
     spec = importlib.util.spec_from_file_location(
-        "build_sample_corpus", REPO / "scripts" / "build_sample_corpus.py")
+        "build_sample_corpus", REPO / "scripts" / "build_sample_corpus.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
@@ -41,13 +42,17 @@ def read_lines(path: Path) -> list:
 
 @pytest.fixture(scope="module")
 def corpus():
-    return {(split, lang): read_lines(SAMPLE / f"{split}.{lang}")
-            for split in SPLITS for lang in ("en", "de")}
+    return {
+        (split, lang): read_lines(SAMPLE / f"{split}.{lang}")
+        for split in SPLITS
+        for lang in ("en", "de")
+    }
 
 
 # --------------------------------------------------------------------------------------
 # the committed corpus
 # --------------------------------------------------------------------------------------
+
 
 def test_line_counts_match_and_sizes_are_sensible(corpus):
     for split in SPLITS:
@@ -95,8 +100,14 @@ def test_readme_lists_every_source_with_its_licence_text():
     assert builder.SOURCES, "the build script names no source"
     for source in builder.SOURCES:
         assert source.license in PERMISSIVE, source
-        row = next((l for l in readme.splitlines() if l.startswith(f"| {source.name} |")
-                    and source.version in l), None)
+        row = next(
+            (
+                l
+                for l in readme.splitlines()
+                if l.startswith(f"| {source.name} |") and source.version in l
+            ),
+            None,
+        )
         assert row is not None, f"README has no row for {source.name} {source.version}"
         assert source.license in row, f"README row of {source.name} lacks its licence"
         for member in source.license_files:
@@ -116,7 +127,7 @@ def test_split_sizes_in_readme_match_the_files(corpus):
 # the build script, on a wheel made here
 # --------------------------------------------------------------------------------------
 
-PO_TEXT = r'''# German translation
+PO_TEXT = r"""# German translation
 msgid ""
 msgstr ""
 "Content-Type: text/plain; charset=UTF-8\n"
@@ -155,15 +166,17 @@ msgstr ""
 
 #~ msgid "An obsolete entry is ignored."
 #~ msgstr "Ein veralteter Eintrag wird ignoriert."
-'''
+"""
 
 
 def test_parse_po_reads_entries_flags_plurals_and_continuations():
     entries = builder.parse_po(PO_TEXT)
     by_id = {e.msgid: e for e in entries}
     assert by_id["This entry is still fuzzy here."].fuzzy
-    assert by_id["One file was uploaded successfully."].msgstr == \
-        "Eine Datei wurde erfolgreich hochgeladen."
+    assert (
+        by_id["One file was uploaded successfully."].msgstr
+        == "Eine Datei wurde erfolgreich hochgeladen."
+    )
     long = by_id["A long message that continues on a second line."]
     assert long.msgstr == "Eine lange Nachricht, die in einer zweiten Zeile weitergeht."
     assert long.context == "button"
@@ -174,14 +187,17 @@ def test_clean_pair_rules():
     entries = {e.msgid: e for e in builder.parse_po(PO_TEXT)}
     clean = {k: builder.clean_pair(e) for k, e in entries.items()}
     assert clean["The page could not be found."] == (
-        "The page could not be found.", "Die Seite wurde nicht gefunden.")
+        "The page could not be found.",
+        "Die Seite wurde nicht gefunden.",
+    )
     assert clean["This entry is still fuzzy here."] == "fuzzy"
     assert clean["The event %(title)s was deleted."] == "placeholder"
     assert clean["Not yet translated string here."] == "untranslated"
     assert clean["Too short"] == "length"
     assert clean["Click <strong>save</strong> to keep the changes."] == (
         "Click save to keep the changes.",
-        "Klicken Sie auf Speichern, um die Änderungen zu behalten.")
+        "Klicken Sie auf Speichern, um die Änderungen zu behalten.",
+    )
     copy = builder.Entry("Same text in both.", "Same text in both.")
     assert builder.clean_pair(copy) == "copy"
     mismatched = builder.Entry("Press <b>OK</b> to go on now.", "Drücken Sie OK, um fortzufahren.")
@@ -192,7 +208,9 @@ def make_wheel(folder: Path, n: int) -> Path:
     """A wheel with a German .po catalogue of n numbered sentences and a licence file."""
     body = "".join(
         f'msgid "Sentence number {i} is written here."\n'
-        f'msgstr "Satz Nummer {i} steht hier."\n\n' for i in range(n))
+        f'msgstr "Satz Nummer {i} steht hier."\n\n'
+        for i in range(n)
+    )
     # one English string twice (with a different translation): only one may survive
     body += 'msgid "Sentence number 1 is written here!"\nmsgstr "Ein Duplikat steht hier."\n'
     path = folder / "fakepkg-1.0-py3-none-any.whl"
@@ -208,16 +226,33 @@ def fake_source(tmp_path, monkeypatch):
     wheel_dir.mkdir()
     wheel = make_wheel(wheel_dir, 60)
     source = builder.Source(
-        "fakepkg", "1.0", hashlib.sha256(wheel.read_bytes()).hexdigest(), "MIT", "gettext",
-        r"^fakepkg/locale/de/LC_MESSAGES/[^/]+\.po$", ("fakepkg-1.0.dist-info/LICENSE",),
-        "a test package")
+        "fakepkg",
+        "1.0",
+        hashlib.sha256(wheel.read_bytes()).hexdigest(),
+        "MIT",
+        "gettext",
+        r"^fakepkg/locale/de/LC_MESSAGES/[^/]+\.po$",
+        ("fakepkg-1.0.dist-info/LICENSE",),
+        "a test package",
+    )
     monkeypatch.setattr(builder, "SOURCES", (source,))
     return wheel_dir
 
 
 def build(out: Path, wheel_dir: Path, *extra: str) -> int:
-    return builder.main(["--out-dir", str(out), "--wheel-dir", str(wheel_dir),
-                         "--valid", "5", "--test", "5", *extra])
+    return builder.main(
+        [
+            "--out-dir",
+            str(out),
+            "--wheel-dir",
+            str(wheel_dir),
+            "--valid",
+            "5",
+            "--test",
+            "5",
+            *extra,
+        ]
+    )
 
 
 def test_build_is_deterministic_and_split_without_overlap(tmp_path, fake_source, capsys):
@@ -259,8 +294,9 @@ def test_build_refuses_to_overwrite_without_force(tmp_path, fake_source, capsys)
 
 def test_build_rejects_a_wheel_with_another_hash(tmp_path, fake_source, monkeypatch):
     (source,) = builder.SOURCES
-    monkeypatch.setattr(builder, "SOURCES", (source.__class__(
-        **{**source.__dict__, "sha256": "0" * 64}),))
+    monkeypatch.setattr(
+        builder, "SOURCES", (source.__class__(**{**source.__dict__, "sha256": "0" * 64}),)
+    )
     with pytest.raises(SystemExit, match="sha256"):
         build(tmp_path / "out", fake_source)
     assert not (tmp_path / "out" / "train.en").exists()

@@ -7,7 +7,10 @@ import torch  # noqa: F401  (the caller's state the pools must not inherit: torc
 from tpp_pipeline import bpe, moses
 from tpp_pipeline.workers import pool_context
 
-LINES = [f"Sentence {i}: the \"quick\" brown fox's {i * 7}-th jump, isn't it? (e.g. 3.5%)" for i in range(4500)]
+LINES = [
+    f"Sentence {i}: the \"quick\" brown fox's {i * 7}-th jump, isn't it? (e.g. 3.5%)"
+    for i in range(4500)
+]
 
 
 def test_pool_workers_do_not_inherit_the_callers_modules():

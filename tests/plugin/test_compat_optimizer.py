@@ -27,16 +27,34 @@ def flat_on_the_cpu(monkeypatch):
 def config(*extra):
     """fairseq's configuration of ``fairseq-train --cpu --bf16`` with Adam."""
     parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, input_args=[
-        "unused-data", "--arch", "transformer", "--cpu", "--bf16", "--optimizer", "adam",
-        "--adam-betas", "(0.9, 0.98)", "--lr", "0.01", "--weight-decay", "0.01", *extra])
+    args = options.parse_args_and_arch(
+        parser,
+        input_args=[
+            "unused-data",
+            "--arch",
+            "transformer",
+            "--cpu",
+            "--bf16",
+            "--optimizer",
+            "adam",
+            "--adam-betas",
+            "(0.9, 0.98)",
+            "--lr",
+            "0.01",
+            "--weight-decay",
+            "0.01",
+            *extra,
+        ],
+    )
     # looked up now: the plugin corrects --bf16's implied --tpu there
     return dataclass_utils.convert_namespace_to_omegaconf(args)
 
 
 def module():
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.LayerNorm(5), torch.nn.Linear(5, 3)).bfloat16()
+    return torch.nn.Sequential(
+        torch.nn.Linear(6, 5), torch.nn.LayerNorm(5), torch.nn.Linear(5, 3)
+    ).bfloat16()
 
 
 def build(model, *extra):
@@ -58,7 +76,9 @@ def test_bf16_master_copy_is_flat_unless_asked_per_parameter():
     flat = build(module())
     assert flat.has_flat_params
     (master,) = flat.fp32_params.values()
-    assert master.dtype == torch.float32 and master.numel() == sum(p.numel() for p in module().parameters())
+    assert master.dtype == torch.float32 and master.numel() == sum(
+        p.numel() for p in module().parameters()
+    )
     assert not build(module(), "--fp16-no-flatten-grads").has_flat_params
 
 
@@ -70,9 +90,23 @@ def test_bf16_master_copy_stays_per_parameter_on_the_cpu(monkeypatch):
 def test_optimizers_without_flat_parameters_keep_one_tensor_per_parameter():
     """fairseq's own --fp16 would refuse Adafactor's flat copy; --bf16 keeps it per parameter."""
     parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, input_args=[
-        "unused-data", "--arch", "transformer", "--cpu", "--bf16", "--optimizer", "adafactor", "--lr", "0.01"])
-    optimizer = FP16Optimizer.build_optimizer(dataclass_utils.convert_namespace_to_omegaconf(args), list(module().parameters()))
+    args = options.parse_args_and_arch(
+        parser,
+        input_args=[
+            "unused-data",
+            "--arch",
+            "transformer",
+            "--cpu",
+            "--bf16",
+            "--optimizer",
+            "adafactor",
+            "--lr",
+            "0.01",
+        ],
+    )
+    optimizer = FP16Optimizer.build_optimizer(
+        dataclass_utils.convert_namespace_to_omegaconf(args), list(module().parameters())
+    )
     assert not optimizer.has_flat_params
 
 
@@ -84,10 +118,13 @@ def test_flat_and_per_parameter_copies_update_alike():
         assert torch.equal(p, q)
 
 
-@pytest.mark.parametrize("saved_flags, other_flags", [
-    (["--fp16-no-flatten-grads"], []),  # a per-parameter checkpoint resumed flat
-    ([], ["--fp16-no-flatten-grads"]),  # and the other way round
-])
+@pytest.mark.parametrize(
+    "saved_flags, other_flags",
+    [
+        (["--fp16-no-flatten-grads"], []),  # a per-parameter checkpoint resumed flat
+        ([], ["--fp16-no-flatten-grads"]),  # and the other way round
+    ],
+)
 def test_state_of_either_layout_resumes_in_the_other(saved_flags, other_flags):
     """3 updates, the state saved; resumed from it (the master copy rebuilt from the
     bfloat16 parameters, as fairseq resumes) in the other layout, 3 more updates give
@@ -126,7 +163,9 @@ def test_a_state_that_cannot_be_converted_is_an_error_naming_the_way_out():
 
     uneven = copy.deepcopy(state)
     uneven["state"][1]["step"] += 1
-    with pytest.raises(RuntimeError, match=r"state 'step'.*differs between parameters.*--reset-optimizer"):
+    with pytest.raises(
+        RuntimeError, match=r"state 'step'.*differs between parameters.*--reset-optimizer"
+    ):
         flat.load_state_dict(uneven)
 
     wrong_size = copy.deepcopy(state)
@@ -140,7 +179,9 @@ def test_a_state_that_cannot_be_converted_is_an_error_naming_the_way_out():
         flat.load_state_dict(missing)
 
 
-@pytest.mark.parametrize("saved_flags", [[], ["--fp16-no-flatten-grads"]], ids=["flat", "per-parameter"])
+@pytest.mark.parametrize(
+    "saved_flags", [[], ["--fp16-no-flatten-grads"]], ids=["flat", "per-parameter"]
+)
 def test_a_state_of_other_parameters_is_refused_by_the_flat_copy_at_load(saved_flags):
     """A checkpoint's optimizer state written for other parameters (e.g. resumed with a
     tag head removed) is an error naming --reset-optimizer when it is loaded, not at
@@ -150,7 +191,9 @@ def test_a_state_of_other_parameters_is_refused_by_the_flat_copy_at_load(saved_f
     train(model, optimizer, 2)
     state = copy.deepcopy(optimizer.state_dict())
     torch.manual_seed(0)
-    smaller = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.LayerNorm(5), torch.nn.Linear(5, 2)).bfloat16()
+    smaller = torch.nn.Sequential(
+        torch.nn.Linear(6, 5), torch.nn.LayerNorm(5), torch.nn.Linear(5, 2)
+    ).bfloat16()
     flat = build(smaller)
     assert flat.has_flat_params
     if saved_flags:  # one state per parameter: a parameter's size differs
@@ -159,7 +202,9 @@ def test_a_state_of_other_parameters_is_refused_by_the_flat_copy_at_load(saved_f
         match = r"state 'exp_avg': it holds 63 values where the flat master copy .* has 57 .*--reset-optimizer"
     with pytest.raises(RuntimeError, match=match):
         flat.load_state_dict(state)
-    flat.load_state_dict(copy.deepcopy(build(smaller).state_dict()))  # a state of its own size loads
+    flat.load_state_dict(
+        copy.deepcopy(build(smaller).state_dict())
+    )  # a state of its own size loads
 
 
 def test_states_of_the_same_layout_load_unchanged():
@@ -174,7 +219,11 @@ class WithUnusedParameters(torch.nn.Module):
     def __init__(self):
         super().__init__()
         torch.manual_seed(0)
-        self.first, self.unused, self.last = torch.nn.Linear(6, 5), torch.nn.Linear(5, 5), torch.nn.Linear(5, 3)
+        self.first, self.unused, self.last = (
+            torch.nn.Linear(6, 5),
+            torch.nn.Linear(5, 5),
+            torch.nn.Linear(5, 3),
+        )
         self.scale = torch.nn.Parameter(torch.tensor(0.5))
 
     def forward(self, x):
@@ -186,13 +235,16 @@ def test_foreach_syncs_of_the_flat_copy_equal_fairseqs_own_loops(dtype, monkeypa
     """The flat master copy's syncs (one ``_foreach_copy_`` per direction: the
     ``foreach-syncs`` speed-up) leave bit for bit what fairseq's per-parameter loops leave, over Adam steps with
     gradient scaling and clipping, a parameter without gradient included."""
+
     def run(own_loops):
         model = WithUnusedParameters().to(dtype)
         optimizer = build(model)
         assert optimizer.has_flat_params
         if own_loops:  # fairseq's methods, on this instance only
             for name in ("_sync_fp16_grads_to_fp32", "_sync_fp32_params_to_fp16"):
-                setattr(optimizer, name, types.MethodType(getattr(_FP16OptimizerMixin, name), optimizer))
+                setattr(
+                    optimizer, name, types.MethodType(getattr(_FP16OptimizerMixin, name), optimizer)
+                )
         generator = torch.Generator().manual_seed(1)
         history = []
         for _ in range(4):
@@ -212,7 +264,9 @@ def test_foreach_syncs_of_the_flat_copy_equal_fairseqs_own_loops(dtype, monkeypa
         monkeypatch.setattr(FP16Optimizer, name, getattr(speed, name.lstrip("_")))
     calls = []
     foreach_copy = torch._foreach_copy_
-    monkeypatch.setattr(torch, "_foreach_copy_", lambda *a, **k: calls.append(1) or foreach_copy(*a, **k))
+    monkeypatch.setattr(
+        torch, "_foreach_copy_", lambda *a, **k: calls.append(1) or foreach_copy(*a, **k)
+    )
     ours = run(own_loops=False)
     assert len(calls) == 2 * 4  # one copy each way per step
     theirs = run(own_loops=True)

@@ -41,12 +41,42 @@ cli_main()
 """
 
 FLAGS = [
-    "--user-dir", PLUGIN_DIR, "--arch", "transformer_pp_tiny",
-    "--task", "translation_with_tags", "--criterion", "label_smoothed_cross_entropy_with_tags",
-    "--label-smoothing", "0.1", "--optimizer", "adam", "--lr", "0.003", "--clip-norm", "0.5",
-    "--max-tokens", "400", "--share-all-embeddings", "--dropout", "0.1",
-    "--log-format", "json", "--log-interval", "4", "--cpu", "--seed", "1", "--num-workers", "0",
-    "--no-progress-bar", "--no-save", "--max-update", "14", "--validate-interval-updates", "6",
+    "--user-dir",
+    PLUGIN_DIR,
+    "--arch",
+    "transformer_pp_tiny",
+    "--task",
+    "translation_with_tags",
+    "--criterion",
+    "label_smoothed_cross_entropy_with_tags",
+    "--label-smoothing",
+    "0.1",
+    "--optimizer",
+    "adam",
+    "--lr",
+    "0.003",
+    "--clip-norm",
+    "0.5",
+    "--max-tokens",
+    "400",
+    "--share-all-embeddings",
+    "--dropout",
+    "0.1",
+    "--log-format",
+    "json",
+    "--log-interval",
+    "4",
+    "--cpu",
+    "--seed",
+    "1",
+    "--num-workers",
+    "0",
+    "--no-progress-bar",
+    "--no-save",
+    "--max-update",
+    "14",
+    "--validate-interval-updates",
+    "6",
 ]
 #: timings, which differ between any two runs
 TIMES = ("wps", "ups", "wall")
@@ -74,9 +104,18 @@ def data(tmp_path_factory):
 def train(data, folder, unpatched):
     folder.mkdir()
     log, counts = folder / "train.log", folder / "counts.json"
-    env = dict(tool_env(), TPP_FAIRSEQ_SPEEDUPS="none" if unpatched else "logged-smoothing", TPP_COUNTS=str(counts))
-    proc = subprocess.run([sys.executable, "-c", DRIVER, str(data), *map(str, FLAGS), "--log-file", str(log)],
-                          env=env, capture_output=True, text=True, timeout=600)
+    env = dict(
+        tool_env(),
+        TPP_FAIRSEQ_SPEEDUPS="none" if unpatched else "logged-smoothing",
+        TPP_COUNTS=str(counts),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(data), *map(str, FLAGS), "--log-file", str(log)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-6000:]
     return records(log), {int(k): v for k, v in json.loads(counts.read_text()).items()}
 
@@ -88,10 +127,20 @@ def test_smoothed_values_are_computed_only_for_logged_updates_and_log_the_same(d
     assert all(n == 1 for n in their_counts.values())  # fairseq: at every update
     assert our_counts == {u: int(u % 4 == 0) for u in range(1, 15)}
     # several epochs (end-of-epoch "train" records), validations, logged updates
-    unique = [r for i, r in enumerate(theirs) if r not in theirs[:i]]  # fairseq repeats lines in --log-file
-    kinds = [next((k for k in ("train_loss", "valid_loss", "loss") if k in r), None) for r in unique]
-    assert kinds.count("loss") == 3 and kinds.count("valid_loss") >= 2 and kinds.count("train_loss") >= 2
-    assert all(key in r for r in theirs if "loss" in r for key in ("pos_loss", "ner_acc", "clip", "gnorm"))
+    unique = [
+        r for i, r in enumerate(theirs) if r not in theirs[:i]
+    ]  # fairseq repeats lines in --log-file
+    kinds = [
+        next((k for k in ("train_loss", "valid_loss", "loss") if k in r), None) for r in unique
+    ]
+    assert (
+        kinds.count("loss") == 3
+        and kinds.count("valid_loss") >= 2
+        and kinds.count("train_loss") >= 2
+    )
+    assert all(
+        key in r for r in theirs if "loss" in r for key in ("pos_loss", "ner_acc", "clip", "gnorm")
+    )
     assert ours == theirs
 
 
@@ -112,9 +161,16 @@ print(before, sorted(k for k, v in installed.items() if v))
 """
 
 
-@pytest.mark.parametrize("setting, expected", [
-    (None, ["cudnn-off", "flat-bf16"]), ("all", ["cudnn-off", "flat-bf16", "foreach-syncs", "logged-smoothing"]),
-    ("none", []), ("flat-bf16", ["flat-bf16"]), ("foreach-syncs, cudnn-off", ["cudnn-off", "foreach-syncs"])])
+@pytest.mark.parametrize(
+    "setting, expected",
+    [
+        (None, ["cudnn-off", "flat-bf16"]),
+        ("all", ["cudnn-off", "flat-bf16", "foreach-syncs", "logged-smoothing"]),
+        ("none", []),
+        ("flat-bf16", ["flat-bf16"]),
+        ("foreach-syncs, cudnn-off", ["cudnn-off", "foreach-syncs"]),
+    ],
+)
 def test_speedups_are_those_named_and_by_default_those_measured(setting, expected):
     """TPP_FAIRSEQ_SPEEDUPS chooses the speed-ups; the default is those a GPU figure shows
     to pay (cuDNN's attention off, the flat bf16 master copy), for every architecture:
@@ -124,15 +180,30 @@ def test_speedups_are_those_named_and_by_default_those_measured(setting, expecte
     if setting is not None:
         env["TPP_FAIRSEQ_SPEEDUPS"] = setting
     env["PYTHONPATH"] = str(REPO)
-    done = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"True {expected}"
 
 
 def test_an_unknown_speedup_is_an_error_naming_the_variable():
     env = dict(os.environ, TPP_FAIRSEQ_SPEEDUPS="flat-bf16,warp-drive", PYTHONPATH=str(REPO))
-    done = subprocess.run([sys.executable, "-c", "import tpp_plugin"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", "import tpp_plugin"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode != 0
-    assert "TPP_FAIRSEQ_SPEEDUPS='flat-bf16,warp-drive': unknown warp-drive; the speed-ups are" in done.stderr
+    assert (
+        "TPP_FAIRSEQ_SPEEDUPS='flat-bf16,warp-drive': unknown warp-drive; the speed-ups are"
+        in done.stderr
+    )

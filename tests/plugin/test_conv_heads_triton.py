@@ -19,11 +19,16 @@ from tpp_plugin.modules import HybridMultiheadAttention, LocalConv, conv_heads_t
 from tpp_plugin.models.transformer_pp.config import ConvHeadsConfig
 from tpp_plugin.modules.local_conv import DilatedDepthwiseConv
 
-triton = pytest.importorskip("triton", reason="Triton is installed with the test requirements on Linux")
+triton = pytest.importorskip(
+    "triton", reason="Triton is installed with the test requirements on Linux"
+)
 TritonConv = conv_heads_triton.TritonDilatedDepthwiseConv
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and not conv_heads_triton.interpreting():
-    pytest.skip("no GPU, and TRITON_INTERPRET is not set (tests/conftest.py sets it)", allow_module_level=True)
+    pytest.skip(
+        "no GPU, and TRITON_INTERPRET is not set (tests/conftest.py sets it)",
+        allow_module_level=True,
+    )
 
 
 def relative_error(got, expected):
@@ -57,14 +62,18 @@ def test_triton_kernels_equal_the_taps(shape, dtype):
     # u as the attention hands it over: a slice of a wider projection (not contiguous)
     u = torch.randn(length, bsz, channels + 10, dtype=dtype, device=DEVICE)[:, :, 3 : 3 + channels]
     u.requires_grad_(True)
-    kernel = torch.randn(channels, taps, dtype=dtype, device=DEVICE).softmax(-1).t()  # F x C, a view
+    kernel = (
+        torch.randn(channels, taps, dtype=dtype, device=DEVICE).softmax(-1).t()
+    )  # F x C, a view
     kernel = kernel.detach().requires_grad_(True)
     grad = torch.randn(out_len, bsz, channels, dtype=dtype, device=DEVICE)
     padding = None
     if length == out_len:  # a whole sequence: padding rows, read as zeros, in one of them
         padding = torch.zeros(length, bsz, 1, dtype=torch.bool, device=DEVICE)
         padding[: length // 3, 1] = True
-    expected = conv_and_grads(DilatedDepthwiseConv, u, kernel, dilation, out_len, lookahead, grad, padding)
+    expected = conv_and_grads(
+        DilatedDepthwiseConv, u, kernel, dilation, out_len, lookahead, grad, padding
+    )
     got = conv_and_grads(TritonConv, u, kernel, dilation, out_len, lookahead, grad, padding)
     tolerance = 1e-12 if dtype == torch.float64 else 1e-6
     for name, g, e in zip(("output", "input gradient", "kernel gradient"), got, expected):
@@ -83,14 +92,25 @@ def test_triton_kernels_in_bfloat16_sum_in_float32():
     holds for both.)"""
     torch.manual_seed(0)
     u = torch.randn(33, 4, 72, device=DEVICE).bfloat16().requires_grad_(True)
-    kernel = torch.randn(72, 11, device=DEVICE).softmax(-1).t().bfloat16().detach().requires_grad_(True)
+    kernel = (
+        torch.randn(72, 11, device=DEVICE).softmax(-1).t().bfloat16().detach().requires_grad_(True)
+    )
     grad = torch.randn(33, 4, 72, device=DEVICE).bfloat16()
-    exact = conv_and_grads(DilatedDepthwiseConv, u.double().detach().requires_grad_(True),
-                           kernel.double().detach().requires_grad_(True), 2, 33, 0, grad.double())
+    exact = conv_and_grads(
+        DilatedDepthwiseConv,
+        u.double().detach().requires_grad_(True),
+        kernel.double().detach().requires_grad_(True),
+        2,
+        33,
+        0,
+        grad.double(),
+    )
     got = conv_and_grads(TritonConv, u, kernel, 2, 33, 0, grad)
     for name, g, e in zip(("output", "input gradient", "kernel gradient"), got, exact):
         assert g.dtype == torch.bfloat16, name
-        step = e.abs() * 2.0**-7 + 1e-6 * e.abs().max()  # a bfloat16 step above |e|, and the float32 sum's error
+        step = (
+            e.abs() * 2.0**-7 + 1e-6 * e.abs().max()
+        )  # a bfloat16 step above |e|, and the float32 sum's error
         assert ((g.double() - e).abs() <= step).all(), name
 
 
@@ -102,13 +122,16 @@ def test_triton_kernels_take_a_float32_kernel_with_half_precision_input(dtype):
     kernel's gradient in float32."""
     torch.manual_seed(1)
     u = torch.randn(29, 3, 40, device=DEVICE).to(dtype).requires_grad_(True)
-    kernel = torch.randn(40, 7, device=DEVICE).softmax(-1).t().detach().requires_grad_(True)  # F x C, float32
+    kernel = (
+        torch.randn(40, 7, device=DEVICE).softmax(-1).t().detach().requires_grad_(True)
+    )  # F x C, float32
     grad = torch.randn(29, 3, 40, device=DEVICE).to(dtype)
     expected = conv_and_grads(DilatedDepthwiseConv, u, kernel, 2, 29, 0, grad)
     got = conv_and_grads(TritonConv, u, kernel, 2, 29, 0, grad)
     step = 2.0**-7 if dtype == torch.bfloat16 else 2.0**-10
-    for name, g, e, tolerance in zip(("output", "input gradient", "kernel gradient"), got, expected,
-                                     (step, step, 1e-6)):
+    for name, g, e, tolerance in zip(
+        ("output", "input gradient", "kernel gradient"), got, expected, (step, step, 1e-6)
+    ):
         assert g.dtype == e.dtype and torch.isfinite(g).all(), name
         assert relative_error(g, e) < tolerance, name
 
@@ -132,7 +155,9 @@ def test_triton_kernels_with_aligned_and_unaligned_rows(width, offset, dtype):
     assert conv_heads_triton._row_align(u) == (per_row if aligned else 1)
     assert conv_heads_triton._row_align(u.contiguous()) == per_row
     u.requires_grad_(True)
-    kernel = torch.randn(32, 5, device=DEVICE).softmax(-1).t().detach().requires_grad_(True)  # float32, a view
+    kernel = (
+        torch.randn(32, 5, device=DEVICE).softmax(-1).t().detach().requires_grad_(True)
+    )  # float32, a view
     grad = torch.randn(21, 3, 32, device=DEVICE).to(dtype)
     expected = conv_and_grads(DilatedDepthwiseConv, u, kernel, 2, 21, 0, grad)
     got = conv_and_grads(TritonConv, u, kernel, 2, 21, 0, grad)
@@ -148,9 +173,13 @@ def test_kernel_gradient_splits_rows_among_programs(programs):
     torch.manual_seed(programs)
     u = torch.randn(23, 3, 70, dtype=torch.float64, device=DEVICE)
     grad = torch.randn(23, 3, 70, dtype=torch.float64, device=DEVICE)
-    kernel = torch.randn(70, 5, dtype=torch.float64, device=DEVICE).softmax(-1).t().requires_grad_(True)
+    kernel = (
+        torch.randn(70, 5, dtype=torch.float64, device=DEVICE).softmax(-1).t().requires_grad_(True)
+    )
     (expected,) = torch.autograd.grad(DilatedDepthwiseConv.apply(u, kernel, 2, 23, 0), kernel, grad)
-    got = conv_heads_triton._kernel_grad(grad, u, 5, 8, -2, programs=programs)  # a = (F-1)·δ, s = -δ
+    got = conv_heads_triton._kernel_grad(
+        grad, u, 5, 8, -2, programs=programs
+    )  # a = (F-1)·δ, s = -δ
     assert relative_error(got, expected) < 1e-12
 
 
@@ -180,9 +209,18 @@ def test_local_conv_uses_triton_only_where_asked_and_possible(monkeypatch):
 def test_option_reaches_every_conv_head_and_changes_no_output():
     torch.manual_seed(0)
     d = make_dictionary(30)
-    taps = build_model(dictionary=d, encoder_conv_dilations="1,2", decoder_conv_dilations="2,1", conv_heads_impl="taps")
-    fused = build_model(dictionary=d, encoder_conv_dilations="1,2", decoder_conv_dilations="2,1",
-                        conv_heads_impl="triton")
+    taps = build_model(
+        dictionary=d,
+        encoder_conv_dilations="1,2",
+        decoder_conv_dilations="2,1",
+        conv_heads_impl="taps",
+    )
+    fused = build_model(
+        dictionary=d,
+        encoder_conv_dilations="1,2",
+        decoder_conv_dilations="2,1",
+        conv_heads_impl="triton",
+    )
     fused.load_state_dict(taps.state_dict())  # same parameters: the option is not one
     taps, fused = taps.to(DEVICE), fused.to(DEVICE)
     convs = [m for m in fused.modules() if isinstance(m, LocalConv)]
@@ -199,7 +237,9 @@ def test_option_reaches_every_conv_head_and_changes_no_output():
     for model in (taps, fused):
         out = model(src, lengths, prev)[0]
         out.logsumexp(-1).sum().backward()
-        outputs.append((out, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+        outputs.append(
+            (out, {n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+        )
     (out_taps, grads_taps), (out_fused, grads_fused) = outputs
     assert (out_fused - out_taps).abs().max() < 1e-5
     assert grads_fused.keys() == grads_taps.keys()
@@ -233,7 +273,9 @@ def decode(attention, x, state, steps, reorder_at, new_order):
     for t in range(3, steps):
         if t == reorder_at:
             attention.reorder_incremental_state(state, new_order)
-        outputs.append(attention(x[t : t + 1], None, None, incremental_state=state, need_weights=False)[0])
+        outputs.append(
+            attention(x[t : t + 1], None, None, incremental_state=state, need_weights=False)[0]
+        )
     return torch.cat(outputs)
 
 
@@ -260,14 +302,29 @@ STEP_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("shape", STEP_SHAPES, ids=lambda s: "d{}-H{}-Hc{}-F{}-dil{}-{}-T{}".format(*s))
+@pytest.mark.parametrize(
+    "shape", STEP_SHAPES, ids=lambda s: "d{}-H{}-Hc{}-F{}-dil{}-{}-T{}".format(*s)
+)
 def test_decoding_step_kernel_equals_the_modules_steps(shape, monkeypatch):
     d, heads, conv_heads, taps, dilation, scaling, temperature = shape
     torch.manual_seed(sum(shape[:5]))
-    options = dict(kernel_size=taps, dilation=dilation, causal=True, output_scaling=scaling,
-                   query_temperature=temperature)
-    reference = HybridMultiheadAttention(d, heads, conv_heads, conv_heads_impl="taps", **options).to(DEVICE).eval()
-    fused = HybridMultiheadAttention(d, heads, conv_heads, conv_heads_impl="triton", **options).to(DEVICE).eval()
+    options = dict(
+        kernel_size=taps,
+        dilation=dilation,
+        causal=True,
+        output_scaling=scaling,
+        query_temperature=temperature,
+    )
+    reference = (
+        HybridMultiheadAttention(d, heads, conv_heads, conv_heads_impl="taps", **options)
+        .to(DEVICE)
+        .eval()
+    )
+    fused = (
+        HybridMultiheadAttention(d, heads, conv_heads, conv_heads_impl="triton", **options)
+        .to(DEVICE)
+        .eval()
+    )
     fused.load_state_dict(reference.state_dict())
     x = torch.randn(18, 4, d, device=DEVICE)
     new_order = torch.tensor([1, 1, 3, 0], device=DEVICE)
@@ -283,13 +340,19 @@ def test_decoding_step_kernel_equals_the_modules_steps(shape, monkeypatch):
             fused.conv_heads_impl, state = first_impl, {}
             first = decode(fused, x[:12], state, 12, 9, new_order)
             fused.conv_heads_impl = then
-            rest = torch.cat([fused(x[t : t + 1], None, None, incremental_state=state, need_weights=False)[0]
-                              for t in range(12, 18)])
+            rest = torch.cat(
+                [
+                    fused(x[t : t + 1], None, None, incremental_state=state, need_weights=False)[0]
+                    for t in range(12, 18)
+                ]
+            )
             assert (torch.cat([first, rest]) - expected).abs().max() < 1e-5, (first_impl, then)
     assert (got - expected).abs().max() < 1e-5
 
 
-@pytest.mark.parametrize("dtype, scaling", [(torch.bfloat16, "none"), (torch.float16, "inv-sqrt-head-dim")])
+@pytest.mark.parametrize(
+    "dtype, scaling", [(torch.bfloat16, "none"), (torch.float16, "inv-sqrt-head-dim")]
+)
 def test_decoding_step_kernel_in_half_precision(dtype, scaling):
     """In bfloat16 and float16 both steps compute LocalConv, the Query and their product
     (scaled, with d_h = 12, by no power of two) in float32 and round once, as the product
@@ -297,7 +360,9 @@ def test_decoding_step_kernel_in_half_precision(dtype, scaling):
     torch.manual_seed(0)
     options = dict(kernel_size=7, dilation=2, causal=True, output_scaling=scaling)
     exact = HybridMultiheadAttention(96, 8, 4, conv_heads_impl="taps", **options).to(DEVICE).eval()
-    fused = HybridMultiheadAttention(96, 8, 4, conv_heads_impl="triton", **options).to(DEVICE).eval()
+    fused = (
+        HybridMultiheadAttention(96, 8, 4, conv_heads_impl="triton", **options).to(DEVICE).eval()
+    )
     fused.load_state_dict(exact.state_dict())
     fused.to(dtype)
     x = torch.randn(20, 6, 96, device=DEVICE)
@@ -318,7 +383,11 @@ def test_decoding_step_with_gradients_takes_the_differentiable_path(monkeypatch)
     parameters that want them) the PyTorch step runs, and LocalConv's kernel gets its
     gradient."""
     torch.manual_seed(0)
-    reference = HybridMultiheadAttention(16, 4, 2, kernel_size=3, causal=True, conv_heads_impl="taps").to(DEVICE).eval()
+    reference = (
+        HybridMultiheadAttention(16, 4, 2, kernel_size=3, causal=True, conv_heads_impl="taps")
+        .to(DEVICE)
+        .eval()
+    )
     fused = HybridMultiheadAttention(16, 4, 2, kernel_size=3, causal=True, conv_heads_impl="triton")
     fused = fused.to(DEVICE).eval()
     fused.load_state_dict(reference.state_dict())
@@ -337,8 +406,9 @@ def test_decoding_step_kernel_rejects_a_state_of_another_batch():
     scores, values = torch.randn(3, 2, device=DEVICE), torch.randn(3, 8, device=DEVICE)
     weight, ring = torch.randn(8, 3, device=DEVICE), torch.zeros(3, 3, 8, device=DEVICE)
     with pytest.raises(ValueError, match=r"state is \(2, 2, 5\), expected \(3, 2, 5\)"):
-        conv_heads_triton.conv_step(u, scores, values, weight, ring, 0, torch.zeros(2, 2, 5, device=DEVICE),
-                                    1, 1.0, 1.0)
+        conv_heads_triton.conv_step(
+            u, scores, values, weight, ring, 0, torch.zeros(2, 2, 5, device=DEVICE), 1, 1.0, 1.0
+        )
     with pytest.raises(ValueError, match=r"ring is \(2, 3, 8\), expected \(3, 3, 8\)"):
         conv_heads_triton.conv_step(u, scores, values, weight, ring[:2], 0, None, 1, 1.0, 1.0)
 
@@ -348,12 +418,22 @@ def test_model_decodes_step_by_step_as_in_parallel_with_the_kernels():
     step decoding, reordering included, equals the parallel forward."""
     torch.manual_seed(0)
     d = make_dictionary(30)
-    model = build_model(dictionary=d, encoder_conv_dilations="1,2", decoder_conv_dilations="2,3",
-                        conv_heads_impl="triton").to(DEVICE).eval()
+    model = (
+        build_model(
+            dictionary=d,
+            encoder_conv_dilations="1,2",
+            decoder_conv_dilations="2,3",
+            conv_heads_impl="triton",
+        )
+        .to(DEVICE)
+        .eval()
+    )
     beam, steps, reorder_step = 4, 16, 7
     src = random_tokens(d, 1, 9).repeat(beam, 1).to(DEVICE)
     enc = model.encoder(src, src_lengths=torch.full((beam,), 9, device=DEVICE))
-    hist = torch.cat([torch.full((beam, 1), d.eos()), random_tokens(d, beam, steps - 1, seed=3)], dim=1).to(DEVICE)
+    hist = torch.cat(
+        [torch.full((beam, 1), d.eos()), random_tokens(d, beam, steps - 1, seed=3)], dim=1
+    ).to(DEVICE)
     new_order = torch.tensor([1, 1, 3, 0], device=DEVICE)
     state, step_logits = {}, []
     with torch.no_grad():
@@ -362,7 +442,9 @@ def test_model_decodes_step_by_step_as_in_parallel_with_the_kernels():
                 model.decoder.reorder_incremental_state_scripting(state, new_order)
                 enc = model.encoder.reorder_encoder_out(enc, new_order)
                 hist = torch.cat([hist[new_order, :t], hist[:, t:]], dim=1)
-            step_logits.append(model.decoder(hist[:, : t + 1], encoder_out=enc, incremental_state=state)[0][:, 0])
+            step_logits.append(
+                model.decoder(hist[:, : t + 1], encoder_out=enc, incremental_state=state)[0][:, 0]
+            )
         full = model.decoder(hist, encoder_out=enc)[0]
     for t in range(steps):
         got = step_logits[t][new_order] if t < reorder_step else step_logits[t]
@@ -417,11 +499,21 @@ def test_kernels_compile_to_hopper_machine_code():
     from support import REPO
 
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
-    proc = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", COMPILE_FOR_HOPPER],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.split()
-    compiled = [(name, dtype) for name, dtype, size in zip(lines[::3], lines[1::3], lines[2::3]) if int(size) > 0]
+    compiled = [
+        (name, dtype)
+        for name, dtype, size in zip(lines[::3], lines[1::3], lines[2::3])
+        if int(size) > 0
+    ]
     assert len(compiled) == 24, proc.stdout
 
 
@@ -506,14 +598,24 @@ def test_compilations_are_bounded_over_decoding_steps_and_batch_shapes():
     from support import REPO
 
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
-    proc = subprocess.run([sys.executable, "-c", COUNT_COMPILATIONS], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", COUNT_COMPILATIONS],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     counts = json.loads(proc.stdout.strip().splitlines()[-1])
     if "skip" in counts:
         pytest.skip(counts["skip"])
     assert counts["steps"] == {"calls": 50, "variants": 2}, counts
-    assert counts["calls"]["taps_kernel"] == 20 and counts["calls"]["kernel_grad_kernel"] == 10, counts
+    assert (
+        counts["calls"]["taps_kernel"] == 20 and counts["calls"]["kernel_grad_kernel"] == 10
+    ), counts
     # forward (two stride classes of u) and input gradient; the kernel's gradient (two)
-    assert counts["variants"]["taps_kernel"] <= 3 and counts["variants"]["kernel_grad_kernel"] <= 2, counts
+    assert (
+        counts["variants"]["taps_kernel"] <= 3 and counts["variants"]["kernel_grad_kernel"] <= 2
+    ), counts
     assert counts["compiled"] == sum(counts["variants"].values()), counts

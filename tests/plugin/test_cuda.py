@@ -9,7 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from support import attention_kernels, bf16_model_and_batch, build_model, make_dictionary, random_tokens
+from support import (
+    attention_kernels,
+    bf16_model_and_batch,
+    build_model,
+    make_dictionary,
+    random_tokens,
+)
 from tpp_plugin.modules import HybridMultiheadAttention
 from tpp_plugin.modules.context_query import PooledQuery, prefix_softmax
 from tpp_plugin.modules.local_conv import DilatedDepthwiseConv
@@ -34,13 +40,17 @@ def test_pooled_query_gradients_on_the_gpu(causal):
     torch.manual_seed(0)
     scores = torch.randn(40, 2, 3, dtype=torch.float64, device="cuda", requires_grad=True)
     values = torch.randn(40, 2, 12, dtype=torch.float64, device="cuda", requires_grad=True)
-    assert torch.autograd.gradcheck(lambda s, v: PooledQuery.apply(s, v, 3, causal, 16), (scores, values))
+    assert torch.autograd.gradcheck(
+        lambda s, v: PooledQuery.apply(s, v, 3, causal, 16), (scores, values)
+    )
     s, v = 4 * torch.randn(1000, 4, 8), torch.randn(1000, 4, 8 * 64).bfloat16()
     grads = []
     for device in ("cpu", "cuda"):
         s_d, v_d = s.to(device).requires_grad_(), v.to(device).requires_grad_()
         out = PooledQuery.apply(s_d, v_d, 8, causal, 64)
-        grads.append([g.float().cpu() for g in torch.autograd.grad(out, (s_d, v_d), torch.ones_like(out))])
+        grads.append(
+            [g.float().cpu() for g in torch.autograd.grad(out, (s_d, v_d), torch.ones_like(out))]
+        )
     for cpu, gpu in zip(*grads):
         assert torch.isfinite(gpu).all()
         assert (gpu - cpu).abs().max() <= 1e-2 * cpu.abs().max()
@@ -50,7 +60,9 @@ def test_causal_depthwise_conv_gradients_on_the_gpu():
     torch.manual_seed(0)
     u = torch.randn(20, 3, 5, dtype=torch.float64, device="cuda", requires_grad=True)
     kernel = torch.randn(7, 5, dtype=torch.float64, device="cuda", requires_grad=True)
-    assert torch.autograd.gradcheck(lambda a, b: DilatedDepthwiseConv.apply(a, b, 2, 20), (u, kernel))
+    assert torch.autograd.gradcheck(
+        lambda a, b: DilatedDepthwiseConv.apply(a, b, 2, 20), (u, kernel)
+    )
 
 
 def test_decoder_and_unpadded_encoder_self_attention_run_on_flash_attention():
@@ -102,7 +114,9 @@ def test_loaded_plugin_keeps_attention_off_cudnn_in_half_precision():
     finally:
         torch.backends.cuda.enable_cudnn_sdp(False)
     if not [n for n in control if "cudnn" in n]:
-        pytest.skip(f"this GPU's PyTorch chose no cuDNN attention even where allowed ({sorted(set(control))})")
+        pytest.skip(
+            f"this GPU's PyTorch chose no cuDNN attention even where allowed ({sorted(set(control))})"
+        )
     names = kernels_of_a_step_and_decoding(model)
     # at least the decoding steps' (2 layers x 6 steps) were fused kernels: without
     # dropout no call falls back to the unfused math path, which names no kernel
@@ -113,9 +127,17 @@ def test_loaded_plugin_keeps_attention_off_cudnn_in_half_precision():
 def test_model_in_bfloat16_on_the_gpu_is_close_to_float32():
     torch.manual_seed(0)
     d = make_dictionary(50)
-    model = build_model("transformer_pp", dictionary=d, encoder_tag_layers="", dropout=0.0,
-                        attention_dropout=0.0, activation_dropout=0.0, conv_weight_dropout=0.0,
-                        encoder_layers=3, decoder_layers=3).cuda()
+    model = build_model(
+        "transformer_pp",
+        dictionary=d,
+        encoder_tag_layers="",
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        conv_weight_dropout=0.0,
+        encoder_layers=3,
+        decoder_layers=3,
+    ).cuda()
     src = random_tokens(d, 8, 40).cuda()
     src[2, :6] = d.pad()
     prev = random_tokens(d, 8, 35, seed=1).cuda()
@@ -139,7 +161,9 @@ def test_incremental_decoding_on_the_gpu_equals_full_forward():
         enc = model.encoder(src, src_lengths=lengths)
         state, steps = {}, []
         for t in range(prev.size(1)):
-            steps.append(model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0])
+            steps.append(
+                model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0]
+            )
     assert (torch.cat(steps, 1) - full).abs().max() < 1e-4
 
 
@@ -149,9 +173,19 @@ def test_model_with_triton_local_conv_trains_like_the_taps_in_bfloat16():
     sum in float32; the order of the sums differs)."""
     torch.manual_seed(0)
     d = make_dictionary(200)
-    options = dict(encoder_tag_layers="", dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
-                   conv_weight_dropout=0.0)
-    taps = build_model("transformer_pp", dictionary=d, conv_heads_impl="taps", **options).cuda().bfloat16().train()
+    options = dict(
+        encoder_tag_layers="",
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        conv_weight_dropout=0.0,
+    )
+    taps = (
+        build_model("transformer_pp", dictionary=d, conv_heads_impl="taps", **options)
+        .cuda()
+        .bfloat16()
+        .train()
+    )
     fused = build_model("transformer_pp", dictionary=d, conv_heads_impl="triton", **options)
     fused.load_state_dict(taps.state_dict())
     fused = fused.cuda().bfloat16().train()

@@ -10,7 +10,6 @@ from tpp_plugin.modules import HybridMultiheadAttention, LocalConv
 from tpp_plugin.modules.local_conv import DilatedDepthwiseConv
 
 
-
 def reference_hybrid(m: HybridMultiheadAttention, x: torch.Tensor, pad: torch.Tensor):
     """Loop-by-loop evaluation of the module's equations for ``x`` (``T x B x d``) with
     padding mask ``pad`` (``B x T``). Returns the output ``T x B x d`` and the per-head
@@ -20,6 +19,7 @@ def reference_hybrid(m: HybridMultiheadAttention, x: torch.Tensor, pad: torch.Te
     F_, dil = m.local_conv.kernel_size, m.local_conv.dilation
     out = torch.zeros(T, B, d, dtype=torch.float64)
     maps = torch.zeros(m.num_heads, B, T, T, dtype=torch.float64)
+
     def lin(name, v):  # one slice of the module's fused input projection
         weight, bias = m.projection(name) if name != "out" else (m.out_proj.weight, m.out_proj.bias)
         return v @ weight.double().t() + bias.double()
@@ -36,8 +36,12 @@ def reference_hybrid(m: HybridMultiheadAttention, x: torch.Tensor, pad: torch.Te
             for t in range(T):
                 if not any(allowed(t, tau) for tau in range(T)):
                     continue  # a padding row that sees nothing (its output is not used)
-                scores = [q[t] @ k[tau] / math.sqrt(dh) if allowed(t, tau) else x.new_tensor(-math.inf).double()
-                          for tau in range(T)]
+                scores = [
+                    q[t] @ k[tau] / math.sqrt(dh)
+                    if allowed(t, tau)
+                    else x.new_tensor(-math.inf).double()
+                    for tau in range(T)
+                ]
                 w = torch.softmax(torch.stack(scores), dim=0)
                 maps[h, b, t] = w
                 head[t] = sum(w[tau] * v[tau] for tau in range(T))
@@ -58,7 +62,9 @@ def reference_hybrid(m: HybridMultiheadAttention, x: torch.Tensor, pad: torch.Te
                         if src >= 0:
                             local[c] += kernel[ch, k_] * u[src, ch]
                 pool = [tau for tau in range(T) if allowed(t, tau)] or [t]
-                w = torch.softmax(torch.stack([s[tau, h] for tau in pool]) / m.context_query.temperature, dim=0)
+                w = torch.softmax(
+                    torch.stack([s[tau, h] for tau in pool]) / m.context_query.temperature, dim=0
+                )
                 query = sum(wi * vals[tau, sl] for wi, tau in zip(w, pool))
                 maps[Ha + h, b, t, pool] = w
                 head[t] = local * query
@@ -71,8 +77,9 @@ def reference_hybrid(m: HybridMultiheadAttention, x: torch.Tensor, pad: torch.Te
 @pytest.mark.parametrize("conv_heads, temperature", [(2, 1.0), (4, 1.0), (2, 0.3)])
 def test_module_matches_loop_reference(causal, conv_heads, temperature):
     torch.manual_seed(0)
-    m = HybridMultiheadAttention(12, 4, conv_heads, kernel_size=3, dilation=2, causal=causal,
-                                 query_temperature=temperature).eval()
+    m = HybridMultiheadAttention(
+        12, 4, conv_heads, kernel_size=3, dilation=2, causal=causal, query_temperature=temperature
+    ).eval()
     with torch.no_grad():  # non-trivial biases, so that padding handling is visible
         for p in m.parameters():
             p.add_(0.1 * torch.randn_like(p))
@@ -114,9 +121,20 @@ def test_local_conv_is_a_weighted_average_of_past_positions():
     assert conv.receptive_field == 4
 
 
-@pytest.mark.parametrize("kernel_size, dilation, history, lookahead",
-                         [(3, 2, 0, 0), (5, 1, 4, 0), (4, 3, 9, 0), (1, 1, 0, 0), (7, 2, 3, 0),
-                          (5, 1, 0, 2), (7, 2, 0, 6), (4, 1, 0, 1), (2, 2, 0, 1)])
+@pytest.mark.parametrize(
+    "kernel_size, dilation, history, lookahead",
+    [
+        (3, 2, 0, 0),
+        (5, 1, 4, 0),
+        (4, 3, 9, 0),
+        (1, 1, 0, 0),
+        (7, 2, 3, 0),
+        (5, 1, 0, 2),
+        (7, 2, 0, 6),
+        (4, 1, 0, 1),
+        (2, 2, 0, 1),
+    ],
+)
 def test_dilated_depthwise_conv_forward_and_gradients(kernel_size, dilation, history, lookahead):
     """The autograd function against the definition (float64 gradcheck), including a
     buffered history in front of the new positions and a lookahead (centred kernels).
@@ -134,8 +152,9 @@ def test_dilated_depthwise_conv_forward_and_gradients(kernel_size, dilation, his
             if 0 <= src < history + T:
                 expected[t] += kernel[k] * u[src]
     assert torch.allclose(out, expected)
-    assert torch.autograd.gradcheck(lambda a, b: DilatedDepthwiseConv.apply(a, b, dilation, T, lookahead),
-                                    (u, kernel))
+    assert torch.autograd.gradcheck(
+        lambda a, b: DilatedDepthwiseConv.apply(a, b, dilation, T, lookahead), (u, kernel)
+    )
 
 
 @pytest.mark.parametrize("lookahead", [0, 2])
@@ -153,17 +172,24 @@ def test_dilated_depthwise_conv_reads_padding_rows_as_zeros(lookahead):
     kept = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
         out = DilatedDepthwiseConv.apply(u, kernel, 2, T, lookahead, padding)
-    assert all(t.untyped_storage().data_ptr() in {u.untyped_storage().data_ptr(), kernel.data_ptr(),
-                                                   padding.data_ptr()} for t in kept)
+    assert all(
+        t.untyped_storage().data_ptr()
+        in {u.untyped_storage().data_ptr(), kernel.data_ptr(), padding.data_ptr()}
+        for t in kept
+    )
     expected = DilatedDepthwiseConv.apply(u.masked_fill(padding, 0.0), kernel, 2, T, lookahead)
     grad = torch.randn_like(out)
-    got, want = torch.autograd.grad(out, (u, kernel), grad), torch.autograd.grad(expected, (u, kernel), grad)
+    got, want = (
+        torch.autograd.grad(out, (u, kernel), grad),
+        torch.autograd.grad(expected, (u, kernel), grad),
+    )
     assert torch.equal(out, expected)
     for g, w in zip(got, want):
         assert torch.allclose(g, w, atol=1e-12)
     assert torch.all(got[0][padding.expand(T, B, C)] == 0)
-    assert torch.autograd.gradcheck(lambda a, b: DilatedDepthwiseConv.apply(a, b, 2, T, lookahead, padding),
-                                    (u, kernel))
+    assert torch.autograd.gradcheck(
+        lambda a, b: DilatedDepthwiseConv.apply(a, b, 2, T, lookahead, padding), (u, kernel)
+    )
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -173,7 +199,11 @@ def test_module_gradients_match_loop_reference(causal):
     hand-written backward passes of LocalConv and the Query included. Outputs at
     padding positions are not used by anyone, so they get no gradient."""
     torch.manual_seed(1)
-    m = HybridMultiheadAttention(12, 4, 2, kernel_size=3, dilation=2, causal=causal).double().train()
+    m = (
+        HybridMultiheadAttention(12, 4, 2, kernel_size=3, dilation=2, causal=causal)
+        .double()
+        .train()
+    )
     with torch.no_grad():
         for p in m.parameters():
             p.add_(0.1 * torch.randn_like(p))
@@ -213,10 +243,13 @@ def test_dilated_depthwise_conv_gradients_in_bfloat16_are_float32_sums():
     u = torch.randn(T, 3, 16).bfloat16().requires_grad_()
     kernel = torch.softmax(torch.randn(7, 16), dim=0).requires_grad_()
     grad = torch.randn(T, 3, 16).bfloat16()
-    got_u, got_kernel = torch.autograd.grad(DilatedDepthwiseConv.apply(u, kernel, 2, T, 0), (u, kernel), grad)
+    got_u, got_kernel = torch.autograd.grad(
+        DilatedDepthwiseConv.apply(u, kernel, 2, T, 0), (u, kernel), grad
+    )
     u64, kernel64 = u.detach().double().requires_grad_(), kernel.detach().double().requires_grad_()
-    want_u, want_kernel = torch.autograd.grad(DilatedDepthwiseConv.apply(u64, kernel64, 2, T, 0), (u64, kernel64),
-                                              grad.double())
+    want_u, want_kernel = torch.autograd.grad(
+        DilatedDepthwiseConv.apply(u64, kernel64, 2, T, 0), (u64, kernel64), grad.double()
+    )
     assert got_u.dtype == torch.bfloat16 and got_kernel.dtype == torch.float32
     assert torch.allclose(got_kernel.double(), want_kernel, rtol=1e-5, atol=1e-5)
     # one rounding to bfloat16 (8 significant bits): within half a step, plus float32's share
@@ -253,16 +286,31 @@ def _incremental_outputs(m, x, chunks, reorder_at=None, new_order=None):
 
 # without gradients (as fairseq decodes) a single position takes the module's decoding
 # step, which writes in place; with gradients, the differentiable path
-STEP_PATHS = [pytest.param(torch.no_grad, id="decoding-step"), pytest.param(torch.enable_grad, id="autograd")]
+STEP_PATHS = [
+    pytest.param(torch.no_grad, id="decoding-step"),
+    pytest.param(torch.enable_grad, id="autograd"),
+]
 
 
 @pytest.mark.parametrize("grad_mode", STEP_PATHS)
-@pytest.mark.parametrize("conv_heads, temperature, scaling", [(2, 1.0, "none"), (2, 4.0, "inv-sqrt-head-dim"),
-                                                              (4, 1.0, "none")])
-def test_module_incremental_equals_full_multi_step_chunks(conv_heads, temperature, scaling, grad_mode):
+@pytest.mark.parametrize(
+    "conv_heads, temperature, scaling",
+    [(2, 1.0, "none"), (2, 4.0, "inv-sqrt-head-dim"), (4, 1.0, "none")],
+)
+def test_module_incremental_equals_full_multi_step_chunks(
+    conv_heads, temperature, scaling, grad_mode
+):
     torch.manual_seed(0)
-    m = HybridMultiheadAttention(16, 4, conv_heads, kernel_size=5, dilation=2, causal=True,
-                                 query_temperature=temperature, output_scaling=scaling).eval()
+    m = HybridMultiheadAttention(
+        16,
+        4,
+        conv_heads,
+        kernel_size=5,
+        dilation=2,
+        causal=True,
+        query_temperature=temperature,
+        output_scaling=scaling,
+    ).eval()
     x = torch.randn(23, 3, 16)
     full, _ = m(x, x, x)
     # single steps, then several positions at once (fairseq's own lightconv gets this wrong)
@@ -278,7 +326,9 @@ def test_scaled_decoding_step_rounds_its_half_precision_output_once():
     is one bf16 step off in about a quarter of the entries)."""
     torch.manual_seed(0)
     # d_h = 12: a scale that is no power of two (one would multiply a bf16 exactly)
-    m = HybridMultiheadAttention(48, 4, 2, kernel_size=3, causal=True, output_scaling="inv-sqrt-head-dim")
+    m = HybridMultiheadAttention(
+        48, 4, 2, kernel_size=3, causal=True, output_scaling="inv-sqrt-head-dim"
+    )
     local, context = torch.randn(2, 64, 2, 12).unbind(0)  # B x Hc x dh, float32
     out = torch.empty(64, 2, 12, dtype=torch.bfloat16)
     m._conv_output(local, context, out=out)
@@ -324,7 +374,16 @@ def test_padding_fed_step_by_step_stays_out_of_later_steps(grad_mode, right_padd
                         module.reorder_incremental_state(state, new_order)
             mask = pad[:, t : t + 1] if pad[:, t].any() else None
             step = x[t : t + 1]
-            outs.append(m(step, step, step, key_padding_mask=mask, incremental_state=state, need_weights=False)[0])
+            outs.append(
+                m(
+                    step,
+                    step,
+                    step,
+                    key_padding_mask=mask,
+                    incremental_state=state,
+                    need_weights=False,
+                )[0]
+            )
     inc = torch.cat(outs, dim=0)
     hist = torch.cat([x[:reorder_at, new_order], x[reorder_at:]], dim=0)
     hist_pad = torch.cat([pad[new_order, :reorder_at], pad[:, reorder_at:]], dim=1)
@@ -366,7 +425,10 @@ def test_self_attention_only():
         (dict(embed_dim=8, num_heads=4, conv_heads=5, kernel_size=3), "conv_heads"),
         (dict(embed_dim=8, num_heads=4, conv_heads=2, kernel_size=0), "kernel_size"),
         (dict(embed_dim=8, num_heads=4, conv_heads=2, kernel_size=3, dilation=0), "dilation"),
-        (dict(embed_dim=8, num_heads=4, conv_heads=2, kernel_size=3, query_temperature=0.0), "temperature"),
+        (
+            dict(embed_dim=8, num_heads=4, conv_heads=2, kernel_size=3, query_temperature=0.0),
+            "temperature",
+        ),
     ],
 )
 def test_module_rejects_bad_sizes(kwargs, message):
@@ -390,7 +452,9 @@ def test_head_outputs_are_what_the_output_projection_mixes():
     assert torch.allclose(heads["local"], local, atol=1e-6)
 
 
-@pytest.mark.parametrize("embed_dim, heads, conv_heads", [(512, 8, 4), (1024, 16, 8), (256, 4, 2), (128, 4, 1)])
+@pytest.mark.parametrize(
+    "embed_dim, heads, conv_heads", [(512, 8, 4), (1024, 16, 8), (256, 4, 2), (128, 4, 1)]
+)
 def test_projected_q_k_v_are_aligned_for_fused_kernels(embed_dim, heads, conv_heads):
     """Fused attention kernels on GPUs read q, k and v in place and need every row to
     start on a 16-byte boundary (8 half-precision elements): the fused projection's
@@ -417,8 +481,15 @@ def test_scaled_conv_heads_do_not_overflow_in_float16(impl):
     if impl == "triton":
         pytest.importorskip("triton")
     assert torch.isinf(torch.tensor(300.0, dtype=torch.float16) ** 2)  # unscaled, it would overflow
-    m = HybridMultiheadAttention(32, 2, 2, kernel_size=3, causal=True, output_scaling="inv-sqrt-head-dim",
-                                 conv_heads_impl=impl).eval()  # d_h = 16: scale 1/4
+    m = HybridMultiheadAttention(
+        32,
+        2,
+        2,
+        kernel_size=3,
+        causal=True,
+        output_scaling="inv-sqrt-head-dim",
+        conv_heads_impl=impl,
+    ).eval()  # d_h = 16: scale 1/4
     with torch.no_grad():
         m.in_proj.weight.zero_()
         m.in_proj.bias.zero_()
@@ -432,9 +503,13 @@ def test_scaled_conv_heads_do_not_overflow_in_float16(impl):
         conv = m.head_outputs(x)["conv"]
         full = m(x, x, x, need_weights=False)[0]
         state = {}
-        steps = torch.cat([m(t, t, t, incremental_state=state, need_weights=False)[0] for t in x.split(1)])
+        steps = torch.cat(
+            [m(t, t, t, incremental_state=state, need_weights=False)[0] for t in x.split(1)]
+        )
     assert torch.isfinite(conv).all() and torch.isfinite(full).all() and torch.isfinite(steps).all()
     # from position 2 on, the three taps all read input: LocalConv = 300 exactly
     assert torch.equal(conv[2:], torch.full_like(conv[2:], 22500.0))
-    assert torch.allclose(full[2:].float(), torch.full((4, 2, 32), 22500.0 / 256), rtol=1e-3)  # a float16 step
+    assert torch.allclose(
+        full[2:].float(), torch.full((4, 2, 32), 22500.0 / 256), rtol=1e-3
+    )  # a float16 step
     assert torch.allclose(steps.float(), full.float(), rtol=1e-3)

@@ -22,12 +22,16 @@ def decoder_logits(model, encoder_out, tokens, incremental_state=None):
 def test_incremental_decoding_with_beam_reorder_equals_full_forward():
     torch.manual_seed(0)
     d = make_dictionary(30)
-    model = build_model(dictionary=d, encoder_conv_dilations="1,2", decoder_conv_dilations="2,3").eval()
+    model = build_model(
+        dictionary=d, encoder_conv_dilations="1,2", decoder_conv_dilations="2,3"
+    ).eval()
     beam, steps, reorder_step = 4, 24, 11
     src = random_tokens(d, 1, 9).repeat(beam, 1)  # the beams of one source sentence
     lengths = torch.full((beam,), 9)
     enc = model.encoder(src, src_lengths=lengths)
-    hist = torch.cat([torch.full((beam, 1), d.eos()), random_tokens(d, beam, steps - 1, seed=3)], dim=1)
+    hist = torch.cat(
+        [torch.full((beam, 1), d.eos()), random_tokens(d, beam, steps - 1, seed=3)], dim=1
+    )
     new_order = torch.tensor([1, 1, 3, 0])
 
     state = {}
@@ -83,7 +87,9 @@ def test_zero_conv_heads_is_a_plain_transformer_and_trains():
     torch.manual_seed(0)
     d = make_dictionary()
     model = build_model(dictionary=d, encoder_conv_heads=0, decoder_conv_heads=0, dropout=0.0)
-    attn = [m for m in model.modules() if isinstance(m, (MultiheadAttention, HybridMultiheadAttention))]
+    attn = [
+        m for m in model.modules() if isinstance(m, (MultiheadAttention, HybridMultiheadAttention))
+    ]
     assert attn and all(type(m) is MultiheadAttention for m in attn)
     losses = train_a_few_steps(model, d)
     assert losses[-1] < 0.8 * losses[0]
@@ -98,12 +104,26 @@ def test_zero_conv_heads_is_initialised_weight_for_weight_as_fairseqs_transforme
     from fairseq.models.transformer import TransformerModel
 
     d = make_dictionary(40)
-    dims = dict(encoder_embed_dim=32, encoder_ffn_embed_dim=64, encoder_layers=3, encoder_attention_heads=4,
-                decoder_embed_dim=32, decoder_ffn_embed_dim=64, decoder_layers=3, decoder_attention_heads=4,
-                share_all_embeddings=shared)
+    dims = dict(
+        encoder_embed_dim=32,
+        encoder_ffn_embed_dim=64,
+        encoder_layers=3,
+        encoder_attention_heads=4,
+        decoder_embed_dim=32,
+        decoder_ffn_embed_dim=64,
+        decoder_layers=3,
+        decoder_attention_heads=4,
+        share_all_embeddings=shared,
+    )
     torch.manual_seed(1)
-    ours = build_model("transformer_pp", dictionary=d, encoder_conv_heads=0, decoder_conv_heads=0,
-                       encoder_tag_layers="", **dims)
+    ours = build_model(
+        "transformer_pp",
+        dictionary=d,
+        encoder_conv_heads=0,
+        decoder_conv_heads=0,
+        encoder_tag_layers="",
+        **dims,
+    )
     args = argparse.Namespace(**dims)
     ARCH_CONFIG_REGISTRY["transformer"](args)
     torch.manual_seed(1)
@@ -135,7 +155,9 @@ def train_a_few_steps(model, d, steps=30):
     losses = []
     for _ in range(steps):
         logits, _ = model(src, torch.full((8,), 7), prev)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), src.reshape(-1))
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.size(-1)), src.reshape(-1)
+        )
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -156,7 +178,9 @@ def test_every_parameter_gets_a_gradient():
         assert tag_logits.shape[:2] == src.shape
         loss = loss + tag_logits.logsumexp(-1).mean()
     loss.backward()
-    missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    missing = [
+        n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0
+    ]
     assert not missing, f"no gradient for: {missing}"
 
 
@@ -214,7 +238,11 @@ def test_big_presets_have_the_papers_size(arch):
     n = count_parameters(model)
     assert abs(n / 212e6 - 1) <= 0.02, n
     args = model.cfg
-    assert (args.encoder.embed_dim, args.encoder.attention_heads, args.encoder.ffn_embed_dim) == (1024, 16, 4096)
+    assert (args.encoder.embed_dim, args.encoder.attention_heads, args.encoder.ffn_embed_dim) == (
+        1024,
+        16,
+        4096,
+    )
     assert (args.encoder.layers, args.decoder.layers) == (5, 5)
 
 
@@ -240,8 +268,10 @@ def test_paper_faithful_defaults_are_pinned():
     assert args.encoder_tag_layers == "pos:1,ner:2"
     model = build_model("transformer_pp", encoder_tag_layers="")
     assert all(layer.self_attn.local_conv.lookahead == 0 for layer in model.encoder.layers)
-    assert all(layer.self_attn.conv_output_scale == 1.0
-               for layer in [*model.encoder.layers, *model.decoder.layers])
+    assert all(
+        layer.self_attn.conv_output_scale == 1.0
+        for layer in [*model.encoder.layers, *model.decoder.layers]
+    )
 
 
 def test_conv_head_scaling_scales_only_the_conv_heads_output_by_inv_sqrt_head_dim():
@@ -250,10 +280,12 @@ def test_conv_head_scaling_scales_only_the_conv_heads_output_by_inv_sqrt_head_di
     the analysis path and an incremental decoding step alike."""
     torch.manual_seed(0)
     paper = build_model(encoder_tag_layers="", dropout=0.0).eval()
-    scaled = build_model(encoder_tag_layers="", dropout=0.0, conv_head_scaling="inv-sqrt-head-dim").eval()
+    scaled = build_model(
+        encoder_tag_layers="", dropout=0.0, conv_head_scaling="inv-sqrt-head-dim"
+    ).eval()
     scaled.load_state_dict(paper.state_dict())
     a, b = paper.decoder.layers[1].self_attn, scaled.decoder.layers[1].self_attn
-    assert b.conv_output_scale == a.head_dim ** -0.5 == 0.25 and "inv-sqrt-head-dim" in repr(b)
+    assert b.conv_output_scale == a.head_dim**-0.5 == 0.25 and "inv-sqrt-head-dim" in repr(b)
     x = torch.randn(7, 3, a.embed_dim)
     ha, hb = a.head_outputs(x), b.head_outputs(x)
     assert torch.equal(ha["dot"], hb["dot"]) and torch.equal(ha["local"], hb["local"])
@@ -262,8 +294,9 @@ def test_conv_head_scaling_scales_only_the_conv_heads_output_by_inv_sqrt_head_di
     # the decoding step (its own code path) agrees with the parallel forward
     full = b(x, x, x, need_weights=False)[0]
     state = {}
-    steps = [b(step, step, step, incremental_state=state, need_weights=False)[0]
-             for step in x.split(1)]
+    steps = [
+        b(step, step, step, incremental_state=state, need_weights=False)[0] for step in x.split(1)
+    ]
     assert torch.allclose(torch.cat(steps), full, atol=1e-5)
     with pytest.raises(ValueError, match="output_scaling"):
         HybridMultiheadAttention(64, 4, 2, 3, output_scaling="sqrt")
@@ -276,7 +309,9 @@ def test_conv_query_temperature_reaches_every_query_and_only_divides_its_scores(
     torch.manual_seed(0)
     d = make_dictionary(30)
     paper = build_model(dictionary=d, encoder_tag_layers="", dropout=0.0).eval()
-    warm = build_model(dictionary=d, encoder_tag_layers="", dropout=0.0, conv_query_temperature=2.5).eval()
+    warm = build_model(
+        dictionary=d, encoder_tag_layers="", dropout=0.0, conv_query_temperature=2.5
+    ).eval()
     warm.load_state_dict(paper.state_dict())
     layers = [*warm.encoder.layers, *warm.decoder.layers]
     assert all(layer.self_attn.context_query.temperature == 2.5 for layer in layers)
@@ -284,7 +319,7 @@ def test_conv_query_temperature_reaches_every_query_and_only_divides_its_scores(
     with torch.no_grad():  # the same pooling in the T = 1 model: score rows / 2.5
         for layer in [*paper.encoder.layers, *paper.decoder.layers]:
             attn = layer.self_attn
-            start = sum(w for n, w in attn.projection_sizes[:attn._names.index("score")])
+            start = sum(w for n, w in attn.projection_sizes[: attn._names.index("score")])
             rows = slice(start, start + attn.conv_heads)
             attn.in_proj.weight[rows] /= 2.5
             attn.in_proj.bias[rows] /= 2.5
@@ -303,7 +338,11 @@ def test_centered_encoder_conv_sees_the_next_positions_and_the_decoder_stays_cau
     torch.manual_seed(0)
     model = build_model(encoder_conv_centered=True, encoder_tag_layers="", dropout=0.0).eval()
     convs = [layer.self_attn.local_conv for layer in model.encoder.layers]
-    assert [c.lookahead for c in convs] == [(c.kernel_size - 1) // 2 * c.dilation for c in convs] != [0, 0]
+    assert (
+        [c.lookahead for c in convs]
+        == [(c.kernel_size - 1) // 2 * c.dilation for c in convs]
+        != [0, 0]
+    )
     assert all(layer.self_attn.local_conv.lookahead == 0 for layer in model.decoder.layers)
     conv = convs[1]  # F=5, dilation 1: output t averages t-2 .. t+2
     u = torch.zeros(9, 1, conv.channels)
@@ -315,13 +354,16 @@ def test_centered_encoder_conv_sees_the_next_positions_and_the_decoder_stays_cau
 def test_only_the_cpu_preset_scales_the_conv_heads():
     """The paper's presets keep its unscaled conv heads; the CPU demo's preset, chosen
     for learning speed, scales them (the study's finding)."""
-    for arch, expected in (("transformer_pp", "none"), ("transformer_pp_wmt_en_de_big", "none"),
-                           ("transformer_pp_wmt_en_fr_big", "none"), ("transformer_pp_iwslt_de_en", "none"),
-                           ("transformer_pp_tiny", "none"), ("transformer_pp_cpu", "inv-sqrt-head-dim")):
+    for arch, expected in (
+        ("transformer_pp", "none"),
+        ("transformer_pp_wmt_en_de_big", "none"),
+        ("transformer_pp_wmt_en_fr_big", "none"),
+        ("transformer_pp_iwslt_de_en", "none"),
+        ("transformer_pp_tiny", "none"),
+        ("transformer_pp_cpu", "inv-sqrt-head-dim"),
+    ):
         args = argparse.Namespace()
         ARCH_CONFIG_REGISTRY[arch](args)
         assert args.conv_head_scaling == expected, arch
     model = build_model("transformer_pp_cpu", encoder_tag_layers="")
     assert model.encoder.layers[0].self_attn.conv_output_scale == (256 // 4) ** -0.5
-
-

@@ -18,7 +18,12 @@ from tpp_plugin.criterions.label_smoothed_cross_entropy_with_tags import (
     LabelSmoothedCrossEntropyWithTagsCriterion as Criterion,
 )
 from tpp_plugin.modules import HybridMultiheadAttention, context_query
-from tpp_plugin.modules.context_query import ContextQuery, PooledQuery, prefix_softmax, prefix_softmax_transposed
+from tpp_plugin.modules.context_query import (
+    ContextQuery,
+    PooledQuery,
+    prefix_softmax,
+    prefix_softmax_transposed,
+)
 
 
 def model_inputs(dictionary, bsz=4, src_len=9, tgt_len=7, seed=0):
@@ -43,9 +48,18 @@ def test_evaluation_after_fairseq_adam_steps_sees_the_new_weights():
     d = make_dictionary(30)
     model = build_model(dictionary=d, encoder_tag_layers="", dropout=0.0)
     src, lengths, prev = model_inputs(d)
-    optimizer = FairseqAdam(SimpleNamespace(lr=[1e-2], adam_betas="(0.9, 0.98)", adam_eps=1e-8,
-                                            weight_decay=0.0, use_old_adam=False, fp16_adam_stats=False,
-                                            tpu=False), list(model.parameters()))
+    optimizer = FairseqAdam(
+        SimpleNamespace(
+            lr=[1e-2],
+            adam_betas="(0.9, 0.98)",
+            adam_eps=1e-8,
+            weight_decay=0.0,
+            use_old_adam=False,
+            fp16_adam_stats=False,
+            tpu=False,
+        ),
+        list(model.parameters()),
+    )
     model.eval()
     with torch.no_grad():
         before = model(src, lengths, prev)[0]
@@ -69,7 +83,9 @@ def prefix_softmax_by_sdpa(scores, values):
     """The implementation before version 0.2: an attention whose query is ones and
     whose key is the score (width 1), with the causal flag."""
     ones = torch.ones_like(scores).unsqueeze(-1)
-    return F.scaled_dot_product_attention(ones, scores.unsqueeze(-1), values, is_causal=True, scale=1.0)
+    return F.scaled_dot_product_attention(
+        ones, scores.unsqueeze(-1), values, is_causal=True, scale=1.0
+    )
 
 
 def prefix_softmax_by_definition(scores, values):
@@ -82,7 +98,9 @@ def prefix_softmax_by_definition(scores, values):
     return out
 
 
-@pytest.mark.parametrize("length, block", [(1, 64), (40, 64), (64, 64), (65, 64), (150, 16), (100, 4)])
+@pytest.mark.parametrize(
+    "length, block", [(1, 64), (40, 64), (64, 64), (65, 64), (150, 16), (100, 4)]
+)
 def test_prefix_softmax_equals_definition_and_previous_implementation(length, block):
     torch.manual_seed(length)
     scores = 3 * torch.randn(2, 3, length)
@@ -135,11 +153,12 @@ def test_long_sequences_with_extreme_scores_stay_finite_and_exact():
     v_tbc = values.permute(2, 0, 1, 3).reshape(length, 2, 16).bfloat16()
     out = query(s_tbh, v_tbc)
     assert out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all()
-    expected = prefix_softmax_by_definition(s_tbh.permute(1, 2, 0).float(),
-                                            v_tbc.float().reshape(length, 2, 2, 8).permute(1, 2, 0, 3))
+    expected = prefix_softmax_by_definition(
+        s_tbh.permute(1, 2, 0).float(), v_tbc.float().reshape(length, 2, 2, 8).permute(1, 2, 0, 3)
+    )
     expected = expected.permute(2, 0, 1, 3).reshape(length, 2, 16)
     # bf16 output: 8 bits of mantissa, relative error <= 2^-8 per element
-    assert ((out.double() - expected).abs() <= 2 ** -8 * expected.abs() + 1e-3).all()
+    assert ((out.double() - expected).abs() <= 2**-8 * expected.abs() + 1e-3).all()
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
@@ -156,7 +175,9 @@ def test_context_query_step_by_step_equals_parallel(dtype, tolerance):
     full = query(scores, values, pad)
     state, outs, pos = {}, [], 0
     for n in [1] * 10 + [70, 1, 69]:
-        outs.append(query(scores[pos : pos + n], values[pos : pos + n], pad[:, pos : pos + n], state))
+        outs.append(
+            query(scores[pos : pos + n], values[pos : pos + n], pad[:, pos : pos + n], state)
+        )
         pos += n
     inc = torch.cat(outs)
     real = ~pad.t()
@@ -185,7 +206,9 @@ def test_pooled_query_gradients(causal, length):
     torch.manual_seed(length)
     scores = (3 * torch.randn(length, 2, 3, dtype=torch.float64)).requires_grad_()
     values = torch.randn(length, 2, 12, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda s, v: PooledQuery.apply(s, v, 3, causal, 16), (scores, values))
+    assert torch.autograd.gradcheck(
+        lambda s, v: PooledQuery.apply(s, v, 3, causal, 16), (scores, values)
+    )
     out = PooledQuery.apply(scores, values, 3, causal, 16)
     expected = pooled_query_by_autograd(scores, values, 3, causal)
     grad = torch.randn_like(out)
@@ -228,8 +251,13 @@ def test_pooled_query_gradients_in_float32_and_bfloat16(causal):
     grad = torch.randn(length if causal else 1, bsz, heads * head_dim)
     for dtype, tolerance in ((torch.float32, 1e-4), (torch.bfloat16, 1e-2)):
         # the reference: float64 on the same (rounded) inputs
-        s64, v64 = scores.to(dtype).double().requires_grad_(), values.to(dtype).double().requires_grad_()
-        reference = pooled_query_by_autograd(s64.masked_fill(pad.t().unsqueeze(-1), -1e9), v64, heads, causal)
+        s64, v64 = (
+            scores.to(dtype).double().requires_grad_(),
+            values.to(dtype).double().requires_grad_(),
+        )
+        reference = pooled_query_by_autograd(
+            s64.masked_fill(pad.t().unsqueeze(-1), -1e9), v64, heads, causal
+        )
         want = torch.autograd.grad(reference, (s64, v64), grad.to(dtype).double())
         query = ContextQuery(heads, head_dim, causal=causal)
         s, v = scores.to(dtype).requires_grad_(), values.to(dtype).requires_grad_()
@@ -250,17 +278,23 @@ def test_pooled_query_pools_again_in_its_backward_pass_only_in_half_precision(ca
     length, bsz, heads, head_dim = 70, 2, 2, 8
     pools = []
     real_pool = PooledQuery._pool
-    monkeypatch.setattr(PooledQuery, "_pool", staticmethod(lambda *a: pools.append(1) or real_pool(*a)))
+    monkeypatch.setattr(
+        PooledQuery, "_pool", staticmethod(lambda *a: pools.append(1) or real_pool(*a))
+    )
     scores = 3 * torch.randn(length, bsz, heads)
     values = torch.randn(length, bsz, heads * head_dim)
     grad = torch.randn(length if causal else 1, bsz, heads * head_dim)
     for dtype, pooled, tolerance in ((torch.float32, 1, 1e-5), (torch.bfloat16, 2, 1e-2)):
         pools.clear()
         s, v = scores.to(dtype).requires_grad_(), values.to(dtype).requires_grad_()
-        got = torch.autograd.grad(PooledQuery.apply(s, v, heads, causal, 16), (s, v), grad.to(dtype))
+        got = torch.autograd.grad(
+            PooledQuery.apply(s, v, heads, causal, 16), (s, v), grad.to(dtype)
+        )
         assert len(pools) == pooled, dtype
         s64, v64 = s.detach().double().requires_grad_(), v.detach().double().requires_grad_()
-        want = torch.autograd.grad(pooled_query_by_autograd(s64, v64, heads, causal), (s64, v64), grad.to(dtype).double())
+        want = torch.autograd.grad(
+            pooled_query_by_autograd(s64, v64, heads, causal), (s64, v64), grad.to(dtype).double()
+        )
         for g, w in zip(got, want):
             assert (g.double() - w).abs().max() <= tolerance * w.abs().max(), dtype
 
@@ -280,8 +314,12 @@ def test_pooled_query_gives_no_gradient_through_rows_that_pool_padding_only():
     grad = torch.randn(length, bsz, heads * 4)  # also on the padding rows
     got = torch.autograd.grad(query(scores, values, pad), (scores, values), grad)
     s64, v64 = scores.detach().double().requires_grad_(), values.detach().double().requires_grad_()
-    reference = pooled_query_by_autograd(s64.masked_fill(pad.t().unsqueeze(-1), -1e9), v64, heads, True)
-    want = torch.autograd.grad(reference, (s64, v64), grad.double().masked_fill(pad.t().unsqueeze(-1), 0.0))
+    reference = pooled_query_by_autograd(
+        s64.masked_fill(pad.t().unsqueeze(-1), -1e9), v64, heads, True
+    )
+    want = torch.autograd.grad(
+        reference, (s64, v64), grad.double().masked_fill(pad.t().unsqueeze(-1), 0.0)
+    )
     for g, w in zip(got, want):
         assert torch.isfinite(g).all()
         assert (g.double() - w).abs().max() < 1e-5
@@ -295,7 +333,11 @@ def test_conv_heads_keep_no_float32_copies_and_no_masked_copies_for_backward(cau
     projection it is a slice of (the padding applied again in the backward pass)."""
     torch.manual_seed(0)
     length, bsz, dim, heads = 40, 4, 64, 4
-    m = HybridMultiheadAttention(dim, heads, 2, kernel_size=5, causal=causal, right_padded=causal).bfloat16().train()
+    m = (
+        HybridMultiheadAttention(dim, heads, 2, kernel_size=5, causal=causal, right_padded=causal)
+        .bfloat16()
+        .train()
+    )
     x = torch.randn(length, bsz, dim, dtype=torch.bfloat16, requires_grad=True)
     pad = torch.zeros(bsz, length, dtype=torch.bool)
     pad[1, -5:] = True
@@ -312,8 +354,11 @@ def test_conv_heads_keep_no_float32_copies_and_no_masked_copies_for_backward(cau
         elif t.numel() == length * bsz * conv_width and t.dim() == 3:
             # T x B x C in bf16: the conv heads' output pieces (LocalConv, Query) or a
             # slice of the projection; a masked copy of LocalConv's input would be another
-            assert (t.untyped_storage().data_ptr() == projection or t.grad_fn is not None
-                    and "MaskedFill" not in type(t.grad_fn).__name__), tuple(t.shape)
+            assert (
+                t.untyped_storage().data_ptr() == projection
+                or t.grad_fn is not None
+                and "MaskedFill" not in type(t.grad_fn).__name__
+            ), tuple(t.shape)
 
 
 # ----------------------------------------------------------------------------- fused kernels
@@ -354,7 +399,9 @@ def test_training_forward_runs_fused_kernels_without_masks(monkeypatch):
 
     def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kwargs):
         calls.append((q.size(-2), attn_mask is None, is_causal))
-        return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs)
+        return sdpa(
+            q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs
+        )
 
     d = make_dictionary(30)
     model = build_model(dictionary=d, encoder_tag_layers="").train()
@@ -365,8 +412,12 @@ def test_training_forward_runs_fused_kernels_without_masks(monkeypatch):
     model(src, torch.full((4,), 9), prev)
     encoder_calls = [c for c in calls if c[0] == 9]
     decoder_calls = [c for c in calls if c[0] == 7]
-    assert len(encoder_calls) == 2 and all(no_mask and not causal for _, no_mask, causal in encoder_calls)
-    assert len(decoder_calls) == 2 and all(no_mask and causal for _, no_mask, causal in decoder_calls)
+    assert len(encoder_calls) == 2 and all(
+        no_mask and not causal for _, no_mask, causal in encoder_calls
+    )
+    assert len(decoder_calls) == 2 and all(
+        no_mask and causal for _, no_mask, causal in decoder_calls
+    )
 
 
 # ----------------------------------------------------------------------------- mixed precision
@@ -374,9 +425,13 @@ def test_training_forward_runs_fused_kernels_without_masks(monkeypatch):
 
 def _loss_and_grads(model, src, lengths, prev, target, pad):
     logits = model(src, lengths, prev)[0]
-    loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), target.reshape(-1), ignore_index=pad)
+    loss = F.cross_entropy(
+        logits.float().reshape(-1, logits.size(-1)), target.reshape(-1), ignore_index=pad
+    )
     loss.backward()
-    return loss.detach(), {n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), {
+        n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None
+    }
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -415,7 +470,9 @@ def test_bfloat16_incremental_decoding_equals_full_forward():
         encoder_out = model.encoder(src, src_lengths=lengths)
         state, steps = {}, []
         for t in range(prev.size(1)):
-            steps.append(model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)[0])
+            steps.append(
+                model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)[0]
+            )
     inc = torch.cat(steps, dim=1)
     # bf16 activations through 2+2 layers: logits agree to a few bf16 ulps of their range
     assert torch.isfinite(inc.float()).all()

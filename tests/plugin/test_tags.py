@@ -1,7 +1,6 @@
 """translation_with_tags and label_smoothed_cross_entropy_with_tags: collation, the
 loss against hand computations, and the errors on misaligned or missing label files."""
 
-import argparse
 import shutil
 
 import pytest
@@ -33,7 +32,9 @@ def make_task(data, **overrides):
     overrides.setdefault("dataset_impl", "mmap")
     overrides.setdefault("required_seq_len_multiple", 1)
     overrides.setdefault("train_subset", "train")
-    cfg = TranslationWithTagsConfig(data=str(data), source_lang="src", target_lang="tgt", **overrides)
+    cfg = TranslationWithTagsConfig(
+        data=str(data), source_lang="src", target_lang="tgt", **overrides
+    )
     return TranslationWithTagsTask.setup_task(cfg)
 
 
@@ -69,7 +70,9 @@ def test_labels_line_up_with_subwords_after_padding_and_sorting(databin):
 def test_criterion_is_fairseq_label_smoothed_ce_without_tags(databin):
     torch.manual_seed(0)
     task = make_task(databin)
-    model = build_model(dictionary=task.source_dictionary, tag_dictionaries=task.tag_dictionaries).eval()
+    model = build_model(
+        dictionary=task.source_dictionary, tag_dictionaries=task.tag_dictionaries
+    ).eval()
     batch = first_batch(task)
     del batch["source_tags"]
     ours = LabelSmoothedCrossEntropyWithTagsCriterion(task, False, 0.1)
@@ -93,7 +96,9 @@ def test_unused_tag_heads_add_zero_also_when_their_half_precision_sum_overflows(
     whose sum overflows (inf in fp16) that term must still be 0, not 0 * inf = NaN."""
     torch.manual_seed(0)
     task = make_task(databin)
-    model = build_model(dictionary=task.source_dictionary, tag_dictionaries=task.tag_dictionaries).train()
+    model = build_model(
+        dictionary=task.source_dictionary, tag_dictionaries=task.tag_dictionaries
+    ).train()
     batch = first_batch(task)
     del batch["source_tags"]
     forward, overflowing = model.forward, {}
@@ -116,13 +121,20 @@ def test_unused_tag_heads_add_zero_also_when_their_half_precision_sum_overflows(
     assert all(torch.equal(x.grad, torch.zeros_like(x)) for x in overflowing.values())
 
 
-@pytest.mark.parametrize("weights", [dict(tag_loss_weights="pos:0.7,ner:0.3"),
-                                     dict(pos_loss_weight=0.7, ner_loss_weight=0.3),
-                                     dict(tag_loss_weights="ner:0.3", pos_loss_weight=0.7)])
+@pytest.mark.parametrize(
+    "weights",
+    [
+        dict(tag_loss_weights="pos:0.7,ner:0.3"),
+        dict(pos_loss_weight=0.7, ner_loss_weight=0.3),
+        dict(tag_loss_weights="ner:0.3", pos_loss_weight=0.7),
+    ],
+)
 def test_criterion_adds_exactly_the_weighted_tag_losses(databin, weights):
     torch.manual_seed(0)
     task = make_task(databin)
-    model = build_model(dictionary=task.source_dictionary, tag_dictionaries=task.tag_dictionaries).eval()
+    model = build_model(
+        dictionary=task.source_dictionary, tag_dictionaries=task.tag_dictionaries
+    ).eval()
     batch = first_batch(task)
     crit = LabelSmoothedCrossEntropyWithTagsCriterion(task, False, 0.1, **weights)
     with torch.no_grad():
@@ -131,7 +143,9 @@ def test_criterion_adds_exactly_the_weighted_tag_losses(databin, weights):
         net_output = model(**batch["net_input"], return_tag_logits=True)
         lprobs = model.get_normalized_probs(net_output, log_probs=True)
         ls, _ = label_smoothed_nll_loss(
-            lprobs.view(-1, lprobs.size(-1)), batch["target"].view(-1), 0.1,
+            lprobs.view(-1, lprobs.size(-1)),
+            batch["target"].view(-1),
+            0.1,
             ignore_index=task.target_dictionary.pad(),
         )
         expected = ls
@@ -139,7 +153,11 @@ def test_criterion_adds_exactly_the_weighted_tag_losses(databin, weights):
         real = src.ne(task.source_dictionary.pad()) & src.ne(task.source_dictionary.eos())
         for name, weight in (("pos", 0.7), ("ner", 0.3)):
             logits = net_output[1]["tag_logits"][name]
-            per_token = -F.log_softmax(logits.float(), -1).gather(-1, batch["source_tags"][name].unsqueeze(-1)).squeeze(-1)
+            per_token = (
+                -F.log_softmax(logits.float(), -1)
+                .gather(-1, batch["source_tags"][name].unsqueeze(-1))
+                .squeeze(-1)
+            )
             tag_loss = per_token[real].sum()
             expected = expected + weight * tag_loss
             assert abs(log[f"{name}_loss"].item() - tag_loss.item()) <= 1e-4
@@ -151,10 +169,26 @@ def test_criterion_adds_exactly_the_weighted_tag_losses(databin, weights):
 
 def test_tag_metrics_aggregate_over_workers_and_batches():
     logs = [
-        {"loss": 4.0, "nll_loss": 3.0, "ntokens": 10, "nsentences": 2, "sample_size": 10,
-         "pos_loss": 6.0, "pos_tag_correct": 3, "pos_tag_count": 4},
-        {"loss": 2.0, "nll_loss": 1.0, "ntokens": 6, "nsentences": 1, "sample_size": 6,
-         "pos_loss": 2.0, "pos_tag_correct": 5, "pos_tag_count": 6},
+        {
+            "loss": 4.0,
+            "nll_loss": 3.0,
+            "ntokens": 10,
+            "nsentences": 2,
+            "sample_size": 10,
+            "pos_loss": 6.0,
+            "pos_tag_correct": 3,
+            "pos_tag_count": 4,
+        },
+        {
+            "loss": 2.0,
+            "nll_loss": 1.0,
+            "ntokens": 6,
+            "nsentences": 1,
+            "sample_size": 6,
+            "pos_loss": 2.0,
+            "pos_tag_correct": 5,
+            "pos_tag_count": 6,
+        },
     ]
     with metrics.aggregate() as agg:
         LabelSmoothedCrossEntropyWithTagsCriterion.reduce_metrics(logs)
@@ -176,9 +210,18 @@ def test_tag_metrics_read_nothing_back_until_logged():
             Reads.count += func is torch.ops.aten._local_scalar_dense.default
             return func(*args, **(kwargs or {}))
 
-    logs = [{"loss": torch.tensor(4.0), "nll_loss": torch.tensor(3.0), "ntokens": 10, "nsentences": 2,
-             "sample_size": 10, "pos_loss": torch.tensor(6.0), "pos_tag_correct": torch.tensor(3),
-             "pos_tag_count": torch.tensor(4)}]
+    logs = [
+        {
+            "loss": torch.tensor(4.0),
+            "nll_loss": torch.tensor(3.0),
+            "ntokens": 10,
+            "nsentences": 2,
+            "sample_size": 10,
+            "pos_loss": torch.tensor(6.0),
+            "pos_tag_correct": torch.tensor(3),
+            "pos_tag_count": torch.tensor(4),
+        }
+    ]
     with metrics.aggregate() as agg:
         with Reads():
             LabelSmoothedCrossEntropyWithTagsCriterion.reduce_metrics(logs)
@@ -198,8 +241,18 @@ def test_tag_loss_is_logged_after_resuming_the_meters_of_an_older_version():
         metrics.log_scalar("pos_loss", 9.0, 4, round=3)  # as 0.2.1 logged it
         assert isinstance(old["pos_loss"], AverageMeter)
         saved = {"train_inner": metrics.state_dict()["train_inner"]}
-    logs = [{"loss": 4.0, "nll_loss": 3.0, "ntokens": 10, "nsentences": 2, "sample_size": 10,
-             "pos_loss": 6.0, "pos_tag_correct": 3, "pos_tag_count": 4}]
+    logs = [
+        {
+            "loss": 4.0,
+            "nll_loss": 3.0,
+            "ntokens": 10,
+            "nsentences": 2,
+            "sample_size": 10,
+            "pos_loss": 6.0,
+            "pos_tag_correct": 3,
+            "pos_tag_count": 4,
+        }
+    ]
     metrics.load_state_dict(saved)
     with metrics.aggregate("train_inner", new_root=True) as agg:
         agg.reset()  # fairseq resets the interval's meters after logging them
@@ -225,7 +278,10 @@ def test_misaligned_labels_name_split_sentence_and_lengths(databin, tmp_path):
         builder.add_item(labels)
     builder.finalize(prefix + ".idx")
     expected_len = len(original[3]) - 1
-    with pytest.raises(TagAlignmentError, match=rf"valid: sentence 3 has {expected_len + 1} pos labels for {expected_len} source tokens"):
+    with pytest.raises(
+        TagAlignmentError,
+        match=rf"valid: sentence 3 has {expected_len + 1} pos labels for {expected_len} source tokens",
+    ):
         make_task(data).load_dataset("valid")
 
 
@@ -234,7 +290,9 @@ def test_missing_label_files_name_the_expected_path(databin, tmp_path):
     shutil.copytree(databin, data)
     for ext in ("bin", "idx"):
         (data / f"valid.src-tgt.ner.{ext}").unlink()
-    with pytest.raises(FileNotFoundError, match=r"valid: ner labels not found: expected .*valid\.src-tgt\.ner\.bin"):
+    with pytest.raises(
+        FileNotFoundError, match=r"valid: ner labels not found: expected .*valid\.src-tgt\.ner\.bin"
+    ):
         make_task(data).load_dataset("valid")
     (data / "dict.ner.txt").unlink()
     task = make_task(data)  # a trained model can still be loaded with this task...
@@ -253,40 +311,77 @@ def test_options_that_would_misalign_labels_are_refused(databin):
 
 def test_tag_loss_weights_are_data(databin):
     task = make_task(databin)
-    crit = LabelSmoothedCrossEntropyWithTagsCriterion(task, False, 0.1, tag_loss_weights="ner:0.25,chunk:2")
+    crit = LabelSmoothedCrossEntropyWithTagsCriterion(
+        task, False, 0.1, tag_loss_weights="ner:0.25,chunk:2"
+    )
     assert crit.tag_weight("ner") == 0.25 and crit.tag_weight("chunk") == 2.0
     assert crit.tag_weight("pos") == 1.0, "a kind not named keeps weight 1"
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(tag_loss_weights="pos=1"), "--tag-loss-weights: expected NAME:NUMBER"),
-    (dict(tag_loss_weights="pos:1,pos:2"), "given twice"),
-    (dict(tag_loss_weights="pos:-1"), "must be >= 0"),
-    (dict(tag_loss_weights="pos:0.5", pos_loss_weight=0.7), "contradicts --tag-loss-weights"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(tag_loss_weights="pos=1"), "--tag-loss-weights: expected NAME:NUMBER"),
+        (dict(tag_loss_weights="pos:1,pos:2"), "given twice"),
+        (dict(tag_loss_weights="pos:-1"), "must be >= 0"),
+        (dict(tag_loss_weights="pos:0.5", pos_loss_weight=0.7), "contradicts --tag-loss-weights"),
+    ],
+)
 def test_bad_tag_loss_weights_name_the_option(databin, kwargs, message):
     with pytest.raises(ValueError, match=message):
         LabelSmoothedCrossEntropyWithTagsCriterion(make_task(databin), False, 0.1, **kwargs)
 
 
-@pytest.mark.parametrize("flags, refused", [
-    ([], True),                                  # tag heads that nothing trains
-    (["--tags", ""], False),                     # no tags loaded
-    (["--encoder-tag-layers", ""], False),       # no tag heads built
-])
-def test_a_criterion_that_leaves_the_tag_heads_untrained_is_refused(databin, tmp_path, flags, refused):
+@pytest.mark.parametrize(
+    "flags, refused",
+    [
+        ([], True),  # tag heads that nothing trains
+        (["--tags", ""], False),  # no tags loaded
+        (["--encoder-tag-layers", ""], False),  # no tag heads built
+    ],
+)
+def test_a_criterion_that_leaves_the_tag_heads_untrained_is_refused(
+    databin, tmp_path, flags, refused
+):
     """With the tags loaded for the model's tag heads, fairseq's plain criterion would
     never run them: no gradient for their parameters, which DistributedDataParallel (the
     GPUs' default --ddp-backend) stops on at the second update. fairseq-train refuses it
     before training and says what to use instead."""
-    proc = run(["fairseq-train", databin, "--user-dir", REPO / "tpp_plugin", "--arch", "transformer_pp_tiny",
-                "--task", "translation_with_tags", "--criterion", "label_smoothed_cross_entropy",
-                "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "500", "--max-update", "1", "--cpu",
-                "--no-save", "--disable-validation", "--num-workers", "0", *flags], check=False)
+    proc = run(
+        [
+            "fairseq-train",
+            databin,
+            "--user-dir",
+            REPO / "tpp_plugin",
+            "--arch",
+            "transformer_pp_tiny",
+            "--task",
+            "translation_with_tags",
+            "--criterion",
+            "label_smoothed_cross_entropy",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "1e-3",
+            "--max-tokens",
+            "500",
+            "--max-update",
+            "1",
+            "--cpu",
+            "--no-save",
+            "--disable-validation",
+            "--num-workers",
+            "0",
+            *flags,
+        ],
+        check=False,
+    )
     if refused:
         assert proc.returncode != 0 and "done training" not in proc.stdout + proc.stderr
         assert "--criterion label_smoothed_cross_entropy does not train" in proc.stderr
-        assert "label_smoothed_cross_entropy_with_tags" in proc.stderr and "--tags ''" in proc.stderr
+        assert (
+            "label_smoothed_cross_entropy_with_tags" in proc.stderr and "--tags ''" in proc.stderr
+        )
     else:
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert "done training" in proc.stdout + proc.stderr
@@ -299,7 +394,9 @@ def test_every_parameter_takes_part_in_a_training_step_of_the_criterion(databin,
     without tags, where the heads join with weight 0."""
     torch.manual_seed(0)
     task = make_task(databin)
-    model = build_model(dictionary=task.source_dictionary, tag_dictionaries=task.tag_dictionaries).train()
+    model = build_model(
+        dictionary=task.source_dictionary, tag_dictionaries=task.tag_dictionaries
+    ).train()
     batch = first_batch(task)
     if not with_tags:
         del batch["source_tags"]
@@ -312,18 +409,45 @@ def test_a_folder_without_tags_is_one_error_line_of_fairseq_train(tmp_path):
     """Issue 33.12: the tags task on a folder prepared with --no-tags ended fairseq-train
     in a traceback, its clear message last. Now the message is all there is."""
     data = binarize_tagged(tmp_path / "text", tmp_path / "data-bin", n_train=60, tags=False)
-    proc = run(["fairseq-train", data, "--user-dir", REPO / "tpp_plugin", "--arch", "transformer_pp_tiny",
-                "--task", "translation_with_tags", "--criterion", "label_smoothed_cross_entropy_with_tags",
-                "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "500", "--max-update", "1", "--cpu",
-                "--no-save", "--num-workers", "0"], check=False)
+    proc = run(
+        [
+            "fairseq-train",
+            data,
+            "--user-dir",
+            REPO / "tpp_plugin",
+            "--arch",
+            "transformer_pp_tiny",
+            "--task",
+            "translation_with_tags",
+            "--criterion",
+            "label_smoothed_cross_entropy_with_tags",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "1e-3",
+            "--max-tokens",
+            "500",
+            "--max-update",
+            "1",
+            "--cpu",
+            "--no-save",
+            "--num-workers",
+            "0",
+        ],
+        check=False,
+    )
     assert proc.returncode != 0 and "done training" not in proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert (f"fairseq-train: error: the data folder has no label files for --tags pos,ner (expected "
-            f"{data / 'dict.pos.txt'}, {data / 'dict.ner.txt'}; a folder prepared with tpp-prepare-corpus "
-            "--no-tags has none): pass --tags '' (or --task translation)") in proc.stderr, proc.stderr[-3000:]
+    assert (
+        f"fairseq-train: error: the data folder has no label files for --tags pos,ner (expected "
+        f"{data / 'dict.pos.txt'}, {data / 'dict.ner.txt'}; a folder prepared with tpp-prepare-corpus "
+        "--no-tags has none): pass --tags '' (or --task translation)"
+    ) in proc.stderr, proc.stderr[-3000:]
 
 
-def test_translating_a_sentence_over_the_limit_says_the_limit_and_how_to_raise_it(databin, tmp_path):
+def test_translating_a_sentence_over_the_limit_says_the_limit_and_how_to_raise_it(
+    databin, tmp_path
+):
     """Issue 33.12: the hub interface's translate() of a too long sentence said to pass
     --skip-invalid-size-inputs-valid-test, a command-line flag. Now the error says the
     limit and how to raise it, and raising it as it says works."""
@@ -331,23 +455,56 @@ def test_translating_a_sentence_over_the_limit_says_the_limit_and_how_to_raise_i
 
     from tpp_plugin.tasks.translation_with_tags import InputTooLongError
 
-    run(["fairseq-train", databin, "--user-dir", REPO / "tpp_plugin", "--arch", "transformer_pp_tiny",
-         "--task", "translation_with_tags", "--criterion", "label_smoothed_cross_entropy_with_tags",
-         "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "500", "--max-update", "1", "--cpu",
-         "--disable-validation", "--num-workers", "0", "--save-dir", tmp_path / "ck",
-         "--max-source-positions", "64", "--max-target-positions", "64"])
-    load = dict(checkpoint_file="checkpoint_last.pt", data_name_or_path=str(databin),
-                user_dir=str(REPO / "tpp_plugin"))
+    run(
+        [
+            "fairseq-train",
+            databin,
+            "--user-dir",
+            REPO / "tpp_plugin",
+            "--arch",
+            "transformer_pp_tiny",
+            "--task",
+            "translation_with_tags",
+            "--criterion",
+            "label_smoothed_cross_entropy_with_tags",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "1e-3",
+            "--max-tokens",
+            "500",
+            "--max-update",
+            "1",
+            "--cpu",
+            "--disable-validation",
+            "--num-workers",
+            "0",
+            "--save-dir",
+            tmp_path / "ck",
+            "--max-source-positions",
+            "64",
+            "--max-target-positions",
+            "64",
+        ]
+    )
+    load = dict(
+        checkpoint_file="checkpoint_last.pt",
+        data_name_or_path=str(databin),
+        user_dir=str(REPO / "tpp_plugin"),
+    )
     long = " ".join(f"s{i % 24}" for i in range(100))  # 100 words + end of sentence
     hub = TransformerModel.from_pretrained(str(tmp_path / "ck"), **load)
     with pytest.raises(InputTooLongError) as raised:
         hub.translate(["s1 s2", long], beam=1)
     message = str(raised.value)
-    assert message.startswith("input sentence 1 (0-based; 1 sentence(s) in all) is 101 tokens long "
-                              "after BPE, end of sentence included; this model takes at most 64 "
-                              "(max_positions=(64, 64))"), message
+    assert message.startswith(
+        "input sentence 1 (0-based; 1 sentence(s) in all) is 101 tokens long "
+        "after BPE, end of sentence included; this model takes at most 64 "
+        "(max_positions=(64, 64))"
+    ), message
     assert "from_pretrained(..., max_source_positions=N, max_target_positions=N)" in message
-    raised_limit = TransformerModel.from_pretrained(str(tmp_path / "ck"), max_source_positions=256,
-                                                    max_target_positions=256, **load)
+    raised_limit = TransformerModel.from_pretrained(
+        str(tmp_path / "ck"), max_source_positions=256, max_target_positions=256, **load
+    )
     translated = raised_limit.translate(["s1 s2", long], beam=1)
     assert len(translated) == 2 and all(isinstance(t, str) and t for t in translated)

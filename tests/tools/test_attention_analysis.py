@@ -27,18 +27,59 @@ def trained(tmp_path_factory):
         train.write_text(train.read_text(encoding="utf-8") + extra[lang], encoding="utf-8")
         head(SAMPLE / f"valid.{lang}", work / f"valid.{lang}", 20)
     subprocess.run(
-        [str(BIN / "fairseq-preprocess"), "--source-lang", "en", "--target-lang", "de",
-         "--trainpref", str(work / "train"), "--validpref", str(work / "valid"),
-         "--destdir", str(work / "bin"), "--joined-dictionary", "--workers", "1"],
-        check=True, capture_output=True)
+        [
+            str(BIN / "fairseq-preprocess"),
+            "--source-lang",
+            "en",
+            "--target-lang",
+            "de",
+            "--trainpref",
+            str(work / "train"),
+            "--validpref",
+            str(work / "valid"),
+            "--destdir",
+            str(work / "bin"),
+            "--joined-dictionary",
+            "--workers",
+            "1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     subprocess.run(
-        [str(BIN / "fairseq-train"), str(work / "bin"), "--user-dir", str(PLUGIN_DIR),
-         "--arch", "transformer_pp_tiny", "--task", "translation",
-         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-         "--optimizer", "adam", "--lr", "0.001", "--max-tokens", "500", "--max-update", "3",
-         "--save-dir", str(work / "ckpt"), "--no-epoch-checkpoints", "--cpu", "--seed", "1",
-         "--num-workers", "0"],
-        check=True, capture_output=True)
+        [
+            str(BIN / "fairseq-train"),
+            str(work / "bin"),
+            "--user-dir",
+            str(PLUGIN_DIR),
+            "--arch",
+            "transformer_pp_tiny",
+            "--task",
+            "translation",
+            "--criterion",
+            "label_smoothed_cross_entropy",
+            "--label-smoothing",
+            "0.1",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.001",
+            "--max-tokens",
+            "500",
+            "--max-update",
+            "3",
+            "--save-dir",
+            str(work / "ckpt"),
+            "--no-epoch-checkpoints",
+            "--cpu",
+            "--seed",
+            "1",
+            "--num-workers",
+            "0",
+        ],
+        check=True,
+        capture_output=True,
+    )
     checkpoint = work / "ckpt" / "checkpoint_last.pt"
     assert checkpoint.is_file()
     return checkpoint, work / "bin"
@@ -58,17 +99,33 @@ def assert_real_png(path: Path, size) -> None:
 # tpp-plot-attention
 # --------------------------------------------------------------------------------------
 
+
 def test_plot_attention_writes_one_png_per_layer_and_kind(trained, tmp_path, capsys):
     checkpoint, data = trained
     out = tmp_path / "att"
-    rc = plot_attention.main(["--path", str(checkpoint), "--data", str(data),
-                              "--sentence", SENTENCE, "--out-dir", str(out), "--beam", "2"])
+    rc = plot_attention.main(
+        [
+            "--path",
+            str(checkpoint),
+            "--data",
+            str(data),
+            "--sentence",
+            SENTENCE,
+            "--out-dir",
+            str(out),
+            "--beam",
+            "2",
+        ]
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     assert "source:      There is a fire in the mountain . </s>" in printed
     assert "translation:" in printed
-    expected = {f"{kind}_layer{i}.png" for kind in ("encoder_self", "decoder_self",
-                                                      "decoder_cross") for i in (1, 2)}
+    expected = {
+        f"{kind}_layer{i}.png"
+        for kind in ("encoder_self", "decoder_self", "decoder_cross")
+        for i in (1, 2)
+    }
     assert {p.name for p in out.iterdir()} == expected
     for name in expected:
         # transformer_pp_tiny: 4 heads per attention -> one row of four 400 px cells
@@ -86,8 +143,9 @@ def test_captured_maps_have_the_right_shapes_and_are_attention(trained):
     S, T = src.size(1), prev.size(1)
     assert len(maps) == 6
     for layer in (1, 2):
-        enc, dec, cross = (maps[k, layer] for k in ("encoder_self", "decoder_self",
-                                                    "decoder_cross"))
+        enc, dec, cross = (
+            maps[k, layer] for k in ("encoder_self", "decoder_self", "decoder_cross")
+        )
         assert enc.shape == (4, S, S) and dec.shape == (4, T, T) and cross.shape == (4, T, S)
         for m in (enc, dec, cross):  # every head's row is a distribution over positions
             assert torch.allclose(m.sum(-1), torch.ones(m.shape[:2]), atol=1e-4)
@@ -97,8 +155,10 @@ def test_captured_maps_have_the_right_shapes_and_are_attention(trained):
         # encoder conv heads pool one summary of the whole sentence: equal rows
         assert torch.allclose(enc[2:], enc[2:, :1].expand_as(enc[2:]), atol=1e-6)
         # the hooks are removed afterwards: the layers run as before
-    assert all(not m._forward_hooks and not m._forward_pre_hooks
-               for _, _, m in plot_attention.attention_modules(loaded.model))
+    assert all(
+        not m._forward_hooks and not m._forward_pre_hooks
+        for _, _, m in plot_attention.attention_modules(loaded.model)
+    )
 
 
 def test_plot_attention_refuses_to_overwrite_without_force(trained, tmp_path, capsys):
@@ -106,8 +166,18 @@ def test_plot_attention_refuses_to_overwrite_without_force(trained, tmp_path, ca
     out = tmp_path / "att"
     out.mkdir()
     (out / "encoder_self_layer1.png").write_bytes(b"keep me")
-    base = ["--path", str(checkpoint), "--data", str(data), "--sentence", SENTENCE,
-            "--out-dir", str(out), "--target", "Es brennt auf dem Berg ."]
+    base = [
+        "--path",
+        str(checkpoint),
+        "--data",
+        str(data),
+        "--sentence",
+        SENTENCE,
+        "--out-dir",
+        str(out),
+        "--target",
+        "Es brennt auf dem Berg .",
+    ]
     assert plot_attention.main(base) == 1
     assert "--force" in capsys.readouterr().err
     assert (out / "encoder_self_layer1.png").read_bytes() == b"keep me"
@@ -115,13 +185,16 @@ def test_plot_attention_refuses_to_overwrite_without_force(trained, tmp_path, ca
     assert_real_png(out / "encoder_self_layer1.png", (1600, 400))
 
 
-@pytest.mark.parametrize("case, message", [
-    ("missing", "checkpoint not found"),
-    ("empty", "checkpoint is empty"),
-    ("garbage", "cannot load checkpoint"),
-    ("no-data", "data folder not found"),
-    ("blank-sentence", "the sentence is empty"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("missing", "checkpoint not found"),
+        ("empty", "checkpoint is empty"),
+        ("garbage", "cannot load checkpoint"),
+        ("no-data", "data folder not found"),
+        ("blank-sentence", "the sentence is empty"),
+    ],
+)
 def test_plot_attention_errors(trained, tmp_path, case, message):
     checkpoint, data = trained
     sentence = SENTENCE
@@ -139,9 +212,20 @@ def test_plot_attention_errors(trained, tmp_path, case, message):
         sentence = "   "
     # through the command line: exit status and message as a user sees them
     run = subprocess.run(
-        ["tpp-plot-attention", "--path", str(checkpoint),
-         "--data", str(data), "--sentence", sentence, "--out-dir", str(tmp_path / "att")],
-        capture_output=True, text=True)
+        [
+            "tpp-plot-attention",
+            "--path",
+            str(checkpoint),
+            "--data",
+            str(data),
+            "--sentence",
+            sentence,
+            "--out-dir",
+            str(tmp_path / "att"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 1, run.stderr
     assert f"error: {message}" in run.stderr
     assert "Traceback" not in run.stderr
@@ -152,13 +236,15 @@ def test_plot_attention_errors(trained, tmp_path, case, message):
 # tpp-embedding-similarity
 # --------------------------------------------------------------------------------------
 
+
 def parse_table(printed: str) -> list:
     rows = []
     for line in printed.splitlines():
         parts = line.split()
         if len(parts) == 6 and parts[0].isdigit():
-            rows.append([int(parts[0]), int(parts[1]), int(parts[2])] +
-                        [float(p) for p in parts[3:]])
+            rows.append(
+                [int(parts[0]), int(parts[1]), int(parts[2])] + [float(p) for p in parts[3:]]
+            )
     return rows
 
 
@@ -180,35 +266,47 @@ def test_embedding_similarity_table(trained, capsys):
     fire, mountain = tokens.index("fire"), tokens.index("mountain")
     local_outputs = []
     # LocalConv applied to what each self-attention receives in the forward pass
-    hooks = [layer.self_attn.register_forward_pre_hook(
-        lambda m, args, kwargs: local_outputs.append(
-            m.local_conv(F.linear(kwargs["query"], *m.projection("local")))[:, 0]),
-        with_kwargs=True) for layer in loaded.model.encoder.layers]
+    hooks = [
+        layer.self_attn.register_forward_pre_hook(
+            lambda m, args, kwargs: local_outputs.append(
+                m.local_conv(F.linear(kwargs["query"], *m.projection("local")))[:, 0]
+            ),
+            with_kwargs=True,
+        )
+        for layer in loaded.model.encoder.layers
+    ]
     with torch.no_grad():
-        enc = loaded.model.encoder(src, src_lengths=torch.tensor([src.size(1)]),
-                                   return_all_hiddens=True)
+        enc = loaded.model.encoder(
+            src, src_lengths=torch.tensor([src.size(1)]), return_all_hiddens=True
+        )
     for h in hooks:
         h.remove()
     for i, row in enumerate(rows):
         state = enc["encoder_states"][i + 1][:, 0]  # states[0] is the embedding output
         expected_out = F.cosine_similarity(state[fire], state[mountain], dim=0).item()
-        expected_local = F.cosine_similarity(local_outputs[i][fire], local_outputs[i][mountain],
-                                             dim=0).item()
+        expected_local = F.cosine_similarity(
+            local_outputs[i][fire], local_outputs[i][mountain], dim=0
+        ).item()
         assert row[5] == pytest.approx(expected_out, abs=1e-4)
         assert row[4] == pytest.approx(expected_local, abs=1e-4)
 
 
 def test_embedding_similarity_errors(trained, tmp_path, capsys):
     checkpoint, data = trained
-    assert embedding_similarity.main(["--path", str(checkpoint), "--data", str(data),
-                                      "--words", "fire", "volcano"]) == 1
+    assert (
+        embedding_similarity.main(
+            ["--path", str(checkpoint), "--data", str(data), "--words", "fire", "volcano"]
+        )
+        == 1
+    )
     assert "'volcano' is not in the prepared sentence" in capsys.readouterr().err
     empty = tmp_path / "empty.pt"
     empty.write_bytes(b"")
     assert embedding_similarity.main(["--path", str(empty), "--data", str(data)]) == 1
     assert "checkpoint is empty" in capsys.readouterr().err
-    assert embedding_similarity.main(["--path", str(tmp_path / "nope.pt"),
-                                      "--data", str(data)]) == 1
+    assert (
+        embedding_similarity.main(["--path", str(tmp_path / "nope.pt"), "--data", str(data)]) == 1
+    )
     assert "checkpoint not found" in capsys.readouterr().err
 
 
@@ -224,8 +322,9 @@ def test_prepare_sentence_tokenises_and_applies_bpe(tmp_path):
     codes = tmp_path / "codes"
     # subword-nmt codes: merge "f i" then "fi r" then "fir e</w>"
     codes.write_text("#version: 0.2\nf i\nfi r\nm o\n", encoding="utf-8")
-    prepared = analysis_model.prepare_sentence("There is a fire, on a mountain.", "en",
-                                               bpe_codes=codes)
+    prepared = analysis_model.prepare_sentence(
+        "There is a fire, on a mountain.", "en", bpe_codes=codes
+    )
     assert prepared.split()[-1] == "."  # Moses split the final full stop off
     assert "fir@@ e ," in prepared and "mo@@" in prepared
     with pytest.raises(analysis_model.AnalysisError, match="BPE codes not found"):

@@ -28,15 +28,26 @@ def fake_checkpoint(path, seed, shapes=None, with_optimizer=True, num_updates=0)
         "model": model,
         "args": argparse.Namespace(arch="transformer_tiny", lr=[0.001]),
         "cfg": None,
-        "optimizer_history": [{"criterion_name": "X", "optimizer_name": "Adam",
-                               "lr_scheduler_state": {"best": None}, "num_updates": num_updates}],
+        "optimizer_history": [
+            {
+                "criterion_name": "X",
+                "optimizer_name": "Adam",
+                "lr_scheduler_state": {"best": None},
+                "num_updates": num_updates,
+            }
+        ],
         "extra_state": {"epoch": 1},
     }
     if with_optimizer:
         state["last_optimizer_state"] = {
-            "state": {i: {"exp_avg": torch.zeros_like(t, dtype=torch.float32),
-                          "exp_avg_sq": torch.zeros_like(t, dtype=torch.float32)}
-                      for i, t in enumerate(model.values())}}
+            "state": {
+                i: {
+                    "exp_avg": torch.zeros_like(t, dtype=torch.float32),
+                    "exp_avg_sq": torch.zeros_like(t, dtype=torch.float32),
+                }
+                for i, t in enumerate(model.values())
+            }
+        }
     torch.save(state, path)
     return path
 
@@ -100,11 +111,15 @@ def test_selects_last_n_by_update_and_by_epoch(tmp_path):
     cases = [
         (["--num-update-checkpoints", "2"], ["checkpoint_2_300.pt", "checkpoint_3_1000.pt"]),
         # numeric, not lexical, order: 1000 is the newest, 300 the one before
-        (["--num-update-checkpoints", "3", "--checkpoint-upper-bound", "300"],
-         ["checkpoint_1_100.pt", "checkpoint_2_200.pt", "checkpoint_2_300.pt"]),
+        (
+            ["--num-update-checkpoints", "3", "--checkpoint-upper-bound", "300"],
+            ["checkpoint_1_100.pt", "checkpoint_2_200.pt", "checkpoint_2_300.pt"],
+        ),
         (["--num-epoch-checkpoints", "2"], ["checkpoint3.pt", "checkpoint10.pt"]),
-        (["--num-epoch-checkpoints", "2", "--checkpoint-upper-bound", "2"],
-         ["checkpoint1.pt", "checkpoint2.pt"]),
+        (
+            ["--num-epoch-checkpoints", "2", "--checkpoint-upper-bound", "2"],
+            ["checkpoint1.pt", "checkpoint2.pt"],
+        ),
     ]
     for index, (options, expected) in enumerate(cases):
         out = tmp_path / "out" / f"avg{index}.pt"
@@ -112,8 +127,14 @@ def test_selects_last_n_by_update_and_by_epoch(tmp_path):
         assert result.returncode == 0, result.stderr
         assert load(out)["averaged_checkpoints"] == expected, options
 
-    result = run_average("--inputs", tmp_path, "--num-update-checkpoints", "5",
-                         "--output", tmp_path / "out" / "too_many.pt")
+    result = run_average(
+        "--inputs",
+        tmp_path,
+        "--num-update-checkpoints",
+        "5",
+        "--output",
+        tmp_path / "out" / "too_many.pt",
+    )
     assert result.returncode == 2
     assert "found 4" in result.stderr and str(tmp_path) in result.stderr
     assert not (tmp_path / "out" / "too_many.pt").exists()
@@ -172,9 +193,12 @@ sys.exit(code)
 
 
 def peak_rss(*args):
-    result = subprocess.run([sys.executable, "-c", PEAK_RSS_WRAPPER, "-m", "tpp_tools.average",
-                             *map(str, args)],
-                            env=tool_env(), capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-c", PEAK_RSS_WRAPPER, "-m", "tpp_tools.average", *map(str, args)],
+        env=tool_env(),
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     return int(result.stdout.split()[-1])
 
@@ -182,16 +206,21 @@ def peak_rss(*args):
 def test_ten_checkpoints_with_bounded_memory(tmp_path):
     # 3M float32 parameters (12 MB) plus Adam's two moments: ~36 MB per checkpoint
     shapes = {"encoder.weight": (1000, 1500), "decoder.weight": (1000, 1500), "decoder.bias": (7,)}
-    paths = [fake_checkpoint(tmp_path / f"checkpoint_1_{(i + 1) * 100}.pt", seed=i, shapes=shapes)
-             for i in range(10)]
+    paths = [
+        fake_checkpoint(tmp_path / f"checkpoint_1_{(i + 1) * 100}.pt", seed=i, shapes=shapes)
+        for i in range(10)
+    ]
     size = paths[0].stat().st_size
     baseline = peak_rss("--help")  # interpreter, torch and fairseq imports
-    peak = peak_rss("--inputs", tmp_path, "--num-update-checkpoints", "10",
-                    "--output", tmp_path / "avg.pt")
+    peak = peak_rss(
+        "--inputs", tmp_path, "--num-update-checkpoints", "10", "--output", tmp_path / "avg.pt"
+    )
     used = peak - baseline
     # loading everything would need 10 checkpoints; streaming needs the running sum plus
     # one checkpoint being read (about 1.35 checkpoints here); allow slack for allocator
-    assert used < 3 * size, f"averaging used {used / 2**20:.0f} MiB, checkpoint {size / 2**20:.0f} MiB"
+    assert (
+        used < 3 * size
+    ), f"averaging used {used / 2**20:.0f} MiB, checkpoint {size / 2**20:.0f} MiB"
     averaged = load(tmp_path / "avg.pt")["model"]["decoder.bias"]
     expected = torch.stack([load(p)["model"]["decoder.bias"] for p in paths]).mean(0)
     assert torch.allclose(averaged, expected, atol=1e-6)
@@ -206,8 +235,13 @@ def two_runs(tmp_path_factory):
     data = binarize(corpus / "bpe", root / "data-bin", "en", "de")
     runs = {}
     for name, dilations in (("a", "1,1"), ("b", "1,2")):
-        command = train_command(data, root / name, max_update=2, save_interval_updates=1,
-                                extra=["--encoder-conv-dilations", dilations])
+        command = train_command(
+            data,
+            root / name,
+            max_update=2,
+            save_interval_updates=1,
+            extra=["--encoder-conv-dilations", dilations],
+        )
         command[command.index("--arch") + 1] = "transformer_pp_tiny"
         result = subprocess.run(command, env=tool_env(), capture_output=True, text=True)
         assert result.returncode == 0, result.stderr[-3000:]
@@ -219,12 +253,15 @@ def test_refuses_checkpoints_of_different_models(two_runs, tmp_path):
     a, b = two_runs["a"], two_runs["b"]
     # two checkpoints of one run: the same model, averaged (no false alarm)
     out = tmp_path / "same.pt"
-    result = run_average("--inputs", a / "checkpoint_1_1.pt", a / "checkpoint_1_2.pt", "--output", out)
+    result = run_average(
+        "--inputs", a / "checkpoint_1_1.pt", a / "checkpoint_1_2.pt", "--output", out
+    )
     assert result.returncode == 0, result.stderr
     # same shapes, different dilations: refused, naming the option, both values, both files
     first, second = a / "checkpoint_1_2.pt", b / "checkpoint_1_2.pt"
-    assert ({k: tuple(v.shape) for k, v in load(first)["model"].items()}
-            == {k: tuple(v.shape) for k, v in load(second)["model"].items()})
+    assert {k: tuple(v.shape) for k, v in load(first)["model"].items()} == {
+        k: tuple(v.shape) for k, v in load(second)["model"].items()
+    }
     out = tmp_path / "mixed.pt"
     result = run_average("--inputs", first, second, "--output", out)
     assert result.returncode == 2, result.stderr
@@ -237,7 +274,9 @@ def test_refuses_checkpoints_of_different_models(two_runs, tmp_path):
     other = tmp_path / "other.pt"
     fake_checkpoint(other, seed=3)
     result = run_average("--inputs", first, other, "--output", out)
-    assert result.returncode == 2 and "--arch: 'transformer_pp_tiny' in " in result.stderr, result.stderr
+    assert (
+        result.returncode == 2 and "--arch: 'transformer_pp_tiny' in " in result.stderr
+    ), result.stderr
 
 
 def test_a_checkpoint_given_twice_is_refused(two_runs, tmp_path, monkeypatch):
@@ -247,17 +286,25 @@ def test_a_checkpoint_given_twice_is_refused(two_runs, tmp_path, monkeypatch):
     monkeypatch.chdir(a.parent)
     link = tmp_path / "link.pt"
     link.symlink_to(a / "checkpoint_1_1.pt")
-    for inputs in (["a/checkpoint_1_1.pt", "a/checkpoint_1_1.pt", "a/checkpoint_1_2.pt"],
-                   ["a/checkpoint_1_1.pt", "./a/checkpoint_1_2.pt", str(link)]):
+    for inputs in (
+        ["a/checkpoint_1_1.pt", "a/checkpoint_1_1.pt", "a/checkpoint_1_2.pt"],
+        ["a/checkpoint_1_1.pt", "./a/checkpoint_1_2.pt", str(link)],
+    ):
         out = tmp_path / "avg.pt"
-        result = subprocess.run(["tpp-average-checkpoints", "--inputs", *inputs, "--output", str(out)],
-                                env=tool_env(), capture_output=True, text=True)
+        result = subprocess.run(
+            ["tpp-average-checkpoints", "--inputs", *inputs, "--output", str(out)],
+            env=tool_env(),
+            capture_output=True,
+            text=True,
+        )
         assert result.returncode == 2, result.stderr
         message = result.stderr.strip().splitlines()[-1]
         spellings = ", ".join(i for i in inputs if i.endswith("1_1.pt") or i == str(link))
         resolved = (a / "checkpoint_1_1.pt").resolve()
-        assert message.startswith("tpp-average-checkpoints: error: checkpoints given more than once in "
-                                  f"--inputs: {spellings} (2 times {resolved})"), message
+        assert message.startswith(
+            "tpp-average-checkpoints: error: checkpoints given more than once in "
+            f"--inputs: {spellings} (2 times {resolved})"
+        ), message
         assert "Traceback" not in result.stderr and not out.exists()
 
 

@@ -22,13 +22,16 @@ pytestmark = pytest.mark.slow
 
 
 def command(*args, cwd=None):
-    return subprocess.run([str(a) for a in args], cwd=cwd, env=tool_env(), capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        [str(a) for a in args], cwd=cwd, env=tool_env(), capture_output=True, text=True, timeout=600
+    )
 
 
 def train(data, save_dir, max_update, arch="transformer_tiny", extra=(), options=()):
     """scripts/train.sh on the CPU; ``options`` go before ``--``, ``extra`` after it."""
-    argv = train_command(data, save_dir, max_update=max_update, save_interval_updates=1, extra=extra)
+    argv = train_command(
+        data, save_dir, max_update=max_update, save_interval_updates=1, extra=extra
+    )
     argv[argv.index("--arch") + 1] = arch
     cut = argv.index("--")
     return command(*argv[:cut], *options, *argv[cut:])
@@ -59,28 +62,60 @@ def folders(tmp_path_factory):
     reversed_dict = root / "reversed.txt"
     reversed_dict.write_text("".join(reversed((a / "dict.en.txt").read_text().splitlines(True))))
     same_size = root / "same_size"
-    run(["fairseq-preprocess", "--source-lang", "en", "--target-lang", "de",
-         *[arg for s in ("train", "valid", "test") for arg in (f"--{s}pref", corpus / "bpe" / s)],
-         "--destdir", same_size, "--srcdict", reversed_dict, "--joined-dictionary", "--workers", "1"])
+    run(
+        [
+            "fairseq-preprocess",
+            "--source-lang",
+            "en",
+            "--target-lang",
+            "de",
+            *[
+                arg
+                for s in ("train", "valid", "test")
+                for arg in (f"--{s}pref", corpus / "bpe" / s)
+            ],
+            "--destdir",
+            same_size,
+            "--srcdict",
+            reversed_dict,
+            "--joined-dictionary",
+            "--workers",
+            "1",
+        ]
+    )
     small = make_corpus(root / "small", sizes=(30, 20, 20), seed=3)
     other_size = binarize(small / "bpe", root / "other_size", "en", "de")
-    sizes = {name: len((folder / "dict.en.txt").read_text().splitlines())
-             for name, folder in (("a", a), ("same_size", same_size), ("other_size", other_size))}
+    sizes = {
+        name: len((folder / "dict.en.txt").read_text().splitlines())
+        for name, folder in (("a", a), ("same_size", same_size), ("other_size", other_size))
+    }
     assert sizes["a"] == sizes["same_size"] != sizes["other_size"]
     assert (a / "dict.en.txt").read_text() != (same_size / "dict.en.txt").read_text()
     result = train(a, root / "run_a", max_update=2)
     assert result.returncode == 0, result.stderr[-3000:]
-    return {"root": root, "corpus": corpus, "small": small, "a": a, "same_size": same_size,
-            "other_size": other_size, "run_a": root / "run_a"}
+    return {
+        "root": root,
+        "corpus": corpus,
+        "small": small,
+        "a": a,
+        "same_size": same_size,
+        "other_size": other_size,
+        "run_a": root / "run_a",
+    }
 
 
 def test_a_checkpoint_records_its_dictionaries(folders):
-    state = torch.load(folders["run_a"] / "checkpoint_last.pt", map_location="cpu", weights_only=True)
+    state = torch.load(
+        folders["run_a"] / "checkpoint_last.pt", map_location="cpu", weights_only=True
+    )
     record = state[RECORD_KEY]
     assert record["data"] == str(folders["a"])
     assert record["dictionaries"]["source"]["file"] == "dict.en.txt"
     assert record["dictionaries"]["target"]["file"] == "dict.de.txt"
-    assert record["dictionaries"]["source"]["size"] == state["model"]["encoder.embed_tokens.weight"].shape[0]
+    assert (
+        record["dictionaries"]["source"]["size"]
+        == state["model"]["encoder.embed_tokens.weight"].shape[0]
+    )
 
 
 @pytest.mark.parametrize("folder", ["same_size", "other_size"])
@@ -92,7 +127,10 @@ def test_resuming_with_another_dictionary_is_refused_naming_both_folders(folders
     before = files(save)
     result = train(folders[folder], save, max_update=4)
     last = one_line_error(result, "fairseq-train")
-    assert f"was trained on {folders['a']}, whose source and target dictionaries (dict.en.txt, dict.de.txt)" in last
+    assert (
+        f"was trained on {folders['a']}, whose source and target dictionaries (dict.en.txt, dict.de.txt)"
+        in last
+    )
     assert f"differ from those in {folders[folder]}" in last
     if folder == "same_size":
         assert "the same size" in last and "another word" in last
@@ -107,9 +145,20 @@ def test_evaluating_on_another_dictionary_is_refused(folders, tmp_path, folder):
     """P36 (same size: scored garbage) and P35 (another size: "fairseq-generate failed")."""
     corpus = folders["corpus"] if folder == "same_size" else folders["small"]
     out = tmp_path / "eval"
-    result = command("tpp-evaluate", "--data", folders[folder], "--checkpoint",
-                     folders["run_a"] / "checkpoint_last.pt", "--reference", corpus / "raw" / "test.de",
-                     "--out", out, "--cpu", "--beam", "1")
+    result = command(
+        "tpp-evaluate",
+        "--data",
+        folders[folder],
+        "--checkpoint",
+        folders["run_a"] / "checkpoint_last.pt",
+        "--reference",
+        corpus / "raw" / "test.de",
+        "--out",
+        out,
+        "--cpu",
+        "--beam",
+        "1",
+    )
     last = one_line_error(result, "tpp-evaluate")
     assert result.returncode == 2
     assert f"trained on {folders['a']}" in last and f"in {folders[folder]}" in last
@@ -119,16 +168,31 @@ def test_evaluating_on_another_dictionary_is_refused(folders, tmp_path, folder):
 
 def test_fairseq_generate_through_the_plugin_refuses_another_dictionary(folders):
     def generate(data):
-        return command("fairseq-generate", data, "--user-dir", PLUGIN_DIR, "--path",
-                       folders["run_a"] / "checkpoint_last.pt", "--gen-subset", "test", "--beam", "1",
-                       "--max-tokens", "400", "--cpu")
+        return command(
+            "fairseq-generate",
+            data,
+            "--user-dir",
+            PLUGIN_DIR,
+            "--path",
+            folders["run_a"] / "checkpoint_last.pt",
+            "--gen-subset",
+            "test",
+            "--beam",
+            "1",
+            "--max-tokens",
+            "400",
+            "--cpu",
+        )
 
     good = generate(folders["a"])
     assert good.returncode == 0, good.stderr[-3000:]
     assert sum(line.startswith("H-") for line in good.stdout.splitlines()) == 20
     result = generate(folders["same_size"])
     last = one_line_error(result, "fairseq-generate")
-    assert f"trained on {folders['a']}" in last and f"differ from those in {folders['same_size']}" in last
+    assert (
+        f"trained on {folders['a']}" in last
+        and f"differ from those in {folders['same_size']}" in last
+    )
     assert not any(line.startswith("H-") for line in result.stdout.splitlines())
 
 
@@ -142,11 +206,13 @@ def test_loading_in_python_with_the_task_set_up_from_the_checkpoint_is_checked(f
 
     checkpoint = folders["run_a"] / "checkpoint_last.pt"
     models, _, task = checkpoint_utils.load_model_ensemble_and_task(
-        [str(checkpoint)], arg_overrides={"data": str(folders["a"])})
+        [str(checkpoint)], arg_overrides={"data": str(folders["a"])}
+    )
     assert len(models) == 1 and len(task.source_dictionary) > 100
     with pytest.raises(CheckpointMismatch, match=f"differ from those in {folders['same_size']}"):
-        checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)],
-                                                      arg_overrides={"data": str(folders["same_size"])})
+        checkpoint_utils.load_model_ensemble_and_task(
+            [str(checkpoint)], arg_overrides={"data": str(folders["same_size"])}
+        )
     with pytest.raises(AnalysisError, match=f"trained on {folders['a']}, whose source and target"):
         load_model(checkpoint, folders["other_size"])
 
@@ -156,15 +222,28 @@ def test_averaging_checkpoints_of_other_dictionaries_is_refused(folders, tmp_pat
     assert result.returncode == 0, result.stderr[-3000:]
     first, second = folders["run_a"] / "checkpoint_1_2.pt", tmp_path / "run_b" / "checkpoint_1_2.pt"
     out = tmp_path / "avg.pt"
-    result = command("tpp-average-checkpoints", "--inputs", first, second, "--output", out,
-                     "--allow-config-mismatch")
+    result = command(
+        "tpp-average-checkpoints",
+        "--inputs",
+        first,
+        second,
+        "--output",
+        out,
+        "--allow-config-mismatch",
+    )
     last = one_line_error(result, "tpp-average-checkpoints")
     assert f"{second} was trained on {folders['same_size']}" in last
     assert f"differ from those of {first} (trained on {folders['a']})" in last
     assert not out.exists()
     # two checkpoints of one run: averaged, and the average keeps the record
-    result = command("tpp-average-checkpoints", "--inputs", folders["run_a"] / "checkpoint_1_1.pt", first,
-                     "--output", out)
+    result = command(
+        "tpp-average-checkpoints",
+        "--inputs",
+        folders["run_a"] / "checkpoint_1_1.pt",
+        first,
+        "--output",
+        out,
+    )
     assert result.returncode == 0, result.stderr
     averaged = torch.load(out, map_location="cpu", weights_only=True)
     assert averaged[RECORD_KEY]["data"] == str(folders["a"])
@@ -179,11 +258,24 @@ def test_a_checkpoint_without_a_record_still_loads(folders, tmp_path):
         state = torch.load(path, map_location="cpu", weights_only=True)
         del state[RECORD_KEY]
         torch.save(state, path)
-    result = command("tpp-evaluate", "--data", folders["other_size"], "--checkpoint",
-                     save / "checkpoint_last.pt", "--reference", folders["small"] / "raw" / "test.de",
-                     "--out", tmp_path / "eval", "--cpu", "--beam", "1")
+    result = command(
+        "tpp-evaluate",
+        "--data",
+        folders["other_size"],
+        "--checkpoint",
+        save / "checkpoint_last.pt",
+        "--reference",
+        folders["small"] / "raw" / "test.de",
+        "--out",
+        tmp_path / "eval",
+        "--cpu",
+        "--beam",
+        "1",
+    )
     last = one_line_error(result, "tpp-evaluate")
-    assert "with another source dictionary than dict.en.txt of " + str(folders["other_size"]) in last
+    assert (
+        "with another source dictionary than dict.en.txt of " + str(folders["other_size"]) in last
+    )
     result = train(folders["a"], save, max_update=3)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Loaded checkpoint" in result.stdout + result.stderr
@@ -205,8 +297,13 @@ def test_resuming_with_changed_model_options_is_refused(folders, pp_run, tmp_pat
     save = tmp_path / "changed"
     shutil.copytree(pp_run, save)
     before = files(save)
-    result = train(folders["a"], save, max_update=4, arch="transformer_pp_tiny",
-                   extra=["--conv-head-scaling", "inv-sqrt-head-dim"])
+    result = train(
+        folders["a"],
+        save,
+        max_update=4,
+        arch="transformer_pp_tiny",
+        extra=["--conv-head-scaling", "inv-sqrt-head-dim"],
+    )
     last = one_line_error(result, "fairseq-train")
     assert "--conv-head-scaling 'none' in the checkpoint, 'inv-sqrt-head-dim' now" in last
     assert files(save) == before
@@ -219,14 +316,30 @@ def test_options_that_do_not_change_the_model_resume(folders, pp_run, tmp_path):
     model options."""
     save = tmp_path / "same"
     shutil.copytree(pp_run, save)
-    result = train(folders["a"], save, max_update=3, arch="transformer_pp_tiny",
-                   options=["--lr", "1e-3", "--max-tokens", "300", "--log-interval", "1"],
-                   extra=["--conv-heads-impl", "taps"])
+    result = train(
+        folders["a"],
+        save,
+        max_update=3,
+        arch="transformer_pp_tiny",
+        options=["--lr", "1e-3", "--max-tokens", "300", "--log-interval", "1"],
+        extra=["--conv-heads-impl", "taps"],
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Loaded checkpoint" in result.stdout + result.stderr
-    result = command("tpp-average-checkpoints", "--inputs", save / "checkpoint_1_2.pt",
-                     save / "checkpoint_1_3.pt", "--output", tmp_path / "avg.pt")
+    result = command(
+        "tpp-average-checkpoints",
+        "--inputs",
+        save / "checkpoint_1_2.pt",
+        save / "checkpoint_1_3.pt",
+        "--output",
+        tmp_path / "avg.pt",
+    )
     assert result.returncode == 0, result.stderr
-    result = train(folders["a"], save, max_update=4, arch="transformer_pp_tiny",
-                   extra=["--conv-head-scaling", "inv-sqrt-head-dim", "--reset-optimizer"])
+    result = train(
+        folders["a"],
+        save,
+        max_update=4,
+        arch="transformer_pp_tiny",
+        extra=["--conv-head-scaling", "inv-sqrt-head-dim", "--reset-optimizer"],
+    )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -26,20 +26,55 @@ def evaluated(nmt_corpus, tmp_path_factory):
     # a checkpoint every update: fairseq skips checkpoint_<epoch>_<update>.pt when the
     # interval falls on an epoch's last batch, so a sparser interval could leave fewer
     # than three to average, depending on how the tiny corpus is batched
-    subprocess.run(train_command(data, root / "ckpt", max_update=100, save_interval_updates=1),
-                   check=True, env=tool_env(), capture_output=True)
+    subprocess.run(
+        train_command(data, root / "ckpt", max_update=100, save_interval_updates=1),
+        check=True,
+        env=tool_env(),
+        capture_output=True,
+    )
     average = root / "ckpt" / "checkpoint_avg3.pt"
-    subprocess.run(["tpp-average-checkpoints", "--inputs", str(root / "ckpt"),
-                    "--num-update-checkpoints", "3", "--output", str(average)],
-                   check=True, env=tool_env(), capture_output=True)
+    subprocess.run(
+        [
+            "tpp-average-checkpoints",
+            "--inputs",
+            str(root / "ckpt"),
+            "--num-update-checkpoints",
+            "3",
+            "--output",
+            str(average),
+        ],
+        check=True,
+        env=tool_env(),
+        capture_output=True,
+    )
     out = root / "eval"
     result = subprocess.run(
-        ["tpp-evaluate", "--data", str(data), "--checkpoint", str(average),
-         "--reference", str(corpus / "raw" / "test.de"), "--out", str(out), "--cpu"],
-        cwd=REPO, env=tool_env(), capture_output=True, text=True)
+        [
+            "tpp-evaluate",
+            "--data",
+            str(data),
+            "--checkpoint",
+            str(average),
+            "--reference",
+            str(corpus / "raw" / "test.de"),
+            "--out",
+            str(out),
+            "--cpu",
+        ],
+        cwd=REPO,
+        env=tool_env(),
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
-    return {"root": root, "corpus": corpus, "data": data, "checkpoint": average, "out": out,
-            "stdout": result.stdout}
+    return {
+        "root": root,
+        "corpus": corpus,
+        "data": data,
+        "checkpoint": average,
+        "out": out,
+        "stdout": result.stdout,
+    }
 
 
 def read_scores(path):
@@ -66,8 +101,9 @@ def run_evaluate(*args, module=False):
     """The README's command, tpp-evaluate (or, with ``module``, ``python -m
     tpp_tools.evaluate``, which it runs)."""
     command = [sys.executable, "-m", "tpp_tools.evaluate"] if module else ["tpp-evaluate"]
-    return subprocess.run([*command, *map(str, args)], cwd=REPO,
-                          env=tool_env(), capture_output=True, text=True)
+    return subprocess.run(
+        [*command, *map(str, args)], cwd=REPO, env=tool_env(), capture_output=True, text=True
+    )
 
 
 def test_detokenized_sacrebleu_and_chrf_match_direct_sacrebleu(evaluated):
@@ -91,9 +127,23 @@ def test_detokenized_sacrebleu_and_chrf_match_direct_sacrebleu(evaluated):
     assert "tok:13a" in signature
     assert signature in evaluated["stdout"]  # printed as well as written
     # and the sacrebleu command line on the script's own detokenised file agrees
-    cli = subprocess.run(["sacrebleu", str(corpus / "raw" / "test.de"), "-i", str(out / "hyp.detok"),
-                          "-m", "bleu", "-b", "-w", "2"],
-                         env=tool_env(), capture_output=True, text=True, check=True)
+    cli = subprocess.run(
+        [
+            "sacrebleu",
+            str(corpus / "raw" / "test.de"),
+            "-i",
+            str(out / "hyp.detok"),
+            "-m",
+            "bleu",
+            "-b",
+            "-w",
+            "2",
+        ],
+        env=tool_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert cli.stdout.strip() == scores["sacrebleu_detok"]
 
     chrf = sacrebleu.CHRF()
@@ -118,21 +168,36 @@ def test_tokenized_compound_split_bleu(evaluated):
 
 
 def test_python_api_returns_the_scores(evaluated, tmp_path):
-    scores = EVALUATE.evaluate(evaluated["data"], evaluated["checkpoint"],
-                               evaluated["corpus"] / "raw" / "test.de", tmp_path / "api", cpu=True)
+    scores = EVALUATE.evaluate(
+        evaluated["data"],
+        evaluated["checkpoint"],
+        evaluated["corpus"] / "raw" / "test.de",
+        tmp_path / "api",
+        cpu=True,
+    )
     written = read_scores(evaluated["out"] / "bleu.txt")
     for key in ("sacrebleu_detok", "chrf", "bleu_tok_compound_split"):
         assert f"{scores[key]:.2f}" == written[key]
         assert scores[f"{key}_signature"] == written[f"{key}_signature"]
     assert scores["sentences"] == 40
-    assert (tmp_path / "api" / "bleu.txt").read_text() == (evaluated["out"] / "bleu.txt").read_text()
+    assert (tmp_path / "api" / "bleu.txt").read_text() == (
+        evaluated["out"] / "bleu.txt"
+    ).read_text()
 
 
 def test_refuses_to_overwrite_without_force(evaluated):
     before = folder_contents(evaluated["out"])
-    result = run_evaluate("--data", evaluated["data"], "--checkpoint", evaluated["checkpoint"],
-                          "--reference", evaluated["corpus"] / "raw" / "test.de",
-                          "--out", evaluated["out"], "--cpu")
+    result = run_evaluate(
+        "--data",
+        evaluated["data"],
+        "--checkpoint",
+        evaluated["checkpoint"],
+        "--reference",
+        evaluated["corpus"] / "raw" / "test.de",
+        "--out",
+        evaluated["out"],
+        "--cpu",
+    )
     assert result.returncode == 2 and "--force" in result.stderr
     assert folder_contents(evaluated["out"]) == before
 
@@ -142,8 +207,16 @@ def test_failed_forced_run_keeps_the_previous_results(evaluated, tmp_path):
     out = tmp_path / "eval"
     shutil.copytree(evaluated["out"], out)
     before = folder_contents(out)
-    base = ["--data", evaluated["data"], "--checkpoint", evaluated["checkpoint"], "--out", out,
-            "--cpu", "--force"]
+    base = [
+        "--data",
+        evaluated["data"],
+        "--checkpoint",
+        evaluated["checkpoint"],
+        "--out",
+        out,
+        "--cpu",
+        "--force",
+    ]
     reference = evaluated["corpus"] / "raw" / "test.de"
     short = tmp_path / "short.de"
     short.write_text("\n".join(reference.read_text().splitlines()[:-1]) + "\n")
@@ -182,18 +255,26 @@ def test_reference_is_checked_before_translating_and_counted_like_sacrebleu(eval
     # generation fail: the reference error (exit 2) proves it was checked first
     short = tmp_path / "short.de"
     short.write_text("\n".join(reference.read_text().splitlines()[:-1]) + "\n")
-    result = run_evaluate(*base, "--reference", short, "--out", tmp_path / "b",
-                          "--", "--no-such-generate-option")
+    result = run_evaluate(
+        *base, "--reference", short, "--out", tmp_path / "b", "--", "--no-such-generate-option"
+    )
     assert result.returncode == 2, result.stderr
-    assert f"{short}: 39 lines, but split 'test' of {evaluated['data']} has 40 sentences" in result.stderr
+    assert (
+        f"{short}: 39 lines, but split 'test' of {evaluated['data']} has 40 sentences"
+        in result.stderr
+    )
     assert "translating" not in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "b").exists()
 
 
 @pytest.mark.parametrize("problem", ["missing", "not utf-8", "no such split", "bad checkpoint"])
 def test_bad_input_is_named_without_a_traceback(evaluated, tmp_path, problem):
-    args = {"--data": evaluated["data"], "--checkpoint": evaluated["checkpoint"],
-            "--reference": evaluated["corpus"] / "raw" / "test.de", "--out": tmp_path / "out"}
+    args = {
+        "--data": evaluated["data"],
+        "--checkpoint": evaluated["checkpoint"],
+        "--reference": evaluated["corpus"] / "raw" / "test.de",
+        "--out": tmp_path / "out",
+    }
     if problem == "missing":
         args["--reference"] = tmp_path / "nowhere.de"
         expected = f"{tmp_path / 'nowhere.de'}: no such file"
@@ -212,8 +293,7 @@ def test_bad_input_is_named_without_a_traceback(evaluated, tmp_path, problem):
         args["--checkpoint"] = damaged
         expected = f"{damaged}: truncated or damaged checkpoint"
     extra = ["--split", "dev"] if problem == "no such split" else []
-    result = run_evaluate(*[x for pair in args.items() for x in pair], "--cpu", *extra,
-                          module=True)
+    result = run_evaluate(*[x for pair in args.items() for x in pair], "--cpu", *extra, module=True)
     assert result.returncode == 2
     assert expected in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
@@ -223,9 +303,20 @@ def test_bad_input_is_named_without_a_traceback(evaluated, tmp_path, problem):
 def test_a_reference_that_is_a_folder_is_named_as_a_folder(evaluated, tmp_path):
     """Issue 33.12: --reference DIR said "no such file"."""
     folder = evaluated["corpus"] / "raw"
-    result = run_evaluate("--data", evaluated["data"], "--checkpoint", evaluated["checkpoint"],
-                          "--reference", folder, "--out", tmp_path / "out", "--cpu")
+    result = run_evaluate(
+        "--data",
+        evaluated["data"],
+        "--checkpoint",
+        evaluated["checkpoint"],
+        "--reference",
+        folder,
+        "--out",
+        tmp_path / "out",
+        "--cpu",
+    )
     assert result.returncode == 2, result.stderr
-    assert f"{folder}: is a folder, not a file (--reference takes the raw reference file " \
-           "itself, one sentence per line)" in result.stderr, result.stderr
+    assert (
+        f"{folder}: is a folder, not a file (--reference takes the raw reference file "
+        "itself, one sentence per line)" in result.stderr
+    ), result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()

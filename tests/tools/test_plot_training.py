@@ -17,13 +17,43 @@ def train_tiny(work, log_format):
     written by --log-file, console output) of that run."""
     log = work / f"train.{log_format}.log"
     run = subprocess.run(
-        [str(BIN / "fairseq-train"), str(work / "bin"), "--arch", "transformer_tiny",
-         "--optimizer", "adam", "--lr", "0.001", "--max-tokens", "500", "--max-update", "8",
-         "--max-epoch", "3", "--criterion", "label_smoothed_cross_entropy",
-         "--label-smoothing", "0.1", "--log-format", log_format, "--log-interval", "2",
-         "--log-file", str(log), "--no-save", "--cpu", "--seed", "1",
-         "--num-workers", "0"],
-        check=True, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        [
+            str(BIN / "fairseq-train"),
+            str(work / "bin"),
+            "--arch",
+            "transformer_tiny",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.001",
+            "--max-tokens",
+            "500",
+            "--max-update",
+            "8",
+            "--max-epoch",
+            "3",
+            "--criterion",
+            "label_smoothed_cross_entropy",
+            "--label-smoothing",
+            "0.1",
+            "--log-format",
+            log_format,
+            "--log-interval",
+            "2",
+            "--log-file",
+            str(log),
+            "--no-save",
+            "--cpu",
+            "--seed",
+            "1",
+            "--num-workers",
+            "0",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     console = work / f"console.{log_format}.txt"
     console.write_text(run.stdout + run.stderr, encoding="utf-8")
     return log, console
@@ -37,10 +67,25 @@ def sample_bin(tmp_path_factory):
         for lang in ("en", "de"):
             head(SAMPLE / f"{split}.{lang}", work / f"{split}.{lang}", n)
     subprocess.run(
-        [str(BIN / "fairseq-preprocess"), "--source-lang", "en", "--target-lang", "de",
-         "--trainpref", str(work / "train"), "--validpref", str(work / "valid"),
-         "--destdir", str(work / "bin"), "--joined-dictionary", "--workers", "1"],
-        check=True, capture_output=True)
+        [
+            str(BIN / "fairseq-preprocess"),
+            "--source-lang",
+            "en",
+            "--target-lang",
+            "de",
+            "--trainpref",
+            str(work / "train"),
+            "--validpref",
+            str(work / "valid"),
+            "--destdir",
+            str(work / "bin"),
+            "--joined-dictionary",
+            "--workers",
+            "1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return work
 
 
@@ -89,8 +134,13 @@ def test_simple_format_gives_the_same_records(fairseq_run, sample_bin, tmp_path)
 
     def deterministic(series):
         timing = {"wps", "ups", "wall", "train_wall", "gb_free"}
-        return {name: [(step, {k: v for k, v in values.items() if k not in timing})
-                       for step, values in points] for name, points in series.items()}
+        return {
+            name: [
+                (step, {k: v for k, v in values.items() if k not in timing})
+                for step, values in points
+            ]
+            for name, points in series.items()
+        }
 
     expected = deterministic(plotter.read_log(json_log))
     assert set(expected) == {"train_inner", "train", "valid"}
@@ -121,10 +171,22 @@ def test_plots_tagging_metrics_when_logged(fairseq_run, tmp_path):
     for i, line in enumerate(log.read_text(encoding="utf-8").splitlines()):
         if line.startswith('{"'):
             record = json.loads(line)
-            prefix = next((k[: -len("loss")] for k in record if k.endswith("loss")
-                           and not k.endswith("nll_loss")), "")
-            record.update({f"{prefix}pos_acc": str(40 + i), f"{prefix}ner_acc": str(60 + i),
-                           f"{prefix}pos_loss": str(3 - i / 20), f"{prefix}ner_loss": "1.5"})
+            prefix = next(
+                (
+                    k[: -len("loss")]
+                    for k in record
+                    if k.endswith("loss") and not k.endswith("nll_loss")
+                ),
+                "",
+            )
+            record.update(
+                {
+                    f"{prefix}pos_acc": str(40 + i),
+                    f"{prefix}ner_acc": str(60 + i),
+                    f"{prefix}pos_loss": str(3 - i / 20),
+                    f"{prefix}ner_loss": "1.5",
+                }
+            )
             line = json.dumps(record)
         lines.append(line)
     tagged.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -151,22 +213,29 @@ def test_refuses_to_overwrite_without_force(fairseq_run, tmp_path, capsys):
     assert_real_png(out / "loss.png")
 
 
-@pytest.mark.parametrize("content, message", [
-    (None, "not found"),
-    ("", "empty"),
-    ("  \n\n", "empty"),
-    ("2020-01-01 | INFO | fairseq_cli.train | {'_name': None}\nno json here\n",
-     "no training or validation records"),
-    ('{"epoch": 1, "update": 0.5, "wps": "100"}\n', "no training or validation records"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "not found"),
+        ("", "empty"),
+        ("  \n\n", "empty"),
+        (
+            "2020-01-01 | INFO | fairseq_cli.train | {'_name': None}\nno json here\n",
+            "no training or validation records",
+        ),
+        ('{"epoch": 1, "update": 0.5, "wps": "100"}\n', "no training or validation records"),
+    ],
+)
 def test_bad_logs_fail_with_a_clear_message(tmp_path, content, message):
     log = tmp_path / "train.log"
     if content is not None:
         log.write_text(content, encoding="utf-8")
     # through the command line: the exit status is what shell pipelines see
-    run = subprocess.run(["tpp-plot-training", "--log", str(log),
-                          "--out-dir", str(tmp_path / "plots")],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        ["tpp-plot-training", "--log", str(log), "--out-dir", str(tmp_path / "plots")],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode != 0
     assert message in run.stderr
     assert "Traceback" not in run.stderr

@@ -21,8 +21,13 @@ SAVED = re.compile(r"Saved checkpoint \S+ \(epoch \d+ @ (\d+) updates")
 
 
 def dry_run(*args, env=None):
-    result = subprocess.run(["bash", str(SCRIPTS / "train.sh"), "--dry-run", *args],
-                            env=env or tool_env(), capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        ["bash", str(SCRIPTS / "train.sh"), "--dry-run", *args],
+        env=env or tool_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return shlex.split(result.stdout)
 
 
@@ -36,10 +41,15 @@ def test_paper_recipe_defaults_and_overrides():
     command = dry_run("--preset", "en-de", "--data", "some/data")
     assert command[1] == "some/data"
     expected = {
-        "--arch": "transformer_pp_wmt_en_de_big", "--task": "translation_with_tags",
-        "--criterion": "label_smoothed_cross_entropy_with_tags", "--optimizer": "adam",
-        "--adam-betas": "(0.9, 0.98)", "--lr-scheduler": "inverse_sqrt",
-        "--warmup-updates": "4000", "--label-smoothing": "0.1", "--update-freq": "10",
+        "--arch": "transformer_pp_wmt_en_de_big",
+        "--task": "translation_with_tags",
+        "--criterion": "label_smoothed_cross_entropy_with_tags",
+        "--optimizer": "adam",
+        "--adam-betas": "(0.9, 0.98)",
+        "--lr-scheduler": "inverse_sqrt",
+        "--warmup-updates": "4000",
+        "--label-smoothing": "0.1",
+        "--update-freq": "10",
         "--max-update": "320000",
     }
     for name, value in expected.items():
@@ -59,8 +69,12 @@ def test_paper_recipe_defaults_and_overrides():
     assert option(command, "--arch") == "transformer_pp"
     assert command[-3:] == ["--fp16", "--patience", "3"]
 
-    bad = subprocess.run(["bash", str(SCRIPTS / "train.sh"), "--no-such-option"],
-                         env=tool_env(), capture_output=True, text=True)
+    bad = subprocess.run(
+        ["bash", str(SCRIPTS / "train.sh"), "--no-such-option"],
+        env=tool_env(),
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode != 0 and "--no-such-option" in bad.stderr
 
 
@@ -85,8 +99,12 @@ def test_fp16_is_added_on_a_gpu_only_where_no_other_precision_is_asked_for(tmp_p
             cfg = options.parse_args_and_arch(options.get_training_parser(), command[1:])
             assert getattr(cfg, precision[2:].replace("-", "_")), precision
     assert "--fp16" not in dry_run("--preset", "base", env=dict(env, CUDA_VISIBLE_DEVICES=""))
-    both = subprocess.run(["bash", str(SCRIPTS / "train.sh"), "--dry-run", "--fp16", "--", "--bf16"],
-                          env=env, capture_output=True, text=True)
+    both = subprocess.run(
+        ["bash", str(SCRIPTS / "train.sh"), "--dry-run", "--fp16", "--", "--bf16"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert both.returncode != 0 and "two precisions" in both.stderr
 
 
@@ -97,7 +115,9 @@ def wait_for_saved_checkpoint(log_path, process, timeout):
         found = SAVED.findall(log_path.read_text())
         if found:
             return int(found[-1])
-        assert process.poll() is None, "training ended before writing a checkpoint:\n" + log_path.read_text()
+        assert process.poll() is None, (
+            "training ended before writing a checkpoint:\n" + log_path.read_text()
+        )
         time.sleep(0.05)
     raise AssertionError(f"no checkpoint after {timeout}s:\n{log_path.read_text()}")
 
@@ -113,9 +133,13 @@ def test_killed_run_resumes_from_last_checkpoint(nmt_corpus, tmp_path):
     # first run: far more updates than we let it do; checkpoints every 15 updates
     log1 = tmp_path / "train1.log"
     with open(log1, "w") as log:
-        process = subprocess.Popen(train_command(data, save_dir, max_update=5000, save_interval_updates=15),
-                                   env=tool_env(), stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            train_command(data, save_dir, max_update=5000, save_interval_updates=15),
+            env=tool_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         saved_at = wait_for_saved_checkpoint(log1, process, timeout=180)
         # kill the whole run at once, like a node failure or preemption would
@@ -135,8 +159,14 @@ def test_killed_run_resumes_from_last_checkpoint(nmt_corpus, tmp_path):
     target = saved_at + 10
     log2 = tmp_path / "train2.log"
     with open(log2, "w") as log:
-        subprocess.run(train_command(data, save_dir, max_update=target, save_interval_updates=15),
-                       env=tool_env(), stdout=log, stderr=subprocess.STDOUT, check=True, timeout=300)
+        subprocess.run(
+            train_command(data, save_dir, max_update=target, save_interval_updates=15),
+            env=tool_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            check=True,
+            timeout=300,
+        )
     text = log2.read_text()
     assert f"@ {saved_at} updates" in re.search(r"[Ll]oaded checkpoint .*", text).group(0), text
     logged = [int(n) for n in re.findall(r"num_updates[ =](\d+)", text)]
@@ -147,12 +177,12 @@ def test_killed_run_resumes_from_last_checkpoint(nmt_corpus, tmp_path):
     assert first_lr > 1e-3
 
 
-
 def readme_train_command(data, save_dir, max_update, save_interval_updates):
     """tests' usual train.sh command, run as the README writes it: the script itself
     (it must be executable), not `bash script`."""
-    command = train_command(data, save_dir, max_update=max_update,
-                            save_interval_updates=save_interval_updates)
+    command = train_command(
+        data, save_dir, max_update=max_update, save_interval_updates=save_interval_updates
+    )
     assert command[0] == "bash"
     return command[1:]
 
@@ -163,8 +193,14 @@ def trained_run(nmt_corpus, tmp_path_factory):
     root = tmp_path_factory.mktemp("trained")
     data = nmt_corpus["data"]
     save_dir = root / "ckpt"
-    result = subprocess.run(readme_train_command(data, save_dir, 20, 5), cwd=REPO,
-                            env=tool_env(), capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        readme_train_command(data, save_dir, 20, 5),
+        cwd=REPO,
+        env=tool_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert num_updates(save_dir / "checkpoint_last.pt") == 20
     return {"data": data, "save_dir": save_dir}
@@ -173,9 +209,13 @@ def trained_run(nmt_corpus, tmp_path_factory):
 def test_train_sh_log_is_plottable_as_it_is(trained_run, tmp_path):
     """Issue 11.7: the log train.sh writes plots without options or conversion."""
     log = trained_run["save_dir"] / "train.log"
-    result = subprocess.run(["tpp-plot-training", "--log", str(log), "--out-dir",
-                             str(tmp_path / "plots")], cwd=REPO, env=tool_env(),
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        ["tpp-plot-training", "--log", str(log), "--out-dir", str(tmp_path / "plots")],
+        cwd=REPO,
+        env=tool_env(),
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "plots" / "loss.png").stat().st_size > 0
     assert (tmp_path / "plots" / "perplexity.png").stat().st_size > 0
@@ -194,11 +234,21 @@ def torn_run(trained_run, tmp_path_factory):
     interval = {path.name: num_updates(path) for path in save_dir.glob("checkpoint_*_*.pt")}
     torn = intact[: len(intact) * 2 // 3]
     last.write_bytes(torn)
-    result = subprocess.run(readme_train_command(trained_run["data"], save_dir, 30, 5),
-                            cwd=REPO, env=tool_env(), capture_output=True, text=True,
-                            timeout=600)
-    return {"save_dir": save_dir, "torn": torn, "intact": intact, "interval": interval,
-            "result": result}
+    result = subprocess.run(
+        readme_train_command(trained_run["data"], save_dir, 30, 5),
+        cwd=REPO,
+        env=tool_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return {
+        "save_dir": save_dir,
+        "torn": torn,
+        "intact": intact,
+        "interval": interval,
+        "result": result,
+    }
 
 
 def test_torn_checkpoint_last_is_kept_aside_and_training_resumes(torn_run):
@@ -210,8 +260,10 @@ def test_torn_checkpoint_last_is_kept_aside_and_training_resumes(torn_run):
     assert "PytorchStreamReader" not in messages
     newest_name, newest = max(torn_run["interval"].items(), key=lambda item: item[1])
     assert 0 < newest < 20
-    assert f"{save_dir / 'checkpoint_last.pt'} cannot be loaded (truncated or damaged " \
-           "checkpoint" in messages, messages[-3000:]
+    assert (
+        f"{save_dir / 'checkpoint_last.pt'} cannot be loaded (truncated or damaged "
+        "checkpoint" in messages
+    ), messages[-3000:]
     assert f"resuming from {save_dir / newest_name} ({newest} updates)" in messages
     loaded = re.search(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)", messages)
     assert loaded and int(loaded.group(1)) == newest, messages[-3000:]
@@ -232,8 +284,16 @@ def test_truncation_anywhere_is_detected(torn_run, tmp_path):
     whole.write_bytes(intact)
     assert recover.problem_with(whole) is None
     cut = tmp_path / "cut.pt"
-    for size in (0, 1, 100, 4096, len(intact) // 3, len(intact) - 4096, len(intact) - 22,
-                 len(intact) - 1):
+    for size in (
+        0,
+        1,
+        100,
+        4096,
+        len(intact) // 3,
+        len(intact) - 4096,
+        len(intact) - 22,
+        len(intact) - 1,
+    ):
         cut.write_bytes(intact[:size])
         assert recover.problem_with(cut) is not None, size
 
@@ -243,8 +303,13 @@ def test_no_readable_checkpoint_is_an_error(torn_run, tmp_path):
     save_dir.mkdir()
     (save_dir / "checkpoint_last.pt").write_bytes(torn_run["torn"])
     (save_dir / "checkpoint_1_5.pt").write_bytes(torn_run["torn"][:1000])
-    result = subprocess.run(["tpp-recover-checkpoint", "--save-dir", str(save_dir)],
-                            cwd=REPO, env=tool_env(), capture_output=True, text=True)
+    result = subprocess.run(
+        ["tpp-recover-checkpoint", "--save-dir", str(save_dir)],
+        cwd=REPO,
+        env=tool_env(),
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 2
     assert f"skipping {save_dir / 'checkpoint_1_5.pt'}: truncated" in result.stderr
     assert "no readable checkpoint to resume from" in result.stderr
@@ -254,9 +319,13 @@ def test_no_readable_checkpoint_is_an_error(torn_run, tmp_path):
     # with --restore-file naming another file, fairseq resumes from that file, as fairseq
     # defines it: nothing in the save dir is checked or moved
     (save_dir / "checkpoint_last.pt").write_bytes(torn_run["torn"])
-    result = subprocess.run(["tpp-recover-checkpoint", "--save-dir", str(save_dir),
-                             "--restore-file", "elsewhere.pt"],
-                            cwd=REPO, env=tool_env(), capture_output=True, text=True)
+    result = subprocess.run(
+        ["tpp-recover-checkpoint", "--save-dir", str(save_dir), "--restore-file", "elsewhere.pt"],
+        cwd=REPO,
+        env=tool_env(),
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0 and result.stderr == ""
     assert (save_dir / "checkpoint_last.pt").read_bytes() == torn_run["torn"]
 
@@ -269,13 +338,25 @@ def test_a_finished_run_is_not_trained_again(trained_run, tmp_path):
     shutil.copytree(trained_run["save_dir"], save_dir)
     before = {path.name: path.stat().st_mtime_ns for path in save_dir.glob("*.pt")}
     for max_update in (20, 12):
-        result = subprocess.run(readme_train_command(trained_run["data"], save_dir, max_update, 5), cwd=REPO,
-                                env=tool_env(), capture_output=True, text=True, timeout=600)
+        result = subprocess.run(
+            readme_train_command(trained_run["data"], save_dir, max_update, 5),
+            cwd=REPO,
+            env=tool_env(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         assert "has 20 updates: the run is finished" in result.stderr
         assert {path.name: path.stat().st_mtime_ns for path in save_dir.glob("*.pt")} == before
-    result = subprocess.run(readme_train_command(trained_run["data"], save_dir, 22, 5), cwd=REPO,
-                            env=tool_env(), capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        readme_train_command(trained_run["data"], save_dir, 22, 5),
+        cwd=REPO,
+        env=tool_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert num_updates(save_dir / "checkpoint_last.pt") == 22
 
@@ -286,16 +367,27 @@ def test_one_training_per_save_dir(nmt_corpus, tmp_path):
     save_dir = tmp_path / "ckpt"
     log1 = tmp_path / "train1.log"
     with open(log1, "w") as log:
-        first = subprocess.Popen(train_command(nmt_corpus["data"], save_dir, max_update=5000,
-                                               save_interval_updates=15),
-                                 env=tool_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        first = subprocess.Popen(
+            train_command(nmt_corpus["data"], save_dir, max_update=5000, save_interval_updates=15),
+            env=tool_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         wait_for_saved_checkpoint(log1, first, timeout=180)
-        second = subprocess.run(train_command(nmt_corpus["data"], save_dir, max_update=5000,
-                                              save_interval_updates=15),
-                                env=tool_env(), capture_output=True, text=True, timeout=120)
+        second = subprocess.run(
+            train_command(nmt_corpus["data"], save_dir, max_update=5000, save_interval_updates=15),
+            env=tool_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert second.returncode == 2 and "Traceback" not in second.stderr
-        assert f"another training is using the save dir {save_dir} (process {first.pid} on host" in second.stderr
+        assert (
+            f"another training is using the save dir {save_dir} (process {first.pid} on host"
+            in second.stderr
+        )
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
@@ -304,7 +396,10 @@ def test_one_training_per_save_dir(nmt_corpus, tmp_path):
 @pytest.mark.parametrize("value", ["0", "-5", "ten"])
 def test_max_update_must_be_a_positive_number(value, tmp_path):
     """fairseq reads --max-update 0 as "no limit": refused before anything runs."""
-    bad = subprocess.run(["bash", str(SCRIPTS / "train.sh"), "--dry-run", "--max-update", value],
-                         capture_output=True, text=True)
+    bad = subprocess.run(
+        ["bash", str(SCRIPTS / "train.sh"), "--dry-run", "--max-update", value],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2
     assert f"--max-update must be a positive number of updates, not '{value}'" in bad.stderr

@@ -13,21 +13,49 @@ from tpp_tools import study
 # tpp_tools, on the data folder of data_folder() below (run version 1): a study started
 # then is resumed (its finished runs reused) only if these stay the same.
 RUN_FOLDERS_V1 = {
-    "cpu": ["transformer-s1-c85b93f2", "transformer-s2-63050a12", "control-s1-83b39d14",
-            "control-s2-9500e6e6", "hybrid-s1-3dc1f37d", "hybrid-s2-9787e633",
-            "hybrid_tags-s1-8352a9d9", "hybrid_tags-s2-66490b27"],
-    "gpu": ["transformer-s1-9c2a95cd", "transformer-s2-d3983fd6", "control-s1-cb148a55",
-            "control-s2-e86443aa", "hybrid-s1-bca49e8a", "hybrid-s2-f8968cae",
-            "hybrid_tags-s1-b12b34f2", "hybrid_tags-s2-8f3699a1"],
+    "cpu": [
+        "transformer-s1-c85b93f2",
+        "transformer-s2-63050a12",
+        "control-s1-83b39d14",
+        "control-s2-9500e6e6",
+        "hybrid-s1-3dc1f37d",
+        "hybrid-s2-9787e633",
+        "hybrid_tags-s1-8352a9d9",
+        "hybrid_tags-s2-66490b27",
+    ],
+    "gpu": [
+        "transformer-s1-9c2a95cd",
+        "transformer-s2-d3983fd6",
+        "control-s1-cb148a55",
+        "control-s2-e86443aa",
+        "hybrid-s1-bca49e8a",
+        "hybrid-s2-f8968cae",
+        "hybrid_tags-s1-b12b34f2",
+        "hybrid_tags-s2-8f3699a1",
+    ],
 }
 # The same at run version 2 (transformer_pp's layers built in fairseq's order again).
 RUN_FOLDERS = {
-    "cpu": ["transformer-s1-f3eb4a60", "transformer-s2-0682d0fb", "control-s1-29bcae9d",
-            "control-s2-d58e7218", "hybrid-s1-6982a150", "hybrid-s2-072d545d",
-            "hybrid_tags-s1-60e4f29c", "hybrid_tags-s2-3b463723"],
-    "gpu": ["transformer-s1-cd1264cd", "transformer-s2-d80a367c", "control-s1-ca3a8ffc",
-            "control-s2-be875bae", "hybrid-s1-969b0041", "hybrid-s2-2f4d9de7",
-            "hybrid_tags-s1-d50927bd", "hybrid_tags-s2-ff3f3bd1"],
+    "cpu": [
+        "transformer-s1-f3eb4a60",
+        "transformer-s2-0682d0fb",
+        "control-s1-29bcae9d",
+        "control-s2-d58e7218",
+        "hybrid-s1-6982a150",
+        "hybrid-s2-072d545d",
+        "hybrid_tags-s1-60e4f29c",
+        "hybrid_tags-s2-3b463723",
+    ],
+    "gpu": [
+        "transformer-s1-cd1264cd",
+        "transformer-s2-d80a367c",
+        "control-s1-ca3a8ffc",
+        "control-s2-be875bae",
+        "hybrid-s1-969b0041",
+        "hybrid-s2-2f4d9de7",
+        "hybrid_tags-s1-d50927bd",
+        "hybrid_tags-s2-ff3f3bd1",
+    ],
 }
 
 
@@ -48,8 +76,13 @@ def test_run_identity_changes_with_the_run_version_only(tmp_path, monkeypatch, v
     data = data_folder(tmp_path / "data")
     assert study.fingerprint(data) == "9ef634b2722143c4"
     for config, device in (("cpu", "cpu"), ("gpu", "cuda")):
-        args = argparse.Namespace(variants=list(study.VARIANTS), seeds=[1, 2], extra=[],
-                                  device=device, out=tmp_path / "out")
+        args = argparse.Namespace(
+            variants=list(study.VARIANTS),
+            seeds=[1, 2],
+            extra=[],
+            device=device,
+            out=tmp_path / "out",
+        )
         runs = study.plan_runs(args, study.CONFIGS[config], data)
         assert sorted(r.folder.name for r in runs) == sorted(folders[config]), config
         assert all(r.folder.parent == tmp_path / "out" / "runs" for r in runs)
@@ -58,14 +91,35 @@ def test_run_identity_changes_with_the_run_version_only(tmp_path, monkeypatch, v
 def test_dry_run_plans_every_variant_and_seed(tmp_path):
     data = binarize_tagged(tmp_path / "text", tmp_path / "data-bin", n_train=60)
     out = tmp_path / "study"
-    shown = run(["tpp-study", "--config", "cpu", "--data", data,
-                 "--test-reference", tmp_path / "text" / "test.tgt", "--out", out,
-                 "--variants", "transformer,hybrid+tags", "--seeds", "1,2", "--device", "cpu",
-                 "--dry-run"], timeout=300)
+    shown = run(
+        [
+            "tpp-study",
+            "--config",
+            "cpu",
+            "--data",
+            data,
+            "--test-reference",
+            tmp_path / "text" / "test.tgt",
+            "--out",
+            out,
+            "--variants",
+            "transformer,hybrid+tags",
+            "--seeds",
+            "1,2",
+            "--device",
+            "cpu",
+            "--dry-run",
+        ],
+        timeout=300,
+    )
     lines = shown.stdout.splitlines()
     planned = [line for line in lines if " [to train] " in line]
     assert [line.split()[0] for line in planned] == [
-        "transformer-s1", "hybrid+tags-s1", "transformer-s2", "hybrid+tags-s2"], shown.stdout
+        "transformer-s1",
+        "hybrid+tags-s1",
+        "transformer-s2",
+        "hybrid+tags-s2",
+    ], shown.stdout
     commands = [shlex.split(line) for line in lines if line.strip().startswith("fairseq-train")]
     assert len(commands) == 4
     first, last = commands[0], commands[-1]
@@ -78,8 +132,21 @@ def test_dry_run_plans_every_variant_and_seed(tmp_path):
 
 def test_bad_input_is_an_error_naming_it(tmp_path):
     missing = tmp_path / "nowhere"
-    shown = run(["tpp-study", "--data", missing, "--test-reference", tmp_path / "ref",
-                 "--out", tmp_path / "out", "--device", "cpu"], check=False, timeout=300)
+    shown = run(
+        [
+            "tpp-study",
+            "--data",
+            missing,
+            "--test-reference",
+            tmp_path / "ref",
+            "--out",
+            tmp_path / "out",
+            "--device",
+            "cpu",
+        ],
+        check=False,
+        timeout=300,
+    )
     assert shown.returncode == 2
     assert f"tpp-study: error: --data {missing}: no such folder" in shown.stderr
     assert "Traceback" not in shown.stderr
@@ -97,21 +164,61 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
     data = binarize_tagged(tmp_path / "text", tmp_path / "data-bin", n_train=120)
     reference = tmp_path / "text" / "test.tgt"
     out = tmp_path / "study"
-    command = ["tpp-study", "--config", "cpu", "--data", data, "--test-reference", reference,
-               "--out", out, "--variants", "transformer,hybrid+tags", "--seeds", "1,2", "--device", "cpu",
-               "--parallel", "2", "--embed-dim", "32", "--ffn-dim", "64", "--heads", "4", "--layers", "2",
-               "--max-tokens", "256", "--warmup-updates", "2", "--bootstrap-samples", "50"]
+    command = [
+        "tpp-study",
+        "--config",
+        "cpu",
+        "--data",
+        data,
+        "--test-reference",
+        reference,
+        "--out",
+        out,
+        "--variants",
+        "transformer,hybrid+tags",
+        "--seeds",
+        "1,2",
+        "--device",
+        "cpu",
+        "--parallel",
+        "2",
+        "--embed-dim",
+        "32",
+        "--ffn-dim",
+        "64",
+        "--heads",
+        "4",
+        "--layers",
+        "2",
+        "--max-tokens",
+        "256",
+        "--warmup-updates",
+        "2",
+        "--bootstrap-samples",
+        "50",
+    ]
     run(command + ["--max-update", "4"], timeout=900)
 
     report = (out / "report.md").read_text()
-    for column in ("BLEU (mean over seeds ± 95% CI)", "chrF (mean)", "tok. BLEU, compound split (mean)",
-                   "bootstrap BLEU: mean ± 95% CI", "p vs (a)", "valid NLL", "train words/s"):
+    for column in (
+        "BLEU (mean over seeds ± 95% CI)",
+        "chrF (mean)",
+        "tok. BLEU, compound split (mean)",
+        "bootstrap BLEU: mean ± 95% CI",
+        "p vs (a)",
+        "valid NLL",
+        "train words/s",
+    ):
         assert column in report, column
     assert "| (a) transformer |" in report and "| (d) hybrid+tags |" in report
     assert "![learning curves](curves.png)" in report and (out / "curves.png").stat().st_size > 0
     runs = sorted(p.name for p in (out / "runs").iterdir())
     assert [name.rsplit("-", 1)[0] for name in runs] == [
-        "hybrid_tags-s1", "hybrid_tags-s2", "transformer-s1", "transformer-s2"]
+        "hybrid_tags-s1",
+        "hybrid_tags-s2",
+        "transformer-s1",
+        "transformer-s2",
+    ]
 
     # the significance figures are sacreBLEU's paired bootstrap on the seeds' translations
     summary = json.loads((out / "summary.json").read_text())
@@ -123,9 +230,13 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
             folder = summary["runs"][f"{variant}-s{seed}"]["folder"]
             hyps += (Path(folder) / "eval" / "hyp.detok").read_text(encoding="utf-8").splitlines()
         systems.append((variant, hyps))
-    signatures, scores = PairedTest(systems, {"BLEU": BLEU(), "chrF": CHRF()}, [refs * 2],
-                                    test_type="bs", n_samples=50)()
-    assert summary["signatures"]["BLEU"] == str(signatures["BLEU"]) and "bs:50" in summary["signatures"]["BLEU"]
+    signatures, scores = PairedTest(
+        systems, {"BLEU": BLEU(), "chrF": CHRF()}, [refs * 2], test_type="bs", n_samples=50
+    )()
+    assert (
+        summary["signatures"]["BLEU"] == str(signatures["BLEU"])
+        and "bs:50" in summary["signatures"]["BLEU"]
+    )
     ours = summary["bootstrap"]["hybrid+tags"]["BLEU"]
     theirs = scores["BLEU"][1]
     assert (ours["mean"], ours["ci"], ours["p_value"]) == (theirs.mean, theirs.ci, theirs.p_value)
@@ -151,13 +262,19 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
     hyp.write_text("".join(translations.splitlines(keepends=True)[:5]), encoding="utf-8")
     again = run(command + ["--max-update", "4"], timeout=900)
     assert ": training (" not in again.stdout, again.stdout
-    assert last.stat().st_mtime_ns == before and "found finished" in (first / "train.done").read_text()
-    assert again.stdout.count(": translating") == 1 and hyp.read_text(encoding="utf-8") == translations
+    assert (
+        last.stat().st_mtime_ns == before and "found finished" in (first / "train.done").read_text()
+    )
+    assert (
+        again.stdout.count(": translating") == 1 and hyp.read_text(encoding="utf-8") == translations
+    )
     assert not kept.exists()
 
     # --report-only: the report of what has finished, the rest named; nothing trained
     partial = run(command + ["--max-update", "4", "--seeds", "1,2,3", "--report-only"], timeout=300)
-    assert ": training (" not in partial.stdout and ": translating" not in partial.stdout, partial.stdout
+    assert (
+        ": training (" not in partial.stdout and ": translating" not in partial.stdout
+    ), partial.stdout
     report = (out / "report.md").read_text()
     assert "Not finished, not in the tables: transformer-s3, hybrid+tags-s3" in report
     assert f"{theirs.p_value:.4f}" in report, "the finished runs' figures, as before"
@@ -167,9 +284,17 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
 
     # a changed budget is a new run, never a silent reuse (the plan the real run follows)
     planned = run(command + ["--max-update", "6", "--dry-run"], timeout=300).stdout
-    states = [line.split()[:2] for line in planned.splitlines() if line.startswith(("transformer", "hybrid"))]
-    assert states == [["transformer-s1", "[to"], ["hybrid+tags-s1", "[to"],
-                      ["transformer-s2", "[to"], ["hybrid+tags-s2", "[to"]], planned
+    states = [
+        line.split()[:2]
+        for line in planned.splitlines()
+        if line.startswith(("transformer", "hybrid"))
+    ]
+    assert states == [
+        ["transformer-s1", "[to"],
+        ["hybrid+tags-s1", "[to"],
+        ["transformer-s2", "[to"],
+        ["hybrid+tags-s2", "[to"],
+    ], planned
     assert not any(name in planned for name in runs)
 
 
@@ -180,7 +305,9 @@ def test_prepared_data_is_identified_by_content_not_by_file_dates(tmp_path):
 
     def identity(prefix):
         args = argparse.Namespace(corpus=str(prefix), split_seed=1, variants_need_tags=True)
-        return study.data_identity(args, study.CONFIGS["cpu"], "en", "de", {}, {"test": 10, "valid": 10})
+        return study.data_identity(
+            args, study.CONFIGS["cpu"], "en", "de", {}, {"test": 10, "valid": 10}
+        )
 
     first, second = tmp_path / "a", tmp_path / "b"
     for folder in (first, second):
@@ -199,10 +326,13 @@ def test_conv_head_scaling_makes_new_runs_of_the_hybrid_variants_only(tmp_path):
     from dataclasses import replace
 
     data = data_folder(tmp_path / "data")
-    args = argparse.Namespace(variants=list(study.VARIANTS), seeds=[1, 2], extra=[], device="cpu",
-                              out=tmp_path / "out")
+    args = argparse.Namespace(
+        variants=list(study.VARIANTS), seeds=[1, 2], extra=[], device="cpu", out=tmp_path / "out"
+    )
     paper = study.plan_runs(args, study.CONFIGS["cpu"], data)
-    scaled = study.plan_runs(args, replace(study.CONFIGS["cpu"], conv_head_scaling="inv-sqrt-head-dim"), data)
+    scaled = study.plan_runs(
+        args, replace(study.CONFIGS["cpu"], conv_head_scaling="inv-sqrt-head-dim"), data
+    )
     for before, after in zip(paper, scaled):
         unaffected = before.variant in ("transformer", "control")
         assert (before.folder == after.folder) == unaffected, before.variant
@@ -215,8 +345,9 @@ def test_conv_head_scaling_makes_new_runs_of_the_hybrid_variants_only(tmp_path):
 def test_a_new_run_version_makes_new_runs_of_every_variant(tmp_path, monkeypatch):
     """Runs made by code that computed differently are never reused."""
     data = data_folder(tmp_path / "data")
-    args = argparse.Namespace(variants=list(study.VARIANTS), seeds=[1], extra=[], device="cpu",
-                              out=tmp_path / "out")
+    args = argparse.Namespace(
+        variants=list(study.VARIANTS), seeds=[1], extra=[], device="cpu", out=tmp_path / "out"
+    )
     now = study.plan_runs(args, study.CONFIGS["cpu"], data)
     monkeypatch.setattr(study, "RUN_VERSION", study.RUN_VERSION + 1)
     later = study.plan_runs(args, study.CONFIGS["cpu"], data)
@@ -229,9 +360,11 @@ def test_a_variant_translating_word_for_word_as_the_baseline_is_marked_identical
     study marks the pair instead of quoting that figure as a significant difference."""
     reference = tmp_path / "ref.txt"
     reference.write_text("a small house .\nthe red cat runs .\nit is cold .\n")
-    outputs = {"transformer": "a small house .\nthe cat runs .\nit is warm .\n",
-               "control": "a small house .\nthe cat runs .\nit is warm .\n",
-               "hybrid": "a house .\nthe red cat .\nit is cold .\n"}
+    outputs = {
+        "transformer": "a small house .\nthe cat runs .\nit is warm .\n",
+        "control": "a small house .\nthe cat runs .\nit is warm .\n",
+        "hybrid": "a house .\nthe red cat .\nit is cold .\n",
+    }
     runs = {}
     for variant, text in outputs.items():
         for seed in (1, 2):
@@ -251,14 +384,50 @@ def test_a_wrong_reference_or_variant_is_refused_before_any_training(tmp_path):
     short = tmp_path / "short.tgt"
     short.write_text("\n".join(lines[:-1]) + "\n")
     out = tmp_path / "out"
-    shown = run(["tpp-study", "--config", "cpu", "--data", data, "--test-reference", short, "--out", out,
-                 "--variants", "transformer,hybrid", "--seeds", "1,2", "--device", "cpu"], check=False, timeout=300)
+    shown = run(
+        [
+            "tpp-study",
+            "--config",
+            "cpu",
+            "--data",
+            data,
+            "--test-reference",
+            short,
+            "--out",
+            out,
+            "--variants",
+            "transformer,hybrid",
+            "--seeds",
+            "1,2",
+            "--device",
+            "cpu",
+        ],
+        check=False,
+        timeout=300,
+    )
     assert shown.returncode != 0 and "Traceback" not in shown.stderr
-    assert f"test reference {short} has {len(lines) - 1} lines but the test split of {data} has " \
-           f"{len(lines)} sentences" in shown.stderr
+    assert (
+        f"test reference {short} has {len(lines) - 1} lines but the test split of {data} has "
+        f"{len(lines)} sentences" in shown.stderr
+    )
     assert not (out / "runs").exists()
-    shown = run(["tpp-study", "--data", data, "--test-reference", tmp_path / "text" / "test.tgt", "--out", out,
-                 "--variants", "transformer,hybrd", "--device", "cpu"], check=False, timeout=300)
+    shown = run(
+        [
+            "tpp-study",
+            "--data",
+            data,
+            "--test-reference",
+            tmp_path / "text" / "test.tgt",
+            "--out",
+            out,
+            "--variants",
+            "transformer,hybrd",
+            "--device",
+            "cpu",
+        ],
+        check=False,
+        timeout=300,
+    )
     assert shown.returncode == 2 and "--variants: unknown ['hybrd']" in shown.stderr
     assert not (out / "runs").exists()
 
@@ -270,11 +439,27 @@ def test_device_cuda_without_a_gpu_is_an_error_and_a_dry_run_still_plans(tmp_pat
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA GPU: --device cuda is valid here")
     data = binarize_tagged(tmp_path / "text", tmp_path / "data-bin", n_train=60)
-    command = ["tpp-study", "--data", data, "--test-reference", tmp_path / "text" / "test.tgt",
-               "--out", tmp_path / "out", "--variants", "transformer,hybrid", "--seeds", "1,2", "--device", "cuda"]
+    command = [
+        "tpp-study",
+        "--data",
+        data,
+        "--test-reference",
+        tmp_path / "text" / "test.tgt",
+        "--out",
+        tmp_path / "out",
+        "--variants",
+        "transformer,hybrid",
+        "--seeds",
+        "1,2",
+        "--device",
+        "cuda",
+    ]
     shown = run(command, check=False, timeout=300)
     assert shown.returncode == 2 and "Traceback" not in shown.stderr
-    assert "tpp-study: error: --device cuda: torch" in shown.stderr and "sees no CUDA GPU" in shown.stderr
+    assert (
+        "tpp-study: error: --device cuda: torch" in shown.stderr
+        and "sees no CUDA GPU" in shown.stderr
+    )
     planned = run(command + ["--dry-run"], timeout=300).stdout
     assert planned.count(" [to train] ") == 4 and "--bf16" in planned
     # one device per run: fairseq's default would be data-parallel over every GPU it sees
@@ -307,8 +492,12 @@ def test_runs_going_at_once_on_gpus_take_one_gpu_each(monkeypatch):
     assert held[-1] is None
 
 
-@pytest.mark.parametrize("dtype, decoding", [("fp16", ["--", "--fp16"]), ("bf16", []), ("fp32", [])])
-def test_a_gpu_run_decodes_in_float16_only_if_it_trained_in_it(dtype, decoding, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "dtype, decoding", [("fp16", ["--", "--fp16"]), ("bf16", []), ("fp32", [])]
+)
+def test_a_gpu_run_decodes_in_float16_only_if_it_trained_in_it(
+    dtype, decoding, tmp_path, monkeypatch
+):
     """fairseq-generate 0.12 has no bfloat16 inference; a model trained in bfloat16 or
     float32 need not keep within float16's range, so it decodes in float32."""
     from dataclasses import replace
@@ -320,13 +509,15 @@ def test_a_gpu_run_decodes_in_float16_only_if_it_trained_in_it(dtype, decoding, 
     (folder / "checkpoint_avg.pt").write_bytes(b"")
     (tmp_path / "ref").write_text("a reference\n")
     commands = []
-    monkeypatch.setattr(study, "run_command", lambda cmd, log, env=None: commands.append([str(c) for c in cmd]))
+    monkeypatch.setattr(
+        study, "run_command", lambda cmd, log, env=None: commands.append([str(c) for c in cmd])
+    )
     args = argparse.Namespace(device="cuda", gen_max_tokens=16384, keep_checkpoints=True)
     run = study.Run("hybrid", 1, folder, ["fairseq-train"], {})
     study.execute(run, cfg, {"data": tmp_path / "data", "reference": tmp_path / "ref"}, args)
     (evaluate,) = commands  # trained and averaged already: only the evaluation runs
     assert evaluate[1:3] == ["-m", "tpp_tools.evaluate"] and "--cpu" not in evaluate
-    tail = evaluate[evaluate.index("--max-tokens") + 2:]
+    tail = evaluate[evaluate.index("--max-tokens") + 2 :]
     assert tail == decoding
 
 
@@ -337,8 +528,13 @@ def _study_in_training(command, out, timeout=600):
 
     from support import tool_env
 
-    proc = subprocess.Popen([str(c) for c in command], env=tool_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [str(c) for c in command],
+        env=tool_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + timeout
     for line in proc.stdout:
         if ": training (" in line:
@@ -356,7 +552,9 @@ def _study_in_training(command, out, timeout=600):
 def _trainers(out):
     import subprocess
 
-    found = subprocess.run(["pgrep", "-f", f"fairseq-train .*{out}/runs/"], capture_output=True, text=True)
+    found = subprocess.run(
+        ["pgrep", "-f", f"fairseq-train .*{out}/runs/"], capture_output=True, text=True
+    )
     return found.stdout.split()
 
 
@@ -369,15 +567,47 @@ def test_one_study_per_folder_and_sigterm_stops_its_trainers(tmp_path):
 
     data = binarize_tagged(tmp_path / "text", tmp_path / "data-bin", n_train=120)
     out = tmp_path / "study"
-    command = ["tpp-study", "--config", "cpu", "--data", data, "--test-reference", tmp_path / "text" / "test.tgt",
-               "--out", out, "--variants", "transformer,hybrid", "--seeds", "1,2", "--device", "cpu",
-               "--parallel", "1", "--embed-dim", "32", "--ffn-dim", "64", "--heads", "2", "--layers", "1",
-               "--max-tokens", "256", "--warmup-updates", "2", "--max-update", "100000"]
+    command = [
+        "tpp-study",
+        "--config",
+        "cpu",
+        "--data",
+        data,
+        "--test-reference",
+        tmp_path / "text" / "test.tgt",
+        "--out",
+        out,
+        "--variants",
+        "transformer,hybrid",
+        "--seeds",
+        "1,2",
+        "--device",
+        "cpu",
+        "--parallel",
+        "1",
+        "--embed-dim",
+        "32",
+        "--ffn-dim",
+        "64",
+        "--heads",
+        "2",
+        "--layers",
+        "1",
+        "--max-tokens",
+        "256",
+        "--warmup-updates",
+        "2",
+        "--max-update",
+        "100000",
+    ]
     first = _study_in_training(command, out)
     try:
         second = run(command, check=False, timeout=300)
         assert second.returncode == 2 and "Traceback" not in second.stderr
-        assert f"another tpp-study is using this study folder (process {first.pid} on host" in second.stderr
+        assert (
+            f"another tpp-study is using this study folder (process {first.pid} on host"
+            in second.stderr
+        )
         assert len(_trainers(out)) == 1, "the refused study started nothing"
         first.send_signal(signal.SIGTERM)
         assert first.wait(timeout=120) == 128 + signal.SIGTERM
@@ -396,11 +626,35 @@ def test_dry_run_prepares_nothing(tmp_path):
     (which takes minutes on a real corpus); the runs' ids wait for the dictionaries."""
     from support import lexicon_pairs, write_corpus
 
-    write_corpus(tmp_path / "corpus", {"train": lexicon_pairs((200, 1, 1), 1)["train"]}, src="en", tgt="de")
+    write_corpus(
+        tmp_path / "corpus", {"train": lexicon_pairs((200, 1, 1), 1)["train"]}, src="en", tgt="de"
+    )
     out = tmp_path / "study"
-    shown = run(["tpp-study", "--config", "cpu", "--corpus", tmp_path / "corpus" / "train", "-s", "en", "-t", "de",
-                 "--out", out, "--variants", "transformer,hybrid", "--seeds", "1,2", "--valid-size", "20",
-                 "--test-size", "20", "--dry-run"], timeout=300)
+    shown = run(
+        [
+            "tpp-study",
+            "--config",
+            "cpu",
+            "--corpus",
+            tmp_path / "corpus" / "train",
+            "-s",
+            "en",
+            "-t",
+            "de",
+            "--out",
+            out,
+            "--variants",
+            "transformer,hybrid",
+            "--seeds",
+            "1,2",
+            "--valid-size",
+            "20",
+            "--test-size",
+            "20",
+            "--dry-run",
+        ],
+        timeout=300,
+    )
     assert "is not prepared yet" in shown.stdout and shown.stdout.count("[to train]") == 4
     assert "transformer-s1-<id>" in shown.stdout
     assert not (out / "data").exists(), "nothing carved or prepared"

@@ -24,16 +24,25 @@ def prepared_folder(root: Path, test_size: int = 3) -> Path:
     for name in ("en", "de", "pos", "ner"):
         (data / f"dict.{name}.txt").write_text("a 1\nb 2\n")
     for split, size in (("train", 10), ("valid", 3), ("test", test_size)):
-        for lang in ("en", "de"):  # fairseq's MMapIndexedDataset header: magic, version, dtype, size
+        for lang in (
+            "en",
+            "de",
+        ):  # fairseq's MMapIndexedDataset header: magic, version, dtype, size
             (data / f"{split}.en-de.{lang}.idx").write_bytes(
-                b"MMIDIDX\x00\x00" + struct.pack("<QBQ", 1, 4, size))
+                b"MMIDIDX\x00\x00" + struct.pack("<QBQ", 1, 4, size)
+            )
     (root / "test.de").write_text("".join(f"line {i}\n" for i in range(test_size)))
     return data
 
 
 def tpp_study(*args, env=None):
-    return subprocess.run([str(Path(sys.executable).parent / "tpp-study"), *map(str, args)],
-                          env=env or tool_env(), capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "tpp-study"), *map(str, args)],
+        env=env or tool_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_wmt14_big_is_the_big_preset_trained_by_the_recipe(monkeypatch):
@@ -45,29 +54,51 @@ def test_wmt14_big_is_the_big_preset_trained_by_the_recipe(monkeypatch):
     transformer_pp_wmt_en_de_big(preset)
     cfg = study.CONFIGS["wmt14-big"]
     assert (cfg.embed_dim, cfg.ffn_dim, cfg.heads, cfg.layers) == (
-        preset.encoder_embed_dim, preset.encoder_ffn_embed_dim, preset.encoder_attention_heads,
-        preset.encoder_layers)
-    assert (preset.decoder_embed_dim, preset.decoder_ffn_embed_dim, preset.decoder_attention_heads,
-            preset.decoder_layers) == (cfg.embed_dim, cfg.ffn_dim, cfg.heads, cfg.layers)
+        preset.encoder_embed_dim,
+        preset.encoder_ffn_embed_dim,
+        preset.encoder_attention_heads,
+        preset.encoder_layers,
+    )
+    assert (
+        preset.decoder_embed_dim,
+        preset.decoder_ffn_embed_dim,
+        preset.decoder_attention_heads,
+        preset.decoder_layers,
+    ) == (cfg.embed_dim, cfg.ffn_dim, cfg.heads, cfg.layers)
     assert (cfg.dropout, cfg.attention_dropout, cfg.activation_dropout) == (
-        preset.dropout, preset.attention_dropout, preset.activation_dropout)
-    assert preset.share_decoder_input_output_embed and not getattr(preset, "share_all_embeddings", False)
+        preset.dropout,
+        preset.attention_dropout,
+        preset.activation_dropout,
+    )
+    assert preset.share_decoder_input_output_embed and not getattr(
+        preset, "share_all_embeddings", False
+    )
     assert cfg.shared_embeddings == "decoder" and cfg.gpus == 4
 
     for variable, _ in train.SETTINGS.values():
         monkeypatch.delenv(variable, raising=False)
     recipe = train.fairseq_command(train.parse_args(["--preset", "en-de", "--no-fp16"]))
-    args = argparse.Namespace(variants=["hybrid+tags"], seeds=[1, 2], extra=[], device="cuda", out=Path("out"))
+    args = argparse.Namespace(
+        variants=["hybrid+tags"], seeds=[1, 2], extra=[], device="cuda", out=Path("out")
+    )
     ours = study.plan_runs(args, cfg, Path("data"))[0].train_cmd
 
     def value(cmd, option):
         return cmd[len(cmd) - 1 - cmd[::-1].index(option) + 1]  # fairseq keeps the last
 
-    for option in ("--lr", "--warmup-updates", "--max-tokens", "--update-freq", "--max-update", "--label-smoothing",
-                   "--save-interval-updates", "--keep-interval-updates"):
+    for option in (
+        "--lr",
+        "--warmup-updates",
+        "--max-tokens",
+        "--update-freq",
+        "--max-update",
+        "--label-smoothing",
+        "--save-interval-updates",
+        "--keep-interval-updates",
+    ):
         assert float(value(ours, option)) == float(value(recipe, option)), option
     start = ours.index(train.OPTIMIZER[0])
-    assert ours[start:start + len(train.OPTIMIZER)] == train.OPTIMIZER
+    assert ours[start : start + len(train.OPTIMIZER)] == train.OPTIMIZER
     assert value(ours, "--distributed-world-size") == "4" and "--fp16" in ours
     assert "--share-decoder-input-output-embed" in ours and "--share-all-embeddings" not in ours
     assert value(ours, "--update-epoch-batch-itr") == "True"
@@ -77,56 +108,109 @@ def test_new_fields_keep_the_identity_of_runs_made_before_them(tmp_path):
     """gpus=1 and shared_embeddings="all" are what every run had before the fields existed."""
     from dataclasses import replace
 
-    args = argparse.Namespace(variants=["transformer"], seeds=[1, 2], extra=[], device="cpu", out=tmp_path)
+    args = argparse.Namespace(
+        variants=["transformer"], seeds=[1, 2], extra=[], device="cpu", out=tmp_path
+    )
     data = prepared_folder(tmp_path)
     cfg = study.CONFIGS["cpu"]
     before = [r.folder.name for r in study.plan_runs(args, cfg, data)]
     spec = study.plan_runs(args, cfg, data)[0].spec
     assert "gpus" not in spec["config"] and "shared_embeddings" not in spec["config"]
     assert [r.folder.name for r in study.plan_runs(args, replace(cfg, gpus=2), data)] != before
-    assert [r.folder.name for r in study.plan_runs(args, replace(cfg, shared_embeddings="decoder"), data)] != before
+    assert [
+        r.folder.name
+        for r in study.plan_runs(args, replace(cfg, shared_embeddings="decoder"), data)
+    ] != before
 
 
 def test_dry_run_plans_the_paper_scale_jobs_without_a_cluster(tmp_path):
     data = prepared_folder(tmp_path)
     out = tmp_path / "out"
-    shown = tpp_study("--config", "wmt14-big", "--launcher", "slurm", "--data", data, "--test-reference",
-                      tmp_path / "test.de", "--out", out, "--variants", "transformer,hybrid,hybrid+tags",
-                      "--seeds", "1,2,3", "--partition", "gpu", "--time-limit", "2-00:00:00",
-                      "--sbatch-option", "mem=64G", "--dry-run")
+    shown = tpp_study(
+        "--config",
+        "wmt14-big",
+        "--launcher",
+        "slurm",
+        "--data",
+        data,
+        "--test-reference",
+        tmp_path / "test.de",
+        "--out",
+        out,
+        "--variants",
+        "transformer,hybrid,hybrid+tags",
+        "--seeds",
+        "1,2,3",
+        "--partition",
+        "gpu",
+        "--time-limit",
+        "2-00:00:00",
+        "--sbatch-option",
+        "mem=64G",
+        "--dry-run",
+    )
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.splitlines()
     planned = [line.split()[0] for line in lines if " [to train] " in line]
-    assert planned == [f"{v}-s{s}" for s in (1, 2, 3) for v in ("transformer", "hybrid", "hybrid+tags")]
+    assert planned == [
+        f"{v}-s{s}" for s in (1, 2, 3) for v in ("transformer", "hybrid", "hybrid+tags")
+    ]
     commands = [shlex.split(line) for line in lines if line.strip().startswith("fairseq-train")]
     assert len(commands) == 9
     for cmd in commands:
         assert cmd[cmd.index("--distributed-world-size") + 1] == "4"
-        assert cmd[cmd.index("--update-freq") + 1] == "10" and cmd[cmd.index("--max-update") + 1] == "320000"
+        assert (
+            cmd[cmd.index("--update-freq") + 1] == "10"
+            and cmd[cmd.index("--max-update") + 1] == "320000"
+        )
         assert cmd[cmd.index("--encoder-embed-dim") + 1] == "1024" and "--fp16" in cmd
-    assert lines[-1].startswith("SLURM: one job per run not finished: partition gpu, 4 GPUs, 16 CPUs, "
-                                "time limit 48:00:00, --mem=64G, --requeue"), lines[-1]
+    assert lines[-1].startswith(
+        "SLURM: one job per run not finished: partition gpu, 4 GPUs, 16 CPUs, "
+        "time limit 48:00:00, --mem=64G, --requeue"
+    ), lines[-1]
     assert not (out / "slurm").exists() and not (out / "runs").exists()
 
 
 def test_time_limits_in_slurm_formats():
-    assert [study_slurm.time_minutes(t) for t in ("90", "90:30", "1:00:00", "2-00:00:00", "1-12", "0:0:1")] == [
-        90, 91, 60, 2880, 2160, 1]
+    assert [
+        study_slurm.time_minutes(t)
+        for t in ("90", "90:30", "1:00:00", "2-00:00:00", "1-12", "0:0:1")
+    ] == [90, 91, 60, 2880, 2160, 1]
     for bad in ("", "1h", "1:xx", "0"):
         with pytest.raises(ValueError):
             study_slurm.time_minutes(bad)
 
 
-@pytest.mark.parametrize("options, message", [
-    (["--partition", "gpu"], "--partition is an option of --launcher slurm"),
-    (["--launcher", "slurm", "--time-limit", "1h"], "--time-limit: not a SLURM time limit: '1h'"),
-    (["--launcher", "slurm", "--sbatch-option", "mem"], "--sbatch-option: expected KEY=VALUE"),
-    (["--gpus-per-run", "2"], "--gpus-per-run 2 trains each run on GPUs: not with --device cpu"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--partition", "gpu"], "--partition is an option of --launcher slurm"),
+        (
+            ["--launcher", "slurm", "--time-limit", "1h"],
+            "--time-limit: not a SLURM time limit: '1h'",
+        ),
+        (["--launcher", "slurm", "--sbatch-option", "mem"], "--sbatch-option: expected KEY=VALUE"),
+        (
+            ["--gpus-per-run", "2"],
+            "--gpus-per-run 2 trains each run on GPUs: not with --device cpu",
+        ),
+    ],
+)
 def test_bad_options_are_errors_naming_them(tmp_path, options, message):
     data = prepared_folder(tmp_path)
-    shown = tpp_study("--config", "cpu", "--device", "cpu", "--data", data, "--test-reference",
-                      tmp_path / "test.de", "--out", tmp_path / "out", *options)
+    shown = tpp_study(
+        "--config",
+        "cpu",
+        "--device",
+        "cpu",
+        "--data",
+        data,
+        "--test-reference",
+        tmp_path / "test.de",
+        "--out",
+        tmp_path / "out",
+        *options,
+    )
     assert shown.returncode == 2 and f"tpp-study: error: {message}" in shown.stderr, shown.stderr
     assert "Traceback" not in shown.stderr
 
@@ -135,10 +219,25 @@ def test_without_slurm_commands_nothing_is_prepared_or_submitted(tmp_path):
     data = prepared_folder(tmp_path)
     out = tmp_path / "out"
     env = dict(tool_env(), PATH=str(Path(sys.executable).parent))  # no sbatch, srun, squeue...
-    shown = tpp_study("--config", "cpu", "--device", "cpu", "--launcher", "slurm", "--data", data,
-                      "--test-reference", tmp_path / "test.de", "--out", out, env=env)
+    shown = tpp_study(
+        "--config",
+        "cpu",
+        "--device",
+        "cpu",
+        "--launcher",
+        "slurm",
+        "--data",
+        data,
+        "--test-reference",
+        tmp_path / "test.de",
+        "--out",
+        out,
+        env=env,
+    )
     assert shown.returncode == 2, shown.stderr
-    assert "--launcher slurm: sbatch, srun, squeue, sinfo, scontrol not found on PATH" in shown.stderr
+    assert (
+        "--launcher slurm: sbatch, srun, squeue, sinfo, scontrol not found on PATH" in shown.stderr
+    )
     assert "--launcher local" in shown.stderr
     assert not (out / "slurm").exists() and not (out / "runs").exists()
     assert os.listdir(out) == [".lock"] or os.listdir(out) == []

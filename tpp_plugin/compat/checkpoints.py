@@ -55,9 +55,16 @@ class _Expectation:
 
     def check(self, state, path):
         current = checkpoint_match.record_of_task(self.task)
-        if current is not None and not checkpoint_match.check_dictionaries(state, current, path, self.hint):
-            _log_once("no_record", "%s records no dictionaries (written before the plugin recorded them): "
-                      "compared with %s by its embedding sizes only", path, current["data"])
+        if current is not None and not checkpoint_match.check_dictionaries(
+            state, current, path, self.hint
+        ):
+            _log_once(
+                "no_record",
+                "%s records no dictionaries (written before the plugin recorded them): "
+                "compared with %s by its embedding sizes only",
+                path,
+                current["data"],
+            )
         if self.cfg is not None:
             checkpoint_match.check_resumed_options(state, self.cfg, path)
 
@@ -71,20 +78,32 @@ def trainer_state_dict(self):
     return state
 
 
-def trainer_load_checkpoint(self, filename, reset_optimizer=False, reset_lr_scheduler=False,
-                            optimizer_overrides=None, reset_meters=False):
+def trainer_load_checkpoint(
+    self,
+    filename,
+    reset_optimizer=False,
+    reset_lr_scheduler=False,
+    optimizer_overrides=None,
+    reset_meters=False,
+):
     """``Trainer.load_checkpoint``; the checkpoint is checked against the run's
     dictionaries and (unless ``--reset-optimizer``) model options when it is read."""
     cfg = None
     if not reset_optimizer:  # the configuration as state_dict() saves it
-        cfg = (OmegaConf.to_container(self.cfg, resolve=True, enum_to_str=True)
-               if OmegaConf.is_config(self.cfg) else self.cfg)
-    hint = ("Resume with the data folder the run was trained on, or train on this one in another "
-            "--save-dir")
+        cfg = (
+            OmegaConf.to_container(self.cfg, resolve=True, enum_to_str=True)
+            if OmegaConf.is_config(self.cfg)
+            else self.cfg
+        )
+    hint = (
+        "Resume with the data folder the run was trained on, or train on this one in another "
+        "--save-dir"
+    )
     token = _expectation.set(_Expectation(self.task, cfg, hint))
     try:
-        return _original_trainer_load_checkpoint(self, filename, reset_optimizer, reset_lr_scheduler,
-                                                 optimizer_overrides, reset_meters)
+        return _original_trainer_load_checkpoint(
+            self, filename, reset_optimizer, reset_lr_scheduler, optimizer_overrides, reset_meters
+        )
     finally:
         _expectation.reset(token)
 
@@ -100,19 +119,23 @@ def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
 load_checkpoint_to_cpu.__doc__ = _original_load_checkpoint_to_cpu.__doc__
 
 
-def load_model_ensemble_and_task(filenames, arg_overrides=None, task=None, strict=True, suffix="",
-                                 num_shards=1, state=None):
+def load_model_ensemble_and_task(
+    filenames, arg_overrides=None, task=None, strict=True, suffix="", num_shards=1, state=None
+):
     """``checkpoint_utils.load_model_ensemble_and_task``; each checkpoint is checked
     against the task's dictionaries (the given task, or the one set up from the first
     checkpoint) before its weights are loaded."""
-    expectation = _Expectation(task, hint="Use the data folder the model was trained on (or one with "
-                               "the same dictionaries)")
+    expectation = _Expectation(
+        task,
+        hint="Use the data folder the model was trained on (or one with " "the same dictionaries)",
+    )
     if state is not None:  # given by the caller: not read here
         expectation.loaded(state, filenames[0] if filenames else "the checkpoint")
     token = _expectation.set(expectation)
     try:
-        return _original_load_model_ensemble_and_task(filenames, arg_overrides, task, strict, suffix,
-                                                      num_shards, state)
+        return _original_load_model_ensemble_and_task(
+            filenames, arg_overrides, task, strict, suffix, num_shards, state
+        )
     finally:
         _expectation.reset(token)
 

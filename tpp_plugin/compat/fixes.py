@@ -55,7 +55,17 @@ def _numpy_globals():
             if isinstance(obj, type) and name.endswith("DType"):
                 found.append(obj)
     # scalar types such as numpy.float64 that appear as metric values
-    for name in ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool_"):
+    for name in (
+        "float16",
+        "float32",
+        "float64",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "bool_",
+    ):
         found.append(getattr(np, name))
     return found
 
@@ -67,7 +77,9 @@ def allow_fairseq_checkpoints() -> None:
         return
     allowed = [argparse.Namespace] + _numpy_globals()
     add(allowed)
-    logger.debug("safe loading: allow-listed argparse.Namespace and %d numpy types", len(allowed) - 1)
+    logger.debug(
+        "safe loading: allow-listed argparse.Namespace and %d numpy types", len(allowed) - 1
+    )
 
 
 # --------------------------------------------------------------------------- the last batch
@@ -87,8 +99,12 @@ def batch_by_size_keeping_remainder(
     """``data_utils.batch_by_size`` as upstream fairseq has it (same arguments)."""
     if fixed_shapes is not None or required_batch_size_multiple <= 1:
         return _original_batch_by_size(
-            indices, num_tokens_fn, num_tokens_vec=num_tokens_vec, max_tokens=max_tokens,
-            max_sentences=max_sentences, required_batch_size_multiple=required_batch_size_multiple,
+            indices,
+            num_tokens_fn,
+            num_tokens_vec=num_tokens_vec,
+            max_tokens=max_tokens,
+            max_sentences=max_sentences,
+            required_batch_size_multiple=required_batch_size_multiple,
             fixed_shapes=fixed_shapes,
         )
     from fairseq.data.data_utils_fast import batch_by_size_fn, batch_by_size_vec
@@ -98,15 +114,23 @@ def batch_by_size_keeping_remainder(
     if not isinstance(indices, np.ndarray):
         indices = np.fromiter(indices, dtype=np.int64, count=-1)
     if num_tokens_vec is None:
-        batches = batch_by_size_fn(indices, num_tokens_fn, max_tokens, max_sentences, required_batch_size_multiple)
+        batches = batch_by_size_fn(
+            indices, num_tokens_fn, max_tokens, max_sentences, required_batch_size_multiple
+        )
     else:
         if not isinstance(num_tokens_vec, np.ndarray):
             num_tokens_vec = np.fromiter(num_tokens_vec, dtype=np.int64, count=-1)
-        batches = batch_by_size_vec(indices, num_tokens_vec, max_tokens, max_sentences, required_batch_size_multiple)
+        batches = batch_by_size_vec(
+            indices, num_tokens_vec, max_tokens, max_sentences, required_batch_size_multiple
+        )
     if batches and len(batches[-1]) % required_batch_size_multiple:
-        _log_once("last_batch", "kept a last batch of %d sentence(s) that fairseq-fixed 0.12.3.1 drops "
-                  "(not a multiple of --required-batch-size-multiple %d)",
-                  len(batches[-1]), required_batch_size_multiple)
+        _log_once(
+            "last_batch",
+            "kept a last batch of %d sentence(s) that fairseq-fixed 0.12.3.1 drops "
+            "(not a multiple of --required-batch-size-multiple %d)",
+            len(batches[-1]),
+            required_batch_size_multiple,
+        )
     return batches
 
 
@@ -129,11 +153,17 @@ def convert_namespace_to_omegaconf(args):
     if getattr(args, "bf16", False) and getattr(args, "tpu", False) and not _xla_available():
         args.tpu = False
         if hasattr(args, "beam"):  # fairseq-generate, fairseq-interactive
-            _log_once("bf16", "--bf16 without torch_xla: not on a TPU; fairseq 0.12 decodes in float32 with "
-                      "--bf16 (it converts the model for --fp16 only)")
+            _log_once(
+                "bf16",
+                "--bf16 without torch_xla: not on a TPU; fairseq 0.12 decodes in float32 with "
+                "--bf16 (it converts the model for --fp16 only)",
+            )
         else:
-            _log_once("bf16", "--bf16 without torch_xla: training in bfloat16 on %s, not on a TPU",
-                      "the CPU" if getattr(args, "cpu", False) else "the GPU")
+            _log_once(
+                "bf16",
+                "--bf16 without torch_xla: training in bfloat16 on %s, not on a TPU",
+                "the CPU" if getattr(args, "cpu", False) else "the GPU",
+            )
     return _original_convert(args)
 
 
@@ -148,7 +178,10 @@ def bf16_without_tpu() -> None:
     for name, module in list(sys.modules.items()):
         if name == "__main__":
             name = getattr(getattr(module, "__spec__", None), "name", None) or name
-        if name.startswith("fairseq_cli.") and getattr(module, "convert_namespace_to_omegaconf", None) is _original_convert:
+        if (
+            name.startswith("fairseq_cli.")
+            and getattr(module, "convert_namespace_to_omegaconf", None) is _original_convert
+        ):
             module.convert_namespace_to_omegaconf = convert_namespace_to_omegaconf
 
 
@@ -163,7 +196,11 @@ def undo_debug_logging_of_fairseq_import(root_level_before_fairseq=None) -> None
     if root_level_before_fairseq == logging.DEBUG:
         return
     wanted = os.environ.get("LOGLEVEL", "INFO").upper()
-    if root.level == logging.DEBUG and isinstance(logging.getLevelName(wanted), int) and wanted != "DEBUG":
+    if (
+        root.level == logging.DEBUG
+        and isinstance(logging.getLevelName(wanted), int)
+        and wanted != "DEBUG"
+    ):
         root.setLevel(wanted)
 
 

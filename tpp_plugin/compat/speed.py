@@ -31,8 +31,10 @@ from ._log import log_once as _log_once
 _original_build_optimizer = FP16Optimizer.build_optimizer.__func__
 _original_load_state_dict = FP16Optimizer.load_state_dict
 #: what a resumed optimizer state cannot be converted without
-_RESET_HINT = ("resume with --reset-optimizer (a fresh optimizer state), or with --fp16-no-flatten-grads "
-               "if the checkpoint kept one state per parameter")
+_RESET_HINT = (
+    "resume with --reset-optimizer (a fresh optimizer state), or with --fp16-no-flatten-grads "
+    "if the checkpoint kept one state per parameter"
+)
 
 
 #: devices whose --bf16 master copy is kept flat (the tests add "cpu" to run the flat path here)
@@ -47,9 +49,12 @@ def _flat_bf16_wanted(cfg, params) -> bool:
     if len(devices) != 1 or next(iter(devices)).type not in FLAT_BF16_DEVICE_TYPES:
         return False
     common, distributed = cfg.common, cfg.distributed_training
-    return (bool(getattr(common, "bf16", False)) and not getattr(common, "fp16_no_flatten_grads", False)
-            and getattr(distributed, "zero_sharding", "none") in (None, "none")
-            and not getattr(cfg.optimizer, "pipeline_model_parallel", False))
+    return (
+        bool(getattr(common, "bf16", False))
+        and not getattr(common, "fp16_no_flatten_grads", False)
+        and getattr(distributed, "zero_sharding", "none") in (None, "none")
+        and not getattr(cfg.optimizer, "pipeline_model_parallel", False)
+    )
 
 
 def _flat_fp32_copy(params):
@@ -74,8 +79,12 @@ def build_optimizer(cls, cfg, params, **kwargs):
         fp32_params = _flat_fp32_copy(params)
         fp32_optimizer = optim.build_optimizer(cfg.optimizer, [fp32_params])
         if fp32_optimizer.supports_flat_params:
-            _log_once("bf16_flat", "--bf16: the float32 master copy of %d parameter tensors kept as one flat "
-                      "tensor, as --fp16 keeps it (--fp16-no-flatten-grads: one per parameter)", len(params))
+            _log_once(
+                "bf16_flat",
+                "--bf16: the float32 master copy of %d parameter tensors kept as one flat "
+                "tensor, as --fp16 keeps it (--fp16-no-flatten-grads: one per parameter)",
+                len(params),
+            )
             return cls(cfg, params, fp32_optimizer, fp32_params, **kwargs)
         del fp32_optimizer, fp32_params  # e.g. Adafactor: one tensor per parameter, as fairseq does
     return _original_build_optimizer(cls, cfg, params, **kwargs)
@@ -85,10 +94,14 @@ def _same_value(values, what: str):
     """The one value that every parameter's state holds under a key (a step count)."""
     first = values[0]
     for v in values[1:]:
-        equal = torch.equal(v, first) if torch.is_tensor(v) and torch.is_tensor(first) else v == first
+        equal = (
+            torch.equal(v, first) if torch.is_tensor(v) and torch.is_tensor(first) else v == first
+        )
         if not equal:
-            raise RuntimeError(f"cannot convert the optimizer state {what}: it differs between parameters "
-                               f"({first!r}, {v!r}); {_RESET_HINT}")
+            raise RuntimeError(
+                f"cannot convert the optimizer state {what}: it differs between parameters "
+                f"({first!r}, {v!r}); {_RESET_HINT}"
+            )
     return first
 
 
@@ -102,8 +115,10 @@ def _merge_states(states, numels):
     if not any(states):
         return {}
     if not all(states):
-        raise RuntimeError(f"cannot convert the optimizer state: {sum(1 for s in states if not s)} of "
-                           f"{len(states)} parameters have none; {_RESET_HINT}")
+        raise RuntimeError(
+            f"cannot convert the optimizer state: {sum(1 for s in states if not s)} of "
+            f"{len(states)} parameters have none; {_RESET_HINT}"
+        )
     merged = {}
     for key in states[0]:
         values = [s.get(key) for s in states]
@@ -112,8 +127,10 @@ def _merge_states(states, numels):
         elif not any(torch.is_tensor(v) and v.dim() > 0 for v in values):
             merged[key] = _same_value(values, repr(key))
         else:
-            raise RuntimeError(f"cannot convert the optimizer state {key!r}: not one tensor of the parameter's "
-                               f"size per parameter; {_RESET_HINT}")
+            raise RuntimeError(
+                f"cannot convert the optimizer state {key!r}: not one tensor of the parameter's "
+                f"size per parameter; {_RESET_HINT}"
+            )
     return merged
 
 
@@ -128,8 +145,10 @@ def _split_state(state, params):
                 st[key] = value[offset : offset + p.numel()].view(p.shape).clone()
                 offset += p.numel()
         elif torch.is_tensor(value) and value.dim() > 0:
-            raise RuntimeError(f"cannot convert the optimizer state {key!r}: not one tensor of the parameters' "
-                               f"total size; {_RESET_HINT}")
+            raise RuntimeError(
+                f"cannot convert the optimizer state {key!r}: not one tensor of the parameters' "
+                f"total size; {_RESET_HINT}"
+            )
         else:
             for st in states:
                 st[key] = value.clone() if torch.is_tensor(value) else value
@@ -154,7 +173,8 @@ def _check_flat_state_sizes(optimizer, state_dict) -> None:
                     raise RuntimeError(
                         f"cannot load the optimizer state {key!r}: it holds {value.numel()} values where the "
                         f"flat master copy of the model's parameters has {param.numel()} (the parameters "
-                        f"changed since the checkpoint was written); {_RESET_HINT}")
+                        f"changed since the checkpoint was written); {_RESET_HINT}"
+                    )
 
 
 def match_state_layout(optimizer, state_dict):
@@ -190,8 +210,12 @@ def _convert_state_layout(optimizer, state_dict):
         layout = "flat -> one per parameter"
     else:
         return state_dict
-    _log_once("bf16_layout", "optimizer state of the checkpoint converted (%s, %d parameter tensors)", layout,
-              len(params))
+    _log_once(
+        "bf16_layout",
+        "optimizer state of the checkpoint converted (%s, %d parameter tensors)",
+        layout,
+        len(params),
+    )
     converted = dict(state_dict)
     converted["state"] = new_state
     converted["param_groups"] = [dict(saved_groups[0], params=new_ids)]
@@ -199,7 +223,9 @@ def _convert_state_layout(optimizer, state_dict):
 
 
 def load_state_dict(self, state_dict, optimizer_overrides=None):
-    return _original_load_state_dict(self, match_state_layout(self, state_dict), optimizer_overrides)
+    return _original_load_state_dict(
+        self, match_state_layout(self, state_dict), optimizer_overrides
+    )
 
 
 load_state_dict.__doc__ = _original_load_state_dict.__doc__
@@ -250,11 +276,17 @@ def sync_fp16_grads_to_fp32(self):
     groups = _flat_groups(self, trainable_only=True)
     if groups is None:
         return _original_sync_grads(self)
-    _log_once("foreach_syncs", "the flat float32 master copy synchronised with one _foreach_copy_ each way "
-              "(fairseq: one copy per parameter)")
+    _log_once(
+        "foreach_syncs",
+        "the flat float32 master copy synchronised with one _foreach_copy_ each way "
+        "(fairseq: one copy per parameter)",
+    )
     for flat, params in groups:
         if params:
-            grads = [p.grad.data if p.grad is not None else p.data.new_zeros(p.data.shape) for p in params]
+            grads = [
+                p.grad.data if p.grad is not None else p.data.new_zeros(p.data.shape)
+                for p in params
+            ]
             torch._foreach_copy_(_views(flat.grad.data, params), grads)
     self._needs_sync = False
 
@@ -298,11 +330,18 @@ def reduce_and_log_stats(self, logging_outputs, sample_size, grad_norm=None):
     log (``--log-interval``), everything is logged as fairseq logs it, but the smoothed
     values, which read every meter back from the device, are not computed, and
     ``{"sample_size": sample_size}`` is returned (fairseq-train only tests it for None)."""
-    if (self.tpu or not getattr(self, "_tpp_in_train_step", False)
-            or self.get_num_updates() % self.cfg.common.log_interval == 0):
+    if (
+        self.tpu
+        or not getattr(self, "_tpp_in_train_step", False)
+        or self.get_num_updates() % self.cfg.common.log_interval == 0
+    ):
         return _original_reduce_and_log_stats(self, logging_outputs, sample_size, grad_norm)
-    _log_once("smoothed", "fairseq's smoothed training figures computed on the logged updates only "
-              "(--log-interval %d), not read back from the device at every update", self.cfg.common.log_interval)
+    _log_once(
+        "smoothed",
+        "fairseq's smoothed training figures computed on the logged updates only "
+        "(--log-interval %d), not read back from the device at every update",
+        self.cfg.common.log_interval,
+    )
     # fairseq's body, without agg.get_smoothed_values()
     if grad_norm is not None and (not torch.is_tensor(grad_norm) or torch.isfinite(grad_norm)):
         metrics.log_speed("ups", 1.0, priority=100, round=2)
@@ -310,8 +349,11 @@ def reduce_and_log_stats(self, logging_outputs, sample_size, grad_norm=None):
         if self.cfg.optimization.clip_norm > 0:
             metrics.log_scalar(
                 "clip",
-                torch.where(grad_norm > self.cfg.optimization.clip_norm, grad_norm.new_tensor(100),
-                            grad_norm.new_tensor(0)),
+                torch.where(
+                    grad_norm > self.cfg.optimization.clip_norm,
+                    grad_norm.new_tensor(100),
+                    grad_norm.new_tensor(0),
+                ),
                 priority=500,
                 round=1,
             )
@@ -322,8 +364,10 @@ def reduce_and_log_stats(self, logging_outputs, sample_size, grad_norm=None):
         if "loss" not in agg:
             if "loss" not in self._warn_once:
                 self._warn_once.add("loss")
-                trainer_logger.warning("Criterion.reduce_metrics did not log a 'loss' value, "
-                                       "which may break some functionality")
+                trainer_logger.warning(
+                    "Criterion.reduce_metrics did not log a 'loss' value, "
+                    "which may break some functionality"
+                )
             metrics.log_scalar("loss", -1)
     return {"sample_size": sample_size}
 
@@ -342,8 +386,11 @@ def cudnn_attention_off() -> None:
     if torch.backends.cuda.cudnn_sdp_enabled():
         torch.backends.cuda.enable_cudnn_sdp(False)
         if torch.cuda.is_available():
-            _log_once("cudnn_sdp", "cuDNN's attention backend switched off (TPP_FAIRSEQ_SPEEDUPS without "
-                      "cudnn-off keeps it)")
+            _log_once(
+                "cudnn_sdp",
+                "cuDNN's attention backend switched off (TPP_FAIRSEQ_SPEEDUPS without "
+                "cudnn-off keeps it)",
+            )
 
 
 # --------------------------------------------------------------------------- which
@@ -375,8 +422,10 @@ def chosen(value=None):
     names = [n.strip() for n in value.split(",") if n.strip()]
     unknown = [n for n in names if n not in SPEEDUPS]
     if unknown:
-        raise ValueError(f"TPP_FAIRSEQ_SPEEDUPS={value!r}: unknown {', '.join(unknown)}; the speed-ups are "
-                         f"{', '.join(SPEEDUPS)} (or all, none)")
+        raise ValueError(
+            f"TPP_FAIRSEQ_SPEEDUPS={value!r}: unknown {', '.join(unknown)}; the speed-ups are "
+            f"{', '.join(SPEEDUPS)} (or all, none)"
+        )
     return names
 
 

@@ -24,7 +24,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-import torch
 import torch.nn.functional as F
 from fairseq import metrics, utils
 from fairseq.logging.meters import MetersDict
@@ -43,13 +42,17 @@ logger = logging.getLogger(__name__)
 class LabelSmoothedCrossEntropyWithTagsConfig(LabelSmoothedCrossEntropyCriterionConfig):
     tag_loss_weights: str = field(
         default="",
-        metadata={"help": "weight of each tag kind's loss, e.g. 'pos:1,ner:0.5'; a tag kind "
-                  "not named here has weight 1 (0 switches its loss off)"},
+        metadata={
+            "help": "weight of each tag kind's loss, e.g. 'pos:1,ner:0.5'; a tag kind "
+            "not named here has weight 1 (0 switches its loss off)"
+        },
     )
     pos_loss_weight: Optional[float] = field(
-        default=None, metadata={"help": "alias of --tag-loss-weights pos:W"})
+        default=None, metadata={"help": "alias of --tag-loss-weights pos:W"}
+    )
     ner_loss_weight: Optional[float] = field(
-        default=None, metadata={"help": "alias of --tag-loss-weights ner:W"})
+        default=None, metadata={"help": "alias of --tag-loss-weights ner:W"}
+    )
 
 
 @register_criterion(
@@ -72,12 +75,16 @@ class LabelSmoothedCrossEntropyWithTagsCriterion(LabelSmoothedCrossEntropyCriter
         for name, alias in (("pos", pos_loss_weight), ("ner", ner_loss_weight)):
             if alias is not None:
                 if name in self.tag_weights and self.tag_weights[name] != alias:
-                    raise ValueError(f"--{name}-loss-weight {alias} contradicts --tag-loss-weights "
-                                     f"{name}:{self.tag_weights[name]}")
+                    raise ValueError(
+                        f"--{name}-loss-weight {alias} contradicts --tag-loss-weights "
+                        f"{name}:{self.tag_weights[name]}"
+                    )
                 self.tag_weights[name] = alias
         for name, weight in self.tag_weights.items():
             if weight < 0:
-                raise ValueError(f"--tag-loss-weights: weight of {name!r} must be >= 0, got {weight}")
+                raise ValueError(
+                    f"--tag-loss-weights: weight of {name!r} must be >= 0, got {weight}"
+                )
         self._warned_no_head = set()
 
     def tag_weight(self, name: str) -> float:
@@ -113,7 +120,9 @@ class LabelSmoothedCrossEntropyWithTagsCriterion(LabelSmoothedCrossEntropyCriter
         for name, labels in tags.items():
             if name not in tag_logits:
                 if name not in self._warned_no_head:
-                    logger.warning(f"the model has no '{name}' head (--encoder-tag-layers): its labels are ignored")
+                    logger.warning(
+                        f"the model has no '{name}' head (--encoder-tag-layers): its labels are ignored"
+                    )
                     self._warned_no_head.add(name)
                 continue
             tag_loss, n_correct, count = self.compute_tag_loss(
@@ -148,18 +157,33 @@ class LabelSmoothedCrossEntropyWithTagsCriterion(LabelSmoothedCrossEntropyCriter
     def reduce_metrics(cls, logging_outputs) -> None:
         super().reduce_metrics(logging_outputs)
         names = sorted(
-            {key[: -len("_tag_count")] for log in logging_outputs for key in log if key.endswith("_tag_count")}
+            {
+                key[: -len("_tag_count")]
+                for log in logging_outputs
+                for key in log
+                if key.endswith("_tag_count")
+            }
         )
         for name in names:
             # sums left as they come (tensors on the device): fairseq reads its meters when
             # it logs, not at every update (fairseq's trainer calls this after the
             # optimizer's step, and reading a GPU tensor here would wait for that step)
-            for key, meter in (("loss", "loss_sum"), ("tag_correct", "tag_correct"), ("tag_count", "tag_count")):
-                metrics.log_scalar_sum(f"_{name}_{meter}", sum(log.get(f"{name}_{key}", 0) for log in logging_outputs))
+            for key, meter in (
+                ("loss", "loss_sum"),
+                ("tag_correct", "tag_correct"),
+                ("tag_count", "tag_count"),
+            ):
+                metrics.log_scalar_sum(
+                    f"_{name}_{meter}", sum(log.get(f"{name}_{key}", 0) for log in logging_outputs)
+                )
             cls._drop_averaged_loss(f"{name}_loss")
-            metrics.log_derived(f"{name}_loss",  # base 2, as fairseq's loss
-                                lambda meters, n=name: cls._per_tag(meters, n, "loss_sum", 1 / math.log(2)))
-            metrics.log_derived(f"{name}_acc", lambda meters, n=name: cls._per_tag(meters, n, "tag_correct", 100.0))
+            metrics.log_derived(
+                f"{name}_loss",  # base 2, as fairseq's loss
+                lambda meters, n=name: cls._per_tag(meters, n, "loss_sum", 1 / math.log(2)),
+            )
+            metrics.log_derived(
+                f"{name}_acc", lambda meters, n=name: cls._per_tag(meters, n, "tag_correct", 100.0)
+            )
 
     @staticmethod
     def _drop_averaged_loss(key: str) -> None:
@@ -177,7 +201,11 @@ class LabelSmoothedCrossEntropyWithTagsCriterion(LabelSmoothedCrossEntropyCriter
         """``scale`` times the sum of ``meter`` per labelled token of tag kind ``name``
         (NaN without any), rounded to 3 decimals."""
         count = utils.item(meters[f"_{name}_tag_count"].sum)
-        return round(utils.item(meters[f"_{name}_{meter}"].sum) * scale / count, 3) if count > 0 else float("nan")
+        return (
+            round(utils.item(meters[f"_{name}_{meter}"].sum) * scale / count, 3)
+            if count > 0
+            else float("nan")
+        )
 
     @staticmethod
     def logging_outputs_can_be_summed() -> bool:

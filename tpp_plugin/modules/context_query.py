@@ -103,7 +103,9 @@ def _block_prefix(scores: Tensor, values: Tensor) -> Tuple[Tensor, Tensor]:
     """Explicit prefix softmax over the last axis of ``scores`` (``... x K``) applied to
     ``values`` (``... x K x d``): returns ``... x K x d`` and ``... x K``."""
     # logits[..., t, τ] = s_τ for τ <= t
-    logits = scores.unsqueeze(-2).masked_fill(_future(scores.size(-1), scores.device), float("-inf"))  # ... x K x K
+    logits = scores.unsqueeze(-2).masked_fill(
+        _future(scores.size(-1), scores.device), float("-inf")
+    )  # ... x K x K
     lse = torch.logsumexp(logits, dim=-1)  # ... x K
     weights = torch.exp(logits - lse.unsqueeze(-1))  # ... x K x K
     return torch.matmul(weights, values), lse
@@ -154,7 +156,9 @@ def prefix_softmax_transposed(scores: Tensor, lse: Tensor, x: Tensor, block: int
     if length <= block:
         # weights[..., t, τ] = e^{s_τ - L_t} for τ <= t
         future = _future(length, scores.device)
-        weights = torch.exp((scores.unsqueeze(-2) - lse.unsqueeze(-1)).masked_fill(future, float("-inf")))
+        weights = torch.exp(
+            (scores.unsqueeze(-2) - lse.unsqueeze(-1)).masked_fill(future, float("-inf"))
+        )
         return torch.matmul(weights.transpose(-1, -2), x)
     blocks = math.ceil(length / block)
     extra = blocks * block - length
@@ -172,8 +176,11 @@ def prefix_softmax_transposed(scores: Tensor, lse: Tensor, x: Tensor, block: int
     ).reshape(*lead, blocks * block, width)
     ends = lse.reshape(*lead, blocks, block)[..., -1]  # ... x n: L at each block's last position
     later = (torch.arange(blocks * block, device=x.device) // block)[None, :] > torch.arange(
-        blocks, device=x.device)[:, None]  # n x T: t lies in a block after j
-    carry = torch.exp((ends.unsqueeze(-1) - lse.unsqueeze(-2)).masked_fill(~later, float("-inf")))  # ... x n x T
+        blocks, device=x.device
+    )[:, None]  # n x T: t lies in a block after j
+    carry = torch.exp(
+        (ends.unsqueeze(-1) - lse.unsqueeze(-2)).masked_fill(~later, float("-inf"))
+    )  # ... x n x T
     totals = torch.matmul(carry, x)  # ... x n x m: G_j
     share = torch.exp(scores.reshape(*lead, blocks, block) - ends.unsqueeze(-1))  # ... x n x K
     y = y + (share.unsqueeze(-1) * totals.unsqueeze(-2)).reshape(*lead, blocks * block, width)
@@ -214,7 +221,9 @@ class PooledQuery(torch.autograd.Function):
     output is never used, and it gets no gradient here (its ``g_t`` is taken as 0)."""
 
     @staticmethod
-    def forward(ctx, scores: Tensor, values: Tensor, num_heads: int, causal: bool, block: int) -> Tensor:
+    def forward(
+        ctx, scores: Tensor, values: Tensor, num_heads: int, causal: bool, block: int
+    ) -> Tensor:
         # scores: T x B x H float32 logits; values: T x B x (H*dh), any float dtype
         tgt_len, bsz, channels = values.shape
         query, lse = PooledQuery._pool(scores, values, num_heads, causal, block)
@@ -234,7 +243,9 @@ class PooledQuery(torch.autograd.Function):
         return out
 
     @staticmethod
-    def _pool(scores: Tensor, values: Tensor, heads: int, causal: bool, block: int) -> Tuple[Tensor, Tensor]:
+    def _pool(
+        scores: Tensor, values: Tensor, heads: int, causal: bool, block: int
+    ) -> Tuple[Tensor, Tensor]:
         """The queries and log-normalisers in float32 (float64 for float64 input):
         ``B x H x T x dh`` and ``B x H x T`` (causal), ``B x H x dh`` and ``B x H``."""
         tgt_len, bsz, _ = values.shape
@@ -252,7 +263,9 @@ class PooledQuery(torch.autograd.Function):
         scores, values, *kept = ctx.saved_tensors
         tgt_len, bsz, channels = values.shape
         heads = ctx.num_heads
-        if kept:  # the forward's output, in float32: T x B x (H*dh) -> B x H x T x dh, or B x H x dh
+        if (
+            kept
+        ):  # the forward's output, in float32: T x B x (H*dh) -> B x H x T x dh, or B x H x dh
             out, lse = kept
             query = out.view(-1, bsz, heads, channels // heads).permute(1, 2, 0, 3)
             query = query if ctx.causal else query.squeeze(-2)
@@ -271,7 +284,9 @@ class PooledQuery(torch.autograd.Function):
         if ctx.causal:
             c = -(g * query).sum(-1, keepdim=True)  # B x H x T x 1
             dead = (lse <= MASKED / 2).unsqueeze(-1)  # rows that pool padding only
-            y = prefix_softmax_transposed(s, lse, torch.cat([g, c], dim=-1).masked_fill(dead, 0.0), ctx.block)
+            y = prefix_softmax_transposed(
+                s, lse, torch.cat([g, c], dim=-1).masked_fill(dead, 0.0), ctx.block
+            )
             grad_v, grad_c = y[..., :-1], y[..., -1]  # A^T g, A^T c
             grad_s = (v * grad_v).sum(-1) + grad_c  # B x H x T
         else:
@@ -358,7 +373,12 @@ class ContextQuery(nn.Module):
         # B x H x T x dh -> T x B x (H*dh)
         return query.permute(2, 0, 1, 3).reshape(tgt_len, bsz, -1).to(values.dtype)
 
-    def step(self, scores: Tensor, values: Tensor, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tensor:
+    def step(
+        self,
+        scores: Tensor,
+        values: Tensor,
+        incremental_state: Dict[str, Dict[str, Optional[Tensor]]],
+    ) -> Tensor:
         """One decoding step (causal): ``scores`` ``B x H`` and ``values`` ``B x (H·d_h)``
         of the new position; returns its query, ``B x H x d_h`` **in float32** (a view of
         the new state: the caller casts once, where it combines the heads). The merge of
@@ -417,13 +437,17 @@ class ContextQuery(nn.Module):
             logits = logits.masked_fill(~allowed, float("-inf"))
         return F.softmax(logits, dim=-1).type_as(scores)
 
-    def step_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Optional[Tensor]:
+    def step_state(
+        self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]
+    ) -> Optional[Tensor]:
         """The running state ``(L, q)`` of the decoded prefix, ``B x H x (1 + d_h)``
         float32 (None before the first position)."""
         buffer = incremental_state.get(self._get_full_incremental_state_key("context_query"))
         return None if buffer is None else buffer.get("state")
 
-    def set_step_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]], state: Tensor) -> None:
+    def set_step_state(
+        self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]], state: Tensor
+    ) -> None:
         incremental_state[self._get_full_incremental_state_key("context_query")] = {"state": state}
 
     def reorder_incremental_state(
@@ -452,5 +476,7 @@ class ContextQuery(nn.Module):
         return self.set_incremental_state(incremental_state, "context_query", buffer)
 
     def extra_repr(self) -> str:
-        return (f"num_heads={self.num_heads}, head_dim={self.head_dim}, causal={self.causal}, "
-                f"temperature={self.temperature:g}")
+        return (
+            f"num_heads={self.num_heads}, head_dim={self.head_dim}, causal={self.causal}, "
+            f"temperature={self.temperature:g}"
+        )

@@ -83,7 +83,12 @@ def interpreting() -> bool:
 
 def usable_on(t: Tensor) -> bool:
     """Whether these kernels can run on ``t``'s device and dtype."""
-    return (t.is_cuda or interpreting()) and t.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+    return (t.is_cuda or interpreting()) and t.dtype in (
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+    )
 
 
 def runs(impl: str, t: Tensor) -> bool:
@@ -109,10 +114,31 @@ def _kernels(interpret: bool):
     # passed as they are: specialised (== 1, divisible by 16), each new class would be a
     # compilation. Strides stay specialised: their divisibility lets loads be vectors.
     @triton.jit(do_not_specialize=["len_x", "len_y", "bsz", "a", "s", "taps"])
-    def taps_kernel(x_ptr, y_ptr, k_ptr, len_x, len_y, bsz, channels,
-                    sxt, sxb, sxc, syt, syb, syc, skf, skc, a, s, taps,
-                    ACC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-                    X_ALIGN: tl.constexpr, Y_ALIGN: tl.constexpr):
+    def taps_kernel(
+        x_ptr,
+        y_ptr,
+        k_ptr,
+        len_x,
+        len_y,
+        bsz,
+        channels,
+        sxt,
+        sxb,
+        sxc,
+        syt,
+        syb,
+        syc,
+        skf,
+        skc,
+        a,
+        s,
+        taps,
+        ACC: tl.constexpr,
+        BLOCK_R: tl.constexpr,
+        BLOCK_C: tl.constexpr,
+        X_ALIGN: tl.constexpr,
+        Y_ALIGN: tl.constexpr,
+    ):
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # (t, b) pairs
         cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         t, b = rows // bsz, rows % bsz
@@ -133,13 +159,37 @@ def _kernels(interpret: bool):
         y_row = t.to(tl.int64)[:, None] * syt + b_off * syb
         if Y_ALIGN > 1:
             y_row = tl.multiple_of(y_row, [Y_ALIGN, Y_ALIGN])
-        tl.store(y_ptr + y_row + c_off * syc, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+        tl.store(
+            y_ptr + y_row + c_off * syc,
+            acc.to(y_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & col_ok[None, :],
+        )
 
     @triton.jit(do_not_specialize=["len_g", "len_u", "bsz", "a", "s", "taps", "rows_per_program"])
-    def kernel_grad_kernel(g_ptr, u_ptr, part_ptr, len_g, len_u, bsz, channels,
-                           sgt, sgb, sgc, sut, sub, suc, a, s, taps, rows_per_program,
-                           ACC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-                           G_ALIGN: tl.constexpr, U_ALIGN: tl.constexpr):
+    def kernel_grad_kernel(
+        g_ptr,
+        u_ptr,
+        part_ptr,
+        len_g,
+        len_u,
+        bsz,
+        channels,
+        sgt,
+        sgb,
+        sgc,
+        sut,
+        sub,
+        suc,
+        a,
+        s,
+        taps,
+        rows_per_program,
+        ACC: tl.constexpr,
+        BLOCK_R: tl.constexpr,
+        BLOCK_C: tl.constexpr,
+        G_ALIGN: tl.constexpr,
+        U_ALIGN: tl.constexpr,
+    ):
         k = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         split = tl.program_id(2)
@@ -169,10 +219,36 @@ def _kernels(interpret: bool):
 
     # head_row: the ring's row, a new one at every step
     @triton.jit(do_not_specialize=["head_row"])
-    def conv_step_kernel(u_ptr, s_ptr, v_ptr, w_ptr, ring_ptr, row_ptr, state_ptr, new_state_ptr, out_ptr,
-                         head_row, ring_rows, heads, head_dim, taps, dilation, temperature, out_scale,
-                         su, ss, sv, swc, swf, srt, srb, so,
-                         HAS_STATE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_F: tl.constexpr):
+    def conv_step_kernel(
+        u_ptr,
+        s_ptr,
+        v_ptr,
+        w_ptr,
+        ring_ptr,
+        row_ptr,
+        state_ptr,
+        new_state_ptr,
+        out_ptr,
+        head_row,
+        ring_rows,
+        heads,
+        head_dim,
+        taps,
+        dilation,
+        temperature,
+        out_scale,
+        su,
+        ss,
+        sv,
+        swc,
+        swf,
+        srt,
+        srb,
+        so,
+        HAS_STATE: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        BLOCK_F: tl.constexpr,
+    ):
         b = tl.program_id(0).to(tl.int64)  # sentence (beam) row
         h = tl.program_id(1)  # conv head
         d = tl.arange(0, BLOCK_D)
@@ -235,9 +311,26 @@ def _taps(x: Tensor, kernel: Tensor, out_len: int, a: int, s: int) -> Tensor:
         return y
     grid = (triton.cdiv(out_len * bsz, BLOCK_R), triton.cdiv(channels, BLOCK_C))
     with _device_of(x):
-        taps_kernel[grid](x, y, kernel, x.size(0), out_len, bsz, channels, *x.stride(), *y.stride(),
-                          *kernel.stride(), a, s, kernel.size(0), ACC=_acc_dtype(x.dtype), BLOCK_R=BLOCK_R,
-                          BLOCK_C=BLOCK_C, X_ALIGN=_row_align(x), Y_ALIGN=_row_align(y))
+        taps_kernel[grid](
+            x,
+            y,
+            kernel,
+            x.size(0),
+            out_len,
+            bsz,
+            channels,
+            *x.stride(),
+            *y.stride(),
+            *kernel.stride(),
+            a,
+            s,
+            kernel.size(0),
+            ACC=_acc_dtype(x.dtype),
+            BLOCK_R=BLOCK_R,
+            BLOCK_C=BLOCK_C,
+            X_ALIGN=_row_align(x),
+            Y_ALIGN=_row_align(y),
+        )
     return y
 
 
@@ -266,7 +359,9 @@ def _device_of(t: Tensor):
     return contextlib.nullcontext()
 
 
-def _kernel_grad(grad_out: Tensor, u: Tensor, taps: int, a: int, s: int, programs: Optional[int] = None) -> Tensor:
+def _kernel_grad(
+    grad_out: Tensor, u: Tensor, taps: int, a: int, s: int, programs: Optional[int] = None
+) -> Tensor:
     """``Σ_{t,b} grad_out[t] ⊙ u[t - (a + k·s)]`` for every tap ``k``: ``F x C`` in float32
     (float64 for float64 input). The rows are split among about ``programs`` programs
     (default: four per multiprocessor), whose partial sums are added here."""
@@ -288,9 +383,25 @@ def _kernel_grad(grad_out: Tensor, u: Tensor, taps: int, a: int, s: int, program
     if rows:
         with _device_of(u):
             kernel_grad_kernel[(taps, col_blocks, splits)](
-                grad_out, u, part, out_len, u.size(0), bsz, channels, *grad_out.stride(), *u.stride(),
-                a, s, taps, rows_per_program, ACC=_acc_dtype(u.dtype), BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C,
-                G_ALIGN=_row_align(grad_out), U_ALIGN=_row_align(u))
+                grad_out,
+                u,
+                part,
+                out_len,
+                u.size(0),
+                bsz,
+                channels,
+                *grad_out.stride(),
+                *u.stride(),
+                a,
+                s,
+                taps,
+                rows_per_program,
+                ACC=_acc_dtype(u.dtype),
+                BLOCK_R=BLOCK_R,
+                BLOCK_C=BLOCK_C,
+                G_ALIGN=_row_align(grad_out),
+                U_ALIGN=_row_align(u),
+            )
     return part.sum(0)
 
 
@@ -304,8 +415,15 @@ class TritonDilatedDepthwiseConv(torch.autograd.Function):
     result) as Triton kernels."""
 
     @staticmethod
-    def forward(ctx, u: Tensor, kernel: Tensor, dilation: int, out_len: int, lookahead: int = 0,
-                padding: Optional[Tensor] = None) -> Tensor:
+    def forward(
+        ctx,
+        u: Tensor,
+        kernel: Tensor,
+        dilation: int,
+        out_len: int,
+        lookahead: int = 0,
+        padding: Optional[Tensor] = None,
+    ) -> Tensor:
         taps = kernel.size(0)
         a = (taps - 1) * dilation - (u.size(0) - out_len + lookahead)  # out[t] reads u[t - a + k·δ]
         # F x C with channels contiguous (LocalConv's is a transposed view): vector loads of the taps
@@ -324,13 +442,26 @@ class TritonDilatedDepthwiseConv(torch.autograd.Function):
             # ∂u[j] = Σ_k K[k] ∂out[j + a - k·δ]: the forward kernel with the taps mirrored
             grad_u = _masked(_taps(grad_out, kernel, u.size(0), -a, dilation), padding)
         if ctx.needs_input_grad[1]:
-            grad_kernel = _kernel_grad(grad_out, _masked(u, padding), kernel.size(0), a, -dilation).to(kernel.dtype)
+            grad_kernel = _kernel_grad(
+                grad_out, _masked(u, padding), kernel.size(0), a, -dilation
+            ).to(kernel.dtype)
         return grad_u, grad_kernel, None, None, None, None
 
 
-def conv_step(u: Tensor, scores: Tensor, values: Tensor, weight: Tensor, ring: Tensor, head_row: int,
-              state: Optional[Tensor], dilation: int, temperature: float, out_scale: float,
-              out: Optional[Tensor] = None, check: bool = True) -> Tuple[Tensor, Tensor]:
+def conv_step(
+    u: Tensor,
+    scores: Tensor,
+    values: Tensor,
+    weight: Tensor,
+    ring: Tensor,
+    head_row: int,
+    state: Optional[Tensor],
+    dilation: int,
+    temperature: float,
+    out_scale: float,
+    out: Optional[Tensor] = None,
+    check: bool = True,
+) -> Tuple[Tensor, Tensor]:
     """One decoding step of the conv heads: ``u`` and ``values`` ``B x C``, ``scores``
     ``B x H_c`` (rows of the fused projection: channels contiguous), ``weight`` LocalConv's
     ``C x F`` (before the softmax), ``ring`` its ``F·δ x B x C`` ring (``LocalConv.ring``), whose row
@@ -360,35 +491,83 @@ def conv_step(u: Tensor, scores: Tensor, values: Tensor, weight: Tensor, ring: T
         state = state.contiguous()
     with _device_of(u):
         conv_step_kernel[(bsz, heads)](
-            u, scores, values, weight, ring, ring[head_row], new_state if state is None else state, new_state, out,
-            head_row, ring.size(0), heads, head_dim, taps, dilation, float(temperature), float(out_scale),
-            u.stride(0), scores.stride(0), values.stride(0), *weight.stride(), ring.stride(0), ring.stride(1),
-            out.stride(0), HAS_STATE=state is not None, BLOCK_D=triton.next_power_of_2(head_dim),
-            BLOCK_F=triton.next_power_of_2(taps))
+            u,
+            scores,
+            values,
+            weight,
+            ring,
+            ring[head_row],
+            new_state if state is None else state,
+            new_state,
+            out,
+            head_row,
+            ring.size(0),
+            heads,
+            head_dim,
+            taps,
+            dilation,
+            float(temperature),
+            float(out_scale),
+            u.stride(0),
+            scores.stride(0),
+            values.stride(0),
+            *weight.stride(),
+            ring.stride(0),
+            ring.stride(1),
+            out.stride(0),
+            HAS_STATE=state is not None,
+            BLOCK_D=triton.next_power_of_2(head_dim),
+            BLOCK_F=triton.next_power_of_2(taps),
+        )
     return out, new_state
 
 
-def _check_step_arguments(u: Tensor, scores: Tensor, values: Tensor, weight: Tensor, ring: Tensor, head_row: int,
-                          state: Optional[Tensor], dilation: int, out: Optional[Tensor]) -> None:
+def _check_step_arguments(
+    u: Tensor,
+    scores: Tensor,
+    values: Tensor,
+    weight: Tensor,
+    ring: Tensor,
+    head_row: int,
+    state: Optional[Tensor],
+    dilation: int,
+    out: Optional[Tensor],
+) -> None:
     """:func:`conv_step`'s arguments agree with each other (a ``ValueError`` naming the
     first that does not)."""
     bsz, channels = u.shape
     heads = scores.size(1)
     head_dim = channels // heads
     taps = weight.size(1)
-    expected = {"scores": (bsz, heads), "values": (bsz, channels), "weight": (channels, taps),
-                "ring": (taps * dilation, bsz, channels), "state": (bsz, heads, head_dim + 1)}
+    expected = {
+        "scores": (bsz, heads),
+        "values": (bsz, channels),
+        "weight": (channels, taps),
+        "ring": (taps * dilation, bsz, channels),
+        "state": (bsz, heads, head_dim + 1),
+    }
     if state is not None and state.dtype != torch.float32:
         raise ValueError(f"conv_step: the Query's state must be float32, not {state.dtype}")
     if out is not None:
         expected["out"] = (bsz, channels)
-    for name, t in (("u", u), ("scores", scores), ("values", values), ("weight", weight), ("ring", ring),
-                    ("state", state), ("out", out)):
+    for name, t in (
+        ("u", u),
+        ("scores", scores),
+        ("values", values),
+        ("weight", weight),
+        ("ring", ring),
+        ("state", state),
+        ("out", out),
+    ):
         if t is None:
             continue
         if name in expected and tuple(t.shape) != expected[name]:
             raise ValueError(f"conv_step: {name} is {tuple(t.shape)}, expected {expected[name]}")
         if t.stride(-1) != 1 or t.device != u.device:
-            raise ValueError(f"conv_step: {name} must be on {u.device} and contiguous along its last axis")
+            raise ValueError(
+                f"conv_step: {name} must be on {u.device} and contiguous along its last axis"
+            )
     if channels != heads * head_dim or not 0 <= head_row < ring.size(0):
-        raise ValueError(f"conv_step: {channels} channels, {heads} heads, ring row {head_row} of {ring.size(0)}")
+        raise ValueError(
+            f"conv_step: {channels} channels, {heads} heads, ring row {head_row} of {ring.size(0)}"
+        )

@@ -98,8 +98,12 @@ ALIGN = 8
 #: projections were fused (for loading older checkpoints)
 PROJECTIONS = ("q", "k", "v", "local", "value", "score")
 _LEGACY_NAMES = {
-    "q": "q_proj", "k": "k_proj", "v": "v_proj", "local": "local_conv.pointwise",
-    "value": "context_query.value_proj", "score": "context_query.score_proj",
+    "q": "q_proj",
+    "k": "k_proj",
+    "v": "v_proj",
+    "local": "local_conv.pointwise",
+    "value": "context_query.value_proj",
+    "score": "context_query.score_proj",
 }
 
 
@@ -147,19 +151,25 @@ class HybridMultiheadAttention(nn.Module):
     ):
         super().__init__()
         if embed_dim % num_heads != 0:
-            raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
+            raise ValueError(
+                f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})"
+            )
         if not 0 < conv_heads <= num_heads:
             raise ValueError(f"conv_heads must be in 1..{num_heads}, got {conv_heads}")
         if causal and centered_conv:
             raise ValueError("a causal (decoder) self-attention cannot have a centred LocalConv")
         if output_scaling not in OUTPUT_SCALINGS:
-            raise ValueError(f"output_scaling must be one of {', '.join(OUTPUT_SCALINGS)}, got {output_scaling!r}")
+            raise ValueError(
+                f"output_scaling must be one of {', '.join(OUTPUT_SCALINGS)}, got {output_scaling!r}"
+            )
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
         self.output_scaling = output_scaling
         #: the factor on ``LocalConv ⊙ Query`` (1.0: the paper's unscaled product)
-        self.conv_output_scale = self.head_dim**-0.5 if output_scaling == "inv-sqrt-head-dim" else 1.0
+        self.conv_output_scale = (
+            self.head_dim**-0.5 if output_scaling == "inv-sqrt-head-dim" else 1.0
+        )
         self.conv_heads = conv_heads
         self.dot_heads = num_heads - conv_heads
         self.causal = causal
@@ -172,9 +182,13 @@ class HybridMultiheadAttention(nn.Module):
 
         dot_dim = self.dot_heads * self.head_dim
         conv_dim = conv_heads * self.head_dim
-        sizes = dict(q=dot_dim, k=dot_dim, v=dot_dim, local=conv_dim, value=conv_dim, score=conv_heads)
+        sizes = dict(
+            q=dot_dim, k=dot_dim, v=dot_dim, local=conv_dim, value=conv_dim, score=conv_heads
+        )
         #: (name, width) of each slice of in_proj's output, in order (no empty slices)
-        self.projection_sizes: List[Tuple[str, int]] = [(n, sizes[n]) for n in PROJECTIONS if sizes[n] > 0]
+        self.projection_sizes: List[Tuple[str, int]] = [
+            (n, sizes[n]) for n in PROJECTIONS if sizes[n] > 0
+        ]
         total = sum(w for _, w in self.projection_sizes)
         if total % ALIGN:
             # unused rows, so that the output's rows (and with d_h a multiple of 8, every
@@ -186,9 +200,17 @@ class HybridMultiheadAttention(nn.Module):
         self.in_proj = nn.Linear(embed_dim, sum(w for _, w in self.projection_sizes))
         self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
         self.conv_heads_impl = conv_heads_impl
-        self.local_conv = LocalConv(conv_dim, kernel_size, dilation=dilation, weight_dropout=conv_weight_dropout,
-                                    centered=centered_conv, impl=conv_heads_impl)
-        self.context_query = ContextQuery(conv_heads, self.head_dim, causal=causal, temperature=query_temperature)
+        self.local_conv = LocalConv(
+            conv_dim,
+            kernel_size,
+            dilation=dilation,
+            weight_dropout=conv_weight_dropout,
+            centered=centered_conv,
+            impl=conv_heads_impl,
+        )
+        self.context_query = ContextQuery(
+            conv_heads, self.head_dim, causal=causal, temperature=query_temperature
+        )
         self.out_proj = nn.Linear(embed_dim, embed_dim)
         self.reset_parameters()
 
@@ -197,9 +219,13 @@ class HybridMultiheadAttention(nn.Module):
         start = 0
         for other, width in self.projection_sizes:
             if other == name:
-                return self.in_proj.weight[start : start + width], self.in_proj.bias[start : start + width]
+                return self.in_proj.weight[start : start + width], self.in_proj.bias[
+                    start : start + width
+                ]
             start += width
-        raise KeyError(f"no {name!r} projection (heads: {self.dot_heads} dot-product, {self.conv_heads} conv)")
+        raise KeyError(
+            f"no {name!r} projection (heads: {self.dot_heads} dot-product, {self.conv_heads} conv)"
+        )
 
     def reset_parameters(self):
         # each slice initialised as its own nn.Linear would be; the q/k/v projections
@@ -258,8 +284,15 @@ class HybridMultiheadAttention(nn.Module):
         if need_head_weights:
             need_weights = True
         tgt_len, bsz, embed_dim = query.shape
-        if (incremental_state is not None and tgt_len == 1 and not need_weights and attn_mask is None
-                and key_padding_mask is None and not self.training and not torch.is_grad_enabled()):
+        if (
+            incremental_state is not None
+            and tgt_len == 1
+            and not need_weights
+            and attn_mask is None
+            and key_padding_mask is None
+            and not self.training
+            and not torch.is_grad_enabled()
+        ):
             return self._decode_step(query, incremental_state), None
         assert embed_dim == self.embed_dim, f"expected width {self.embed_dim}, got {embed_dim}"
         if key_padding_mask is not None:
@@ -274,7 +307,13 @@ class HybridMultiheadAttention(nn.Module):
         dot_weights = None
         if self.dot_heads > 0:
             dot, dot_weights = self._dot_product_heads(
-                proj["q"], proj["k"], proj["v"], key_padding_mask, incremental_state, attn_mask, need_weights
+                proj["q"],
+                proj["k"],
+                proj["v"],
+                key_padding_mask,
+                incremental_state,
+                attn_mask,
+                need_weights,
             )
             heads.append(dot)
         # padding mask of the new positions only (the cached ones are already folded in)
@@ -290,7 +329,9 @@ class HybridMultiheadAttention(nn.Module):
                 weights = weights.mean(dim=0)
         return attn, weights
 
-    def head_outputs(self, x: Tensor, key_padding_mask: Optional[Tensor] = None) -> Dict[str, Optional[Tensor]]:
+    def head_outputs(
+        self, x: Tensor, key_padding_mask: Optional[Tensor] = None
+    ) -> Dict[str, Optional[Tensor]]:
         """The heads' outputs before ``W^O``, for analysis (no incremental state): ``dot``
         (``T x B x Ha·dh``, None without dot-product heads), ``local`` (LocalConv,
         ``T x B x Hc·dh``, the paper's equation 2) and ``conv`` (``local ⊙ Query``)."""
@@ -299,14 +340,20 @@ class HybridMultiheadAttention(nn.Module):
         proj = self._project(x)
         dot = None
         if self.dot_heads > 0:
-            dot, _ = self._dot_product_heads(proj["q"], proj["k"], proj["v"], key_padding_mask, None, None, False)
+            dot, _ = self._dot_product_heads(
+                proj["q"], proj["k"], proj["v"], key_padding_mask, None, None, False
+            )
         local, context = self._conv_heads(proj, key_padding_mask, None)
         conv = local * context
         if self.conv_output_scale != 1.0:
-            local = self.local_conv(proj["local"], key_padding_mask)  # the paper's LocalConv, unscaled
+            local = self.local_conv(
+                proj["local"], key_padding_mask
+            )  # the paper's LocalConv, unscaled
         return {"dot": dot, "local": local, "conv": conv}
 
-    def _decode_step(self, x: Tensor, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tensor:
+    def _decode_step(
+        self, x: Tensor, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]
+    ) -> Tensor:
         """One decoding step without padding and without autograd (beam search: fairseq
         decodes under ``torch.no_grad``): the same computation as :meth:`forward`, on
         ``B x ...`` matrices, with outputs written in place and as few
@@ -317,12 +364,18 @@ class HybridMultiheadAttention(nn.Module):
         input of ``W^O`` instead of being concatenated and cast."""
         bsz = x.size(1)
         proj = F.linear(x[0], self.in_proj.weight, self.in_proj.bias)  # B x width
-        parts = dict(zip(self._names, proj.split_with_sizes(self._widths, dim=-1)))  # B x width each
+        parts = dict(
+            zip(self._names, proj.split_with_sizes(self._widths, dim=-1))
+        )  # B x width each
         dot_dim = self.dot_heads * self.head_dim
         mixed = x.new_empty(bsz, self.embed_dim)  # the heads' outputs side by side
         if self.dot_heads > 0:
             # k and v are adjacent slices of the projection: B x 2*Ha*dh -> B x Ha x 2 x 1 x dh
-            kv = proj[:, dot_dim : 3 * dot_dim].view(bsz, 2, self.dot_heads, 1, self.head_dim).transpose(1, 2)
+            kv = (
+                proj[:, dot_dim : 3 * dot_dim]
+                .view(bsz, 2, self.dot_heads, 1, self.head_dim)
+                .transpose(1, 2)
+            )
             key = self._get_full_incremental_state_key("attn_state")
             saved = incremental_state.get(key)
             if saved is not None and saved.get("prev_kv") is not None:
@@ -337,14 +390,20 @@ class HybridMultiheadAttention(nn.Module):
             else:  # padded keys in the cache (never in beam search); the new one is not padding
                 padding = F.pad(padding, (0, 1), value=False)  # B x t
                 incremental_state[key]["prev_padding"] = padding
-                dot = F.scaled_dot_product_attention(q, *kv.unbind(2), attn_mask=~padding[:, None, None, :])
+                dot = F.scaled_dot_product_attention(
+                    q, *kv.unbind(2), attn_mask=~padding[:, None, None, :]
+                )
             # the kernel's output need not be laid out as B x Ha x dh in memory: copy, not view
             mixed[:, :dot_dim].view(bsz, self.dot_heads, self.head_dim).copy_(dot.squeeze(2))
         self._conv_step(parts, incremental_state, out=mixed[:, dot_dim:])
         return F.linear(mixed, self.out_proj.weight, self.out_proj.bias).unsqueeze(0)
 
-    def _conv_step(self, proj: Dict[str, Tensor], incremental_state: Dict[str, Dict[str, Optional[Tensor]]],
-                   out: Tensor) -> None:
+    def _conv_step(
+        self,
+        proj: Dict[str, Tensor],
+        incremental_state: Dict[str, Dict[str, Optional[Tensor]]],
+        out: Tensor,
+    ) -> None:
         """The conv heads' output for one decoding step, written into ``out`` (``B x
         Hc·dh``, a slice of ``W^O``'s input): LocalConv's and the Query's steps (float32)
         and their product, cast as it is written; or all of it as one Triton kernel where
@@ -355,12 +414,25 @@ class HybridMultiheadAttention(nn.Module):
             state = self.context_query.step_state(incremental_state)
             ring, head = conv.ring(u, incremental_state)
             _, state = conv_heads_triton.conv_step(
-                u, proj["score"], proj["value"], conv.weight, ring, head, state, conv.dilation,
-                self.context_query.temperature, self.conv_output_scale, out=out, check=False)
+                u,
+                proj["score"],
+                proj["value"],
+                conv.weight,
+                ring,
+                head,
+                state,
+                conv.dilation,
+                self.context_query.temperature,
+                self.conv_output_scale,
+                out=out,
+                check=False,
+            )
             self.context_query.set_step_state(incremental_state, state)
             return
         local = conv.step(u, incremental_state)  # B x Hc*dh, float32
-        context = self.context_query.step(proj["score"], proj["value"], incremental_state)  # B x Hc x dh, float32
+        context = self.context_query.step(
+            proj["score"], proj["value"], incremental_state
+        )  # B x Hc x dh, float32
         # B x Hc*dh -> B x Hc x dh
         self._conv_output(local.view(context.shape), context, out=out.view(context.shape))
 
@@ -388,7 +460,9 @@ class HybridMultiheadAttention(nn.Module):
         Hc·dh``, or ``1 x B x Hc·dh`` in the encoder, broadcasting over time) of the conv
         heads. The scale is folded into LocalConv's float32 kernel: in half precision the
         product ``local ⊙ context`` could overflow before being scaled."""
-        local = self.local_conv(proj["local"], padding_mask, incremental_state, scale=self.conv_output_scale)
+        local = self.local_conv(
+            proj["local"], padding_mask, incremental_state, scale=self.conv_output_scale
+        )
         context = self.context_query(proj["score"], proj["value"], padding_mask, incremental_state)
         return local, context
 
@@ -437,14 +511,22 @@ class HybridMultiheadAttention(nn.Module):
             if use_causal_flag:
                 mask = self._causal_mask(tgt_len, src_len, past, device)
             if mask is not None:
-                logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
+                logits = (
+                    logits.masked_fill(~mask, float("-inf"))
+                    if mask.dtype == torch.bool
+                    else logits + mask
+                )
             weights = F.softmax(logits, dim=-1).type_as(q).transpose(0, 1)  # Ha x B x T x S
         # B x Ha x T x dh -> T x B x (Ha*dh)
         return out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, -1), weights
 
     @staticmethod
-    def _cached_padding(saved: Dict[str, Optional[Tensor]], key_padding_mask: Optional[Tensor], past: int,
-                        tgt_len: int) -> Optional[Tensor]:
+    def _cached_padding(
+        saved: Dict[str, Optional[Tensor]],
+        key_padding_mask: Optional[Tensor],
+        past: int,
+        tgt_len: int,
+    ) -> Optional[Tensor]:
         """The padding of all ``past + T`` keys (``B x (past + T)``, None where none is
         padding), from the caller's mask (of the new positions, or of all of them) and
         the cached keys' (``saved["prev_padding"]``), which it updates."""
@@ -454,8 +536,16 @@ class HybridMultiheadAttention(nn.Module):
         elif key_padding_mask is None and prev is None:
             return None
         else:  # one of the two, the other all False: B x past and B x T
-            prev = prev if prev is not None else key_padding_mask.new_zeros(key_padding_mask.size(0), past)
-            new = key_padding_mask if key_padding_mask is not None else prev.new_zeros(prev.size(0), tgt_len)
+            prev = (
+                prev
+                if prev is not None
+                else key_padding_mask.new_zeros(key_padding_mask.size(0), past)
+            )
+            new = (
+                key_padding_mask
+                if key_padding_mask is not None
+                else prev.new_zeros(prev.size(0), tgt_len)
+            )
             full = torch.cat([prev, new], dim=1)  # B x (past + T)
         saved["prev_padding"] = full
         return full

@@ -70,11 +70,20 @@ class DilatedDepthwiseConv(torch.autograd.Function):
     layer's fused projection, is kept by the layer anyway)."""
 
     @staticmethod
-    def forward(ctx, u: Tensor, kernel: Tensor, dilation: int, out_len: int, lookahead: int = 0,
-                padding: Optional[Tensor] = None) -> Tensor:
+    def forward(
+        ctx,
+        u: Tensor,
+        kernel: Tensor,
+        dilation: int,
+        out_len: int,
+        lookahead: int = 0,
+        padding: Optional[Tensor] = None,
+    ) -> Tensor:
         ctx.save_for_backward(u, kernel, padding)
         u = _masked(u, padding)
-        reads = _tap_slices(kernel.size(0), dilation, u.size(0) - out_len + lookahead, out_len, u.size(0))
+        reads = _tap_slices(
+            kernel.size(0), dilation, u.size(0) - out_len + lookahead, out_len, u.size(0)
+        )
         acc_dtype = torch.promote_types(u.dtype, torch.float32)
         kernel32 = kernel.to(acc_dtype)
         # a tap that every output row reads (the current position's, lag 0, in training)
@@ -96,7 +105,9 @@ class DilatedDepthwiseConv(torch.autograd.Function):
         u, kernel, padding = ctx.saved_tensors
         u = _masked(u, padding)
         out_len = ctx.out_len
-        reads = _tap_slices(kernel.size(0), ctx.dilation, u.size(0) - out_len + ctx.lookahead, out_len, u.size(0))
+        reads = _tap_slices(
+            kernel.size(0), ctx.dilation, u.size(0) - out_len + ctx.lookahead, out_len, u.size(0)
+        )
         grad_u = grad_kernel = None
         acc_dtype = torch.promote_types(u.dtype, torch.float32)
         kernel32 = kernel.to(acc_dtype)
@@ -166,11 +177,20 @@ class LocalConv(nn.Module):
             installed, for CUDA tensors).
     """
 
-    def __init__(self, channels: int, kernel_size: int, dilation: int = 1, weight_dropout: float = 0.0,
-                 centered: bool = False, impl: str = "auto"):
+    def __init__(
+        self,
+        channels: int,
+        kernel_size: int,
+        dilation: int = 1,
+        weight_dropout: float = 0.0,
+        centered: bool = False,
+        impl: str = "auto",
+    ):
         super().__init__()
         if impl not in conv_heads_triton.IMPLS:
-            raise ValueError(f"impl must be one of {', '.join(conv_heads_triton.IMPLS)}, got {impl!r}")
+            raise ValueError(
+                f"impl must be one of {', '.join(conv_heads_triton.IMPLS)}, got {impl!r}"
+            )
         if kernel_size < 1:
             raise ValueError(f"kernel_size must be >= 1, got {kernel_size}")
         if dilation < 1:
@@ -183,7 +203,9 @@ class LocalConv(nn.Module):
         #: ``centered``, ``⌊(F-1)/2⌋·δ`` (taps ``t-⌈(F-1)/2⌉δ .. t+⌊(F-1)/2⌋δ``; encoder only)
         self.lookahead = ((kernel_size - 1) // 2) * dilation if centered else 0
         self.weight = nn.Parameter(torch.empty(channels, kernel_size))  # W^A
-        self.weight_dropout_module = FairseqDropout(weight_dropout, module_name=self.__class__.__name__)
+        self.weight_dropout_module = FairseqDropout(
+            weight_dropout, module_name=self.__class__.__name__
+        )
         self.reset_parameters()
 
     @property
@@ -233,11 +255,17 @@ class LocalConv(nn.Module):
         ring, head = self.ring(u, incremental_state)
         ring[head] = u
         # the taps are the rows j·δ + head mod δ (j < F): every δ-th row, all of them if δ = 1
-        taps = ring[head % self.dilation :: self.dilation] if self.dilation > 1 else ring  # F x B x C
-        kernel = self.rotated_kernels(incremental_state)[head // self.dilation]  # F x 1 x C, in the taps' order
+        taps = (
+            ring[head % self.dilation :: self.dilation] if self.dilation > 1 else ring
+        )  # F x B x C
+        kernel = self.rotated_kernels(incremental_state)[
+            head // self.dilation
+        ]  # F x 1 x C, in the taps' order
         return (taps * kernel).sum(dim=0)  # B x C, float32
 
-    def ring(self, u: Tensor, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tuple[Tensor, int]:
+    def ring(
+        self, u: Tensor, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]
+    ) -> Tuple[Tensor, int]:
         """The decoding buffer as a ring of ``F·δ`` rows (``F·δ x B x C``: the last ``(F-1)·δ``
         positions that the taps read, and ``δ - 1`` older ones, so that every tap of a
         position lies on its row modulo ``δ``) and the row that the new position ``u``
@@ -283,7 +311,10 @@ class LocalConv(nn.Module):
             return u.new_zeros(span, u.size(1), u.size(2))
         if "history" in buffer:
             return buffer["history"]
-        ring, head = buffer["ring"], buffer["head"]  # head: the row written next; the newest is head - 1
+        ring, head = (
+            buffer["ring"],
+            buffer["head"],
+        )  # head: the row written next; the newest is head - 1
         order = torch.arange(head - span, head, device=ring.device) % ring.size(0)
         return ring.index_select(0, order)
 
@@ -313,7 +344,9 @@ class LocalConv(nn.Module):
         Returns:
             ``T x B x C``
         """
-        padding = padding_mask.transpose(0, 1).unsqueeze(-1) if padding_mask is not None else None  # T x B x 1
+        padding = (
+            padding_mask.transpose(0, 1).unsqueeze(-1) if padding_mask is not None else None
+        )  # T x B x 1
         out_len = u.size(0)
         span = self.receptive_field
         if incremental_state is not None and self.lookahead:
@@ -331,7 +364,9 @@ class LocalConv(nn.Module):
             # a decoding step: its F taps are rows 0, δ, ..., (F-1)δ of the buffer
             taps = u[:: self.dilation] if span > 0 else u
             return (taps * kernel.unsqueeze(1)).sum(dim=0, keepdim=True).to(u.dtype)
-        return self._convolution(u).apply(u, kernel, self.dilation, out_len, self.lookahead, padding)
+        return self._convolution(u).apply(
+            u, kernel, self.dilation, out_len, self.lookahead, padding
+        )
 
     def _convolution(self, u: Tensor):
         """The autograd function that convolves ``u``: Triton's kernels where asked for

@@ -39,7 +39,9 @@ class TagHeads(nn.Module):
         """``encoder_states``: the encoder's ``T x B x d`` states, embeddings first (as
         fairseq returns them with ``return_all_hiddens``). Returns ``B x T x classes``."""
         if len(self.heads) and not encoder_states:
-            raise RuntimeError("tag heads need the encoder's hidden states (return_all_hiddens=True)")
+            raise RuntimeError(
+                "tag heads need the encoder's hidden states (return_all_hiddens=True)"
+            )
         return {
             name: head(encoder_states[self.layers[name]]).transpose(0, 1)
             for name, head in self.heads.items()

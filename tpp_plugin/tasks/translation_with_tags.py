@@ -15,9 +15,8 @@ The labels are training targets only: a model trained with this task translates 
 import itertools
 import logging
 import os
-import sys
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict
 
 from fairseq import utils
 from fairseq.data import ConcatDataset, Dictionary, data_utils, indexed_dataset
@@ -32,7 +31,9 @@ from tpp_pipeline.contract import (
 )
 
 from ..errors import UserError
-from ..criterions.label_smoothed_cross_entropy_with_tags import LabelSmoothedCrossEntropyWithTagsCriterion
+from ..criterions.label_smoothed_cross_entropy_with_tags import (
+    LabelSmoothedCrossEntropyWithTagsCriterion,
+)
 from .tagged_dataset import TaggedLanguagePairDataset
 
 logger = logging.getLogger(__name__)
@@ -100,7 +101,11 @@ class TranslationWithTagsTask(TranslationTask):
         ``--ddp-backend pytorch_ddp``, its default on GPUs) stops on at the second update."""
         criterion = super().build_criterion(cfg, from_checkpoint)
         heads = getattr(self, "_model_tag_heads", 0)
-        if heads and self.tag_dictionaries and not isinstance(criterion, LabelSmoothedCrossEntropyWithTagsCriterion):
+        if (
+            heads
+            and self.tag_dictionaries
+            and not isinstance(criterion, LabelSmoothedCrossEntropyWithTagsCriterion)
+        ):
             raise ValueError(
                 f"--task translation_with_tags loads the tags {', '.join(self.tag_dictionaries)} for the model's "
                 f"{heads} tag head(s), which --criterion {getattr(cfg, '_name', type(criterion).__name__)} does not "
@@ -111,18 +116,24 @@ class TranslationWithTagsTask(TranslationTask):
         return criterion
 
     def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
-        dataset = super().build_dataset_for_inference(src_tokens, src_lengths, constraints=constraints)
+        dataset = super().build_dataset_for_inference(
+            src_tokens, src_lengths, constraints=constraints
+        )
         dataset.tpp_for_inference = True  # sentences a user gave: see filter_indices_by_size
         return dataset
 
-    def filter_indices_by_size(self, indices, dataset, max_positions=None, ignore_invalid_inputs=False):
+    def filter_indices_by_size(
+        self, indices, dataset, max_positions=None, ignore_invalid_inputs=False
+    ):
         """fairseq's filter, except for the sentences of :meth:`build_dataset_for_inference`
         (what the hub interface's ``translate`` and fairseq-interactive translate): a
         sentence over the limit is an error that says the limit and how to raise it, where
         fairseq names only a command-line flag, --skip-invalid-size-inputs-valid-test,
         which means nothing to ``translate``."""
         if ignore_invalid_inputs or not getattr(dataset, "tpp_for_inference", False):
-            return super().filter_indices_by_size(indices, dataset, max_positions, ignore_invalid_inputs)
+            return super().filter_indices_by_size(
+                indices, dataset, max_positions, ignore_invalid_inputs
+            )
         indices, ignored = dataset.filter_indices_by_size(indices, max_positions)
         if len(ignored) > 0:
             first = int(ignored[0])
@@ -145,7 +156,9 @@ class TranslationWithTagsTask(TranslationTask):
         super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
         if not self.tag_names:
             return
-        if self.missing_tag_dictionaries and len(self.missing_tag_dictionaries) == len(self.tag_names):
+        if self.missing_tag_dictionaries and len(self.missing_tag_dictionaries) == len(
+            self.tag_names
+        ):
             raise MissingTagsError(
                 f"the data folder has no label files for --tags {','.join(self.tag_names)} (expected "
                 f"{', '.join(self.missing_tag_dictionaries.values())}; a folder prepared with "
@@ -178,7 +191,11 @@ class TranslationWithTagsTask(TranslationTask):
                 label_stream_prefix(data_path, split_k, tgt, src, name),
             ]
             prefix = next(
-                (p for p in candidates if indexed_dataset.dataset_exists(p, impl=self.cfg.dataset_impl)),
+                (
+                    p
+                    for p in candidates
+                    if indexed_dataset.dataset_exists(p, impl=self.cfg.dataset_impl)
+                ),
                 None,
             )
             if prefix is None:
@@ -190,7 +207,9 @@ class TranslationWithTagsTask(TranslationTask):
                 )
             prefixes.append(prefix)
             streams.append(
-                data_utils.load_indexed_dataset(prefix, self.tag_dictionaries[name], self.cfg.dataset_impl)
+                data_utils.load_indexed_dataset(
+                    prefix, self.tag_dictionaries[name], self.cfg.dataset_impl
+                )
             )
             if not combine:
                 break

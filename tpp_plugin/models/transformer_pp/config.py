@@ -101,21 +101,33 @@ class ConvHeadsConfig:
         self.output_scaling = getattr(args, "conv_head_scaling", None) or "none"
         temperature = getattr(args, "conv_query_temperature", None)  # None: an older checkpoint
         self.query_temperature = 1.0 if temperature is None else float(temperature)
-        self.conv_heads_impl = getattr(args, "conv_heads_impl", None) or "auto"  # None: an older checkpoint
+        self.conv_heads_impl = (
+            getattr(args, "conv_heads_impl", None) or "auto"
+        )  # None: an older checkpoint
         opt = f"{side}-conv"
         if self.heads < 1 or self.embed_dim % self.heads != 0:
             raise ValueError(
-                f"--{side}-attention-heads ({self.heads}) must divide --{side}-embed-dim ({self.embed_dim})")
+                f"--{side}-attention-heads ({self.heads}) must divide --{side}-embed-dim ({self.embed_dim})"
+            )
         if not 0 <= self.conv_heads <= self.heads:
             raise ValueError(
-                f"--{opt}-heads ({self.conv_heads}) must be between 0 and --{side}-attention-heads ({self.heads})")
-        self.kernel_sizes = parse_int_list(getattr(args, prefix + "conv_kernel_sizes"), f"{opt}-kernel-sizes")
-        self.dilations = parse_int_list(getattr(args, prefix + "conv_dilations"), f"{opt}-dilations")
-        for option, values in ((f"{opt}-kernel-sizes", self.kernel_sizes), (f"{opt}-dilations", self.dilations)):
+                f"--{opt}-heads ({self.conv_heads}) must be between 0 and --{side}-attention-heads ({self.heads})"
+            )
+        self.kernel_sizes = parse_int_list(
+            getattr(args, prefix + "conv_kernel_sizes"), f"{opt}-kernel-sizes"
+        )
+        self.dilations = parse_int_list(
+            getattr(args, prefix + "conv_dilations"), f"{opt}-dilations"
+        )
+        for option, values in (
+            (f"{opt}-kernel-sizes", self.kernel_sizes),
+            (f"{opt}-dilations", self.dilations),
+        ):
             if len(values) != self.num_layers:
                 raise ValueError(
                     f"--{option} needs one value per layer: {len(values)} given "
-                    f"({','.join(map(str, values))}) for --{side}-layers {self.num_layers}")
+                    f"({','.join(map(str, values))}) for --{side}-layers {self.num_layers}"
+                )
             if any(v < 1 for v in values):
                 raise ValueError(f"--{option} values must be >= 1, got {values}")
         if not self.query_temperature > 0:
@@ -151,5 +163,6 @@ def tag_layers_of(args) -> Dict[str, int]:
         if not 1 <= layer <= args.encoder_layers:
             raise ValueError(
                 f"--encoder-tag-layers: layer {layer} for tag {name!r} is outside "
-                f"1..{args.encoder_layers} (--encoder-layers)")
+                f"1..{args.encoder_layers} (--encoder-layers)"
+            )
     return tag_layers

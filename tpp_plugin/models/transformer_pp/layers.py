@@ -35,7 +35,9 @@ class TransformerPPDecoderLayer(transformer_layer.TransformerDecoderLayerBase):
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         if self.conv.conv_heads == 0:
-            return super().build_self_attention(embed_dim, cfg, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn)
+            return super().build_self_attention(
+                embed_dim, cfg, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn
+            )
         return self.conv.attention(self.layer_idx, cfg.attention_dropout, causal=True)
 
 

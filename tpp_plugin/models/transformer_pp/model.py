@@ -59,7 +59,9 @@ class TransformerPPEncoder(TransformerEncoderBase):
     """Transformer encoder with hybrid self-attention and token-tagging heads on the
     base encoder layers."""
 
-    def __init__(self, cfg, dictionary, embed_tokens, tag_classes: Dict[str, int], tag_layers: Dict[str, int]):
+    def __init__(
+        self, cfg, dictionary, embed_tokens, tag_classes: Dict[str, int], tag_layers: Dict[str, int]
+    ):
         self.conv = ConvHeadsConfig(cfg, "encoder")
         self.layer_counter = LayerCounter("encoder")
         super().__init__(cfg, dictionary, embed_tokens)
@@ -80,18 +82,27 @@ class TransformerPPEncoder(TransformerEncoderBase):
 class TransformerPPDecoder(TransformerDecoderBase):
     """Transformer decoder with hybrid (causal) self-attention."""
 
-    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
+    def __init__(
+        self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None
+    ):
         if getattr(cfg, "base_layers", 0):
             raise ValueError("--base-layers is not supported by transformer_pp")
         self.conv = ConvHeadsConfig(cfg, "decoder")
         self.layer_counter = LayerCounter("decoder")
-        super().__init__(cfg, dictionary, embed_tokens,
-                         no_encoder_attn=no_encoder_attn, output_projection=output_projection)
+        super().__init__(
+            cfg,
+            dictionary,
+            embed_tokens,
+            no_encoder_attn=no_encoder_attn,
+            output_projection=output_projection,
+        )
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False, layer_idx: Optional[int] = None):
         if layer_idx is None:  # fairseq's __init__, layer after layer
             layer_idx = self.layer_counter.next(cfg.decoder.layers)
-        layer = TransformerPPDecoderLayer(cfg, layer_idx, self.conv, no_encoder_attn=no_encoder_attn)
+        layer = TransformerPPDecoderLayer(
+            cfg, layer_idx, self.conv, no_encoder_attn=no_encoder_attn
+        )
         return wrap_layer(layer, cfg)
 
     def buffered_future_mask(self, tensor):

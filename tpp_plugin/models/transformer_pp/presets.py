@@ -26,10 +26,16 @@ def transformer_pp_base_architecture(args):
     _default(args, "decoder_conv_heads", args.decoder_attention_heads // 2)
     _default(args, "encoder_conv_kernel_sizes", default_kernel_sizes(args.encoder_layers))
     _default(args, "decoder_conv_kernel_sizes", default_kernel_sizes(args.decoder_layers))
-    _default(args, "encoder_conv_dilations",
-             default_dilations(args.encoder_conv_kernel_sizes, "encoder-conv-kernel-sizes"))
-    _default(args, "decoder_conv_dilations",
-             default_dilations(args.decoder_conv_kernel_sizes, "decoder-conv-kernel-sizes"))
+    _default(
+        args,
+        "encoder_conv_dilations",
+        default_dilations(args.encoder_conv_kernel_sizes, "encoder-conv-kernel-sizes"),
+    )
+    _default(
+        args,
+        "decoder_conv_dilations",
+        default_dilations(args.decoder_conv_kernel_sizes, "decoder-conv-kernel-sizes"),
+    )
     _default(args, "conv_weight_dropout", 0.1)
     _default(args, "encoder_conv_centered", False)
     _default(args, "conv_head_scaling", "none")
