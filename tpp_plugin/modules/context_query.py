@@ -22,15 +22,9 @@ i.e. a summary of the whole sentence (encoder), or of its prefix (decoder: a *pr
 softmax*, so that no position sees the future). The weights ``α`` are the head's
 word-context weights; :meth:`ContextQuery.weights` returns them for visualisation.
 
-The paper gives the pooling no temperature. Ours (``temperature`` θ,
-``--conv-query-temperature``, default 1, i.e. none) divides the scores,
-``α_τ ∝ e^{s_τ / θ}``: θ > 1 pools more evenly at initialisation and lets Adam move
-the distribution more slowly (its steps are of a fixed size in ``W^Q``), θ < 1 the
-reverse.
-
-The projections ``W^S`` and ``W^Q`` are slices of the fused input projection of the
-:class:`~tpp_plugin.modules.HybridMultiheadAttention` that owns this module; this
-module pools.
+``temperature`` θ (``--conv-query-temperature``; 1, the paper's, by default) divides the
+scores, ``α_τ ∝ e^{s_τ / θ}``. ``W^S`` and ``W^Q`` are slices of the owning
+:class:`~tpp_plugin.modules.HybridMultiheadAttention`'s input projection; this module pools.
 
 **The prefix softmax in O(T·d_h) memory.** Because the score depends on the key
 only, a prefix is fully described by its mean ``q_t`` and its log-normaliser
@@ -54,13 +48,9 @@ pair ``(L, q)`` per head (one ``B x H x (1 + d_h)`` float32 tensor) and merges e
 position (or chunk of positions) into it, so a step costs ``O(d_h)`` whatever the
 length decoded so far. Both equal the step-by-step definition to float32 rounding.
 
-**What training keeps.** Differentiated by autograd, the blocks above would keep their
-``K x K`` logits and weights and a float32 copy of the values for the backward pass:
-in a decoder layer, several activations of the model's width. :class:`PooledQuery` (a
-whole sequence, no incremental state: every training forward) keeps the scores and
-the values it was given, and ``q`` and ``L`` only where that costs nothing (see
-there), and rebuilds the weights from them in the backward pass, ``α_{t,τ} = e^{s_τ -
-L_t}``, blockwise again (:func:`prefix_softmax_transposed`).
+In training, :class:`PooledQuery` keeps the scores and values for the backward pass and
+rebuilds the weights there, ``α_{t,τ} = e^{s_τ - L_t}``, blockwise
+(:func:`prefix_softmax_transposed`), instead of autograd keeping every block's ``K x K``.
 """
 
 import functools

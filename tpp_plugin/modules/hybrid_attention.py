@@ -20,61 +20,29 @@ heads; all head outputs are concatenated and mixed by one output projection:
 :mod:`~tpp_plugin.modules.context_query`.
 
 How we read the paper's combination. The paper writes
-``DynamicConv(S) = Conv1D(LocalConv, Query)`` and says that this "is simply computing
-the dot product between LocalConv and Query", with LocalConv "conceptually similar to
-the key" and DynamicConv "as the value". A full dot product would give one scalar per
-position and head, which cannot be a head output of width ``d_h`` that is concatenated
-with the others and mixed by ``W^O``. We therefore read it as a convolution of width
-one whose kernel is the Query: the channel-wise product of the local representation
-at each position with the head's sentence (or prefix) summary. The head keeps shape
-``T x d_h``; the sum over channels that completes the dot product is left to ``W^O``,
-which mixes the channels of all heads anyway. The word-context relation the paper
-describes lives in the pooling weights of the Query (which words matter to the
-context); :meth:`HybridMultiheadAttention.forward` returns them as the conv heads'
-attention maps when weights are asked for.
+``DynamicConv(S) = Conv1D(LocalConv, Query)``, "simply computing the dot product between
+LocalConv and Query". A full dot product would give one scalar per position and head,
+not a head of width ``d_h``; we read it as a convolution of width one whose kernel is
+the Query: the channel-wise product above, the sum over channels left to ``W^O``. The
+word-context relation lives in the Query's pooling weights, which :meth:`forward`
+returns as the conv heads' attention maps.
 
-**The conv heads' output scale.** ``LocalConv(S) ⊙ Query(S)`` is a product of two
-linear projections of the same input, so its size grows with the *square* of the
-projection weights, while every dot-product head is linear in its value projection.
-The paper gives no scale. Measured in the CPU study's configuration (d=256, 2+2 heads,
-``tpp-study``'s ``docs/study.md``): after 700 updates the conv heads' outputs were 2-6
-times the size of the dot-product heads', the hybrid model learned far more slowly
-than the same model with its conv heads' output set to zero, and multiplying the
-product by ``1/√d_h`` (the factor dot-product attention puts on its logits) removed
-the gap. ``output_scaling="inv-sqrt-head-dim"`` (``--conv-head-scaling``) does that;
-the default ``"none"`` is the paper's unscaled product. The factor multiplies
-LocalConv's float32 kernel, so that in half precision the unscaled product, which
-can overflow, is never formed.
+The product of two projections grows with the square of the weights; the paper gives
+no scale. ``output_scaling="inv-sqrt-head-dim"`` (``--conv-head-scaling``) multiplies it
+by ``1/√d_h``, folded into LocalConv's float32 kernel so that no unscaled half-precision
+product is formed; ``"none"`` is the paper's (why it matters: docs/study.md).
 
-**One input projection.** Every projection of the input — the dot-product heads'
-``W^Q, W^K, W^V``, LocalConv's pointwise ``W^P``, the Query's ``W^S`` and ``W^Q`` — is
-a slice of one ``in_proj`` (``d x (3·H_a·d_h + 2·H_c·d_h + H_c)``, rounded up to a
-multiple of 8 rows for aligned memory), so a layer reads its
-input once, in one matrix product, as fairseq's ``DynamicConv1dTBC`` and
-``MultiheadAttention`` do; :class:`LocalConv` and :class:`ContextQuery` own the rest of
-their computation (the depthwise kernel, the pooling) and their incremental state.
-Checkpoints written before the fusion (separate ``q_proj``, ``local_conv.pointwise``,
-``context_query.value_proj``, ... parameters) are converted when loaded.
+Every input projection (``W^Q, W^K, W^V`` of the dot-product heads, LocalConv's ``W^P``,
+the Query's ``W^S, W^Q``) is a slice of one ``in_proj`` (``d x (3·H_a·d_h + 2·H_c·d_h +
+H_c)``, rounded up to a multiple of 8 rows); older checkpoints' separate projections are
+converted when loaded. The dot-product heads run through ``scaled_dot_product_attention``
+(``is_causal`` and no mask in the decoder: fairseq pads targets on the right).
 
-**Fused kernels.** The dot-product heads run through ``scaled_dot_product_attention``.
-In the decoder the module is causal by construction, so fairseq's future mask is
-neither needed nor passed (see ``TransformerPPDecoder.buffered_future_mask``) and the
-kernel gets ``is_causal=True``; targets are padded on the right (fairseq's default), so
-no real position can see a padding position and the padding mask is dropped as well
-(``right_padded``, switched off for tasks that pad targets on the left). The encoder
-passes no mask at all for a batch without padding (fairseq passes ``None`` then). No
-forward pass reads a value back from the device.
-
-The module is a drop-in for fairseq's :class:`~fairseq.modules.MultiheadAttention` in
-the *self*-attention slot of encoder and decoder layers: same call signature, same
-``T x B x d`` layout, the same kind of incremental state (the dot-product heads' keys
-and values, as one ``prev_kv`` tensor ``B x H_a x 2 x t x d_h``, so that a decoding step
-concatenates and beam search reorders one tensor instead of two; :class:`LocalConv` and
-:class:`ContextQuery` keep their own bounded states and reorder them themselves, since
-fairseq calls ``reorder_incremental_state`` on every submodule). In incremental decoding
-fairseq's decoder passes the padding mask of the new positions only, and only when one
-of them is padding; the dot-product heads then keep the padding of the cached keys too
-(``prev_padding``, ``B x t``, from the first padded position on; beam search feeds none).
+A drop-in for fairseq's :class:`~fairseq.modules.MultiheadAttention` in the
+self-attention slot: same signature, ``T x B x d`` layout; the incremental state holds the
+dot-product heads' keys and values as one ``prev_kv`` (``B x H_a x 2 x t x d_h``) and the
+cached keys' padding (``prev_padding``, ``B x t``, where fairseq passes a mask);
+:class:`LocalConv` and :class:`ContextQuery` keep and reorder their own states.
 """
 
 import math
