@@ -17,9 +17,10 @@ Which checkpoints:
     # an explicit list of files
     tpp-average-checkpoints --inputs a.pt b.pt c.pt --output avg.pt
 
-How: checkpoints are loaded one at a time (torch's safe ``weights_only`` loading, with
-fairseq's checkpoint contents allow-listed by ``tpp_plugin``), added into a running sum
-and freed, so peak memory is about two checkpoints whatever N is. Floating-point
+How: checkpoints are mapped one at a time (torch's safe ``weights_only`` loading, with
+fairseq's checkpoint contents allow-listed by ``tpp_plugin``), their model parameters
+added into a running sum and unmapped, so peak memory is about two models whatever N
+is, and the optimizer states (twice the model with Adam) are never read. Floating-point
 tensors are summed in at least float32 (so float16/bfloat16 checkpoints do not lose
 precision) and cast back to their own dtype at the end. Non-floating tensors (integer
 buffers; fairseq's Transformer has none that train) are taken from the last input.
@@ -169,9 +170,10 @@ def last_checkpoints(directory, count, by_update, upper_bound=None):
 
 
 def load_checkpoint(path):
-    """Load one checkpoint on the CPU with torch's safe unpickler."""
+    """Map one checkpoint on the CPU with torch's safe unpickler: only the model's
+    tensors are read, never the optimizer state."""
     try:
-        return read_checkpoint(path)
+        return read_checkpoint(path, mmap=True)
     except CheckpointError as error:
         raise AveragingError(str(error)) from None
 
@@ -231,7 +233,7 @@ def average_checkpoints(paths, allow_config_mismatch=False):
                 sums[name] = tensor.clone()
         if index == len(paths) - 1:
             metadata = state  # keep the newest checkpoint's configuration and counters
-        # free this checkpoint before the next one is read: peak memory stays ~2 checkpoints
+        # unmap this checkpoint before the next one is read: peak memory stays ~2 models
         del model, state
 
     averaged = OrderedDict()

@@ -217,9 +217,10 @@ def test_ten_checkpoints_with_bounded_memory(tmp_path):
     )
     used = peak - baseline
     # loading everything would need 10 checkpoints; streaming needs the running sum plus
-    # one checkpoint being read (about 1.35 checkpoints here); allow slack for allocator
+    # the model of the checkpoint being read (2/3 of a checkpoint here, the rest is
+    # Adam's moments, never read); allow slack for the allocator and the output
     assert (
-        used < 3 * size
+        used < 2 * size
     ), f"averaging used {used / 2**20:.0f} MiB, checkpoint {size / 2**20:.0f} MiB"
     averaged = load(tmp_path / "avg.pt")["model"]["decoder.bias"]
     expected = torch.stack([load(p)["model"]["decoder.bias"] for p in paths]).mean(0)
