@@ -1,6 +1,7 @@
 """translation_with_tags and label_smoothed_cross_entropy_with_tags: collation, the
 loss against hand computations, and the errors on misaligned or missing label files."""
 
+import argparse
 import shutil
 
 import pytest
@@ -10,10 +11,16 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterion,
     label_smoothed_nll_loss,
 )
+from fairseq import options, tasks
 from fairseq.data import indexed_dataset
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.logging import metrics
+from fairseq.optim.sgd import SGD
 
 from tpp_plugin.criterions import LabelSmoothedCrossEntropyWithTagsCriterion
+from tpp_plugin.criterions.label_smoothed_cross_entropy_with_tags import (
+    LabelSmoothedCrossEntropyWithTagsConfig,
+)
 from tpp_plugin.tasks import TranslationWithTagsTask
 from tpp_pipeline.contract import TagAlignmentError
 from tpp_plugin.tasks.translation_with_tags import TranslationWithTagsConfig
@@ -325,11 +332,72 @@ def test_tag_loss_weights_are_data(databin):
         (dict(tag_loss_weights="pos:1,pos:2"), "given twice"),
         (dict(tag_loss_weights="pos:-1"), "must be >= 0"),
         (dict(tag_loss_weights="pos:0.5", pos_loss_weight=0.7), "contradicts --tag-loss-weights"),
+        (dict(tag_loss_decay_updates=-1), "--tag-loss-decay-updates must be >= 0"),
     ],
 )
 def test_bad_tag_loss_weights_name_the_option(databin, kwargs, message):
     with pytest.raises(ValueError, match=message):
         LabelSmoothedCrossEntropyWithTagsCriterion(make_task(databin), False, 0.1, **kwargs)
+
+
+def test_tag_loss_weights_are_constant_by_default(databin):
+    assert LabelSmoothedCrossEntropyWithTagsConfig().tag_loss_decay_updates == 0
+    crit = LabelSmoothedCrossEntropyWithTagsCriterion(
+        make_task(databin), False, 0.1, tag_loss_weights="pos:0.5"
+    )
+    for update in (0, 1000, 10**6):
+        crit.set_num_updates(update)
+        assert (crit.tag_weight("pos"), crit.tag_weight("ner")) == (0.5, 1.0)
+
+
+def test_tag_loss_weights_decay_with_the_update_of_each_training_step(databin):
+    """--tag-loss-decay-updates 4: the weights times 1, 1/2, 0, 0 at updates 0, 2, 4, 6,
+    the update number passed on by the task's real train_step."""
+    torch.manual_seed(0)
+    task = make_task(databin)
+    model = build_model(dictionary=task.source_dictionary, tag_dictionaries=task.tag_dictionaries)
+    optimizer = SGD(
+        argparse.Namespace(lr=[0.1], momentum=0.0, weight_decay=0.0), model.parameters()
+    )
+    batch = first_batch(task)
+    crit = LabelSmoothedCrossEntropyWithTagsCriterion(
+        task, False, 0.1, tag_loss_weights="pos:0.8,ner:0.4", tag_loss_decay_updates=4
+    )
+    for update, factor in ((0, 1.0), (2, 0.5), (4, 0.0), (6, 0.0)):
+        torch.manual_seed(1)  # the same dropout at every step
+        loss, _, log = task.train_step(batch, model, crit, optimizer, update)
+        assert log["pos_loss"] > 0 and log["ner_loss"] > 0
+        by_hand = log["loss"] + factor * (0.8 * log["pos_loss"] + 0.4 * log["ner_loss"])
+        assert loss.item() == pytest.approx(by_hand.item(), rel=1e-6), update
+
+
+def test_tag_loss_decay_reaches_the_criterion_from_fairseq_trains_command_line(databin):
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(
+        parser,
+        input_args=[
+            str(databin),
+            "--user-dir",
+            str(REPO / "tpp_plugin"),
+            "-s",
+            "src",
+            "-t",
+            "tgt",
+            "--task",
+            "translation_with_tags",
+            "--arch",
+            "transformer_pp",
+            "--criterion",
+            "label_smoothed_cross_entropy_with_tags",
+            "--tag-loss-decay-updates",
+            "300",
+        ],
+    )
+    cfg = convert_namespace_to_omegaconf(args)
+    crit = tasks.setup_task(cfg.task).build_criterion(cfg.criterion)
+    assert isinstance(crit, LabelSmoothedCrossEntropyWithTagsCriterion)
+    crit.set_num_updates(75)
+    assert crit.tag_weight("pos") == pytest.approx(0.75)
 
 
 @pytest.mark.parametrize(

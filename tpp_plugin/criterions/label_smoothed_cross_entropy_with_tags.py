@@ -8,7 +8,10 @@
 over the tag kinds ``k`` of the batch (POS and NER from our pipeline; any label stream
 of the data folder works), with weights ``λ_k`` from ``--tag-loss-weights`` (default 1;
 ``--pos-loss-weight`` and ``--ner-loss-weight`` are aliases), and the tag sums over real
-source tokens only (no padding, no end-of-sentence slot).
+source tokens only (no padding, no end-of-sentence slot). With
+``--tag-loss-decay-updates N`` every ``λ_k`` is multiplied by ``max(0, 1 - u / N)`` at
+update ``u``: the tags shape the encoder early and leave it to the translation later
+(the paper's weights are constant: N = 0, the default).
 Like fairseq's translation loss, the tag losses are sums; the trainer divides the
 total by the sample size (target tokens). On a batch without tags this is exactly
 fairseq's ``label_smoothed_cross_entropy``.
@@ -53,6 +56,13 @@ class LabelSmoothedCrossEntropyWithTagsConfig(LabelSmoothedCrossEntropyCriterion
     ner_loss_weight: Optional[float] = field(
         default=None, metadata={"help": "alias of --tag-loss-weights ner:W"}
     )
+    tag_loss_decay_updates: int = field(
+        default=0,
+        metadata={
+            "help": "decay every tag loss weight linearly to 0 at this update "
+            "(0: constant weights, the paper)"
+        },
+    )
 
 
 @register_criterion(
@@ -69,6 +79,7 @@ class LabelSmoothedCrossEntropyWithTagsCriterion(LabelSmoothedCrossEntropyCriter
         tag_loss_weights="",
         pos_loss_weight=None,
         ner_loss_weight=None,
+        tag_loss_decay_updates=0,
     ):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         self.tag_weights = parse_named(tag_loss_weights, "tag-loss-weights", cast=float)
@@ -85,11 +96,26 @@ class LabelSmoothedCrossEntropyWithTagsCriterion(LabelSmoothedCrossEntropyCriter
                 raise ValueError(
                     f"--tag-loss-weights: weight of {name!r} must be >= 0, got {weight}"
                 )
+        if tag_loss_decay_updates < 0:
+            raise ValueError(
+                f"--tag-loss-decay-updates must be >= 0 (0: constant weights), "
+                f"got {tag_loss_decay_updates}"
+            )
+        self.tag_loss_decay_updates = tag_loss_decay_updates
+        self.num_updates = 0
         self._warned_no_head = set()
 
+    def set_num_updates(self, num_updates: int) -> None:
+        """Called by ``translation_with_tags`` before every training step."""
+        self.num_updates = num_updates
+
     def tag_weight(self, name: str) -> float:
-        """The weight of tag kind ``name``'s loss (1 unless given)."""
-        return self.tag_weights.get(name, 1.0)
+        """The weight of tag kind ``name``'s loss at the current update (1 unless given,
+        decayed by ``--tag-loss-decay-updates``)."""
+        weight = self.tag_weights.get(name, 1.0)
+        if self.tag_loss_decay_updates > 0:
+            weight *= max(0.0, 1.0 - self.num_updates / self.tag_loss_decay_updates)
+        return weight
 
     def forward(self, model, sample, reduce=True):
         tags = sample.get("source_tags") or {}

@@ -115,6 +115,13 @@ class TranslationWithTagsTask(TranslationTask):
             )
         return criterion
 
+    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+        """fairseq's step; the criterion learns the update number first (for
+        ``--tag-loss-decay-updates``)."""
+        if hasattr(criterion, "set_num_updates"):
+            criterion.set_num_updates(update_num)
+        return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+
     def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
         dataset = super().build_dataset_for_inference(
             src_tokens, src_lengths, constraints=constraints
