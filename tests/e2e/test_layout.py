@@ -20,6 +20,7 @@ CONSOLE_SCRIPTS = [
     "tpp-plot-training",
     "tpp-plot-attention",
     "tpp-embedding-similarity",
+    "tpp-tag-gradients",
     "tpp-study",
     "tpp-demo",
 ]

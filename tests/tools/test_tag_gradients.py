@@ -1,0 +1,144 @@
+"""tpp-tag-gradients on a transformer_pp_tiny with 3 encoder layers, POS after layer 1 and
+NER after layer 2 (the default placement), trained here for 3 updates on toy tags."""
+
+import subprocess
+
+import pytest
+
+from support import PLUGIN_DIR, VENV_BIN as BIN, binarize_tagged, run
+from tpp_tools import analysis_model, tag_gradients
+
+
+def train(data, save_dir, *extra):
+    subprocess.run(
+        [
+            str(BIN / "fairseq-train"),
+            str(data),
+            "--user-dir",
+            str(PLUGIN_DIR),
+            "--arch",
+            "transformer_pp_tiny",
+            "--encoder-layers",
+            "3",
+            "-s",
+            "src",
+            "-t",
+            "tgt",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.001",
+            "--max-tokens",
+            "500",
+            "--max-update",
+            "3",
+            "--save-dir",
+            str(save_dir),
+            "--no-epoch-checkpoints",
+            "--cpu",
+            "--seed",
+            "1",
+            "--num-workers",
+            "0",
+            *extra,
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return save_dir / "checkpoint_last.pt"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(checkpoint with tag heads, checkpoint without, data folder with labels)."""
+    root = tmp_path_factory.mktemp("tag_gradients")
+    data = binarize_tagged(root / "text", root / "data-bin", n_train=200)
+    tagged = train(
+        data,
+        root / "tagged",
+        "--task",
+        "translation_with_tags",
+        "--criterion",
+        "label_smoothed_cross_entropy_with_tags",
+        "--tag-loss-weights",
+        "pos:1,ner:0.5",
+    )
+    plain = train(
+        data,
+        root / "plain",
+        "--task",
+        "translation",
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--encoder-tag-layers",
+        "",
+    )
+    return tagged, plain, data
+
+
+def table_of(checkpoint, data, pos_weight=None):
+    loaded = analysis_model.load_model(checkpoint, data)
+    criterion = loaded.task.build_criterion(loaded.cfg.criterion)
+    if pos_weight is not None:
+        criterion.tag_weights["pos"] = pos_weight
+    batches = tag_gradients.first_batches(loaded.task, "valid", 2, 500)
+    return tag_gradients.tag_gradients(loaded.model, loaded.task, criterion, batches)
+
+
+def test_a_tag_loss_reaches_the_layers_below_its_head_and_no_others(trained):
+    tagged, _, data = trained
+    table = table_of(tagged, data)
+    assert list(table) == ["embeddings", "layer 1", "layer 2", "layer 3"]
+    assert list(table["layer 1"]) == [
+        "norm translation",
+        "norm ner",
+        "norm pos",
+        "cos ner",
+        "cos pos",
+    ]
+    for group, row in table.items():
+        assert row["norm translation"] > 0, group
+        # POS reads layer 1's output, NER layer 2's: nothing above them
+        assert (row["norm pos"] > 0) == (group in ("embeddings", "layer 1")), group
+        assert (row["norm ner"] > 0) == (group != "layer 3"), group
+        for name in ("pos", "ner"):
+            assert -1 <= row[f"cos {name}"] <= 1
+            if row[f"norm {name}"] == 0:
+                assert row[f"cos {name}"] == 0
+
+
+def test_the_tag_gradients_carry_the_criterions_weight(trained):
+    """The checkpoint's criterion weighs POS 1; weight 3 triples its gradient and leaves
+    its direction and the other losses alone."""
+    tagged, _, data = trained
+    once, thrice = table_of(tagged, data), table_of(tagged, data, pos_weight=3.0)
+    for group in once:
+        assert thrice[group]["norm pos"] == pytest.approx(3 * once[group]["norm pos"])
+        assert thrice[group]["cos pos"] == pytest.approx(once[group]["cos pos"], abs=1e-6)
+        assert thrice[group]["norm ner"] == once[group]["norm ner"]
+        assert thrice[group]["norm translation"] == once[group]["norm translation"]
+
+
+def test_the_command_prints_the_table(trained):
+    tagged, _, data = trained
+    shown = run(
+        ["tpp-tag-gradients", "--path", tagged, "--data", data, "--batches", "2"], timeout=300
+    )
+    lines = shown.stdout.splitlines()
+    assert lines[0] == "| | norm translation | norm ner | norm pos | cos ner | cos pos |"
+    assert [line.split("|")[1].strip() for line in lines[2:]] == [
+        "embeddings",
+        "layer 1",
+        "layer 2",
+        "layer 3",
+    ]
+
+
+def test_a_model_without_tag_heads_is_named(trained):
+    _, plain, data = trained
+    shown = run(["tpp-tag-gradients", "--path", plain, "--data", data], check=False, timeout=300)
+    assert shown.returncode == 1
+    assert shown.stderr.strip().splitlines()[-1] == (
+        f"tpp-tag-gradients: error: {plain} has no tag heads "
+        "(trained with --encoder-tag-layers ''?)"
+    )
