@@ -4,10 +4,8 @@ decoding step of the conv heads (LocalConv, Query and their product) in one laun
 
 **LocalConv's convolution.** The same function as
 :class:`~tpp_plugin.modules.local_conv.DilatedDepthwiseConv`, whose loop over the ``F``
-taps launches one element-wise kernel per tap forward and three per tap backward (41
-taps per stack with the paper's widths 3, 5, 7, 11, 15), each reading and writing a
-float32 buffer of the whole ``T x B x C`` activation. Here every tap is summed in
-registers, in float32, and each output is written once. Written in terms of one kernel,
+taps launches one element-wise kernel per tap forward and three per tap backward. Here
+every tap is summed in registers, in float32, and each output is written once. Written in terms of one kernel,
 
 .. math::
 

@@ -27,23 +27,11 @@ pointwise part ``W^P`` is one slice of the fused input projection of the
 ``LightweightConv1dTBC`` leaves its input projection to the layer around it: all
 projections of one input then cost one matrix product.
 
-The convolution is a sum of ``F`` shifted slices, which on fairseq's time-major ``T x B
-x C`` layout are contiguous and need no transposes. It runs as one autograd function
-that accumulates in float32 into one buffer per sum, forward and backward, started by
-the product of the tap that every row reads (a plain autograd graph of ``F`` slices
-would allocate a zero-padded copy of the input per tap in the backward pass).
-Incremental decoding keeps only the last ``(F-1)·δ`` inputs ``U``, so a step costs
-``O(F·C)`` whatever the length decoded so far, and any number of new positions can be
-fed at once (the buffer and the new positions are convolved together).
-
-On a GPU that loop is ``F`` small kernels forward and ``3F`` backward (per tap, the
-input's gradient, and the kernel's as a product and a sum). ``impl="triton"``
-(``--conv-heads-impl triton``) runs the same function as one Triton kernel forward and
-two backward for tensors on a CUDA device (:mod:`tpp_plugin.modules.conv_heads_triton`;
-the CPU uses the taps either way). :meth:`LocalConv.step` stays PyTorch operations
-(three per step, on a ring of ``F·δ`` rows whose taps are a strided view): the attention
-that owns the module fuses its decoding step with the Query's in one kernel instead, on
-the same ring (:meth:`LocalConv.ring`).
+The convolution is a sum of ``F`` shifted slices of fairseq's time-major ``T x B x C``
+input (contiguous, no transposes), one autograd function accumulating in float32; for
+CUDA tensors ``--conv-heads-impl triton`` runs it as Triton kernels
+(:mod:`~tpp_plugin.modules.conv_heads_triton`). Decoding keeps the last ``(F-1)·δ``
+inputs, so a step costs ``O(F·C)`` whatever the length decoded so far.
 """
 
 from typing import Dict, Optional, Tuple
