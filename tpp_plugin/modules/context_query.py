@@ -340,26 +340,21 @@ class ContextQuery(nn.Module):
             scores = scores.masked_fill(padding_mask.transpose(0, 1).unsqueeze(-1), MASKED)
         if incremental_state is None:
             return PooledQuery.apply(scores, values, self.num_heads, self.causal, BLOCK)
-        values32 = values.float().reshape(tgt_len, bsz, self.num_heads, self.head_dim)
         if not self.causal:
-            if incremental_state is not None:
-                raise RuntimeError("incremental decoding needs a causal ContextQuery")
-            weights = F.softmax(scores, dim=0)  # T x B x H
-            query = (weights.unsqueeze(-1) * values32).sum(dim=0, keepdim=True)  # 1 x B x H x dh
-            return query.reshape(1, bsz, -1).to(values.dtype)
-
+            raise RuntimeError("incremental decoding needs a causal ContextQuery")
+        # T x B x (H*dh) -> T x B x H x dh
+        values32 = values.float().reshape(tgt_len, bsz, self.num_heads, self.head_dim)
         s = scores.permute(1, 2, 0)  # B x H x T
         v = values32.permute(1, 2, 0, 3)  # B x H x T x dh
-        if tgt_len == 1:  # a decoding step: the prefix of one position is itself
+        if tgt_len == 1:  # the prefix of one position is itself
             query, lse = v, s
         else:
             query, lse = prefix_softmax(s, v)
-        if incremental_state is not None:
-            state = self._get_input_buffer(incremental_state).get("state")
-            if state is not None:  # merge the new positions into the prefix before them
-                query, lse = merge_spans(state[..., None, 1:], state[..., None, 0], query, lse)
-            last = torch.cat([lse[..., -1:], query[..., -1, :]], dim=-1)  # B x H x (1 + dh)
-            self._set_input_buffer(incremental_state, {"state": last})
+        state = self.step_state(incremental_state)
+        if state is not None:  # merge the new positions into the prefix before them
+            query, lse = merge_spans(state[..., None, 1:], state[..., None, 0], query, lse)
+        # the prefix up to the last new position: B x H x (1 + dh)
+        self.set_step_state(incremental_state, torch.cat([lse[..., -1:], query[..., -1, :]], -1))
         # B x H x T x dh -> T x B x (H*dh)
         return query.permute(2, 0, 1, 3).reshape(tgt_len, bsz, -1).to(values.dtype)
 
@@ -432,13 +427,12 @@ class ContextQuery(nn.Module):
     ) -> Optional[Tensor]:
         """The running state ``(L, q)`` of the decoded prefix, ``B x H x (1 + d_h)``
         float32 (None before the first position)."""
-        buffer = incremental_state.get(self._get_full_incremental_state_key("context_query"))
-        return None if buffer is None else buffer.get("state")
+        return self._get_input_buffer(incremental_state).get("state")
 
     def set_step_state(
         self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]], state: Tensor
     ) -> None:
-        incremental_state[self._get_full_incremental_state_key("context_query")] = {"state": state}
+        self._set_input_buffer(incremental_state, {"state": state})
 
     def reorder_incremental_state(
         self,

@@ -344,23 +344,23 @@ class HybridMultiheadAttention(nn.Module):
                 .view(bsz, 2, self.dot_heads, 1, self.head_dim)
                 .transpose(1, 2)
             )
-            key = self._get_full_incremental_state_key("attn_state")
-            saved = incremental_state.get(key)
-            if saved is not None and saved.get("prev_kv") is not None:
+            saved = self._get_input_buffer(incremental_state)
+            if saved.get("prev_kv") is not None:
                 kv = torch.cat([saved["prev_kv"], kv], dim=3)  # B x Ha x 2 x t x dh
-            incremental_state[key] = {"prev_kv": kv}
+            buffer = {"prev_kv": kv}
             q = parts["q"].view(bsz, self.dot_heads, 1, self.head_dim)
-            padding = saved.get("prev_padding") if saved is not None else None
+            padding = saved.get("prev_padding")
             if padding is None:
                 # one fused kernel (softmax in float32 inside) where scaling, two products,
                 # the softmax and its casts were five operations
                 dot = F.scaled_dot_product_attention(q, *kv.unbind(2))  # B x Ha x 1 x dh
             else:  # padded keys in the cache (never in beam search); the new one is not padding
                 padding = F.pad(padding, (0, 1), value=False)  # B x t
-                incremental_state[key]["prev_padding"] = padding
+                buffer["prev_padding"] = padding
                 dot = F.scaled_dot_product_attention(
                     q, *kv.unbind(2), attn_mask=~padding[:, None, None, :]
                 )
+            self._set_input_buffer(incremental_state, buffer)
             # the kernel's output need not be laid out as B x Ha x dh in memory: copy, not view
             mixed[:, :dot_dim].view(bsz, self.dot_heads, self.head_dim).copy_(dot.squeeze(2))
         self._conv_step(parts, incremental_state, out=mixed[:, dot_dim:])

@@ -260,16 +260,15 @@ class LocalConv(nn.Module):
         (``B x C``) is to be written to, which the caller writes; the state already points
         past it. (Kernel width 1 needs no ring.)"""
         rows = self.kernel_size * self.dilation
-        key = self._step_key
-        buffer = incremental_state.get(key)
-        if buffer is None:
+        buffer = self._get_input_buffer(incremental_state)
+        if not buffer:
             ring, head = u.new_zeros(rows, u.size(0), u.size(1)), 0
         elif "ring" in buffer:
             ring, head = buffer["ring"], buffer["head"]
         else:  # left by a multi-position call: its rows, oldest first, end on row rows - 2
             older, free = u.new_zeros(self.dilation - 1, *u.shape), u.new_zeros(1, *u.shape)
             ring, head = torch.cat([older, buffer["history"], free]), rows - 1
-        incremental_state[key] = {"ring": ring, "head": (head + 1) % rows}
+        self._set_input_buffer(incremental_state, {"ring": ring, "head": (head + 1) % rows})
         return ring, head
 
     def rotated_kernels(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tensor:
@@ -280,8 +279,7 @@ class LocalConv(nn.Module):
         ``k = F-1 - (a - j) mod F`` weighs. Computed at the first call for an
         incremental state and kept in it (under its own key, which beam search does not
         reorder: it is the same for every hypothesis)."""
-        key = self._get_full_incremental_state_key("local_conv_kernels")
-        saved = incremental_state.get(key)
+        saved = self.get_incremental_state(incremental_state, "local_conv_kernels")
         if saved is not None:
             return saved["kernels"]
         kernel = self.normalized_kernel()  # F x C
@@ -289,7 +287,7 @@ class LocalConv(nn.Module):
         a = torch.arange(size, device=kernel.device)
         taps = size - 1 - (a[:, None] - a[None, :]) % size  # F x F: [a, j] -> k
         kernels = kernel[taps].unsqueeze(2)  # F x F x 1 x C
-        incremental_state[key] = {"kernels": kernels}
+        self.set_incremental_state(incremental_state, "local_conv_kernels", {"kernels": kernels})
         return kernels
 
     def _history(self, buffer, u: Tensor) -> Tensor:
@@ -305,11 +303,6 @@ class LocalConv(nn.Module):
         )  # head: the row written next; the newest is head - 1
         order = torch.arange(head - span, head, device=ring.device) % ring.size(0)
         return ring.index_select(0, order)
-
-    @property
-    def _step_key(self) -> str:
-        """The incremental-state key of this module's buffer (as fairseq forms it)."""
-        return self._get_full_incremental_state_key("local_conv")
 
     def forward(
         self,
