@@ -118,6 +118,7 @@ VARIANTS = {
         criterion="label_smoothed_cross_entropy_with_tags",
         model=[],
         conv=True,
+        tags=True,
     ),
 }
 
@@ -155,6 +156,28 @@ class Config:
     # "all": one embedding table for source, target and output (--share-all-embeddings);
     # "decoder": the target's input and output tied (--share-decoder-input-output-embed)
     shared_embeddings: str = "all"
+    # the tag losses of the hybrid+tags variant ("" / 0: the paper's, which are the
+    # defaults of transformer_pp and of its criterion: pos:1,ner:2 and weight 1 each)
+    encoder_tag_layers: str = ""
+    tag_loss_weights: str = ""
+    tag_loss_decay_updates: int = 0
+
+
+#: the fields of Config that only the variants with tag losses read, and their defaults
+TAG_FIELDS = {"encoder_tag_layers": "", "tag_loss_weights": "", "tag_loss_decay_updates": 0}
+
+
+def tag_settings(cfg: Config) -> str:
+    """The tag losses of hybrid+tags, for the report."""
+    layers = cfg.encoder_tag_layers or "pos:1,ner:2"
+    weights = cfg.tag_loss_weights or "pos:1,ner:1"
+    decay = (
+        f", falling linearly to 0 at update {cfg.tag_loss_decay_updates}"
+        if cfg.tag_loss_decay_updates
+        else ""
+    )
+    paper = " (the paper)" if all(getattr(cfg, k) == d for k, d in TAG_FIELDS.items()) else ""
+    return f"; tag heads after encoder layers {layers}, loss weights {weights}{decay}{paper}"
 
 
 def recipe(name: str) -> str:
@@ -553,6 +576,11 @@ def train_command(
     shared = {"all": "--share-all-embeddings", "decoder": "--share-decoder-input-output-embed"}[
         cfg.shared_embeddings
     ]
+    tags = []
+    if v.get("tags"):
+        for name, default in TAG_FIELDS.items():
+            if getattr(cfg, name) != default:
+                tags += ["--" + name.replace("_", "-"), getattr(cfg, name)]
     cmd = [
         "fairseq-train",
         data,
@@ -576,6 +604,7 @@ def train_command(
         v["criterion"],
         "--label-smoothing",
         cfg.label_smoothing,
+        *tags,
         *OPTIMIZER,
         "--lr",
         cfg.lr,
@@ -638,6 +667,9 @@ def plan_runs(args, cfg: Config, data: Path) -> List[Run]:
             if config["conv_head_scaling"] == "none" or not VARIANTS[variant]["conv"]:
                 # no effect on this run: its identity (and reuse) does not depend on it
                 del config["conv_head_scaling"]
+            for name, default in TAG_FIELDS.items():
+                if config[name] == default or not VARIANTS[variant].get("tags"):
+                    del config[name]  # the paper's tag losses, or none: the identity as before
             for name, before in (("gpus", 1), ("shared_embeddings", "all")):
                 if config[name] == before:  # as every run was before the field: the same identity
                     del config[name]
@@ -1082,7 +1114,8 @@ def write_report(
         f"attention {cfg.attention_dropout} / activation {cfg.activation_dropout}, label smoothing "
         f"{cfg.label_smoothing}, {cfg.dtype}; average of the last {cfg.average} checkpoints; beam 5, lenpen 0.5; "
         f"conv heads' output scaling (hybrid variants): {cfg.conv_head_scaling}"
-        f"{' (the paper)' if cfg.conv_head_scaling == 'none' else ''}.",
+        f"{' (the paper)' if cfg.conv_head_scaling == 'none' else ''}"
+        f"{tag_settings(cfg) if 'hybrid+tags' in args.variants else ''}.",
         f"Seeds: {', '.join(map(str, sorted({r.seed for r in runs})))}. Device: {args.device_name}. "
         f"Wall time of this invocation: {elapsed / 60:.1f} min; training time per run (median): "
         f"{statistics.median(facts[r.name]['train_seconds'] for r in runs) / 60:.0f} min "
@@ -1263,6 +1296,28 @@ def parse_args(argv=None):
         dest="conv_head_scaling",
         help="the hybrid variants' --conv-head-scaling (default none: the paper's; "
         "see docs/study.md)",
+    )
+    tag = p.add_argument_group(
+        "the tag losses of hybrid+tags (other variants ignore them; each changes its runs' identity)"
+    )
+    tag.add_argument(
+        "--encoder-tag-layers",
+        dest="encoder_tag_layers",
+        metavar="TAG:LAYER,...",
+        help="after which encoder layer each tag head sits (default pos:1,ner:2: the paper's)",
+    )
+    tag.add_argument(
+        "--tag-loss-weights",
+        dest="tag_loss_weights",
+        metavar="TAG:W,...",
+        help="each tag loss's weight (default pos:1,ner:1: the paper's)",
+    )
+    tag.add_argument(
+        "--tag-loss-decay-updates",
+        type=int,
+        dest="tag_loss_decay_updates",
+        metavar="N",
+        help="every tag weight falls linearly to 0 at update N (default 0: constant, the paper's)",
     )
     p.add_argument(
         "--launcher",

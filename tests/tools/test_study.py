@@ -342,6 +342,81 @@ def test_conv_head_scaling_makes_new_runs_of_the_hybrid_variants_only(tmp_path):
             assert after.train_cmd[flag + 1] == "inv-sqrt-head-dim"
 
 
+def test_tag_loss_options_make_new_runs_of_the_tags_variant_only(tmp_path):
+    """--encoder-tag-layers, --tag-loss-weights and --tag-loss-decay-updates reach the
+    hybrid+tags command and its identity; the other variants, which have no tag losses,
+    keep theirs; at the paper's values nothing changes (RUN_FOLDERS above pins it)."""
+    from dataclasses import replace
+
+    data = data_folder(tmp_path / "data")
+    args = argparse.Namespace(
+        variants=list(study.VARIANTS), seeds=[1], extra=[], device="cpu", out=tmp_path / "out"
+    )
+    paper = study.plan_runs(args, study.CONFIGS["cpu"], data)
+    settings = dict(
+        encoder_tag_layers="pos:1,ner:1",
+        tag_loss_weights="pos:0.1,ner:0.3",
+        tag_loss_decay_updates=700,
+    )
+    for name, value in settings.items():
+        flag = "--" + name.replace("_", "-")
+        changed = study.plan_runs(args, replace(study.CONFIGS["cpu"], **{name: value}), data)
+        for before, after in zip(paper, changed):
+            tags = before.variant == "hybrid+tags"
+            assert (before.folder != after.folder) == tags, (name, before.variant)
+            if tags:
+                assert flag not in before.train_cmd
+                assert after.train_cmd[after.train_cmd.index(flag) + 1] == str(value)
+            else:
+                assert after.train_cmd == before.train_cmd, (name, before.variant)
+
+
+def test_tag_loss_options_from_the_command_line(tmp_path):
+    data = binarize_tagged(tmp_path / "text", tmp_path / "data-bin", n_train=60)
+    shown = run(
+        [
+            "tpp-study",
+            "--config",
+            "cpu",
+            "--data",
+            data,
+            "--test-reference",
+            tmp_path / "text" / "test.tgt",
+            "--out",
+            tmp_path / "study",
+            "--variants",
+            "hybrid,hybrid+tags",
+            "--seeds",
+            "1,2",
+            "--device",
+            "cpu",
+            "--encoder-tag-layers",
+            "pos:1,ner:1",
+            "--tag-loss-weights",
+            "pos:0.3,ner:0.3",
+            "--tag-loss-decay-updates",
+            "700",
+            "--dry-run",
+        ],
+        timeout=300,
+    )
+    commands = [
+        shlex.split(line)
+        for line in shown.stdout.splitlines()
+        if line.strip().startswith("fairseq-train")
+    ]
+    assert len(commands) == 4, shown.stdout
+    for cmd in commands:
+        value = lambda flag: cmd[cmd.index(flag) + 1] if flag in cmd else None  # noqa: E731
+        if value("--task") == "translation_with_tags":
+            assert value("--encoder-tag-layers") == "pos:1,ner:1"
+            assert value("--tag-loss-weights") == "pos:0.3,ner:0.3"
+            assert value("--tag-loss-decay-updates") == "700"
+        else:
+            assert value("--encoder-tag-layers") == ""  # no heads, as without the options
+            assert value("--tag-loss-weights") is None and value("--tag-loss-decay-updates") is None
+
+
 def test_a_new_run_version_makes_new_runs_of_every_variant(tmp_path, monkeypatch):
     """Runs made by code that computed differently are never reused."""
     data = data_folder(tmp_path / "data")
