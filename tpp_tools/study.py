@@ -285,7 +285,9 @@ class StudyError(Exception):
 
 
 def log(message: str) -> None:
-    print(f"[study {time.strftime('%H:%M:%S')}] {message}", flush=True)
+    # one write per line: print() writes the newline apart, and the runs log from threads
+    sys.stdout.write(f"[study {time.strftime('%H:%M:%S')}] {message}\n")
+    sys.stdout.flush()
 
 
 def count_lines(path: Path) -> int:
