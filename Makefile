@@ -11,7 +11,7 @@ demo: env
 	@$(VENV)/bin/tpp-demo
 
 test: env
-	@$(VENV)/bin/python -m pytest -q tests
+	@$(VENV)/bin/python -m pytest -q tests --durations=15
 
 bench: env
 	@$(VENV)/bin/python benchmarks/bench_model.py
