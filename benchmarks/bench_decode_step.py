@@ -2,39 +2,25 @@
 """One decoding step of a decoder's self-attention, timed: ``transformer_pp``'s hybrid
 attention against fairseq's ``MultiheadAttention``, with a control.
 
-Beam search calls each decoder layer's self-attention once per output token, with one
-new position per hypothesis, and then reorders its caches. Where batches are small,
-and on a GPU at the sizes this model is trained at, that step is bound by the host:
-the Python and dispatch time of every call (views and allocations included) and, on a
-GPU, of every kernel launch; not by arithmetic. ``count_ops.py`` counts the calls; this
-script times the unit they add up to, one step and one reordering, as fairseq's
-``SequenceGenerator`` runs them, for
+Beam search calls each decoder layer's self-attention once per output token, then
+reorders its caches; at small batches that step is bound by the host (Python, dispatch,
+kernel launches), not by arithmetic. This script times one step and one reordering, as
+fairseq's ``SequenceGenerator`` runs them, for
 
-* ``mha``        fairseq's ``MultiheadAttention`` (what ``--arch transformer`` decodes
-                 with): the baseline;
-* ``mha-b``      the same module built again, measured as if it were another: the
-                 control, whose ratio must come out at 1.0× (within the printed spread),
-                 or the harness measures something besides the modules;
-* ``tpp``        ``HybridMultiheadAttention`` (``H/2`` convolution heads) with the
-                 PyTorch step (``--conv-heads-impl taps``);
+* ``mha``        fairseq's ``MultiheadAttention`` (``--arch transformer``): the baseline;
+* ``mha-b``      the same module built again, measured as another: the control, whose
+                 ratio must come out at 1.0× (within the printed spread);
+* ``tpp``        ``HybridMultiheadAttention`` (``H/2`` conv heads), ``--conv-heads-impl taps``;
 * ``tpp-triton`` the same with the conv heads' step as one Triton kernel (ask for it
-                 with ``--models``): on CUDA tensors; on the CPU only through Triton's
-                 interpreter (``TRITON_INTERPRET=1``), which checks that the unit runs and
-                 times the interpreter, not the kernel.
+                 with ``--models``); on the CPU only through ``TRITON_INTERPRET=1``,
+                 which times the interpreter, not the kernel.
 
-How. Each module decodes ``--cached`` positions into its incremental state, which is
-kept; every timed step starts from a shallow copy of it, so all steps see the same cache
-length (a step replaces the tensors of the state it is given; the one it writes in
-place, LocalConv's ring, it writes at the same row every time: the same work). A timed
-unit is the step (``need_weights=False``, no gradients, as fairseq's decoder layer calls
-it) and, unless ``--no-reorder``, ``reorder_incremental_state`` on the module and each
-of its submodules that has one, with a fixed permutation, as fairseq's decoder visits
-them. Modules take turns unit by unit, in a new random order every turn, so load and
-clock changes hit all of them alike; the device is synchronised around every unit on a
-GPU. Figures: the median microseconds per unit, and each module's speed relative to
-``mha`` (``mha``'s time ÷ the module's: above 1.0× is faster), as a ratio of medians and
-as the median of per-turn ratios ("paired", with half its interquartile range as the
-spread).
+Each module first decodes ``--cached`` positions; every timed unit starts from a shallow
+copy of that state (the same cache length every time) and, unless ``--no-reorder``, ends
+with ``reorder_incremental_state`` (a fixed permutation). The modules take turns unit by
+unit, in a new random order every turn. Figures: median microseconds per unit and speed
+relative to ``mha`` (its time ÷ the module's: above 1.0× is faster), as a ratio of
+medians and as the median of per-turn ratios ("paired", ± half its interquartile range).
 
     python benchmarks/bench_decode_step.py                      # CPU, one thread: 5 and 100 rows
     python benchmarks/bench_decode_step.py --device cuda --dtype bf16 --dim 1024 --rows 5,640 \\

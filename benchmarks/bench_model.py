@@ -7,53 +7,25 @@ Models (same width, heads, FFN, layers, dropouts, shared embeddings, data, batch
 * ``transformer``  fairseq's own ``--arch transformer``: the baseline;
 * ``tpp``          ``--arch transformer_pp`` (half the heads are convolution heads,
                    kernels 3,5,7,11,15), no tag heads;
-* ``tpp-conv0``    ``transformer_pp --encoder-conv-heads 0 --decoder-conv-heads 0``:
-                   layer for layer the same network as ``transformer`` — the control.
-                   Its ratio must come out at 1.0× (within the printed spread); if it
-                   does not, the benchmark measures something besides the model.
-* ``tpp-taps``     ``tpp`` with ``--conv-heads-impl taps``: the conv heads as PyTorch
-                   operations also on a GPU, where ``tpp`` runs them as Triton kernels
-                   (on the CPU both are the taps; ask for it with ``--models``).
-* ``tpp-triton``   ``tpp`` with ``--conv-heads-impl triton`` (``tpp`` itself on a GPU with
-                   Triton installed).
-* ``transformer-split`` fairseq's ``transformer`` with ``--fp16-no-flatten-grads``: with
-                   ``--dtype bf16``, the float32 master copy kept one tensor per
-                   parameter, as fairseq's ``--bf16`` keeps it without the plugin
-                   (which keeps it flat on a GPU, as ``--fp16`` does:
-                   ``tpp_plugin/compat/speed.py``; on the CPU these are ``transformer``/``tpp``);
-                   ``tpp-split`` the same for ``tpp``. Ask for them with ``--models``.
-* ``transformer-b`` fairseq's ``transformer`` again, measured as if it were another
-                   model: the harness's own control. On a GPU the first control also
-                   compares two attention implementations (fairseq's passes masks to
-                   ``scaled_dot_product_attention``, ours passes none where it can), so
-                   there this one is the test of the harness (a default model on GPUs).
+* ``tpp-conv0``    ``tpp`` with 0 conv heads, layer for layer ``transformer``: the control,
+                   whose ratio must come out at 1.0× (within the printed spread);
+* ``transformer-b`` ``transformer`` again under another name: the harness's own control
+                   (a default on GPUs, where ``tpp-conv0``'s attention kernels differ);
+* ``tpp-taps``, ``tpp-triton``: ``tpp`` with ``--conv-heads-impl taps`` or ``triton``;
+  ``transformer-split``, ``tpp-split``: with ``--fp16-no-flatten-grads`` (``--bf16``'s
+  float32 master copy one tensor per parameter, as fairseq keeps it). Ask with ``--models``.
 
-How. Every model is built by fairseq from the same command line except ``--arch`` and
-its own options, and trained by fairseq's own ``Trainer`` (its optimizer, its fp16/bf16
-wrapper and loss scaler) on one fixed list of batches from a real data folder. The
-models take turns step by step — round ``r`` runs model A, B, C on batch ``r`` (the
-order rotating every round) — so load changes and clock changes hit all of them alike,
-and every figure is the median over rounds of one step's time (the device synchronised
-around it). Generation: fairseq's ``SequenceGenerator`` (beam 5) on fixed batches of
-test sentences, output length forced to ``--gen-len`` tokens, models taking turns batch
-by batch. Memory: on a GPU, for each model, what stays allocated once it has trained
-(parameters, gradients, optimizer state, fp32 master copy; read off as the models are
-built one after the other) plus the peak a training step adds (activations), from
-PyTorch's allocator statistics; on the CPU, the peak RSS
-of a separate process that builds and trains only that model (no allocator
-statistics there), minus that of the same process before building the model.
+Every model is built by fairseq from the same command line but ``--arch`` and its own
+options and trained by fairseq's ``Trainer`` on one fixed list of batches, the models
+taking turns step by step (the order rotating), so load changes hit all alike; figures
+are medians over rounds. Generation: ``SequenceGenerator`` (beam 5), outputs forced to
+``--gen-len`` tokens. Memory: on a GPU, PyTorch's allocator statistics (what stays
+allocated after training plus a step's peak); on the CPU, the peak RSS of a process that
+trains only that model, minus its RSS before building it.
 
     python benchmarks/bench_model.py --data data-bin/mine --sizes 128            # CPU
     python benchmarks/bench_model.py --quick                                      # synthetic, ~2 min
     python benchmarks/bench_model.py --data DIR --device cuda --dtype bf16 --sizes 512,1024 --mfu
-
-On a GPU the defaults are 16,384 tokens per batch and two batches per step
-(``--update-freq 2``): with 8,192 tokens and one batch per step fairseq's steps are bound
-by the host (Python and kernel launches; the GPU is busy a third of the time or less, see
-``profile_model.py``) and the harness control spread by ±90–130% from step to step.
-
-Without ``--data`` a synthetic corpus is generated and binarized. ``--mfu`` also
-prints the model-FLOPs utilisation of training (formula in :func:`train_flops`).
 """
 
 import argparse

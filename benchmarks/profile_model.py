@@ -3,34 +3,25 @@
 training steps, one model at a time, on the batches that ``bench_model.py`` times; with
 ``--generation``, where a beam-search step's time goes.
 
-For each model it prints the wall time of a step (device synchronised), the time the
-GPU spent in kernels during it (their sum; one stream, so they do not overlap) and the
-ratio of the two — a step whose GPU is busy for a third of its wall time is bound by
-the host (Python, kernel launches, synchronisations), not by the GPU — then the
-operators that took the most device time (CPU time on the CPU). The profiler adds host
-time to every operator call, more to a model that makes more calls: for the busy
-fraction of a normal step, divide the kernel time by ``bench_model.py``'s step time.
+For each model: the wall time of a step (device synchronised), the time the GPU spent in
+kernels during it and the ratio of the two (a GPU busy for a third of the wall time means
+a step bound by the host: Python, kernel launches, synchronisations), then the operators
+that took the most device time (CPU time on the CPU). The profiler adds host time to
+every operator call: for the busy fraction of a normal step, divide the kernel time by
+``bench_model.py``'s step time.
 
     python benchmarks/profile_model.py --data DIR --device cuda --dtype bf16 --size 1024
     python benchmarks/profile_model.py --data DIR --size 128 --models tpp --steps 3   # CPU
     python benchmarks/profile_model.py --data DIR --size 512 --generation             # CPU
 
-``--generation`` times beam search (``bench_model.py``'s: beam 5, outputs forced to
-``--gen-len`` tokens, models taking turns batch by batch) and, inside it, the decoder's
-self-attention: its forward passes and the reordering of its caches after every beam
-step, and the encoder's self-attention (hooks; the device synchronised around each
-call). That is the only part of beam search in which ``transformer_pp`` differs from
-``transformer``: cross-attention, feed-forward layers, output projection and the search
-itself are the same. Its share
-``s`` of ``transformer``'s decoding time bounds what any replacement of the
-self-attention can gain: ``1 / (1 - s·(1 - r))`` for one that costs ``r`` times as
-much, printed for ``r = 0`` (a self-attention that costs nothing) and ``r = 1/2``.
-With ``--projections``, for fairseq's own attention, a last column: the share of the
-decoder's self-attention time spent in its four projections (``q``, ``k``, ``v``,
-output), the part that a model with the same projections cannot save. Its hooks add
-their own time, and on a GPU four synchronisations per call, to fairseq's
-self-attention alone, so the other columns of such a run favour the other models: take
-them from a run without it.
+``--generation`` times beam search (``bench_model.py``'s) and, inside it (hooks, device
+synchronised around each call), the encoder's and decoder's self-attention, cache
+reordering included: the only part in which ``transformer_pp`` differs from
+``transformer``. Its share ``s`` of ``transformer``'s decoding time bounds the gain of a
+self-attention costing ``r`` times as much, ``1 / (1 - s·(1 - r))``, printed for ``r = 0``
+and ``r = 1/2``. ``--projections`` adds, for fairseq's attention, the share spent in its
+four projections; its hooks slow fairseq's self-attention alone, so take the other
+columns from a run without it.
 
 Same models, command lines and batches as ``bench_model.py`` (``--models`` from
 transformer, tpp, tpp-conv0).

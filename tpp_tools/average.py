@@ -1,12 +1,8 @@
 """Average the parameters of several fairseq checkpoints into one checkpoint.
 
-The Transformer++ paper calls this step "stochastic weight averaging (SWA) of the last
-10 checkpoints". What it is, here as in the Transformer recipe it follows, is a plain
-element-wise arithmetic mean of the model parameters stored in the last N checkpoints
-of one training run (no SWA learning-rate schedule, no running average during
-training, no batch-norm update).
-
-Which checkpoints:
+The paper's "stochastic weight averaging (SWA) of the last 10 checkpoints" is, as in the
+Transformer recipe it follows, the element-wise mean of the parameters of the last N
+checkpoints of one run (no SWA learning-rate schedule, running average or batch-norm update).
 
     # the last 10 written with --save-interval-updates (checkpoint_<epoch>_<update>.pt)
     tpp-average-checkpoints --inputs checkpoints/en_de --num-update-checkpoints 10 \\
@@ -17,38 +13,19 @@ Which checkpoints:
     # an explicit list of files
     tpp-average-checkpoints --inputs a.pt b.pt c.pt --output avg.pt
 
-How: checkpoints are mapped one at a time (torch's safe ``weights_only`` loading, with
-fairseq's checkpoint contents allow-listed by ``tpp_plugin``), their model parameters
-added into a running sum and unmapped, so peak memory is about two models whatever N
-is, and the optimizer states (twice the model with Adam) are never read. Floating-point
-tensors are summed in at least float32 (so float16/bfloat16 checkpoints do not lose
-precision) and cast back to their own dtype at the end. Non-floating tensors (integer
-buffers; fairseq's Transformer has none that train) are taken from the last input.
-The output keeps the last input's metadata (configuration, update count), drops the
-optimizer state (an average of Adam moments means nothing, and generation does not
-need it) and is written to a temporary name and renamed, so a failed run never leaves
-a truncated file; an existing output is only replaced with ``--force``.
+Sums are taken in at least float32. The output keeps the last input's metadata, not the
+optimizer state, and is written whole or not at all; ``--force`` replaces an existing one.
 
-Only checkpoints of one model are averaged. Besides parameter names and shapes, the
-model configuration of every input (``cfg.model``, or ``args`` in old checkpoints: the
-architecture and every model option -- dimensions, heads, conv heads, kernel sizes,
-dilations, tag layers, embedding sharing, dropouts ...) must equal the first input's;
-a difference is an error naming the option, both values and both files (two runs that
-differ only in, say, dilations have the same shapes but compute different functions).
-``--allow-config-mismatch`` averages anyway, with a warning. Not compared: the options
-of the rest of the run (data and save paths, seed, learning rate, batch size, number
-of updates ...: everything fairseq files under another section of the configuration
-than ``model``), and the few keys in ``IGNORED_MODEL_KEYS``, which name other
-components, change only speed or memory, or pick an implementation of the same function
-(``--conv-heads-impl``). The comparison is :mod:`tpp_plugin.checkpoint_match`'s, which
-resuming a run makes too. The dictionaries the inputs were trained with (recorded in
-their checkpoints by the plugin) must be the same, whatever ``--allow-config-mismatch``
-says, and a file given twice in ``--inputs`` (by resolved path) is refused: it would
-weigh twice.
+Every input must be the same model as the first: parameter names and shapes, and the
+model configuration (``cfg.model``: the architecture and every model option, e.g.
+dilations, which leave the shapes alone); a difference names the option, both values and
+both files, and ``--allow-config-mismatch`` averages anyway. Not compared: the rest of the
+run's options and ``IGNORED_MODEL_KEYS`` of ``tpp_plugin.checkpoint_match`` (e.g.
+``--conv-heads-impl``). Other dictionaries, or a file given twice in ``--inputs``, are
+refused whatever the options.
 
-Exit status: 0 on success, 2 when an input is unusable (missing, not a checkpoint,
-truncated, another model or other dictionaries, given twice) or the output exists
-without ``--force``.
+Exit status: 0 on success; 2 for an unusable input (missing, not a checkpoint, truncated,
+another model or other dictionaries, given twice) or an existing output without ``--force``.
 """
 
 import argparse

@@ -1,9 +1,6 @@
 """Translate a binarized split with fairseq-generate and score it three ways.
 
-Usage (``tpp-evaluate``, or ``python -m tpp_tools.evaluate``)::
-
-    tpp-evaluate --data DIR --checkpoint FILE --reference RAW_REF --out DIR \\
-        [options] [-- extra fairseq-generate options]
+Usage (``python -m tpp_tools.evaluate`` too; options after ``--`` go to fairseq-generate)::
 
     tpp-evaluate --data data-bin/wmt14_en_de \\
         --checkpoint checkpoints/en_de/checkpoint_avg10.pt \\
@@ -15,42 +12,20 @@ From Python::
     scores = evaluate("data-bin/x", "avg.pt", "raw/test.de", "results/x", cpu=True)
     scores["sacrebleu_detok"], scores["chrf"], scores["bleu_tok_compound_split"]
 
-Steps:
+Before anything slow the inputs are checked: the checkpoint must load and match the data
+folder's dictionaries; the reference must be UTF-8, with exactly one line per sentence of
+the split (split at ``\\n`` only, trailing whitespace and ``\\r`` dropped). Then
+``fairseq-generate --beam 5 --lenpen 0.5 --remove-bpe`` translates, and sacreBLEU's API
+scores: detokenised sacreBLEU (sacremoses, then 13a against the raw reference; with its
+signature), chrF on the same text, and the paper's tokenised BLEU with compound splitting
+(``a-b`` becomes ``a ##AT##-##AT## b`` in the hypothesis and the tokenised reference, then
+``tokenize="none"``, no smoothing, as multi-bleu).
 
-1. Checks before anything slow: the data folder, the split and its languages, the
-   checkpoint (it must load), and the reference: it must exist, be UTF-8 and have exactly
-   as many lines as the binarized split has sentences (lines as sacreBLEU and the data
-   pipeline read them: split at ``\\n``, a last line without a final newline counts,
-   trailing whitespace and ``\\r`` dropped). ``<out>/bleu.txt`` from an earlier run is
-   refused unless ``--force``. The checkpoint must have been trained with the data
-   folder's dictionaries (:mod:`tpp_plugin.checkpoint_match`).
-2. ``fairseq-generate --beam 5 --lenpen 0.5 --remove-bpe`` (the real command-line tool,
-   as a subprocess of this Python), its output parsed by sentence id (``S-``, ``T-``,
-   ``H-`` lines; the first ``H-`` of an id is the best hypothesis), every sentence of the
-   split required.
-3. Scores, with sacreBLEU's Python API:
-
-   * detokenised sacreBLEU: hypotheses (BPE removed by fairseq-generate) Moses-detokenised
-     with sacremoses, scored against the raw reference with sacreBLEU's defaults (13a
-     tokenisation); the signature makes the number comparable across papers;
-   * chrF (sacreBLEU's defaults: character 6-grams, beta 2) on the same text, with its
-     signature;
-   * tokenised BLEU with compound splitting, the convention of "Attention is all you need"
-     and fairseq's compound_split_bleu.sh, which is how the paper's table was computed:
-     hypothesis and tokenised reference (the binarized target, BPE removed) both get
-     ``a-b`` rewritten as ``a ##AT##-##AT## b``, then BLEU on those tokens as they are
-     (``tokenize="none"``, no smoothing, as multi-bleu).
-
-Files in ``--out``: ``generate-<split>.txt`` (fairseq's output), ``hyp.tok``, ``ref.tok``,
-``hyp.detok`` (the detokenised hypotheses in corpus order, for significance tests),
-``hyp.tok.split``, ``ref.tok.split`` and ``bleu.txt`` (``key: value`` lines; printed too).
-Everything is written under temporary names in a hidden folder of ``--out`` and moved
-into place only when the whole evaluation has succeeded, ``bleu.txt`` last (and the old
-``bleu.txt`` is removed first): a failed run, with or without ``--force``, leaves the
-previous results as they were, and a ``bleu.txt`` always belongs to the files beside it.
-
-Exit status: 0 success, 2 bad input (named with the file and, where it helps, the line),
-1 fairseq-generate failed.
+``--out`` gets ``generate-<split>.txt``, ``hyp.tok``, ``ref.tok``, ``hyp.detok``,
+``hyp.tok.split``, ``ref.tok.split`` and ``bleu.txt`` (printed; an existing one needs
+``--force``), moved in once all succeeded, ``bleu.txt`` last: a failed run leaves the
+previous results. Exit status: 0 success, 2 bad input (its file and line named), 1
+fairseq-generate failed.
 """
 
 import argparse

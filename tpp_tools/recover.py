@@ -1,28 +1,21 @@
 """Before fairseq-train resumes: make sure ``checkpoint_last.pt`` can be loaded.
 
-fairseq writes each checkpoint once under a temporary name and renames it, but
-``checkpoint_last.pt`` and ``checkpoint_best.pt`` are then *copied* from it without
-one. A kill during that copy (a node failure, SLURM's time limit, Ctrl-C at the wrong
-moment) leaves a truncated ``checkpoint_last.pt``, and the next ``fairseq-train`` --
-re-running ``scripts/train.sh``, or the SLURM training job after a requeue -- stops
+fairseq writes each checkpoint under a temporary name and renames it, but then *copies*
+it to ``checkpoint_last.pt`` and ``checkpoint_best.pt`` without one: a kill during that
+copy leaves a truncated ``checkpoint_last.pt``, on which the next ``fairseq-train`` stops
 with a ``PytorchStreamReader`` traceback instead of resuming.
 
 This tool (``tpp-recover-checkpoint``), run by ``scripts/train.sh`` (and
 ``scripts/slurm/train.sbatch``) before fairseq starts:
 
 1. does nothing if ``<save-dir>/checkpoint_last.pt`` does not exist (a fresh run) or if
-   ``--restore-file`` names another file (fairseq then resumes from that file, as
-   fairseq's own ``--restore-file`` semantics say);
-2. checks that ``checkpoint_last.pt`` loads: the zip archive ``torch.save`` writes must
-   be complete (its central directory, at the very end of the file, is what a truncated
-   copy lacks) with every member's checksum right, and torch's safe unpickler must read
-   it (tensors memory-mapped, not loaded);
-3. if it does not load, moves it aside to ``checkpoint_last.pt.damaged-<time>`` (it is
-   never deleted), picks the readable checkpoint of the save dir with the most updates
-   among ``checkpoint_<epoch>_<update>.pt``, ``checkpoint<epoch>.pt`` and
-   ``checkpoint_best.pt``, copies it to ``checkpoint_last.pt`` (temporary name, then
-   rename) and says which. With no readable checkpoint left it stops with an error:
-   run the same command again to start from the beginning.
+   ``--restore-file`` names another file (fairseq then resumes from that file);
+2. checks that ``checkpoint_last.pt`` loads: a complete zip archive (a truncated copy
+   lacks the central directory at its end), every member's checksum right, readable by
+   torch's safe unpickler (tensors memory-mapped, not loaded);
+3. if not, moves it aside to ``checkpoint_last.pt.damaged-<time>`` (never deleted) and
+   copies the readable checkpoint with the most updates to ``checkpoint_last.pt``, saying
+   which; with none left it stops: the same command run again starts from the beginning.
 
 Usage (the options of a fairseq-train command line; others are ignored, the last value
 of a repeated option counts, as in fairseq)::
@@ -30,13 +23,9 @@ of a repeated option counts, as in fairseq)::
     tpp-recover-checkpoint --save-dir checkpoints/en_de
     tpp-recover-checkpoint --save-dir DIR --checkpoint-suffix -shard0
 
-With ``--max-update N`` among the options, a ``checkpoint_last.pt`` that has seen N
-updates or more is a finished run: fairseq-train started again would train one update
-more and overwrite its last checkpoints, so the tool says so and exits with status 3,
-on which ``scripts/train.sh`` trains nothing.
-
 Exit status: 0 (nothing to do, or recovered), 2 (no readable checkpoint to resume from),
-3 (the run is finished).
+3 (``--max-update N`` given and ``checkpoint_last.pt`` has N updates or more: the run is
+finished, fairseq-train would train one update more; ``scripts/train.sh`` trains nothing).
 """
 
 import argparse

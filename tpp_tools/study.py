@@ -1297,7 +1297,7 @@ def parse_args(argv=None):
         choices=["none", "inv-sqrt-head-dim"],
         dest="conv_head_scaling",
         help="the hybrid variants' --conv-head-scaling (default none: the paper's; "
-        "see docs/study.md)",
+        "see docs/results.md)",
     )
     tag = p.add_argument_group(
         "the tag losses of hybrid+tags (other variants ignore them; each changes its runs' identity)"

@@ -1,15 +1,11 @@
 """Adaptive query module ("context Query") of a Transformer++ convolution-attention head.
 
-Two projections of the input ``S`` (``T x d``), for each of the ``H_c`` conv heads:
+Two projections of the input ``S`` (``T x d``), for each of the ``H_c`` conv heads, and the
+query, the softmax(over time)-weighted sum of the ``v_t``:
 
 .. math::
 
-    v_t = S_t W^S + b^S \\in \\mathbb{R}^{d_h}, \\qquad
-    s_t = S_t W^Q + b^Q \\in \\mathbb{R}
-
-and the query is the softmax(over time)-weighted sum of the ``v_t``:
-
-.. math::
+    v_t = S_t W^S + b^S \\in \\mathbb{R}^{d_h}, \\qquad s_t = S_t W^Q + b^Q \\in \\mathbb{R}
 
     \\text{encoder:}\\quad q = \\sum_{\\tau} \\alpha_\\tau v_\\tau,\\quad
         \\alpha_\\tau = \\frac{e^{s_\\tau}}{\\sum_{\\tau'} e^{s_{\\tau'}}}
@@ -18,39 +14,17 @@ and the query is the softmax(over time)-weighted sum of the ``v_t``:
     \\text{decoder:}\\quad q_t = \\sum_{\\tau \\le t} \\alpha_{t,\\tau} v_\\tau,\\quad
         \\alpha_{t,\\tau} = \\frac{e^{s_\\tau}}{\\sum_{\\tau' \\le t} e^{s_{\\tau'}}}
 
-i.e. a summary of the whole sentence (encoder), or of its prefix (decoder: a *prefix
-softmax*, so that no position sees the future). The weights ``α`` are the head's
-word-context weights; :meth:`ContextQuery.weights` returns them for visualisation.
+i.e. a summary of the whole sentence (encoder) or of its prefix (decoder: a *prefix
+softmax*, so that no position sees the future); ``α`` are the head's word-context weights
+(:meth:`ContextQuery.weights`). ``temperature`` θ (``--conv-query-temperature``; 1, the
+paper's) divides the scores, ``α_τ ∝ e^{s_τ / θ}``. ``W^S``, ``W^Q`` are slices of the
+owning :class:`~tpp_plugin.modules.HybridMultiheadAttention`'s input projection.
 
-``temperature`` θ (``--conv-query-temperature``; 1, the paper's, by default) divides the
-scores, ``α_τ ∝ e^{s_τ / θ}``. ``W^S`` and ``W^Q`` are slices of the owning
-:class:`~tpp_plugin.modules.HybridMultiheadAttention`'s input projection; this module pools.
-
-**The prefix softmax in O(T·d_h) memory.** Because the score depends on the key
-only, a prefix is fully described by its mean ``q_t`` and its log-normaliser
-``L_t = log Σ_{τ≤t} e^{s_τ}``, and two adjacent spans ``a`` (earlier) and ``b`` merge
-exactly and stably:
-
-.. math::
-
-    L = \\operatorname{logaddexp}(L_a, L_b), \\qquad
-    q = q_a + e^{L_b - L}\\,(q_b - q_a)
-
-(the weight ``e^{L_b - L}`` lies in ``[0, 1]``: nothing overflows, whatever the range
-of the scores, and nothing is subtracted from a running maximum that could
-underflow). In parallel (training), the sequence is cut into blocks of ``K``
-positions; inside a block the prefix means come from an explicit ``K x K`` causal
-softmax (in float32), the blocks' totals are merged by the same function applied
-recursively to the block summaries, and each block is merged with the total of the
-blocks before it. Memory is ``O(T·K)`` instead of the ``T x T`` of an attention
-matrix, and every block is a batched matrix product. Incremental decoding keeps the
-pair ``(L, q)`` per head (one ``B x H x (1 + d_h)`` float32 tensor) and merges each new
-position (or chunk of positions) into it, so a step costs ``O(d_h)`` whatever the
-length decoded so far. Both equal the step-by-step definition to float32 rounding.
-
-In training, :class:`PooledQuery` keeps the scores and values for the backward pass and
-rebuilds the weights there, ``α_{t,τ} = e^{s_τ - L_t}``, blockwise
-(:func:`prefix_softmax_transposed`), instead of autograd keeping every block's ``K x K``.
+A prefix is summed up by its mean ``q_t`` and log-normaliser ``L_t = log Σ_{τ≤t} e^{s_τ}``;
+adjacent spans ``a`` (earlier) and ``b`` merge exactly and stably (the weight lies in
+``[0, 1]``): ``L = logaddexp(L_a, L_b)``, ``q = q_a + e^{L_b - L} (q_b - q_a)``. Training
+merges blocks of ``K`` = :data:`BLOCK` positions (``O(T·K)`` memory, not ``T x T``);
+decoding keeps ``(L, q)`` per head (``B x H x (1 + d_h)``, float32): ``O(d_h)`` a step.
 """
 
 import functools

@@ -1,11 +1,9 @@
-"""The convolution heads as Triton kernels (``--conv-heads-impl triton``), for tensors on
-a CUDA device: LocalConv's convolution in one launch forward and two backward, and a
-decoding step of the conv heads (LocalConv, Query and their product) in one launch.
+"""The convolution heads as Triton kernels (``--conv-heads-impl triton``), for CUDA tensors:
+LocalConv's convolution in one launch forward and two backward, and a decoding step of
+the conv heads (LocalConv, Query and their product) in one launch.
 
-**LocalConv's convolution.** The same function as
-:class:`~tpp_plugin.modules.local_conv.DilatedDepthwiseConv`, whose loop over the ``F``
-taps launches one element-wise kernel per tap forward and three per tap backward. Here
-every tap is summed in registers, in float32, and each output is written once. Written in terms of one kernel,
+**LocalConv's convolution**, :class:`~tpp_plugin.modules.local_conv.DilatedDepthwiseConv`'s
+function with every tap summed in registers, in float32. Written in terms of one kernel,
 
 .. math::
 
@@ -20,28 +18,14 @@ the three products of the autograd function are
 * the input's gradient: the same kernel with the taps mirrored, ``x = ∂out``,
   ``y = ∂u``, ``a = o - (F-1)δ``, ``s = +δ``;
 * the kernel's gradient, ``∂K_{k,c} = Σ_{t,b} ∂out_{t,b,c} · u_{t - (a + k s),b,c}`` with
-  the forward's ``a`` and ``s``: one program per tap, channel block and block of rows,
-  whose float32 partial sums torch adds up.
+  the forward's ``a`` and ``s``, as float32 partial sums that torch adds up.
 
-Rows are fairseq's time-major ``(t, b)`` pairs, tiled ``BLOCK_R x BLOCK_C`` with
-channels innermost, so every load and store is contiguous along channels; any strides
-are accepted (``u`` is a slice of the attention's fused input projection). Where a
-tensor's rows start on 16 bytes, the kernels are told so (:func:`_row_align`): Triton
-infers it only from strides divisible by 16 elements, and without it loads ``u``
-element by element.
-
-**A decoding step** of the ``H_c`` conv heads, one program per (sentence, head), does
-what :meth:`LocalConv.step <tpp_plugin.modules.LocalConv.step>`,
-:meth:`ContextQuery.step <tpp_plugin.modules.ContextQuery.step>` and the product do in
-about a dozen operations: write the new ``u`` into LocalConv's ring, softmax the
-head's kernel rows, sum the ``F`` taps, merge the new position into the Query's running
-``(L, q)`` and return ``LocalConv ⊙ Query`` (times the output scale), all in float32.
-The states are the modules' own, so beam reordering, multi-position calls and the two
-implementations mix freely.
-
-Tensors on a CUDA device only. ``TRITON_INTERPRET=1`` (set before Triton is imported)
-runs the same kernels on the CPU through Triton's interpreter, slowly: that is how the
-tests check them on machines without a GPU.
+Rows are fairseq's time-major ``(t, b)`` pairs, tiled ``BLOCK_R x BLOCK_C``, channels
+innermost; any strides. **A decoding step** (:func:`conv_step`), one program per (sentence,
+head), does what ``LocalConv.step``, ``ContextQuery.step`` and their product do, in
+float32, on the modules' own states. ``TRITON_INTERPRET=1`` (set before Triton is
+imported) runs the kernels on the CPU through Triton's interpreter, slowly: that is how
+the tests check them on machines without a GPU.
 """
 
 import contextlib

@@ -16,33 +16,16 @@ heads; all head outputs are concatenated and mixed by one output projection:
     \\mathrm{head}_i &= \\operatorname{LocalConv}_i(S) \\odot \\operatorname{Query}_i(S)
         \\qquad (i > H_a)
 
-``LocalConv`` is :mod:`~tpp_plugin.modules.local_conv` and ``Query`` is
-:mod:`~tpp_plugin.modules.context_query`.
+We read the paper's ``DynamicConv(S) = Conv1D(LocalConv, Query)``, "simply computing the
+dot product between LocalConv and Query", as a width-one convolution whose kernel is the
+Query (a full dot product would give a scalar, not a head of width ``d_h``): the product
+above, summed over channels by ``W^O``. The paper gives it no scale (``none``);
+``--conv-head-scaling inv-sqrt-head-dim`` multiplies it by ``1/√d_h`` (why: docs/results.md).
 
-How we read the paper's combination. The paper writes
-``DynamicConv(S) = Conv1D(LocalConv, Query)``, "simply computing the dot product between
-LocalConv and Query". A full dot product would give one scalar per position and head,
-not a head of width ``d_h``; we read it as a convolution of width one whose kernel is
-the Query: the channel-wise product above, the sum over channels left to ``W^O``. The
-word-context relation lives in the Query's pooling weights, which :meth:`forward`
-returns as the conv heads' attention maps.
-
-The product of two projections grows with the square of the weights; the paper gives
-no scale. ``output_scaling="inv-sqrt-head-dim"`` (``--conv-head-scaling``) multiplies it
-by ``1/√d_h``, folded into LocalConv's float32 kernel so that no unscaled half-precision
-product is formed; ``"none"`` is the paper's (why it matters: docs/study.md).
-
-Every input projection (``W^Q, W^K, W^V`` of the dot-product heads, LocalConv's ``W^P``,
-the Query's ``W^S, W^Q``) is a slice of one ``in_proj`` (``d x (3·H_a·d_h + 2·H_c·d_h +
-H_c)``, rounded up to a multiple of 8 rows); older checkpoints' separate projections are
-converted when loaded. The dot-product heads run through ``scaled_dot_product_attention``
-(``is_causal`` and no mask in the decoder: fairseq pads targets on the right).
-
-A drop-in for fairseq's :class:`~fairseq.modules.MultiheadAttention` in the
-self-attention slot: same signature, ``T x B x d`` layout; the incremental state holds the
-dot-product heads' keys and values as one ``prev_kv`` (``B x H_a x 2 x t x d_h``) and the
-cached keys' padding (``prev_padding``, ``B x t``, where fairseq passes a mask);
-:class:`LocalConv` and :class:`ContextQuery` keep and reorder their own states.
+Every input projection is a slice of one ``in_proj`` (``d x (3·H_a·d_h + 2·H_c·d_h +
+H_c)``, rounded up to a multiple of 8 rows). A drop-in for fairseq's ``MultiheadAttention``
+(``T x B x d``); its incremental state holds ``prev_kv`` (``B x H_a x 2 x t x d_h``) and
+``prev_padding`` (``B x t``); :class:`LocalConv` and :class:`ContextQuery` keep their own.
 """
 
 import math

@@ -21,17 +21,11 @@ and padding positions contribute zero. Because the weights are softmax-normalise
 each output is a weighted average of the ``F`` positions ``t, t-δ, ..., t-(F-1)δ``:
 the paper's "local context of a word".
 
-This module is the depthwise part (``W^A``, its buffer and the convolution). The
-pointwise part ``W^P`` is one slice of the fused input projection of the
-:class:`~tpp_plugin.modules.HybridMultiheadAttention` that owns it, as fairseq's
-``LightweightConv1dTBC`` leaves its input projection to the layer around it: all
-projections of one input then cost one matrix product.
-
-The convolution is a sum of ``F`` shifted slices of fairseq's time-major ``T x B x C``
-input (contiguous, no transposes), one autograd function accumulating in float32; for
-CUDA tensors ``--conv-heads-impl triton`` runs it as Triton kernels
-(:mod:`~tpp_plugin.modules.conv_heads_triton`). Decoding keeps the last ``(F-1)·δ``
-inputs, so a step costs ``O(F·C)`` whatever the length decoded so far.
+This module is the depthwise part (``W^A`` and the convolution); ``W^P`` is a slice of the
+fused input projection of the owning :class:`~tpp_plugin.modules.HybridMultiheadAttention`
+(as fairseq's ``LightweightConv1dTBC`` leaves its projection to the layer). The input is
+fairseq's time-major ``T x B x C``; decoding keeps the last ``(F-1)·δ`` inputs, so a step
+costs ``O(F·C)``. Triton kernels: :mod:`~tpp_plugin.modules.conv_heads_triton`.
 """
 
 from typing import Dict, Optional, Tuple
