@@ -1,48 +1,28 @@
 """Does Transformer++ translate better than the Transformer? The quality study.
 
-Four variants, trained with the same data, budget (updates × tokens per update),
-learning-rate schedule and dimensions, several seeds each:
+Four variants, trained with the same data, budget, schedule and dimensions, several
+seeds each: (a) ``transformer``, fairseq's own; (b) ``control``, ``transformer_pp`` with 0
+conv heads and no tag losses (the same network built by the plugin); (c) ``hybrid``, the
+hybrid heads; (d) ``hybrid+tags``, the hybrid heads and the POS/NER losses:
+Transformer++. Every run is averaged and scored on the test set (sacreBLEU with its
+signature, chrF, tokenised compound-split BLEU); every variant is compared with the
+first by sacreBLEU's paired bootstrap over all its seeds' translations; curves and
+commands go to one Markdown report (docs/study.md).
 
-  transformer   (a) fairseq's own ``--arch transformer``: the baseline
-  control       (b) ``transformer_pp`` with 0 convolution heads and no tag losses:
-                    the same network as (a) built by the plugin; must come out
-                    indistinguishable from (a)
-  hybrid        (c) hybrid dot-product/convolution heads, no tag losses
-  hybrid+tags   (d) hybrid heads and the POS/NER losses: Transformer++
+Data: raw text (``--corpus PREFIX``; valid and test sets carved out of it unless
+``--valid``/``--test`` give them), prepared by the project's pipeline; or a prepared
+folder (``--data``) with its raw test reference (``--test-reference``).
 
-Every run is averaged (last ``--average`` checkpoints) and evaluated on the test set
-with sacreBLEU (detokenised BLEU with its signature, chrF) and tokenised
-compound-split BLEU; every variant is compared with (a) by sacreBLEU's paired
-bootstrap resampling on all its seeds' translations (mean, 95% confidence interval,
-p-value). Learning curves (validation loss against updates, every run) go to one plot,
-everything to one Markdown report with the exact commands.
-
-Data: raw text (``--corpus PREFIX``; valid and test sets are carved out of it,
-deduplicated against training on both sides, unless ``--valid``/``--test`` give them),
-which is prepared by the project's pipeline (tokenise, tag, BPE, binarize); or an
-already prepared data folder (``--data``) with the raw test reference
-(``--test-reference``).
-
-    # GPU (one H100, bf16; ~25 minutes):
-    tpp-study --config gpu --corpus corpora/en-de/train -s en -t de --out runs/study_gpu
-    # GPU, one short call (the whole study in a few minutes; docs/gpu.md):
-    tpp-study --config gpu-short --data DIR --test-reference DIR/raw/test.de --seeds 1,2 --out runs/study_gpu_short
-    # the report of whatever has finished, at any time:
-    tpp-study ... --report-only
-    # CPU (2 cores, ~3 hours):
     tpp-study --config cpu --corpus corpora/en-de/train -s en -t de --out runs/study_cpu
-    # your own held-out test set:
-    tpp-study --config gpu --corpus corpora/en-de/train --test heldout/test -s en -t de ...
-    # the paper's scale on a SLURM cluster: every run a job of 4 GPUs, the report a job
-    # after them (docs/slurm.md; --dry-run shows the jobs):
+    tpp-study --config gpu-short --data DIR --test-reference DIR/raw/test.de --seeds 1,2 --out runs/study_gpu_short
+    tpp-study ... --report-only       # the report of whatever has finished, at any time
+    # the paper's scale on a SLURM cluster, every run a job of 4 GPUs (docs/slurm.md):
     tpp-study --config wmt14-big --launcher slurm --partition gpu --data data-bin/wmt14_en_de \\
         --test-reference work/wmt14_en_de/raw/test.de --variants transformer,hybrid,hybrid+tags --out runs/wmt14
 
-Runs live in ``OUT/runs/<variant>-s<seed>-<id>/``, where ``<id>`` is a hash of
-everything that defines the run (variant, seed, model, budget, schedule, data): a
-re-run reuses finished runs and resumes interrupted ones (fairseq resumes from
-``checkpoint_last.pt``), and any change of budget or setting is a new run, never a
-silent reuse. Options after ``--`` go to every fairseq-train command.
+Runs live in ``OUT/runs/<variant>-s<seed>-<id>/``, ``<id>`` a hash of everything that
+defines the run: a re-run reuses finished runs and resumes interrupted ones, and any
+change of a setting is a new run. Options after ``--`` go to every fairseq-train command.
 """
 
 import argparse

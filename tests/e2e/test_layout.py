@@ -110,3 +110,57 @@ def test_the_code_is_formatted():
         [VENV_BIN / "ruff", "format", "--check", "--diff", REPO], cwd=REPO, check=False, timeout=300
     )
     assert shown.returncode == 0, shown.stdout[-4000:] + shown.stderr[-2000:]
+
+
+# The shape of what a newcomer reads: README a map, docs/ guides, docstrings short.
+README_LINES, DOC_LINES, MODULE_DOCSTRING_LINES = 160, 300, 30
+COMMIT_HASH = re.compile(r"`[0-9a-f]{7,40}`|\bcommit [0-9a-f]{7,40}\b")
+
+
+def module_docstring_lines(path):
+    import ast
+
+    with open(path, encoding="utf-8") as handle:
+        docstring = ast.get_docstring(ast.parse(handle.read()), clean=False)
+    return docstring.count("\n") + 1 if docstring else 0
+
+
+def test_readme_and_docs_are_short_and_free_of_commit_hashes():
+    documents = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    assert len(documents) > 5
+    too_long, hashes = [], []
+    for document in documents:
+        lines = document.read_text(encoding="utf-8").splitlines()
+        limit = README_LINES if document.name == "README.md" else DOC_LINES
+        if len(lines) > limit:
+            too_long.append(f"{document.relative_to(REPO)}: {len(lines)} lines (at most {limit})")
+        hashes += [
+            f"{document.relative_to(REPO)}:{number}: {line.strip()}"
+            for number, line in enumerate(lines, start=1)
+            if COMMIT_HASH.search(line)
+        ]
+    assert not too_long, "\n".join(too_long)
+    assert not hashes, "commit hashes belong in the CHANGELOG and commit messages:\n" + "\n".join(
+        hashes
+    )
+
+
+def test_module_docstrings_are_short():
+    modules = [path for path in source_files() if path.endswith(".py")]
+    assert any(path.endswith(os.path.join("modules", "hybrid_attention.py")) for path in modules)
+    too_long = [
+        f"{os.path.relpath(path, REPO)}: {lines} lines"
+        for path in modules
+        if (lines := module_docstring_lines(path)) > MODULE_DOCSTRING_LINES
+    ]
+    assert not too_long, f"module docstrings over {MODULE_DOCSTRING_LINES} lines:\n" + "\n".join(
+        too_long
+    )
+
+
+def test_the_shape_checks_find_what_they_look_for():
+    assert COMMIT_HASH.search("Re-run at `a668be9`, a later commit")
+    assert COMMIT_HASH.search("the code of commit 803b71b, run version 2")
+    assert not COMMIT_HASH.search(
+        "a SHA-256 of each dictionary; run ids such as hybrid-s1-72759157"
+    )
