@@ -319,6 +319,20 @@ def test_module_incremental_equals_full_multi_step_chunks(
     assert (inc - full).abs().max() <= 1e-5
 
 
+def test_incremental_decoding_under_autograd_gives_the_parallel_gradients():
+    """With gradients on, the modules' one decoding path (LocalConv's ring, the Query's
+    running merge) is differentiable: writing the ring in place would corrupt an earlier
+    step's graph, and the Query's in-place merge is not followed by autograd."""
+    torch.manual_seed(0)
+    m = HybridMultiheadAttention(16, 4, 2, kernel_size=3, dilation=2, causal=True).eval()
+    x = torch.randn(9, 2, 16, requires_grad=True)
+    full, _ = m(x, x, x)
+    (grad_full,) = torch.autograd.grad(full.square().sum(), x)
+    inc = _incremental_outputs(m, x, [1] * 6 + [3])
+    (grad_inc,) = torch.autograd.grad(inc.square().sum(), x)
+    assert (grad_inc - grad_full).abs().max() <= 1e-5
+
+
 def test_scaled_decoding_step_rounds_its_half_precision_output_once():
     """--conv-head-scaling inv-sqrt-head-dim in a bf16 decoding step: the float32
     LocalConv and Query are multiplied and scaled in float32 and rounded once, as they

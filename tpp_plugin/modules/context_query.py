@@ -316,21 +316,9 @@ class ContextQuery(nn.Module):
             return PooledQuery.apply(scores, values, self.num_heads, self.causal, BLOCK)
         if not self.causal:
             raise RuntimeError("incremental decoding needs a causal ContextQuery")
-        # T x B x (H*dh) -> T x B x H x dh
-        values32 = values.float().reshape(tgt_len, bsz, self.num_heads, self.head_dim)
-        s = scores.permute(1, 2, 0)  # B x H x T
-        v = values32.permute(1, 2, 0, 3)  # B x H x T x dh
-        if tgt_len == 1:  # the prefix of one position is itself
-            query, lse = v, s
-        else:
-            query, lse = prefix_softmax(s, v)
-        state = self.step_state(incremental_state)
-        if state is not None:  # merge the new positions into the prefix before them
-            query, lse = merge_spans(state[..., None, 1:], state[..., None, 0], query, lse)
-        # the prefix up to the last new position: B x H x (1 + dh)
-        self.set_step_state(incremental_state, torch.cat([lse[..., -1:], query[..., -1, :]], -1))
-        # B x H x T x dh -> T x B x (H*dh)
-        return query.permute(2, 0, 1, 3).reshape(tgt_len, bsz, -1).to(values.dtype)
+        # one position after another; each query B x H x dh (float32) -> T x B x (H*dh)
+        queries = [self._merge(s, v, incremental_state) for s, v in zip(scores, values)]
+        return torch.stack(queries).reshape(tgt_len, bsz, -1).to(values.dtype)
 
     def step(
         self,
@@ -338,35 +326,44 @@ class ContextQuery(nn.Module):
         values: Tensor,
         incremental_state: Dict[str, Dict[str, Optional[Tensor]]],
     ) -> Tensor:
-        """One decoding step (causal): ``scores`` ``B x H`` and ``values`` ``B x (H·d_h)``
-        of the new position; returns its query, ``B x H x d_h`` **in float32** (a view of
-        the new state: the caller casts once, where it combines the heads). The merge of
-        :meth:`forward` with the fewest operations, since decoding calls it once per
-        layer and token and on a GPU each is a kernel launch: the new position's weight
-        ``e^{s - L'}`` with ``L' = logaddexp(L, s)`` is ``sigmoid(s - L)``, so
+        """One decoding step (causal), the module's only one (:meth:`forward` with an
+        incremental state merges each new position the same way): ``scores`` ``B x H`` and
+        ``values`` ``B x (H·d_h)`` of the new position; returns its query, ``B x H x d_h``
+        **in float32** (the caller casts once, where it combines the heads)."""
+        s = scores if self.temperature == 1.0 else self._logits(scores)  # B x H
+        return self._merge(s, values, incremental_state)
+
+    def _merge(
+        self, s: Tensor, values: Tensor, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]
+    ) -> Tensor:
+        """Merge a new position (logits ``s`` ``B x H``, already divided by the temperature,
+        and ``values``) into the running state ``(L, q)``: its weight ``e^{s - L'}`` with
+        ``L' = logaddexp(L, s)`` is ``sigmoid(s - L)``, so
 
         .. math::
 
             L' = \\operatorname{logaddexp}(L, s), \\qquad
             q' = q + \\sigma(s - L)\\,(v - q),
 
-        both written straight into the new state; the bf16/fp16 scores and values are
-        promoted to float32 by the operations that read them (four operations with
-        float32 values, where ``q'`` is one ``lerp``, five in half precision; casting
-        first, merging and concatenating took nine). Views are taken by ``split``, which
-        gives both parts of a tensor in one call: in decoding on a GPU the host's time
-        per call, views included, is what a step costs."""
+        both written straight into a new state (a padding position, ``s = MASKED``,
+        leaves ``(L, q)`` as they were, unless nothing came before it). Half-precision
+        scores and values are promoted to float32 by the operations that read them."""
         bsz = values.size(0)
-        s = scores if self.temperature == 1.0 else self._logits(scores)  # B x H
         v = values.view(bsz, self.num_heads, self.head_dim)  # B x H x dh, values' dtype
         s = s.unsqueeze(-1)  # B x H x 1
         state = self.step_state(incremental_state)  # B x H x (1 + dh), float32
         if state is None:  # the prefix of one position is itself
-            new = torch.cat([s, v], dim=-1).float()
+            new = torch.cat([s.float(), v.float()], dim=-1)
             self.set_step_state(incremental_state, new)
             return new[..., 1:]
         widths = (1, self.head_dim)
         lse, query = state.split_with_sizes(widths, dim=-1)  # B x H x 1, B x H x dh
+        if torch.is_grad_enabled() and (s.requires_grad or v.requires_grad or state.requires_grad):
+            # the same merge without out= (which autograd does not follow)
+            share = torch.sigmoid(s - lse)
+            new = torch.cat([torch.logaddexp(lse, s), query + share * (v - query)], dim=-1)
+            self.set_step_state(incremental_state, new)
+            return new[..., 1:]
         new = torch.empty_like(state)
         new_lse, new_query = new.split_with_sizes(widths, dim=-1)
         torch.logaddexp(lse, s, out=new_lse)

@@ -213,25 +213,18 @@ class LocalConv(nn.Module):
         return kernel.t()
 
     def step(self, u: Tensor, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tensor:
-        """One decoding step: ``u`` is the new position's ``U`` (``B x C``); returns ``B x
-        C`` **in the sums' precision** (float32 for half-precision input: the caller casts
-        once, where it combines the heads). Same as :meth:`forward` with one position and
-        an incremental state, with the fewest operations per step, since decoding calls
-        it once per layer and token and on a GPU each operation is a kernel launch: write
-        the new row into the ring (:meth:`ring`), multiply the taps' rows (a strided view
-        of the ring) by the kernel in the order the ring holds them, sum. Three operations
-        in any precision; the product with the float32 kernel promotes the taps as it
-        multiplies.
+        """One decoding step, the module's only one (:meth:`forward` with an incremental
+        state calls it for each new position): ``u`` is the new position's ``U`` (``B x
+        C``); returns ``B x C`` **in float32** (the caller casts once, where it combines
+        the heads). The new row goes into the ring (:meth:`ring`); the taps are a strided
+        view of it, multiplied by the kernel in the order the ring holds them and summed:
+        three operations, since decoding calls this once per layer and token.
 
         The ring holds the last ``F·δ`` positions, position ``p`` at row ``p mod F·δ``, so
-        the taps of the newest position, ``p, p-δ, ..., p-(F-1)δ``, are exactly the rows
-        congruent to its row modulo ``δ``: ``F`` rows, every ``δ``-th, a view. Their order
-        in the ring rotates with ``p``; :meth:`rotated_kernels` rotates the kernel to match,
-        once per search for each of the ``F`` rotations, and keeps the result in the
-        incremental state, which lives as long as one search, during which no weight
-        changes (fairseq decodes without an optimizer in between; a new search starts
-        with a new state). Inference only (the ring is written in place): a step to be
-        differentiated is :meth:`forward`'s."""
+        the taps of ``p`` (``p, p-δ, ..., p-(F-1)δ``) are the rows congruent to its row
+        modulo ``δ``. Their order rotates with ``p``; :meth:`rotated_kernels` rotates the
+        kernel to match, once per search (a search has its own incremental state, and no
+        weight changes during one)."""
         if self.receptive_field == 0:
             return u * self.normalized_kernel()[0]
         ring, head = self.ring(u, incremental_state)
@@ -255,13 +248,12 @@ class LocalConv(nn.Module):
         past it. (Kernel width 1 needs no ring.)"""
         rows = self.kernel_size * self.dilation
         buffer = self._get_input_buffer(incremental_state)
-        if not buffer:
-            ring, head = u.new_zeros(rows, u.size(0), u.size(1)), 0
-        elif "ring" in buffer:
+        if buffer:
             ring, head = buffer["ring"], buffer["head"]
-        else:  # left by a multi-position call: its rows, oldest first, end on row rows - 2
-            older, free = u.new_zeros(self.dilation - 1, *u.shape), u.new_zeros(1, *u.shape)
-            ring, head = torch.cat([older, buffer["history"], free]), rows - 1
+            if torch.is_grad_enabled() and u.requires_grad:
+                ring = ring.clone()  # an earlier step's graph may hold the ring: no writing over it
+        else:
+            ring, head = u.new_zeros(rows, u.size(0), u.size(1)), 0
         self._set_input_buffer(incremental_state, {"ring": ring, "head": (head + 1) % rows})
         return ring, head
 
@@ -284,20 +276,6 @@ class LocalConv(nn.Module):
         self.set_incremental_state(incremental_state, "local_conv_kernels", {"kernels": kernels})
         return kernels
 
-    def _history(self, buffer, u: Tensor) -> Tensor:
-        """The last ``(F-1)·δ`` inputs, oldest first, from either form of the buffer."""
-        span = self.receptive_field
-        if not buffer:
-            return u.new_zeros(span, u.size(1), u.size(2))
-        if "history" in buffer:
-            return buffer["history"]
-        ring, head = (
-            buffer["ring"],
-            buffer["head"],
-        )  # head: the row written next; the newest is head - 1
-        order = torch.arange(head - span, head, device=ring.device) % ring.size(0)
-        return ring.index_select(0, order)
-
     def forward(
         self,
         u: Tensor,
@@ -310,8 +288,7 @@ class LocalConv(nn.Module):
             u: the pointwise projection ``U`` of the input, ``T x B x C``.
             padding_mask: ``B x T``, True at padding positions (they contribute zero).
             incremental_state: fairseq's incremental state; when given, ``u`` holds the
-                new positions only and the last ``(F-1)·δ`` inputs are taken from (and
-                saved to) the state.
+                new positions only, decoded one after another by :meth:`step`.
             scale: a factor on the output, folded into the float32 kernel (the
                 attention's conv-head scale: applied before anything is rounded to
                 half precision, where the unscaled product might overflow).
@@ -322,25 +299,20 @@ class LocalConv(nn.Module):
         padding = (
             padding_mask.transpose(0, 1).unsqueeze(-1) if padding_mask is not None else None
         )  # T x B x 1
-        out_len = u.size(0)
-        span = self.receptive_field
-        if incremental_state is not None and self.lookahead:
-            raise RuntimeError("a centred LocalConv sees the future: it cannot decode step by step")
         if incremental_state is not None:
-            u, padding = _masked(u, padding), None
-        if incremental_state is not None and span > 0:
-            buffer = self._get_input_buffer(incremental_state)
-            u = torch.cat([self._history(buffer, u), u], dim=0)  # (span + T) x B x C
-            self._set_input_buffer(incremental_state, {"history": u[-span:]})
+            if self.lookahead:
+                raise RuntimeError(
+                    "a centred LocalConv sees the future: it cannot decode step by step"
+                )
+            u = _masked(u, padding)  # padding enters the buffer as zeros
+            steps = [self.step(row, incremental_state) for row in u]  # T x (B x C), float32
+            out = torch.stack(steps)  # T x B x C
+            return (out * scale if scale != 1.0 else out).to(u.dtype)
         kernel = self.normalized_kernel()
         if scale != 1.0:
             kernel = kernel * scale
-        if out_len == 1 and incremental_state is not None:
-            # a decoding step: its F taps are rows 0, δ, ..., (F-1)δ of the buffer
-            taps = u[:: self.dilation] if span > 0 else u
-            return (taps * kernel.unsqueeze(1)).sum(dim=0, keepdim=True).to(u.dtype)
         return self._convolution(u).apply(
-            u, kernel, self.dilation, out_len, self.lookahead, padding
+            u, kernel, self.dilation, u.size(0), self.lookahead, padding
         )
 
     def _convolution(self, u: Tensor):
@@ -358,11 +330,9 @@ class LocalConv(nn.Module):
         """Reorder the buffered inputs to follow beam search (only this module's state;
         fairseq calls this method on every submodule itself)."""
         buffer = self._get_input_buffer(incremental_state)
-        for name in ("history", "ring"):
-            if buffer.get(name) is not None:
-                buffer = dict(buffer)
-                buffer[name] = buffer[name].index_select(1, new_order)
-                self._set_input_buffer(incremental_state, buffer)
+        if buffer.get("ring") is not None:
+            buffer = dict(buffer, ring=buffer["ring"].index_select(1, new_order))
+            self._set_input_buffer(incremental_state, buffer)
 
     def _get_input_buffer(
         self, incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]]
