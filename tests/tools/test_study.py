@@ -88,7 +88,9 @@ def test_run_identity_changes_with_the_run_version_only(tmp_path, monkeypatch, v
         assert all(r.folder.parent == tmp_path / "out" / "runs" for r in runs)
 
 
-def test_dry_run_plans_every_variant_and_seed(tmp_path):
+def dry_run(tmp_path, variants, *options):
+    """``tpp-study --dry-run`` of ``variants`` (seeds 1 and 2, the CPU) on a tiny tagged
+    data folder, with ``options``; its output and the study folder."""
     data = binarize_tagged(tmp_path / "text", tmp_path / "data-bin", n_train=60)
     out = tmp_path / "study"
     shown = run(
@@ -103,15 +105,21 @@ def test_dry_run_plans_every_variant_and_seed(tmp_path):
             "--out",
             out,
             "--variants",
-            "transformer,hybrid+tags",
+            variants,
             "--seeds",
             "1,2",
             "--device",
             "cpu",
+            *options,
             "--dry-run",
         ],
         timeout=300,
     )
+    return shown, out
+
+
+def test_dry_run_plans_every_variant_and_seed(tmp_path):
+    shown, out = dry_run(tmp_path, "transformer,hybrid+tags")
     lines = shown.stdout.splitlines()
     planned = [line for line in lines if " [to train] " in line]
     assert [line.split()[0] for line in planned] == [
@@ -372,33 +380,15 @@ def test_tag_loss_options_make_new_runs_of_the_tags_variant_only(tmp_path):
 
 
 def test_tag_loss_options_from_the_command_line(tmp_path):
-    data = binarize_tagged(tmp_path / "text", tmp_path / "data-bin", n_train=60)
-    shown = run(
-        [
-            "tpp-study",
-            "--config",
-            "cpu",
-            "--data",
-            data,
-            "--test-reference",
-            tmp_path / "text" / "test.tgt",
-            "--out",
-            tmp_path / "study",
-            "--variants",
-            "hybrid,hybrid+tags",
-            "--seeds",
-            "1,2",
-            "--device",
-            "cpu",
-            "--encoder-tag-layers",
-            "pos:1,ner:1",
-            "--tag-loss-weights",
-            "pos:0.3,ner:0.3",
-            "--tag-loss-decay-updates",
-            "700",
-            "--dry-run",
-        ],
-        timeout=300,
+    shown, _ = dry_run(
+        tmp_path,
+        "hybrid,hybrid+tags",
+        "--encoder-tag-layers",
+        "pos:1,ner:1",
+        "--tag-loss-weights",
+        "pos:0.3,ner:0.3",
+        "--tag-loss-decay-updates",
+        "700",
     )
     commands = [
         shlex.split(line)
