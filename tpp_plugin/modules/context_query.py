@@ -353,7 +353,7 @@ class ContextQuery(nn.Module):
         s = s.unsqueeze(-1)  # B x H x 1
         state = self.step_state(incremental_state)  # B x H x (1 + dh), float32
         if state is None:  # the prefix of one position is itself
-            new = torch.cat([s.float(), v.float()], dim=-1)
+            new = torch.cat([s, v], dim=-1).float()
             self.set_step_state(incremental_state, new)
             return new[..., 1:]
         widths = (1, self.head_dim)

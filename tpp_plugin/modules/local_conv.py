@@ -24,8 +24,8 @@ the paper's "local context of a word".
 This module is the depthwise part (``W^A`` and the convolution); ``W^P`` is a slice of the
 fused input projection of the owning :class:`~tpp_plugin.modules.HybridMultiheadAttention`
 (as fairseq's ``LightweightConv1dTBC`` leaves its projection to the layer). The input is
-fairseq's time-major ``T x B x C``; decoding keeps the last ``(F-1)·δ`` inputs, so a step
-costs ``O(F·C)``. Triton kernels: :mod:`~tpp_plugin.modules.conv_heads_triton`.
+fairseq's time-major ``T x B x C``; decoding keeps the last ``F·δ`` inputs in a ring, so a
+step costs ``O(F·C)``. Triton kernels: :mod:`~tpp_plugin.modules.conv_heads_triton`.
 """
 
 from typing import Dict, Optional, Tuple
