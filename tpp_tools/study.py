@@ -160,6 +160,27 @@ def tag_settings(cfg: Config) -> str:
     return f"; tag heads after encoder layers {layers}, loss weights {weights}{decay}{paper}"
 
 
+def check_tag_settings(cfg: Config) -> Optional[str]:
+    """What is wrong with the tag-loss settings, before any run is planned (None: nothing);
+    read as the model and the criterion read them."""
+    from tpp_plugin.options import parse_named
+
+    try:
+        layers = parse_named(cfg.encoder_tag_layers, "encoder-tag-layers")
+        weights = parse_named(cfg.tag_loss_weights, "tag-loss-weights", cast=float)
+    except ValueError as error:
+        return str(error)
+    outside = {name: layer for name, layer in layers.items() if not 1 <= layer <= cfg.layers}
+    if outside:
+        return f"--encoder-tag-layers: {outside} outside the encoder's layers 1..{cfg.layers}"
+    negative = {name: weight for name, weight in weights.items() if weight < 0}
+    if negative:
+        return f"--tag-loss-weights: negative weights {negative}"
+    if cfg.tag_loss_decay_updates < 0:
+        return f"--tag-loss-decay-updates must be >= 0, not {cfg.tag_loss_decay_updates}"
+    return None
+
+
 def recipe(name: str) -> str:
     """A default of the training recipe (tpp_tools/train.py)."""
     return SETTINGS[name][1]
@@ -1374,6 +1395,10 @@ def main(argv=None) -> int:
         print(
             f"{PROG}: error: --dtype must be fp32, fp16 or bf16, not {cfg.dtype!r}", file=sys.stderr
         )
+        return 2
+    problem = check_tag_settings(cfg)
+    if problem:
+        print(f"{PROG}: error: {problem}", file=sys.stderr)
         return 2
     import torch
 

@@ -379,6 +379,26 @@ def test_tag_loss_options_make_new_runs_of_the_tags_variant_only(tmp_path):
                 assert after.train_cmd == before.train_cmd, (name, before.variant)
 
 
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("--tag-loss-weights", "pos=0.1", "--tag-loss-weights: expected NAME:NUMBER"),
+        ("--tag-loss-weights", "pos:-1", "negative weights"),
+        ("--encoder-tag-layers", "pos:1,ner:4", "outside the encoder's layers 1..3"),
+        ("--tag-loss-decay-updates", "-5", "--tag-loss-decay-updates must be >= 0"),
+    ],
+)
+def test_bad_tag_loss_options_are_refused_before_anything_runs(
+    tmp_path, capsys, option, value, message
+):
+    data = data_folder(tmp_path / "data")
+    argv = ["--config", "cpu", "--data", str(data), "--test-reference", str(tmp_path / "ref")]
+    argv += ["--out", str(tmp_path / "out"), "--variants", "hybrid,hybrid+tags", option, value]
+    assert study.main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_tag_loss_options_from_the_command_line(tmp_path):
     shown, _ = dry_run(
         tmp_path,
