@@ -72,7 +72,7 @@ def data_folder(folder):
 @pytest.mark.parametrize("version, folders", [(1, RUN_FOLDERS_V1), (2, RUN_FOLDERS)])
 def test_run_identity_changes_with_the_run_version_only(tmp_path, monkeypatch, version, folders):
     assert study.RUN_VERSION == 2
-    monkeypatch.setattr(study, "RUN_VERSION", version)
+    monkeypatch.setattr(study.runs, "RUN_VERSION", version)
     data = data_folder(tmp_path / "data")
     assert study.fingerprint(data) == "9ef634b2722143c4"
     for config, device in (("cpu", "cpu"), ("gpu", "cuda")):
@@ -434,7 +434,7 @@ def test_a_new_run_version_makes_new_runs_of_every_variant(tmp_path, monkeypatch
         variants=list(study.VARIANTS), seeds=[1], extra=[], device="cpu", out=tmp_path / "out"
     )
     now = study.plan_runs(args, study.CONFIGS["cpu"], data)
-    monkeypatch.setattr(study, "RUN_VERSION", study.RUN_VERSION + 1)
+    monkeypatch.setattr(study.runs, "RUN_VERSION", study.RUN_VERSION + 1)
     later = study.plan_runs(args, study.CONFIGS["cpu"], data)
     assert len(now) == 4 and all(a.folder != b.folder for a, b in zip(now, later))
     assert all(a.variant == b.variant and a.seed == b.seed for a, b in zip(now, later))
@@ -567,7 +567,7 @@ def test_runs_going_at_once_on_gpus_take_one_gpu_each(monkeypatch):
         if run != "cpu":
             both_running.wait()  # the two runs hold their slots at the same time
 
-    monkeypatch.setattr(study, "_execute", steps)
+    monkeypatch.setattr(study.runs, "_execute", steps)
     args = argparse.Namespace(gpu_slots=study.gpu_slots(2, study.visible_gpus()))
     with ThreadPoolExecutor(max_workers=2) as pool:
         list(pool.map(lambda name: study.execute(name, None, None, args), ["a", "b"]))
@@ -595,7 +595,7 @@ def test_a_gpu_run_decodes_in_float16_only_if_it_trained_in_it(
     (tmp_path / "ref").write_text("a reference\n")
     commands = []
     monkeypatch.setattr(
-        study, "run_command", lambda cmd, log, env=None: commands.append([str(c) for c in cmd])
+        study.runs, "run_command", lambda cmd, log, env=None: commands.append([str(c) for c in cmd])
     )
     args = argparse.Namespace(device="cuda", gen_max_tokens=16384, keep_checkpoints=True)
     run = study.Run("hybrid", 1, folder, ["fairseq-train"], {})

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from support import tool_env
-from tpp_tools import study, study_slurm, train
+from tpp_tools import study, train
+from tpp_tools.study import slurm as study_slurm
 
 
 def prepared_folder(root: Path, test_size: int = 3) -> Path:

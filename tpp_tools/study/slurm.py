@@ -3,7 +3,7 @@
 The jobs are submitted with submitit (a pickled call of :class:`RunJob` or
 :class:`ReportJob` each; the pickles, sbatch files and logs in ``OUT/slurm/``, the job
 of every run in ``OUT/slurm/jobs.json``). A run's job does for its run what the local
-study does (:func:`tpp_tools.study.execute`: train or resume, average, translate, score,
+study does (:func:`tpp_tools.study.runs.execute`: train or resume, average, translate, score,
 each step skipped when done) while holding the run's save-dir lock. SLURM puts the job
 back in the queue after a preemption or a node failure (``--requeue``), submitit puts it
 back shortly before its time limit (SIGUSR2, ``helpers.Checkpointable``), and the job
@@ -27,20 +27,10 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .study import (
-    CHILDREN,
-    PROG,
-    Config,
-    Run,
-    StudyError,
-    count_lines,
-    execute,
-    log,
-    plan_or_report,
-    plan_runs,
-    prepare_data,
-    translated,
-)
+from .commands import CHILDREN, count_lines, log
+from .config import PROG, Config, StudyError
+from .data import prepare_data
+from .runs import Run, execute, plan_runs, translated
 
 #: how often one run's job may be put back in the queue at its time limit (preemptions
 #: do not count): a run longer than this many time limits fails
@@ -286,7 +276,7 @@ class RunJob:
     def __call__(self) -> str:
         import submitit
 
-        from .train import TrainError, take_lock
+        from ..train import TrainError, take_lock
 
         run = self.run
         restart = os.environ.get("SLURM_RESTART_COUNT", "0")
@@ -356,6 +346,8 @@ class ReportJob:
     def __call__(self) -> str:
         args = self.args
         args.dry_run, args.report_only = False, True
+        from .cli import plan_or_report
+
         status = plan_or_report(args, self.cfg, self.command)
         paths = prepare_data(args, self.cfg, plan_only=True)
         runs = plan_runs(args, self.cfg, paths["data"])

@@ -1,0 +1,379 @@
+"""Does Transformer++ translate better than the Transformer? The quality study.
+
+Four variants, trained with the same data, budget, schedule and dimensions, several
+seeds each: (a) ``transformer``, fairseq's own; (b) ``control``, ``transformer_pp`` with 0
+conv heads and no tag losses (the same network built by the plugin); (c) ``hybrid``, the
+hybrid heads; (d) ``hybrid+tags``, the hybrid heads and the POS/NER losses:
+Transformer++. Every run is averaged and scored on the test set (sacreBLEU with its
+signature, chrF, tokenised compound-split BLEU); every variant is compared with the
+first by sacreBLEU's paired bootstrap over all its seeds' translations; curves and
+commands go to one Markdown report (docs/study.md).
+
+Data: raw text (``--corpus PREFIX``; valid and test sets carved out of it unless
+``--valid``/``--test`` give them), prepared by the project's pipeline; or a prepared
+folder (``--data``) with its raw test reference (``--test-reference``).
+
+    tpp-study --config cpu --corpus corpora/en-de/train -s en -t de --out runs/study_cpu
+    tpp-study --config gpu-short --data DIR --test-reference DIR/raw/test.de --seeds 1,2 --out runs/study_gpu_short
+    tpp-study ... --report-only       # the report of whatever has finished, at any time
+    # the paper's scale on a SLURM cluster, every run a job of 4 GPUs (docs/slurm.md):
+    tpp-study --config wmt14-big --launcher slurm --partition gpu --data data-bin/wmt14_en_de \\
+        --test-reference work/wmt14_en_de/raw/test.de --variants transformer,hybrid,hybrid+tags --out runs/wmt14
+
+Runs live in ``OUT/runs/<variant>-s<seed>-<id>/``, ``<id>`` a hash of everything that
+defines the run: a re-run reuses finished runs and resumes interrupted ones, and any
+change of a setting is a new run. Options after ``--`` go to every fairseq-train command.
+"""
+
+import argparse
+import os
+import shlex
+import signal
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+
+from .commands import CHILDREN, count_lines, log
+from .config import CONFIGS, PROG, VARIANTS, Config, StudyError, check_tag_settings
+from .data import prepare_data
+from .report import write_report
+from .runs import execute, gpu_slots, plan_runs, trained_updates, translated, visible_gpus
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
+    p.add_argument(
+        "--config",
+        choices=sorted(CONFIGS),
+        default="gpu",
+        help="model size, budget, schedule and data preparation (default gpu)",
+    )
+    src = p.add_argument_group("data (raw text, or a prepared folder)")
+    src.add_argument(
+        "--corpus", help="PREFIX of the raw parallel training text PREFIX.{src,tgt}[.xz]"
+    )
+    src.add_argument("-s", "--source-lang")
+    src.add_argument("-t", "--target-lang")
+    src.add_argument("--valid", help="PREFIX of a raw valid set (default: carved from --corpus)")
+    src.add_argument("--test", help="PREFIX of a raw test set (default: carved from --corpus)")
+    src.add_argument("--valid-size", type=int, default=1000)
+    src.add_argument("--test-size", type=int, default=2000)
+    src.add_argument("--split-seed", type=int, default=1)
+    src.add_argument("--data", type=Path, help="a prepared data folder (instead of --corpus)")
+    src.add_argument("--test-reference", type=Path, help="with --data: the raw test target")
+    src.add_argument("--test-source", type=Path, help="with --data: the raw test source (optional)")
+    src.add_argument(
+        "--bpe-codes", type=Path, help="with --data: its BPE codes (for the fire/mountain analysis)"
+    )
+    src.add_argument(
+        "--workers", type=int, default=os.cpu_count() or 1, help="data preparation processes"
+    )
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument(
+        "--variants",
+        default="transformer,control,hybrid,hybrid+tags",
+        help=f"from {', '.join(VARIANTS)}; the first is the baseline of the tests",
+    )
+    p.add_argument("--seeds", default="1,2,3")
+    over = p.add_argument_group("overrides of the configuration (each changes the runs' identity)")
+    for name, kind in (
+        ("max_update", int),
+        ("max_tokens", int),
+        ("update_freq", int),
+        ("lr", float),
+        ("warmup_updates", int),
+        ("embed_dim", int),
+        ("ffn_dim", int),
+        ("heads", int),
+        ("layers", int),
+        ("dropout", float),
+        ("average", int),
+        ("dtype", str),
+        ("bpe_merges", int),
+        ("max_len", int),
+        ("save_interval_updates", int),
+        ("validate_interval_updates", int),
+    ):
+        over.add_argument("--" + name.replace("_", "-"), type=kind, dest=name)
+    over.add_argument(
+        "--gpus-per-run",
+        type=int,
+        dest="gpus",
+        help="GPUs per run, data-parallel: an update is GPUs x --update-freq batches (default 1; "
+        "wmt14-big: 4)",
+    )
+    over.add_argument(
+        "--conv-head-scaling",
+        choices=["none", "inv-sqrt-head-dim"],
+        dest="conv_head_scaling",
+        help="the hybrid variants' --conv-head-scaling (default none: the paper's; "
+        "see docs/results.md)",
+    )
+    tag = p.add_argument_group(
+        "the tag losses of hybrid+tags (other variants ignore them; each changes its runs' identity)"
+    )
+    tag.add_argument(
+        "--encoder-tag-layers",
+        dest="encoder_tag_layers",
+        metavar="TAG:LAYER,...",
+        help="after which encoder layer each tag head sits (default pos:1,ner:2: the paper's)",
+    )
+    tag.add_argument(
+        "--tag-loss-weights",
+        dest="tag_loss_weights",
+        metavar="TAG:W,...",
+        help="each tag loss's weight (default pos:1,ner:1: the paper's)",
+    )
+    tag.add_argument(
+        "--tag-loss-decay-updates",
+        type=int,
+        dest="tag_loss_decay_updates",
+        metavar="N",
+        help="every tag weight falls linearly to 0 at update N (default 0: constant, the paper's)",
+    )
+    p.add_argument(
+        "--launcher",
+        choices=["local", "slurm"],
+        default="local",
+        help="local: the runs as processes on this machine (default); slurm: every run a SLURM job "
+        "and the report a job after them (docs/slurm.md)",
+    )
+    p.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default=None,
+        help="default: cuda if available (with --launcher slurm: cuda)",
+    )
+    p.add_argument(
+        "--parallel",
+        type=int,
+        default=None,
+        help="runs at once (default: 4 on a GPU, cores/threads on the CPU)",
+    )
+    p.add_argument("--threads", type=int, default=1, help="CPU threads per run (CPU device)")
+    p.add_argument("--gen-max-tokens", type=int, default=None, help="tokens per generation batch")
+    p.add_argument("--bootstrap-samples", type=int, default=1000)
+    p.add_argument(
+        "--keep-checkpoints", action="store_true", help="keep every run's interval checkpoints"
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the runs and their commands, run nothing"
+    )
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="train nothing: the report of the runs that have finished (evaluated), the others "
+        "listed as not finished; the baseline variant needs at least one",
+    )
+    p.add_argument("extra", nargs="*", help="options after -- go to every fairseq-train command")
+    from . import slurm
+
+    slurm.add_arguments(p)
+    args = p.parse_args(argv)
+    if (args.corpus is None) == (args.data is None):
+        p.error("give either --corpus (raw text) or --data (a prepared folder)")
+    args.variants = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        p.error(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
+    if len(set(args.variants)) != len(args.variants):
+        p.error("--variants: a variant is named twice")
+    try:
+        args.seeds = [int(s) for s in args.seeds.split(",") if s]
+    except ValueError:
+        p.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
+    if len(args.seeds) < 2:
+        p.error(
+            "--seeds: at least two seeds (a single run cannot tell a difference from seed noise)"
+        )
+    args.variants_need_tags = "hybrid+tags" in args.variants
+    return args
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    cfg = CONFIGS[args.config]
+    cfg = Config(
+        **{
+            **asdict(cfg),
+            **{k: getattr(args, k) for k in asdict(cfg) if getattr(args, k, None) is not None},
+        }
+    )
+    if cfg.dtype not in ("fp32", "fp16", "bf16"):
+        print(
+            f"{PROG}: error: --dtype must be fp32, fp16 or bf16, not {cfg.dtype!r}", file=sys.stderr
+        )
+        return 2
+    problem = check_tag_settings(cfg)
+    if problem:
+        print(f"{PROG}: error: {problem}", file=sys.stderr)
+        return 2
+    import torch
+
+    if args.device is None:  # a cluster's runs go to its GPU nodes, whatever this machine has
+        args.device = "cuda" if args.launcher == "slurm" or torch.cuda.is_available() else "cpu"
+    if args.device == "cpu" and cfg.dtype != "fp32" and args.dtype is None:
+        cfg.dtype = "fp32"
+    from . import slurm
+
+    problem = slurm.check_options(args, cfg)
+    if problem:
+        print(f"{PROG}: error: {problem}", file=sys.stderr)
+        return 2
+    if args.launcher == "local":  # (a cluster's jobs: check_options named their device)
+        if args.device == "cuda" and not torch.cuda.is_available():
+            if not (args.dry_run or args.report_only):
+                print(
+                    f"{PROG}: error: --device cuda: torch {torch.__version__} sees no CUDA GPU on this machine "
+                    "(--dry-run plans a GPU study anywhere, --report-only reports one)",
+                    file=sys.stderr,
+                )
+                return 2
+            args.device_name = "a CUDA GPU (planned on a machine without one)"
+        else:
+            args.device_name = (
+                torch.cuda.get_device_name()
+                if args.device == "cuda"
+                else f"CPU ({os.cpu_count()} cores)"
+            )
+    args.parallel = args.parallel or (
+        4 if args.device == "cuda" else max(1, (os.cpu_count() or 1) // args.threads)
+    )
+    args.gen_max_tokens = args.gen_max_tokens or (16384 if args.device == "cuda" else 4096)
+    args.out.mkdir(parents=True, exist_ok=True)
+    command = f"{PROG} " + " ".join(shlex.quote(a) for a in argv)
+    if args.dry_run or args.report_only:  # they write no run: no lock, another study may be running
+        status = plan_or_report(args, cfg, command)
+        if args.dry_run and args.launcher == "slurm" and status == 0:
+            print(slurm.describe(args, cfg))
+        return status
+    from tpp_pipeline.errors import DataError
+    from tpp_pipeline.lock import work_dir_lock
+
+    def stop(
+        signum, frame
+    ):  # SIGTERM (kill, a scheduler's limit) or SIGINT: the runs' commands too
+        log(
+            f"{signal.Signals(signum).name}: stopping the runs' commands; the same command resumes the study"
+        )
+        CHILDREN.stop()
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        with work_dir_lock(args.out, user="tpp-study", folder="study folder"):
+            return (slurm.submit if args.launcher == "slurm" else study)(args, cfg, command)
+    except DataError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+
+
+def plan_or_report(args, cfg: Config, command: str) -> int:
+    """--dry-run (carves and prepares nothing) and --report-only."""
+    started = time.time()
+    try:
+        paths = prepare_data(args, cfg, plan_only=True)
+    except StudyError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+    runs = plan_runs(args, cfg, paths["data"])
+    if args.dry_run:
+        if not paths["prepared"]:
+            print(
+                f"(the data folder {paths['data']} is not prepared yet: the study will carve and prepare it "
+                "first; the runs' ids follow from its dictionaries)"
+            )
+        for run in runs:
+            state = "done" if trained_updates(run) >= cfg.max_update else "to train"
+            print(
+                f"{run.name} [{state}] {run.folder}\n  "
+                + " ".join(shlex.quote(c) for c in run.train_cmd)
+            )
+        return 0
+    if not paths["prepared"]:
+        print(
+            f"{PROG}: error: --report-only: the data folder {paths['data']} is not prepared: no run has "
+            "finished",
+            file=sys.stderr,
+        )
+        return 1
+    finished = [run for run in runs if translated(run, count_lines(paths["reference"]))]
+    if not any(run.variant == args.variants[0] for run in finished):
+        print(
+            f"{PROG}: error: --report-only: no run of the baseline {args.variants[0]} has finished in "
+            f"{args.out / 'runs'}",
+            file=sys.stderr,
+        )
+        return 1
+    missing = [run for run in runs if run not in finished]
+    try:
+        report = write_report(args, cfg, paths, finished, command, time.time() - started, missing)
+    except StudyError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+    log(f"report of {len(finished)} finished run(s) of {len(runs)}: {report}")
+    print(report.read_text())
+    return 0
+
+
+def study(args, cfg: Config, command: str) -> int:
+    """Prepare, train, average, translate and report (the lock of ``args.out`` held)."""
+    started = time.time()
+    try:
+        paths = prepare_data(args, cfg)
+    except StudyError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+    runs = plan_runs(args, cfg, paths["data"])
+    where = args.device_name
+    if args.device == "cuda":
+        gpus = visible_gpus()
+        try:
+            args.gpu_slots = gpu_slots(args.parallel, gpus, cfg.gpus)
+        except StudyError as err:
+            print(f"{PROG}: error: {err}", file=sys.stderr)
+            return 2
+        where += f" ({len(gpus)} visible: each run on {cfg.gpus} of {', '.join(gpus)})"
+    log(
+        f"{len(runs)} runs ({len(args.variants)} variants x {len(args.seeds)} seeds), {args.parallel} at a time "
+        f"on {where}"
+    )
+    failures = []
+    pool = ThreadPoolExecutor(max_workers=args.parallel)
+    try:
+        futures = {pool.submit(execute, run, cfg, paths, args): run for run in runs}
+        for future, run in futures.items():
+            try:
+                future.result()
+                log(f"{run.name}: done")
+            except Exception as err:  # keep the other runs going; report at the end
+                failures.append((run, err))
+                log(f"{run.name}: FAILED: {err}")
+    finally:  # told to stop: the runs not started are not started
+        pool.shutdown(wait=True, cancel_futures=True)
+    if failures:
+        print(
+            f"{PROG}: error: {len(failures)} run(s) failed; re-run the same command to resume:",
+            file=sys.stderr,
+        )
+        for run, err in failures:
+            print(f"  {run.name}: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 1
+    try:
+        report = write_report(args, cfg, paths, runs, command, time.time() - started)
+    except StudyError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+    log(f"report: {report}")
+    print(report.read_text())
+    return 0
+

@@ -1,0 +1,88 @@
+"""The commands a study runs (stopped with it) and the files they leave."""
+
+import json
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+def log(message: str) -> None:
+    # one write per line: print() writes the newline apart, and the runs log from threads
+    sys.stdout.write(f"[study {time.strftime('%H:%M:%S')}] {message}\n")
+    sys.stdout.flush()
+
+
+def count_lines(path: Path) -> int:
+    """Lines as ``str.splitlines()`` counts them (a last line without newline counts)."""
+    with open(path, encoding="utf-8", newline="") as handle:
+        return len(handle.read().splitlines())
+
+
+class Children:
+    """The commands the study is running (its worker threads start them). A study told to
+    stop (SIGTERM, SIGINT) stops them and waits for them before it exits, so that no
+    fairseq-train outlives it and writes into a run folder the next study uses; and it
+    starts no new command once told."""
+
+    def __init__(self):
+        self._procs = set()
+        self._lock = threading.Lock()
+        self.stopping = threading.Event()
+
+    def run(self, cmd, out, env) -> int:
+        with self._lock:
+            if self.stopping.is_set():
+                raise RuntimeError("the study is stopping")
+            proc = subprocess.Popen(
+                [str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT, env=env
+            )
+            self._procs.add(proc)
+        try:
+            return proc.wait()
+        finally:
+            with self._lock:
+                self._procs.discard(proc)
+
+    def stop(self, grace: float = 60.0) -> None:
+        with self._lock:
+            self.stopping.set()
+            procs = list(self._procs)
+        for proc in procs:
+            proc.terminate()
+        deadline = time.monotonic() + grace
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+CHILDREN = Children()
+
+
+def run_command(cmd, log_path: Path, env=None) -> None:
+    with open(log_path, "a") as out:
+        out.write("+ " + " ".join(shlex.quote(str(c)) for c in cmd) + "\n")
+        out.flush()
+        returncode = CHILDREN.run(cmd, out, env)
+    if returncode != 0:
+        tail = log_path.read_text(errors="replace").splitlines()[-25:]
+        raise RuntimeError(f"command failed ({returncode}), log {log_path}:\n" + "\n".join(tail))
+
+
+def json_records(log_path: Path):
+    """fairseq's JSON --log-file records (dicts)."""
+    out = []
+    if not log_path.exists():
+        return out
+    for line in log_path.read_text(errors="replace").splitlines():
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out

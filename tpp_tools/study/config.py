@@ -1,0 +1,235 @@
+"""The study's variants (a)-(d), its configurations (model size, budget, schedule) and
+the tag-loss settings a study may change."""
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from ..train import PRESETS, RESUMABLE, SETTINGS
+
+PROG = "tpp-study"
+
+VARIANTS = {
+    "transformer": dict(
+        label="(a) transformer",
+        what="fairseq's transformer",
+        arch="transformer",
+        task="translation",
+        criterion="label_smoothed_cross_entropy",
+        model=[],
+        conv=False,
+    ),
+    "control": dict(
+        label="(b) control",
+        what="transformer_pp, 0 conv heads, no tags",
+        arch="transformer_pp",
+        task="translation",
+        criterion="label_smoothed_cross_entropy",
+        model=[
+            "--encoder-conv-heads",
+            "0",
+            "--decoder-conv-heads",
+            "0",
+            "--encoder-tag-layers",
+            "",
+        ],
+        conv=False,
+    ),
+    "hybrid": dict(
+        label="(c) hybrid",
+        what="hybrid heads, no tags",
+        arch="transformer_pp",
+        task="translation",
+        criterion="label_smoothed_cross_entropy",
+        model=["--encoder-tag-layers", ""],
+        conv=True,
+    ),
+    "hybrid+tags": dict(
+        label="(d) hybrid+tags",
+        what="hybrid heads + POS/NER losses (Transformer++)",
+        arch="transformer_pp",
+        task="translation_with_tags",
+        criterion="label_smoothed_cross_entropy_with_tags",
+        model=[],
+        conv=True,
+        tags=True,
+    ),
+}
+
+
+@dataclass
+class Config:
+    """Everything that defines the study's runs, besides variant and seed."""
+
+    embed_dim: int
+    ffn_dim: int
+    heads: int
+    layers: int
+    max_update: int
+    max_tokens: int
+    update_freq: int
+    lr: float
+    warmup_updates: int
+    dropout: float
+    attention_dropout: float
+    activation_dropout: float
+    label_smoothing: float = 0.1
+    average: int = 5
+    save_interval_updates: int = 0  # 0: max_update / 10
+    validate_interval_updates: int = 0  # 0: max_update / 10
+    dtype: str = "fp32"
+    # data preparation (raw corpora only)
+    bpe_merges: int = 16000
+    max_len: int = 250
+    extra: List[str] = field(default_factory=list)
+    # the conv heads' output scale (--conv-head-scaling of transformer_pp; "none": the paper)
+    conv_head_scaling: str = "none"
+    # GPUs per run, data-parallel (--distributed-world-size): an update is gpus x
+    # update_freq batches of max_tokens
+    gpus: int = 1
+    # "all": one embedding table for source, target and output (--share-all-embeddings);
+    # "decoder": the target's input and output tied (--share-decoder-input-output-embed)
+    shared_embeddings: str = "all"
+    # the tag losses of the hybrid+tags variant ("" / 0: the paper's, which are the
+    # defaults of transformer_pp and of its criterion: pos:1,ner:2 and weight 1 each)
+    encoder_tag_layers: str = ""
+    tag_loss_weights: str = ""
+    tag_loss_decay_updates: int = 0
+
+
+#: the fields of Config that only the variants with tag losses read, and their defaults
+TAG_FIELDS = {"encoder_tag_layers": "", "tag_loss_weights": "", "tag_loss_decay_updates": 0}
+
+
+def tag_settings(cfg: Config) -> str:
+    """The tag losses of hybrid+tags, for the report."""
+    layers = cfg.encoder_tag_layers or "pos:1,ner:2"
+    weights = cfg.tag_loss_weights or "pos:1,ner:1"
+    decay = (
+        f", falling linearly to 0 at update {cfg.tag_loss_decay_updates}"
+        if cfg.tag_loss_decay_updates
+        else ""
+    )
+    paper = " (the paper)" if all(getattr(cfg, k) == d for k, d in TAG_FIELDS.items()) else ""
+    return f"; tag heads after encoder layers {layers}, loss weights {weights}{decay}{paper}"
+
+
+def check_tag_settings(cfg: Config) -> Optional[str]:
+    """What is wrong with the tag-loss settings, before any run is planned (None: nothing);
+    read as the model and the criterion read them."""
+    from tpp_plugin.options import parse_named
+
+    try:
+        layers = parse_named(cfg.encoder_tag_layers, "encoder-tag-layers")
+        weights = parse_named(cfg.tag_loss_weights, "tag-loss-weights", cast=float)
+    except ValueError as error:
+        return str(error)
+    outside = {name: layer for name, layer in layers.items() if not 1 <= layer <= cfg.layers}
+    if outside:
+        return f"--encoder-tag-layers: {outside} outside the encoder's layers 1..{cfg.layers}"
+    negative = {name: weight for name, weight in weights.items() if weight < 0}
+    if negative:
+        return f"--tag-loss-weights: negative weights {negative}"
+    if cfg.tag_loss_decay_updates < 0:
+        return f"--tag-loss-decay-updates must be >= 0, not {cfg.tag_loss_decay_updates}"
+    return None
+
+
+def recipe(name: str) -> str:
+    """A default of the training recipe (tpp_tools/train.py)."""
+    return SETTINGS[name][1]
+
+
+CONFIGS = {
+    # transformer-base size on one GPU, bf16: all variants x 3 seeds in about 25 minutes
+    "gpu": Config(
+        embed_dim=512,
+        ffn_dim=2048,
+        heads=8,
+        layers=6,
+        max_update=2200,
+        max_tokens=8192,
+        update_freq=1,
+        lr=7e-4,
+        warmup_updates=400,
+        dropout=0.1,
+        attention_dropout=0.1,
+        activation_dropout=0.1,
+        average=5,
+        dtype="bf16",
+        bpe_merges=16000,
+    ),
+    # transformer-base size on one GPU, bf16, sized for one short call on an H100 (all
+    # variants x 2 seeds, four at a time): a few minutes of training in all
+    "gpu-short": Config(
+        embed_dim=512,
+        ffn_dim=2048,
+        heads=8,
+        layers=6,
+        max_update=600,
+        max_tokens=8192,
+        update_freq=1,
+        lr=7e-4,
+        warmup_updates=150,
+        dropout=0.1,
+        attention_dropout=0.1,
+        activation_dropout=0.1,
+        average=3,
+        save_interval_updates=60,
+        validate_interval_updates=60,
+        dtype="bf16",
+        bpe_merges=8000,
+    ),
+    # chosen for learning speed on a 2-core CPU (a small model, a small BPE vocabulary,
+    # short segments, small batches, a short warm-up): all variants x 2 seeds in 3 hours
+    "cpu": Config(
+        embed_dim=256,
+        ffn_dim=512,
+        heads=4,
+        layers=3,
+        max_update=1400,
+        max_tokens=2048,
+        update_freq=1,
+        lr=2e-3,
+        warmup_updates=200,
+        dropout=0.1,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        average=5,
+        dtype="fp32",
+        bpe_merges=8000,
+        max_len=40,
+    ),
+    # the paper's scale, on a cluster (--launcher slurm; docs/slurm.md): the sizes of the
+    # En-De big preset transformer_pp_wmt_en_de_big (a test holds them to it) and the
+    # training recipe of tpp_tools/train.py, each run on 4 GPUs. --update-epoch-batch-itr:
+    # every epoch's batches grouped anew from the seed and the epoch, so that a run resumed
+    # after a requeue trains on the batches an uninterrupted run would (fairseq otherwise
+    # groups the batches once, with the seed of the epoch it starts in: another grouping)
+    "wmt14-big": Config(
+        embed_dim=1024,
+        ffn_dim=4096,
+        heads=16,
+        layers=5,
+        dropout=0.1,
+        attention_dropout=0.25,
+        activation_dropout=0.25,
+        shared_embeddings="decoder",
+        gpus=4,
+        lr=float(PRESETS["en-de"][1]),
+        warmup_updates=int(recipe("warmup_updates")),
+        max_update=int(recipe("max_update")),
+        max_tokens=int(recipe("max_tokens")),
+        update_freq=int(recipe("update_freq")),
+        label_smoothing=float(recipe("label_smoothing")),
+        save_interval_updates=int(recipe("save_interval_updates")),
+        validate_interval_updates=int(recipe("save_interval_updates")),
+        average=int(recipe("keep_interval_updates")),
+        dtype="fp16",
+        bpe_merges=40000,
+        extra=list(RESUMABLE),
+    ),
+}
+
+
+class StudyError(Exception):
+    """Bad input: the message says what and where."""

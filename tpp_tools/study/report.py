@@ -1,0 +1,361 @@
+"""The study's report: scores, confidence intervals, the paired bootstrap, learning
+curves and the Markdown that holds them."""
+
+import json
+import math
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from .commands import count_lines, json_records
+from .config import VARIANTS, Config, StudyError, tag_settings
+from .runs import Run
+
+
+def read_scores(path: Path) -> dict:
+    scores = {}
+    for line in path.read_text().splitlines():
+        key, _, value = line.partition(": ")
+        scores[key] = value
+    return scores
+
+
+def t_interval(values: List[float]) -> float:
+    """Half-width of the 95% confidence interval of the mean over seeds (Student's t)."""
+    n = len(values)
+    if n < 2:
+        return float("nan")
+    t95 = {
+        2: 12.706,
+        3: 4.303,
+        4: 3.182,
+        5: 2.776,
+        6: 2.571,
+        7: 2.447,
+        8: 2.365,
+        9: 2.306,
+        10: 2.262,
+    }
+    return t95.get(n, 1.96) * statistics.stdev(values) / math.sqrt(n)
+
+
+def significance(runs_by_variant: Dict[str, List[Run]], reference: Path, samples: int):
+    """sacreBLEU's paired bootstrap of every variant against the baseline, each
+    variant's seeds pooled (its translations of the test set, seed after seed, against
+    the reference repeated as often)."""
+    from sacrebleu.metrics import BLEU, CHRF
+    from sacrebleu.significance import PairedTest
+
+    refs = reference.read_text(encoding="utf-8").splitlines()
+    names = list(runs_by_variant)
+    seeds = min(len(runs_by_variant[n]) for n in names)
+    systems = []
+    for name in names:
+        hyps = []
+        for run in sorted(runs_by_variant[name], key=lambda r: r.seed)[:seeds]:
+            lines = (run.folder / "eval" / "hyp.detok").read_text(encoding="utf-8").splitlines()
+            if len(lines) != len(refs):
+                raise StudyError(
+                    f"{run.folder / 'eval' / 'hyp.detok'}: {len(lines)} lines, reference {len(refs)}"
+                )
+            hyps += lines
+        systems.append((name, hyps))
+    test = PairedTest(
+        systems, {"BLEU": BLEU(), "chrF": CHRF()}, [refs * seeds], test_type="bs", n_samples=samples
+    )
+    signatures, scores = test()
+    # sacreBLEU names the metrics by their own names (e.g. "chrF2")
+    bleu_key = next(k for k in scores if k.startswith("BLEU"))
+    chrf_key = next(k for k in scores if k.startswith("chrF"))
+    out = {}
+    baseline_hyps = systems[0][1]
+    for i, name in enumerate(scores["System"]):
+        out[name] = {
+            "BLEU": scores[bleu_key][i],
+            "chrF": scores[chrf_key][i],
+            # sacreBLEU gives a system compared with an identical one its smallest
+            # p-value ("a zero difference should not be attributed to chance"):
+            # the report says "identical" instead of quoting it
+            "identical": i > 0 and dict(systems)[name] == baseline_hyps,
+        }
+    sigs = {"BLEU": str(signatures[bleu_key]), "chrF": str(signatures[chrf_key])}
+    return out, sigs, seeds
+
+
+def plot_curves(runs: List[Run], target: Path) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {
+        "transformer": "tab:blue",
+        "control": "tab:green",
+        "hybrid": "tab:orange",
+        "hybrid+tags": "tab:red",
+    }
+    styles = ["-", "--", ":", "-."]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    drawn = False
+    for run in runs:
+        valid = [r for r in json_records(run.folder / "train.log") if "valid_loss" in r]
+        if not valid:
+            continue
+        xs = [int(r["valid_num_updates"]) for r in valid]
+        ys = [float(r["valid_nll_loss"]) for r in valid]
+        ax.plot(
+            xs,
+            ys,
+            styles[(run.seed - 1) % len(styles)],
+            color=colours.get(run.variant, "k"),
+            label=f"{run.variant} seed {run.seed}",
+            linewidth=1.2,
+        )
+        drawn = True
+    ax.set_xlabel("updates")
+    ax.set_ylabel("validation NLL (base 2, per target token)")
+    ax.set_title("Learning curves (every variant, every seed)")
+    ax.grid(alpha=0.3)
+    if drawn:
+        ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    tmp = target.with_suffix(f".{os.getpid()}.tmp.png")  # a --report-only may write beside a study
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, target)
+    return drawn
+
+
+def chrf_of(run: Run, reference: Path) -> float:
+    from sacrebleu.metrics import CHRF
+
+    hyps = (run.folder / "eval" / "hyp.detok").read_text(encoding="utf-8").splitlines()
+    refs = reference.read_text(encoding="utf-8").splitlines()
+    return CHRF().corpus_score(hyps, [refs]).score
+
+
+def run_facts(run: Run, reference: Path) -> dict:
+    records = json_records(run.folder / "train.log")
+    inner = [r for r in records if "wps" in r and "train_wps" not in r]
+    valid = [r for r in records if "valid_loss" in r]
+    done = (
+        (run.folder / "train.done").read_text().split()
+        if (run.folder / "train.done").exists()
+        else []
+    )
+    return {
+        "wps": statistics.median(float(r["wps"]) for r in inner[1:] or inner)
+        if inner
+        else float("nan"),
+        "valid_nll": float(valid[-1]["valid_nll_loss"]) if valid else float("nan"),
+        "train_seconds": float(done[2]) if len(done) > 2 else float("nan"),
+        "scores": read_scores(run.folder / "eval" / "bleu.txt"),
+        "chrf": chrf_of(run, reference),
+    }
+
+
+def analysis_section(by_variant, facts, paths) -> List[str]:
+    """The paper's analysis (its Fig. 3 discussion) on the best model of each kind with
+    convolution heads: the cosine similarity of "fire" and "mountain" in the dot-product
+    heads' output and in LocalConv's representation, per encoder layer."""
+    lines = []
+    codes = paths.get("bpe_codes")
+    for variant in ("hybrid", "hybrid+tags"):
+        if variant not in by_variant:
+            continue
+        best = max(
+            by_variant[variant], key=lambda r: float(facts[r.name]["scores"]["sacrebleu_detok"])
+        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "tpp_tools.embedding_similarity",
+            "--path",
+            best.folder / "checkpoint_avg.pt",
+            "--data",
+            paths["data"],
+        ]
+        if codes and Path(codes).exists():
+            cmd += ["--bpe-codes", codes]
+        proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+        if not lines:
+            lines += [
+                "## Fire and mountain",
+                "",
+                "The paper's analysis on the best model (by test BLEU) of each kind with convolution "
+                "heads: cosine similarity of the two words in the dot-product heads' output and in "
+                "LocalConv's representation, per encoder layer (paper: 0.21 vs 0.39).",
+                "",
+            ]
+        body = (
+            proc.stdout.strip()
+            if proc.returncode == 0
+            else f"(failed: {proc.stderr.strip()[-300:]})"
+        )
+        lines += [f"{VARIANTS[variant]['label']}, seed {best.seed}:", "", "```", body, "```", ""]
+    return lines
+
+
+def parameter_count(run: Run) -> int:
+    import torch
+
+    from tpp_plugin.compat import allow_fairseq_checkpoints
+
+    allow_fairseq_checkpoints()
+
+    state = torch.load(run.folder / "checkpoint_avg.pt", map_location="cpu", weights_only=True)
+    return sum(
+        t.numel()
+        for k, t in state["model"].items()
+        if hasattr(t, "numel")
+        and "tag_heads" not in k
+        and "_float_tensor" not in k
+        and "version" not in k
+    )
+
+
+def write_report(
+    args,
+    cfg: Config,
+    paths,
+    runs: List[Run],
+    command: str,
+    elapsed: float,
+    missing: Optional[List[Run]] = None,
+) -> Path:
+    """The report of ``runs`` (finished); ``missing``: planned runs not finished, named."""
+    by_variant: Dict[str, List[Run]] = {}
+    for run in runs:
+        by_variant.setdefault(run.variant, []).append(run)
+    facts = {run.name: run_facts(run, paths["reference"]) for run in runs}
+    boot, signatures, pooled = significance(by_variant, paths["reference"], args.bootstrap_samples)
+    plot = args.out / "curves.png"
+    plot_curves(runs, plot)
+
+    def fmt(x, digits=2):
+        return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+    lines = [
+        "# Quality study: Transformer++ against the Transformer",
+        "",
+        f"Data: `{paths['data']}` ({paths['src']}→{paths['tgt']}; test set {count_lines(paths['reference'])} "
+        f"sentences, reference `{paths['reference']}`).",
+        f"Budget (every run): {cfg.max_update} updates × up to {cfg.max_tokens * cfg.update_freq * cfg.gpus} tokens "
+        f"per update (--max-tokens {cfg.max_tokens} × --update-freq {cfg.update_freq}"
+        f"{f' × {cfg.gpus} GPUs' if cfg.gpus > 1 else ''}); Adam (0.9, 0.98), inverse-sqrt "
+        f"schedule, peak lr {cfg.lr}, {cfg.warmup_updates} warm-up updates; d={cfg.embed_dim}, {cfg.heads} heads, "
+        f"FFN {cfg.ffn_dim}, {cfg.layers}+{cfg.layers} layers, "
+        f"{'shared embeddings' if cfg.shared_embeddings == 'all' else 'tied decoder embeddings'}, "
+        f"dropout {cfg.dropout} / "
+        f"attention {cfg.attention_dropout} / activation {cfg.activation_dropout}, label smoothing "
+        f"{cfg.label_smoothing}, {cfg.dtype}; average of the last {cfg.average} checkpoints; beam 5, lenpen 0.5; "
+        f"conv heads' output scaling (hybrid variants): {cfg.conv_head_scaling}"
+        f"{' (the paper)' if cfg.conv_head_scaling == 'none' else ''}"
+        f"{tag_settings(cfg) if 'hybrid+tags' in args.variants else ''}.",
+        f"Seeds: {', '.join(map(str, sorted({r.seed for r in runs})))}. Device: {args.device_name}. "
+        f"Wall time of this invocation: {elapsed / 60:.1f} min; training time per run (median): "
+        f"{statistics.median(facts[r.name]['train_seconds'] for r in runs) / 60:.0f} min "
+        "(words/s and times are as measured under the machine's load at the time: not a speed comparison, "
+        "which is docs/benchmarks.md's).",
+        "",
+        *(
+            [
+                f"Not finished, not in the tables: {', '.join(r.name for r in missing)} (re-run the study "
+                "to finish them).",
+                "",
+            ]
+            if missing
+            else []
+        ),
+        "| variant | what | parameters | BLEU (mean over seeds ± 95% CI) | per seed | chrF (mean) "
+        "| tok. BLEU, compound split (mean) | bootstrap BLEU: mean ± 95% CI | p vs (a) "
+        "| bootstrap chrF: mean ± 95% CI | p vs (a) | valid NLL | train words/s |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for variant, vruns in by_variant.items():
+        vruns = sorted(vruns, key=lambda r: r.seed)
+        bleus = [float(facts[r.name]["scores"]["sacrebleu_detok"]) for r in vruns]
+        chrfs = [facts[r.name]["chrf"] for r in vruns]
+        toks = [float(facts[r.name]["scores"]["bleu_tok_compound_split"]) for r in vruns]
+        b, c = boot[variant]["BLEU"], boot[variant]["chrF"]
+        if variant == args.variants[0]:
+            p_b = p_c = "—"
+        elif boot[variant]["identical"]:
+            p_b = p_c = "identical translations"
+        else:
+            p_b, p_c = fmt(b.p_value, 4), fmt(c.p_value, 4)
+        lines.append(
+            f"| {VARIANTS[variant]['label']} | {VARIANTS[variant]['what']} | {parameter_count(vruns[0]) / 1e6:.2f}M "
+            f"| {statistics.mean(bleus):.2f} ± {fmt(t_interval(bleus))} | {' / '.join(f'{x:.2f}' for x in bleus)} "
+            f"| {statistics.mean(chrfs):.2f} | {statistics.mean(toks):.2f} "
+            f"| {b.mean:.2f} ± {b.ci:.2f} | {p_b} | {c.mean:.2f} ± {c.ci:.2f} | {p_c} "
+            f"| {statistics.mean(facts[r.name]['valid_nll'] for r in vruns):.3f} "
+            f"| {statistics.median(facts[r.name]['wps'] for r in vruns):,.0f} |"
+        )
+    first = runs[0]
+    sig = facts[first.name]["scores"]
+    lines += [
+        "",
+        f"Bootstrap: sacreBLEU's paired bootstrap resampling ({args.bootstrap_samples} resamples) of each variant "
+        f"against {VARIANTS[args.variants[0]]['label']}, each system being its {pooled} seeds' translations "
+        "of the test set one after the other (the reference repeated as often); p is the probability of the "
+        "observed difference under the null hypothesis that the two systems are the same. A variant whose "
+        "translations are word for word the baseline's is marked \"identical translations\" (sacreBLEU "
+        "gives such a pair its smallest p-value by design).",
+        f"Signatures: BLEU `{signatures['BLEU']}`; chrF `{signatures['chrF']}`; "
+        f"per-run detokenised BLEU `{sig.get('sacrebleu_detok_signature', '')}`; tokenised `"
+        f"{sig.get('bleu_tok_compound_split_signature', '')}`.",
+        "",
+        "![learning curves](curves.png)",
+        "",
+        "## Commands",
+        "",
+        "The study:",
+        "",
+        "```bash",
+        command,
+        "```",
+        "",
+        "Each run's fairseq-train command (the first seed of each variant; the others differ in --seed "
+        "and folder):",
+        "",
+    ]
+    for variant, vruns in by_variant.items():
+        lines += [
+            f"- {variant}:",
+            "",
+            "```bash",
+            " ".join(shlex.quote(c) for c in vruns[0].train_cmd),
+            "```",
+            "",
+        ]
+    lines += analysis_section(by_variant, facts, paths)
+    lines += [
+        "Per-run scores and logs: `runs/<variant>-s<seed>-<id>/eval/bleu.txt`, `train.log`, `run.json`."
+    ]
+    report = args.out / "report.md"
+    tmp = report.with_suffix(f".md.{os.getpid()}.tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, report)
+    summary = {
+        "config": asdict(cfg),
+        "command": command,
+        "runs": {
+            r.name: {"folder": str(r.folder), **{k: v for k, v in facts[r.name].items()}}
+            for r in runs
+        },
+        "bootstrap": {
+            v: {m: (vars(x) if m != "identical" else x) for m, x in d.items()}
+            for v, d in boot.items()
+        },
+        "signatures": signatures,
+    }
+    tmp = args.out / f"summary.json.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    os.replace(tmp, args.out / "summary.json")
+    return report

@@ -1,0 +1,368 @@
+"""The runs: their identities and commands, and each run's steps (train or resume,
+average, translate, score), each skipped when done."""
+
+import hashlib
+import json
+import os
+import queue
+import shlex
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Dict, List
+
+from ..evaluate import plugin_dir
+from ..train import OPTIMIZER
+from .commands import CHILDREN, count_lines, json_records, log, run_command
+from .config import TAG_FIELDS, VARIANTS, Config, StudyError
+from .data import fingerprint
+
+#: part of every run's identity: raised whenever a change of the code changes what a
+#: run computes from the same command (initial weights, numerics), so that runs made
+#: before it are trained again instead of reused next to runs made after it.
+#: 2: transformer_pp builds its layers in fairseq's order again (other initial weights
+#: for the hybrid variants; the control starts from the transformer's weights)
+RUN_VERSION = 2
+
+
+@dataclass
+class Run:
+    variant: str
+    seed: int
+    folder: Path
+    train_cmd: List[str]
+    spec: dict
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant}-s{self.seed}"
+
+
+def intervals(cfg: Config):
+    save = cfg.save_interval_updates or max(1, cfg.max_update // 10)
+    valid = cfg.validate_interval_updates or max(1, cfg.max_update // 10)
+    return save, valid
+
+
+def train_command(
+    variant: str, seed: int, cfg: Config, data: Path, folder: Path, device: str, extra: List[str]
+) -> List[str]:
+    v = VARIANTS[variant]
+    save, valid = intervals(cfg)
+    dims = []
+    for side in ("encoder", "decoder"):
+        dims += [
+            f"--{side}-embed-dim",
+            cfg.embed_dim,
+            f"--{side}-ffn-embed-dim",
+            cfg.ffn_dim,
+            f"--{side}-attention-heads",
+            cfg.heads,
+            f"--{side}-layers",
+            cfg.layers,
+        ]
+    precision = {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}[cfg.dtype]
+    scaling = (
+        ["--conv-head-scaling", cfg.conv_head_scaling]
+        if v["conv"] and cfg.conv_head_scaling != "none"
+        else []
+    )
+    shared = {"all": "--share-all-embeddings", "decoder": "--share-decoder-input-output-embed"}[
+        cfg.shared_embeddings
+    ]
+    tags = []
+    if v.get("tags"):
+        for name, default in TAG_FIELDS.items():
+            if getattr(cfg, name) != default:
+                tags += ["--" + name.replace("_", "-"), getattr(cfg, name)]
+    cmd = [
+        "fairseq-train",
+        data,
+        "--user-dir",
+        plugin_dir(),
+        "--arch",
+        v["arch"],
+        *v["model"],
+        *scaling,
+        *dims,
+        shared,
+        "--dropout",
+        cfg.dropout,
+        "--attention-dropout",
+        cfg.attention_dropout,
+        "--activation-dropout",
+        cfg.activation_dropout,
+        "--task",
+        v["task"],
+        "--criterion",
+        v["criterion"],
+        "--label-smoothing",
+        cfg.label_smoothing,
+        *tags,
+        *OPTIMIZER,
+        "--lr",
+        cfg.lr,
+        "--warmup-updates",
+        cfg.warmup_updates,
+        "--max-tokens",
+        cfg.max_tokens,
+        "--update-freq",
+        cfg.update_freq,
+        "--max-update",
+        cfg.max_update,
+        "--seed",
+        seed,
+        *precision,
+        "--save-dir",
+        folder / "checkpoints",
+        "--save-interval-updates",
+        save,
+        "--keep-interval-updates",
+        cfg.average,
+        "--no-epoch-checkpoints",
+        "--save-interval",
+        1000000,
+        "--validate-interval-updates",
+        valid,
+        "--validate-interval",
+        1000000,
+        "--log-format",
+        "json",
+        "--log-file",
+        folder / "train.log",
+        "--log-interval",
+        max(1, valid // 4),
+        "--no-progress-bar",
+        "--num-workers",
+        1 if device == "cuda" else 0,
+        # cfg.gpus devices per run (the runs go in parallel, each on its own GPUs where there
+        # are several: gpu_slots): fairseq's default is every GPU it sees, data-parallel,
+        # which would multiply the batch and make the parallel runs share one rendezvous port
+        "--distributed-world-size",
+        cfg.gpus,
+        "--skip-invalid-size-inputs-valid-test",
+        *(["--cpu"] if device == "cpu" else []),
+        *cfg.extra,
+        *extra,
+    ]
+    return [str(c) for c in cmd]
+
+
+def plan_runs(args, cfg: Config, data: Path) -> List[Run]:
+    """The runs; before the data folder is prepared (a dry run) their ids, which depend
+    on its dictionaries, are not known yet and read ``<id>``."""
+    runs = []
+    data_id = fingerprint(data) if data.is_dir() else None
+    # seed by seed: the runs that go first (and, stopped midway, finish first) are every
+    # variant's first seed, which a report can compare
+    for seed in args.seeds:
+        for variant in args.variants:
+            config = asdict(cfg)
+            if config["conv_head_scaling"] == "none" or not VARIANTS[variant]["conv"]:
+                # no effect on this run: its identity (and reuse) does not depend on it
+                del config["conv_head_scaling"]
+            for name, default in TAG_FIELDS.items():
+                if config[name] == default or not VARIANTS[variant].get("tags"):
+                    del config[name]  # the paper's tag losses, or none: the identity as before
+            for name, before in (("gpus", 1), ("shared_embeddings", "all")):
+                if config[name] == before:  # as every run was before the field: the same identity
+                    del config[name]
+            spec = {
+                "variant": variant,
+                "seed": seed,
+                "config": config,
+                "data": data_id,
+                "extra": args.extra,
+                "device": args.device,
+            }
+            if RUN_VERSION > 1:  # version 1: the runs made before the field existed
+                spec["run_version"] = RUN_VERSION
+            run_id = (
+                hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:8]
+                if data_id is not None
+                else "<id>"
+            )
+            folder = args.out / "runs" / f"{variant.replace('+', '_')}-s{seed}-{run_id}"
+            cmd = train_command(variant, seed, cfg, data, folder, args.device, args.extra)
+            runs.append(Run(variant, seed, folder, cmd, spec))
+    return runs
+
+
+def trained_updates(run: Run) -> int:
+    done = run.folder / "train.done"
+    if done.exists():
+        return int(done.read_text().split()[0])
+    return 0
+
+
+def checkpoint_updates(run: Run) -> int:
+    """Updates checkpoint_last.pt has seen (0 without a readable one)."""
+    from ..checkpoint_files import CheckpointError, load_checkpoint, num_updates
+
+    path = run.folder / "checkpoints" / "checkpoint_last.pt"
+    if not path.exists():
+        return 0
+    try:
+        return num_updates(load_checkpoint(path, mmap=True)) or 0
+    except CheckpointError:
+        return 0
+
+
+def translated(run: Run, reference_lines: int) -> bool:
+    """The test set translated and scored: the scores, and one translation per reference
+    line (a truncated translation file is done again)."""
+    hyp = run.folder / "eval" / "hyp.detok"
+    return (
+        (run.folder / "eval" / "bleu.txt").exists()
+        and hyp.exists()
+        and count_lines(hyp) == reference_lines
+    )
+
+
+def last_checkpoint_updates(run: Run) -> int:
+    updates = [
+        int(r.get("train_num_updates", r.get("num_updates", 0)) or 0)
+        for r in json_records(run.folder / "train.log")
+    ]
+    return max(updates, default=0)
+
+
+def visible_gpus() -> List[str]:
+    """The GPUs this process may use: as ``CUDA_VISIBLE_DEVICES`` names them where it is
+    set, else by index."""
+    import torch
+
+    named = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if named is not None:
+        return [g.strip() for g in named.split(",") if g.strip()]
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def gpu_slots(parallel: int, gpus: List[str], per_run: int = 1) -> "queue.Queue[str]":
+    """One slot per run that may go at once, the GPUs dealt out in turn (``per_run`` to a
+    run): a run takes a slot (its GPUs) for its training and evaluation and gives it back
+    when done."""
+    if per_run > len(gpus):
+        raise StudyError(
+            f"each run trains on {per_run} GPUs (--gpus-per-run) but {len(gpus)} are visible"
+        )
+    groups = [",".join(gpus[i : i + per_run]) for i in range(0, len(gpus) - per_run + 1, per_run)]
+    slots = queue.Queue()
+    for i in range(parallel):
+        slots.put(groups[i % len(groups)])
+    return slots
+
+
+def execute(run: Run, cfg: Config, paths, args) -> None:
+    """Train (or resume), average, evaluate one run; on a GPU, on the one its slot names
+    (``args.gpu_slots``)."""
+    if CHILDREN.stopping.is_set():  # told to stop: a run not started is not started
+        raise RuntimeError("the study is stopping")
+    slots = getattr(args, "gpu_slots", None)
+    if slots is None:
+        return _execute(run, cfg, paths, args, {})
+    gpu = slots.get()
+    try:
+        return _execute(run, cfg, paths, args, {"CUDA_VISIBLE_DEVICES": gpu})
+    finally:
+        slots.put(gpu)
+
+
+def _execute(run: Run, cfg: Config, paths, args, env_extra: Dict[str, str]) -> None:
+    """:func:`execute`'s steps, each skipped when done; ``env_extra`` added to the
+    commands' environment."""
+    run.folder.mkdir(parents=True, exist_ok=True)
+    (run.folder / "run.json").write_text(
+        json.dumps(
+            {**run.spec, "train_command": " ".join(shlex.quote(c) for c in run.train_cmd)}, indent=1
+        )
+        + "\n"
+    )
+    env = dict(os.environ, **env_extra)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env["PYTHONWARNINGS"] = "ignore"
+    if args.device == "cpu":
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
+    out_log = run.folder / "run.log"
+    if trained_updates(run) < cfg.max_update and checkpoint_updates(run) >= cfg.max_update:
+        # trained to the end, stopped before it was marked so: finished means finished
+        # (fairseq-train started again would train one update more and overwrite checkpoints)
+        (run.folder / "train.done").write_text(
+            f"{checkpoint_updates(run)} updates, nan s (found finished)\n"
+        )
+    if trained_updates(run) < cfg.max_update:
+        log(f"{run.name}: training ({cfg.max_update} updates) in {run.folder}")
+        started = time.time()
+        if (run.folder / "checkpoints" / "checkpoint_last.pt").exists():
+            # an interrupted run resumes; a torn checkpoint_last.pt is set aside first
+            run_command(
+                [
+                    sys.executable,
+                    "-m",
+                    "tpp_tools.recover",
+                    "--save-dir",
+                    run.folder / "checkpoints",
+                ],
+                out_log,
+                env=env,
+            )
+        run_command(run.train_cmd, out_log, env=env)
+        updates = last_checkpoint_updates(run)
+        if updates < cfg.max_update:
+            raise RuntimeError(
+                f"{run.name}: fairseq-train stopped at update {updates} of {cfg.max_update}"
+            )
+        (run.folder / "train.done").write_text(
+            f"{updates} updates, {time.time() - started:.0f} s\n"
+        )
+    ckpt = run.folder / "checkpoints"
+    avg = run.folder / "checkpoint_avg.pt"
+    if not avg.exists():
+        interval = sorted(ckpt.glob("checkpoint_*_*.pt"))
+        n = min(cfg.average, len(interval))
+        log(f"{run.name}: averaging the last {n} checkpoints")
+        run_command(
+            [
+                sys.executable,
+                "-m",
+                "tpp_tools.average",
+                "--inputs",
+                ckpt,
+                "--num-update-checkpoints",
+                n,
+                "--output",
+                avg,
+            ],
+            out_log,
+            env=env,
+        )
+    if not translated(run, count_lines(paths["reference"])):
+        log(f"{run.name}: translating the test set")
+        cmd = [
+            sys.executable,
+            "-m",
+            "tpp_tools.evaluate",
+            "--data",
+            paths["data"],
+            "--checkpoint",
+            avg,
+            "--reference",
+            paths["reference"],
+            "--out",
+            run.folder / "eval",
+            "--force",
+            "--max-tokens",
+            args.gen_max_tokens,
+        ]
+        if args.device == "cpu":
+            cmd.append("--cpu")
+        elif cfg.dtype == "fp16":
+            # float16 decoding for a model trained in float16 only: fairseq-generate 0.12 has
+            # no bfloat16 inference, and a model trained in float32 or bfloat16 need not keep
+            # its activations within float16's range (those decode in float32)
+            cmd += ["--", "--fp16"]
+        run_command(cmd, out_log, env=env)
+    if not args.keep_checkpoints:  # the averaged model is what the study keeps
+        for path in list(ckpt.glob("checkpoint_*_*.pt")) + [ckpt / "checkpoint_best.pt"]:
+            path.unlink(missing_ok=True)
