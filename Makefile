@@ -14,7 +14,7 @@ test: env
 	@$(VENV)/bin/python -m pytest -q tests --durations=15
 
 bench: env
-	@$(VENV)/bin/python benchmarks/bench_model.py
+	@$(VENV)/bin/python -m benchmarks.bench_model
 
 format: env
 	@$(VENV)/bin/ruff format .

@@ -27,12 +27,14 @@ machine.
   (an estimate, stated as one in the output), and the count of steps whose problem is
   new is exact for that assumption.
 
-    python benchmarks/attention_shapes.py --data DIR --max-tokens 8192
+    python -m benchmarks.attention_shapes --data DIR --max-tokens 8192
 """
 
 import argparse
 import sys
 from pathlib import Path
+
+from benchmarks import harness
 
 
 def parse_args(argv=None):
@@ -73,7 +75,7 @@ def fairseq_batches(args, split, **batching):
     command = [
         str(args.data),
         "--user-dir",
-        str(Path(__file__).resolve().parent.parent / "tpp_plugin"),
+        str(harness.PLUGIN),
         "--task",
         "translation",
         "--arch",

@@ -7,8 +7,8 @@ temporary folder, then runs the averaging tool as a child process for each reque
 N and reports its wall time and peak resident memory (getrusage of the child), minus
 the peak of the same tool started with --help (interpreter + torch + fairseq imports).
 
-    python benchmarks/bench_average.py                       # 25M parameters, N = 2 and 10
-    python benchmarks/bench_average.py --params 50e6 --counts 2 5 10 --dtype float16
+    python -m benchmarks.bench_average                       # 25M parameters, N = 2 and 10
+    python -m benchmarks.bench_average --params 50e6 --counts 2 5 10 --dtype float16
 
 The checkpoints need N x (size of one) of disk space under --tmp-dir (default: the
 system's temporary folder).

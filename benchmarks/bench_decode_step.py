@@ -22,28 +22,17 @@ unit, in a new random order every turn. Figures: median microseconds per unit an
 relative to ``mha`` (its time ÷ the module's: above 1.0× is faster), as a ratio of
 medians and as the median of per-turn ratios ("paired", ± half its interquartile range).
 
-    python benchmarks/bench_decode_step.py                      # CPU, one thread: 5 and 100 rows
-    python benchmarks/bench_decode_step.py --device cuda --dtype bf16 --dim 1024 --rows 5,640 \\
+    python -m benchmarks.bench_decode_step                      # CPU, one thread: 5 and 100 rows
+    python -m benchmarks.bench_decode_step --device cuda --dtype bf16 --dim 1024 --rows 5,640 \\
         --models mha,mha-b,tpp,tpp-triton
 """
 
 import argparse
-import importlib.util
 import random
 import statistics
 import time
-from pathlib import Path
 
-# bench_model.py beside this script, loaded by path (the benchmarks are scripts, not a package)
-_spec = importlib.util.spec_from_file_location(
-    "bench_model", Path(__file__).resolve().parent / "bench_model.py"
-)
-bench_model = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_model)
-
-#: the plugin of the checkout this script is in, loaded as fairseq's ``--user-dir`` loads
-#: it (as ``bench_model.py``'s models are): a benchmark measures its own checkout
-PLUGIN = bench_model.PLUGIN
+from benchmarks import harness
 
 MODELS = ("mha", "mha-b", "tpp", "tpp-triton")
 
@@ -105,7 +94,7 @@ def parse_args(argv=None):
     if args.dim % args.heads or args.heads < 2:
         parser.error(f"--dim {args.dim} must split into --heads {args.heads} (at least 2) heads")
 
-    bench_model.check_device(parser, args)
+    harness.check_device(parser, args)
     interpreted = plugin().modules.conv_heads_triton.interpreting()
     if "tpp-triton" in args.models and args.device != "cuda" and not interpreted:
         parser.error(
@@ -119,7 +108,7 @@ def plugin():
     """The ``tpp_plugin`` package of this checkout, imported as fairseq's ``--user-dir`` imports it."""
     from fairseq.utils import import_user_module
 
-    import_user_module(argparse.Namespace(user_dir=str(PLUGIN)))
+    import_user_module(argparse.Namespace(user_dir=str(harness.PLUGIN)))
     import tpp_plugin
 
     return tpp_plugin
@@ -141,7 +130,7 @@ def build(name, args):
             causal=True,
             conv_heads_impl="triton" if name == "tpp-triton" else "taps",
         )
-    return module.to(device=args.device, dtype=bench_model.torch_dtype(args)).eval()
+    return module.to(device=args.device, dtype=harness.torch_dtype(args)).eval()
 
 
 def reorderers(module):
@@ -168,7 +157,7 @@ def prepare(rows, args):
     import torch
 
     torch.manual_seed(args.seed)
-    x = torch.randn(1, rows, args.dim, device=args.device, dtype=bench_model.torch_dtype(args))
+    x = torch.randn(1, rows, args.dim, device=args.device, dtype=harness.torch_dtype(args))
     order = torch.randperm(rows, device=args.device)
     units = {}
     with torch.no_grad():
@@ -230,10 +219,10 @@ def report(times_by_rows, args, device_name):
         for name in args.models:
             mine = times[name]
             ratio = statistics.median(base) / statistics.median(mine)
-            paired = [b / m for b, m in zip(base, mine)]
+            paired, noise = harness.paired_ratio(base, mine)
             lines.append(
                 f"| {rows} | {name} | {statistics.median(mine) * 1e6:,.1f} | {ratio:.2f}× | "
-                f"{statistics.median(paired):.2f}× ±{bench_model.spread(paired):.0%} |"
+                f"{paired:.2f}× ±{noise:.0%} |"
             )
     lines += [
         "",
@@ -253,11 +242,7 @@ def main(argv=None):
 
     if args.device == "cpu" and args.threads > 0:
         torch.set_num_threads(args.threads)
-    device_name = (
-        torch.cuda.get_device_name()
-        if args.device == "cuda"
-        else f"CPU, {torch.get_num_threads()} threads"
-    )
+    device_name = harness.device_label(args)
     times = {rows: time_units(*prepare(rows, args), args) for rows in args.rows}
     print(report(times, args, device_name))
 

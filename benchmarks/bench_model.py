@@ -23,16 +23,15 @@ are medians over rounds. Generation: ``SequenceGenerator`` (beam 5), outputs for
 allocated after training plus a step's peak); on the CPU, the peak RSS of a process that
 trains only that model, minus its RSS before building it.
 
-    python benchmarks/bench_model.py --data data-bin/mine --sizes 128            # CPU
-    python benchmarks/bench_model.py --quick                                      # synthetic, ~2 min
-    python benchmarks/bench_model.py --data DIR --device cuda --dtype bf16 --sizes 512,1024 --mfu
+    python -m benchmarks.bench_model --data data-bin/mine --sizes 128            # CPU
+    python -m benchmarks.bench_model --quick                                      # synthetic, ~2 min
+    python -m benchmarks.bench_model --data DIR --device cuda --dtype bf16 --sizes 512,1024 --mfu
 """
 
 import argparse
 import contextlib
 import json
 import os
-import random
 import resource
 import shutil
 import statistics
@@ -42,73 +41,12 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-PLUGIN = REPO / "tpp_plugin"
-from tpp_tools.train import OPTIMIZER  # noqa: E402  (the training recipe's optimiser)
-
-MODELS = {
-    "transformer": ["--arch", "transformer"],
-    # fairseq's transformer once more, as if it were another model: the harness's own
-    # control (on a GPU, where tpp-conv0 and transformer differ in their attention
-    # kernels, this is the one that must come out at 1.0×)
-    "transformer-b": ["--arch", "transformer"],
-    "tpp": ["--arch", "transformer_pp", "--encoder-tag-layers", ""],
-    "tpp-conv0": [
-        "--arch",
-        "transformer_pp",
-        "--encoder-tag-layers",
-        "",
-        "--encoder-conv-heads",
-        "0",
-        "--decoder-conv-heads",
-        "0",
-    ],
-    "tpp-triton": [
-        "--arch",
-        "transformer_pp",
-        "--encoder-tag-layers",
-        "",
-        "--conv-heads-impl",
-        "triton",
-    ],
-    "tpp-taps": [
-        "--arch",
-        "transformer_pp",
-        "--encoder-tag-layers",
-        "",
-        "--conv-heads-impl",
-        "taps",
-    ],
-    # --bf16's master copy one tensor per parameter (fairseq's own --bf16), not flat
-    "transformer-split": ["--arch", "transformer", "--fp16-no-flatten-grads"],
-    "tpp-split": [
-        "--arch",
-        "transformer_pp",
-        "--encoder-tag-layers",
-        "",
-        "--fp16-no-flatten-grads",
-    ],
-}
-
-#: the plugin's default speed-ups but cuDNN's attention switch (tpp_plugin.compat.speed.DEFAULT)
-CUDNN_KEPT = "flat-bf16"
-
-#: d -> (heads, FFN); 512 is the base preset's size, 1024 the big presets'
-SIZES = {128: (4, 512), 256: (4, 1024), 512: (8, 2048), 1024: (16, 4096)}
+from benchmarks import harness
 
 #: bf16 dense matrix-multiply peak of the GPUs we report on (datasheet, TFLOP/s), by a
 #: part of the device's name: the first that matches (the PCIe and NVL H100s are slower
 #: than the SXM one, whose name says neither). The MFU of every dtype is of this peak.
 PEAK_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0, "H200": 989.0, "A100": 312.0}
-
-
-def check_device(parser, args) -> None:
-    """``--device cuda`` where PyTorch sees no CUDA device is an error: fairseq's trainer
-    would run the models on the CPU without a word, and the figures would be the CPU's."""
-    import torch
-
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error(f"--device cuda: PyTorch {torch.__version__} sees no CUDA device here")
 
 
 def parse_args(argv=None):
@@ -118,7 +56,7 @@ def parse_args(argv=None):
         epilog=__doc__,
     )
     p.add_argument("--data", type=Path, help="binarized data folder (default: a synthetic corpus)")
-    p.add_argument("--sizes", default="256", help=f"model widths d, from {sorted(SIZES)}")
+    p.add_argument("--sizes", default="256", help=f"model widths d, from {sorted(harness.SIZES)}")
     p.add_argument("--layers", type=int, default=5, help="encoder and decoder layers each")
     p.add_argument(
         "--models",
@@ -193,233 +131,32 @@ def parse_args(argv=None):
     p.add_argument("--memory-child", nargs=2, metavar=("MODEL", "SIZE"), help=argparse.SUPPRESS)
     p.add_argument("--child", nargs=2, metavar=("MODEL", "SIZE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    check_device(p, args)
+    harness.check_device(p, args)
     if args.quick:
         args.sizes, args.rounds, args.warmup, args.gen_batches = "128", 6, 2, 2
     args.sizes = [int(s) for s in str(args.sizes).split(",") if s]
     for s in args.sizes:
-        if s not in SIZES:
-            p.error(f"--sizes: {s} is not one of {sorted(SIZES)}")
+        if s not in harness.SIZES:
+            p.error(f"--sizes: {s} is not one of {sorted(harness.SIZES)}")
     gpu = args.device == "cuda"
     if args.models is None:
         args.models = (
             "transformer,transformer-b,tpp-conv0,tpp" if gpu else "transformer,tpp,tpp-conv0"
         )
     args.models = [m for m in args.models.split(",") if m]
-    for m in args.models:
-        if m not in MODELS:
-            p.error(f"--models: unknown {m!r}; choose from {list(MODELS)}")
+    harness.check_models(p, args)
     args.update_freq = args.update_freq or (2 if gpu else 1)
     args.max_tokens = args.max_tokens or (16384 if gpu else 2048)
     args.gen_batch = args.gen_batch or (128 if gpu else 20)
     return args
 
 
-# ----------------------------------------------------------------------------- data
-
-
-def synthetic_data(folder: Path) -> Path:
-    """A parallel corpus of 20-40 Zipf-distributed tokens per sentence whose target is
-    a permuted, locally reordered copy of the source, binarized by fairseq."""
-    rng = random.Random(1234)
-    vocab = 4000
-    weights = [1.0 / (r + 1) for r in range(vocab)]
-    perm = list(range(vocab))
-    rng.shuffle(perm)
-    raw = folder / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    for split, size in (("train", 3000), ("valid", 50), ("test", 200)):
-        src, tgt = [], []
-        for _ in range(size):
-            words = rng.choices(range(vocab), weights=weights, k=rng.randint(20, 40))
-            out = [perm[w] for w in words]
-            for i in range(0, len(out) - 1, 2):
-                if rng.random() < 0.3:
-                    out[i], out[i + 1] = out[i + 1], out[i]
-            src.append(" ".join(f"s{w}" for w in words))
-            tgt.append(" ".join(f"t{w}" for w in out))
-        (raw / f"{split}.src").write_text("\n".join(src) + "\n")
-        (raw / f"{split}.tgt").write_text("\n".join(tgt) + "\n")
-    dest = folder / "data-bin"
-    subprocess.run(
-        [
-            str(Path(sys.executable).parent / "fairseq-preprocess"),
-            "-s",
-            "src",
-            "-t",
-            "tgt",
-            "--joined-dictionary",
-            "--trainpref",
-            str(raw / "train"),
-            "--validpref",
-            str(raw / "valid"),
-            "--testpref",
-            str(raw / "test"),
-            "--destdir",
-            str(dest),
-            "--workers",
-            "1",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return dest
-
-
-# ----------------------------------------------------------------------------- fairseq
-
-
-def command_line(name, size, args):
-    """fairseq-train's arguments for one model (everything but --arch and the model's
-    own options is the same for all models)."""
-    heads, ffn = SIZES[size]
-    dims = []
-    for side in ("encoder", "decoder"):
-        dims += [
-            f"--{side}-embed-dim",
-            str(size),
-            f"--{side}-ffn-embed-dim",
-            str(ffn),
-            f"--{side}-attention-heads",
-            str(heads),
-            f"--{side}-layers",
-            str(args.layers),
-        ]
-    precision = {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}[args.dtype]
-    return [
-        str(args.data),
-        "--user-dir",
-        str(PLUGIN),
-        *MODELS[name],
-        *dims,
-        "--dropout",
-        "0.1",
-        "--attention-dropout",
-        "0.1",
-        "--activation-dropout",
-        "0.1",
-        "--share-all-embeddings",
-        "--task",
-        "translation",
-        "--criterion",
-        "label_smoothed_cross_entropy",
-        "--label-smoothing",
-        "0.1",
-        *OPTIMIZER,
-        "--lr",
-        "5e-4",
-        "--warmup-updates",
-        "4000",
-        "--max-tokens",
-        str(args.max_tokens),
-        "--seed",
-        "1",
-        "--num-workers",
-        "0",
-        "--no-save",
-        "--disable-validation",
-        "--no-progress-bar",
-        *(["--cpu"] if args.device == "cpu" else []),
-        *precision,
-    ]
-
-
-def setup(name, size, args):
-    """fairseq's configuration and task for one model (the task loads dictionaries)."""
-    from fairseq import options, tasks
-    from fairseq.dataclass import utils as dataclass_utils
-
-    parser = options.get_training_parser()
-    ns = options.parse_args_and_arch(parser, input_args=command_line(name, size, args))
-    # looked up after the plugin was loaded (it corrects --bf16's implied --tpu there)
-    cfg = dataclass_utils.convert_namespace_to_omegaconf(ns)
-    return cfg, tasks.setup_task(cfg.task)
-
-
-def build_trainer(name, size, args, cfg=None, task=None):
-    """The model, criterion and fairseq ``Trainer`` (on the device, in the precision)."""
-    import torch
-    from fairseq.trainer import Trainer
-
-    if cfg is None:
-        cfg, task = setup(name, size, args)
-    torch.manual_seed(1)
-    model = task.build_model(cfg.model)
-    criterion = task.build_criterion(cfg.criterion)
-    return cfg, task, Trainer(cfg, task, model, criterion)
-
-
-def fixed_batches(task, cfg, split, count, max_tokens=None, max_sentences=None, seed=1):
-    """``count`` batches of ``split`` in fairseq's own batching (shuffled, seeded)."""
-    task.load_dataset(split)
-    itr = task.get_batch_iterator(
-        dataset=task.dataset(split),
-        max_tokens=max_tokens,
-        max_sentences=max_sentences,
-        max_positions=(1024, 1024),
-        ignore_invalid_inputs=True,
-        required_batch_size_multiple=8,
-        seed=seed,
-        num_workers=0,
-    ).next_epoch_itr(shuffle=True)
-    batches = []
-    for sample in itr:
-        batches.append(sample)
-        if len(batches) == count:
-            break
-    if len(batches) < count:  # a small split: go round again
-        batches = (batches * (count // max(len(batches), 1) + 1))[:count]
-    return batches
-
-
-def training_steps(task, cfg, count, args):
-    """``count`` training steps of ``args.update_freq`` batches each (one optimizer step
-    per list), from :func:`fixed_batches`."""
-    n = args.update_freq
-    flat = fixed_batches(task, cfg, "train", count * n, max_tokens=args.max_tokens)
-    return [flat[i * n : (i + 1) * n] for i in range(count)]
-
-
-def beam_search(task, model, args):
-    """fairseq's ``SequenceGenerator`` for one model: beam ``--beam``, every output forced
-    to ``--gen-len`` tokens (then EOS), so all models decode the same number of steps."""
-    gen_args = argparse.Namespace(
-        beam=args.beam, max_len_a=0, max_len_b=args.gen_len, min_len=args.gen_len
-    )
-    return task.build_generator([model], gen_args)
-
-
-def gpu_settings(args):
-    """The same backend settings for every model: TF32 matrix products (float32 runs),
-    and cuDNN's attention kept on where ``--cudnn-attention`` asks (the plugin, loaded
-    with the first model, switches it off otherwise)."""
-    import torch
-
-    if args.device != "cuda":
-        return
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-    if args.cudnn_attention:
-        os.environ["TPP_FAIRSEQ_SPEEDUPS"] = CUDNN_KEPT  # read when the plugin is loaded
-
-
-def synchronize(args):
-    if args.device == "cuda":
-        import torch
-
-        torch.cuda.synchronize()
+# ----------------------------------------------------------------------------- GPU
 
 
 def peak_tflops(device_name: str):
     """The bf16 dense peak of :data:`PEAK_TFLOPS` for a CUDA device's name, or None."""
     return next((v for k, v in PEAK_TFLOPS.items() if k in device_name), None)
-
-
-def torch_dtype(args):
-    """The torch dtype of ``--dtype``."""
-    import torch
-
-    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
 
 
 def library_workspaces(args):
@@ -429,9 +166,9 @@ def library_workspaces(args):
     this the first model measured would be charged for them in its memory."""
     import torch
 
-    a = torch.randn(64, 64, device="cuda", dtype=torch_dtype(args), requires_grad=True)
+    a = torch.randn(64, 64, device="cuda", dtype=harness.torch_dtype(args), requires_grad=True)
     (a @ a).sum().backward()
-    synchronize(args)
+    harness.synchronize(args)
 
 
 @contextlib.contextmanager
@@ -454,14 +191,6 @@ def peak_kept_through_fairseq():
     finally:
         torch.cuda.reset_peak_memory_stats = reset
         peaks.append(torch.cuda.max_memory_allocated())
-
-
-def timed(fn, args):
-    synchronize(args)
-    start = time.perf_counter()
-    out = fn()
-    synchronize(args)
-    return time.perf_counter() - start, out
 
 
 # ----------------------------------------------------------------------------- FLOPs
@@ -550,18 +279,18 @@ def measure_training(size, args, results):
         library_workspaces(args)
     for name in args.models:
         if args.device == "cuda":
-            synchronize(args)
+            harness.synchronize(args)
             base = torch.cuda.memory_allocated()
-        cfg, task, trainer = build_trainer(name, size, args)
+        cfg, task, trainer = harness.build_trainer(name, size, args)
         if batches is None:
-            batches = training_steps(task, cfg, args.warmup + args.rounds, args)
+            batches = harness.training_steps(task, cfg, args.warmup + args.rounds, args)
             vocab = len(task.target_dictionary)
         for batch in batches[: args.warmup]:  # warm-up (the optimizer's state appears)
             trainer.train_step(batch)
         trainers[name] = (cfg, task, trainer)
         results.setdefault(name, {})["params"] = sum(p.numel() for p in trainer.model.parameters())
         if args.device == "cuda":
-            synchronize(args)
+            harness.synchronize(args)
             # parameters, gradients, optimizer state (and fp32 master copy in fp16/bf16)
             results.setdefault(name, {})["persistent"] = torch.cuda.memory_allocated() - base
     if args.no_training:
@@ -576,18 +305,17 @@ def measure_training(size, args, results):
     memory = {}
     for r in range(args.rounds):
         batch = batches[args.warmup + r]
-        order = args.models[r % len(args.models) :] + args.models[: r % len(args.models)]
-        for name in order:
+        for name in harness.turn_order(args.models, r):
             trainer = trainers[name][2]
             if args.device == "cuda":
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
                 before = torch.cuda.memory_allocated()
                 with peak_kept_through_fairseq() as peaks:
-                    seconds, _ = timed(lambda: trainer.train_step(batch), args)
+                    seconds, _ = harness.timed(lambda: trainer.train_step(batch), args)
                 memory[name] = max(memory.get(name, 0), max(peaks) - before)
             else:
-                seconds, _ = timed(lambda: trainer.train_step(batch), args)
+                seconds, _ = harness.timed(lambda: trainer.train_step(batch), args)
             times[name].append(seconds)
         training_figures(
             trainers,
@@ -601,7 +329,7 @@ def measure_training(size, args, results):
         if args.partial and r >= 1:  # what a run stopped midway still reports
             write_atomically(
                 args.partial,
-                report(size, args, results, device_label(args))
+                report(size, args, results, harness.device_label(args))
                 + f"\n\n(partial: {r + 1} of {args.rounds} timed rounds)\n",
             )
     return trainers
@@ -627,50 +355,10 @@ def training_figures(trainers, batches, times, memory, vocab, args, results):
             entry["train_tflops"] = statistics.median(flops) / 1e12
 
 
-def device_label(args):
-    import torch
-
-    return (
-        torch.cuda.get_device_name()
-        if args.device == "cuda"
-        else f"CPU, {torch.get_num_threads()} threads"
-    )
-
-
 def write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     tmp.replace(path)
-
-
-def test_batches(task, cfg, args):
-    """The generation batches: one untimed, then ``--gen-batches`` timed (on the device)."""
-    samples = fixed_batches(task, cfg, "test", args.gen_batches + 1, max_sentences=args.gen_batch)
-    if args.device == "cuda":
-        from fairseq import utils
-
-        samples = [utils.move_to_cuda(s) for s in samples]
-    return samples
-
-
-def generation_turns(runs, samples, args, before=None):
-    """Beam search of every model of ``runs`` (``{name: (task, model, generator)}``):
-    first untimed (on a GPU every batch once: a batch shape's first run pays one-off
-    set-up; on the CPU the first batch), then the models take turns batch by batch on
-    the other batches, the order rotating. Yields ``(name, seconds, hypotheses)`` for each
-    timed batch; ``before(name)``, if given, runs just before it. (fairseq's
-    ``inference_step`` runs without gradients itself.)"""
-    names = list(runs)
-    for task, model, generator in runs.values():
-        for sample in samples if args.device == "cuda" else samples[:1]:
-            task.inference_step(generator, [model], sample)
-    for r, sample in enumerate(samples[1:]):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            task, model, generator = runs[name]
-            if before is not None:
-                before(name)
-            seconds, hyps = timed(lambda: task.inference_step(generator, [model], sample), args)
-            yield name, seconds, hyps
 
 
 def measure_generation(trainers, args, results):
@@ -678,11 +366,11 @@ def measure_generation(trainers, args, results):
     for name in args.models:
         cfg, task, trainer = trainers[name]
         model = trainer.model.eval()
-        runs[name] = (task, model, beam_search(task, model, args))
+        runs[name] = (task, model, harness.beam_search(task, model, args))
         if samples is None:
-            samples = test_batches(task, cfg, args)
+            samples = harness.test_batches(task, cfg, args)
     times = {name: [] for name in args.models}
-    for name, seconds, hyps in generation_turns(runs, samples, args):
+    for name, seconds, hyps in harness.generation_turns(runs, samples, args):
         lengths = {len(h[0]["tokens"]) for h in hyps}
         assert lengths == {args.gen_len + 1}, f"{name}: output lengths {lengths}"
         times[name].append(seconds)
@@ -716,11 +404,11 @@ def reset_peak_rss() -> None:
 def memory_child(name, size, args):
     """(In a separate process) peak RSS while building and training one model, minus
     the RSS before building it (imports, data and batches are already in memory)."""
-    cfg, task = setup(name, size, args)  # imports, dictionaries
-    batches = fixed_batches(task, cfg, "train", args.warmup + 3, max_tokens=args.max_tokens)
+    cfg, task = harness.setup(name, size, args)  # imports, dictionaries
+    batches = harness.fixed_batches(task, cfg, "train", args.warmup + 3, max_tokens=args.max_tokens)
     base = rss()
     reset_peak_rss()
-    _, _, trainer = build_trainer(name, size, args, cfg, task)
+    _, _, trainer = harness.build_trainer(name, size, args, cfg, task)
     for batch in batches:
         trainer.train_step([batch])
     print("BENCH_MEMORY " + json.dumps({"peak": peak_rss(), "base": base}), flush=True)
@@ -730,7 +418,8 @@ def measure_cpu_memory(size, args, results):
     for name in args.models:
         cmd = [
             sys.executable,
-            __file__,
+            "-m",
+            "benchmarks.bench_model",
             "--memory-child",
             name,
             str(size),
@@ -762,18 +451,10 @@ def measure_cpu_memory(size, args, results):
 # ----------------------------------------------------------------------------- report
 
 
-def spread(values):
-    """Half the interquartile range relative to the median (a robust noise figure)."""
-    if len(values) < 4:
-        return 0.0
-    q = statistics.quantiles(values, n=4)
-    return (q[2] - q[0]) / 2 / statistics.median(values)
-
-
 def report(size, args, results, device_name):
     mib = 2**20
     lines = [
-        f"### d={size}, {SIZES[size][0]} heads, FFN {SIZES[size][1]}, {args.layers}+{args.layers} layers, "
+        f"### d={size}, {harness.SIZES[size][0]} heads, FFN {harness.SIZES[size][1]}, {args.layers}+{args.layers} layers, "
         f"{args.dtype}, {device_name}",
         "",
     ]
@@ -798,11 +479,11 @@ def report(size, args, results, device_name):
         row = f"| {name} | {r['params'] / 1e6:.1f}M |"
         if trained:
             row += (
-                f" {r['train_wps']:,.0f} (±{100 * spread(r['train_wps_all']):.0f}%) "
+                f" {r['train_wps']:,.0f} (±{100 * harness.spread(r['train_wps_all']):.0f}%) "
                 f"| {1000 * r['step_seconds']:.1f} |"
             )
         if "gen_sent_per_s" in r:
-            row += f" {r['gen_sent_per_s']:.2f} (±{100 * spread(r['gen_sent_per_s_all']):.0f}%) |"
+            row += f" {r['gen_sent_per_s']:.2f} (±{100 * harness.spread(r['gen_sent_per_s_all']):.0f}%) |"
         if "train_memory" in r:
             row += f" {r['train_memory'] / mib:,.0f} MiB |"
         if args.mfu and trained:
@@ -828,11 +509,10 @@ def report(size, args, results, device_name):
             for key, _, _ in keys:
                 ratio = results[name][key] / base[key]
                 if key + "_all" in results[name]:  # paired: per-round ratios
-                    pairs = [a / b for a, b in zip(results[name][key + "_all"], base[key + "_all"])]
-                    cells.append(
-                        f"{ratio:.2f}× (paired {statistics.median(pairs):.2f}×, "
-                        f"±{100 * spread(pairs):.0f}%)"
+                    paired, noise = harness.paired_ratio(
+                        results[name][key + "_all"], base[key + "_all"]
                     )
+                    cells.append(f"{ratio:.2f}× (paired {paired:.2f}×, ±{100 * noise:.0f}%)")
                 else:
                     cells.append(f"{ratio:.2f}×")
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -843,7 +523,8 @@ def child_command(name, size, args):
     """This script, measuring one model of one size in a process of its own."""
     cmd = [
         sys.executable,
-        __file__,
+        "-m",
+        "benchmarks.bench_model",
         "--child",
         name,
         str(size),
@@ -893,8 +574,7 @@ def measure_isolated(size, args):
     the repetitions)."""
     per_model = {name: [] for name in args.models}
     for rep in range(args.isolate):
-        order = args.models[rep % len(args.models) :] + args.models[: rep % len(args.models)]
-        for name in order:
+        for name in harness.turn_order(args.models, rep):
             out = subprocess.run(child_command(name, size, args), capture_output=True, text=True)
             line = [l for l in out.stdout.splitlines() if l.startswith("BENCH_RESULT ")]
             if out.returncode != 0 or not line:
@@ -931,7 +611,7 @@ def main(argv=None):
         name, size = args.memory_child
         memory_child(name, int(size), args)
         return
-    gpu_settings(args)
+    harness.gpu_settings(args)
     if args.child:
         name, size = args.child
         results = {}
@@ -943,8 +623,8 @@ def main(argv=None):
     work = None
     if args.data is None:
         work = Path(tempfile.mkdtemp(prefix="bench_model_"))
-        args.data = synthetic_data(work)
-    device_name = device_label(args)
+        args.data = harness.synthetic_data(work)
+    device_name = harness.device_label(args)
     started = time.perf_counter()
     everything = {}
     try:

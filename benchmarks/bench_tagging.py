@@ -8,7 +8,7 @@ tokens, and the check is that every POS and NER label is identical, line by line
 Words/s counts Moses tokens; the pipeline's time includes starting its worker processes
 but not loading the model (done once per job in either case).
 
-    python benchmarks/bench_tagging.py --sentences 2000 --runs 3
+    python -m benchmarks.bench_tagging --sentences 2000 --runs 3
 """
 
 import argparse
@@ -17,9 +17,8 @@ import statistics
 import tempfile
 import time
 
+from benchmarks import harness
 from tpp_pipeline import moses, tagging
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def load_sentences(path, count):
@@ -68,7 +67,7 @@ def pipeline(lines, model, workers, chunk_size, folder):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--input", default=os.path.join(REPO, "data", "sample", "train.en"))
+    parser.add_argument("--input", default=os.path.join(harness.REPO, "data", "sample", "train.en"))
     parser.add_argument("--sentences", type=int, default=2000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])

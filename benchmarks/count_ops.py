@@ -25,21 +25,15 @@ runs as a dozen separate operators instead of one fused kernel (training only). 
 hit every model alike where both models do the same thing; compare models within one
 run, and run with ``--device cuda`` for a GPU's own counts.
 
-    python benchmarks/count_ops.py --data DIR --size 1024 --dtype bf16
-    python benchmarks/count_ops.py --data DIR --size 1024 --dtype bf16 --models transformer,tpp,tpp-taps --device cuda
+    python -m benchmarks.count_ops --data DIR --size 1024 --dtype bf16
+    python -m benchmarks.count_ops --data DIR --size 1024 --dtype bf16 --models transformer,tpp,tpp-taps --device cuda
 """
 
 import argparse
 import collections
-import importlib.util
 from pathlib import Path
 
-# bench_model.py beside this script, loaded by path (the benchmarks are scripts, not a package)
-_spec = importlib.util.spec_from_file_location(
-    "bench_model", Path(__file__).resolve().parent / "bench_model.py"
-)
-bench_model = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_model)
+from benchmarks import harness
 
 #: operators that compute nothing: views of their input, allocations, metadata
 FREE = {
@@ -84,7 +78,7 @@ def parse_args(argv=None):
         epilog=__doc__,
     )
     p.add_argument("--data", type=Path, help="binarized data folder (default: a synthetic corpus)")
-    p.add_argument("--size", type=int, default=512, choices=sorted(bench_model.SIZES))
+    p.add_argument("--size", type=int, default=512, choices=sorted(harness.SIZES))
     p.add_argument("--layers", type=int, default=5)
     p.add_argument("--models", default="transformer,tpp-conv0,tpp")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -95,11 +89,9 @@ def parse_args(argv=None):
     p.add_argument("--short", type=int, default=10, help="forced output length of the first search")
     p.add_argument("--long", type=int, default=20, help="... and of the second")
     args = p.parse_args(argv)
-    bench_model.check_device(p, args)
+    harness.check_device(p, args)
     args.models = [m for m in args.models.split(",") if m]
-    for m in args.models:
-        if m not in bench_model.MODELS:
-            p.error(f"--models: unknown {m!r}; choose from {list(bench_model.MODELS)}")
+    harness.check_models(p, args)
     if not 0 < args.short < args.long:
         p.error("--short and --long: two output lengths, the first smaller")
     args.update_freq = 1
@@ -152,14 +144,14 @@ def beam_step_counts(name, args, trainer, task, cfg):
             counter.leave()
 
     model.decoder.reorder_incremental_state_scripting = counted_reorder
-    sample = bench_model.fixed_batches(task, cfg, "test", 1, max_sentences=args.gen_batch)[0]
+    sample = harness.fixed_batches(task, cfg, "test", 1, max_sentences=args.gen_batch)[0]
     if args.device == "cuda":
         from fairseq import utils
 
         sample = utils.move_to_cuda(sample)
     totals = {}
     for length in (args.short, args.long):
-        generator = bench_model.beam_search(
+        generator = harness.beam_search(
             task, model, argparse.Namespace(beam=args.beam, gen_len=length)
         )
         task.inference_step(generator, [model], sample)  # once uncounted: one-off set-up
@@ -183,7 +175,7 @@ def beam_step_counts(name, args, trainer, task, cfg):
 def training_counts(args, trainer, task, cfg):
     """Operators of the criterion's forward and of the backward pass, one batch."""
     model = trainer.model.train()
-    batch = bench_model.fixed_batches(task, cfg, "train", 1, max_tokens=args.max_tokens)[0]
+    batch = harness.fixed_batches(task, cfg, "train", 1, max_tokens=args.max_tokens)[0]
     sample, _ = trainer._prepare_sample(batch)
     counter = Counter()
     with counter.mode:
@@ -207,11 +199,11 @@ def main(argv=None):
     work = None
     if args.data is None:
         work = Path(tempfile.mkdtemp(prefix="count_ops_"))
-        args.data = bench_model.synthetic_data(work)
+        args.data = harness.synthetic_data(work)
     try:
         beam, train = {}, {}
         for name in args.models:
-            cfg, task, trainer = bench_model.build_trainer(name, args.size, args)
+            cfg, task, trainer = harness.build_trainer(name, args.size, args)
             train[name] = training_counts(args, trainer, task, cfg)
             beam[name] = beam_step_counts(name, args, trainer, task, cfg)
             del trainer

@@ -2,8 +2,8 @@
 """fairseq-train as it is, plus what its log lacks for a benchmark; and the table of
 several such runs.
 
-    python benchmarks/fairseq_train_run.py train DATA ARGS...
-    python benchmarks/fairseq_train_run.py table NAME=LOG [NAME=LOG ...]
+    python -m benchmarks.fairseq_train_run train DATA ARGS...
+    python -m benchmarks.fairseq_train_run table NAME=LOG [NAME=LOG ...]
 
 ``train`` runs ``fairseq_cli.train`` with the arguments given and, when it ends,
 prints ``TRAIN_RUN {"peak_gpu_bytes": ...}`` (PyTorch's peak allocation on the GPU:

@@ -194,7 +194,7 @@ summarize() {  # summarize STAGE: its table, appended to OUT/summary.md and prin
         mixed)
             local pairs=() name
             for name in "${MIXED_RUNS[@]}"; do pairs+=("$name=$OUT/mixed_$name.txt"); done
-            "$PY" benchmarks/fairseq_train_run.py table "${pairs[@]}" 2>&1
+            "$PY" -m benchmarks.fairseq_train_run table "${pairs[@]}" 2>&1
             for name in "${MIXED_RUNS[@]}"; do  # why a run failed: the last line of its errors
                 if [[ ! -e $OUT/mixed_$name.txt && -s $OUT/mixed_$name.txt.log ]]; then
                     echo "$name: $(grep -v -i warning "$OUT/mixed_$name.txt.log" | grep . | tail -n 1)"
@@ -218,7 +218,7 @@ pack() {  # what a machine that returns few files sends back, after every stage
     tar -czf "$PACK/gpu_results.tar.gz.tmp" -C "$OUT" . && mv -f "$PACK/gpu_results.tar.gz.tmp" "$PACK/gpu_results.tar.gz"
 }
 
-BENCH=("$PY" benchmarks/bench_model.py --data "$DATA" --device cuda --dtype bf16 --sizes 1024)
+BENCH=("$PY" -m benchmarks.bench_model --data "$DATA" --device cuda --dtype bf16 --sizes 1024)
 MODELS=transformer,transformer-b,tpp,tpp-taps
 MIXED_UPDATES=${MIXED_UPDATES:-150}
 # name, model, options: the order is that of what they decide
@@ -245,7 +245,7 @@ mixed() {  # mixed MODEL [--speedups NAMES] OPTIONS...: fairseq-train, base size
     if [[ $model == tpp ]]; then  # with its tag losses (POS after layer 1, NER after layer 2)
         arch=(--arch transformer_pp --task translation_with_tags --criterion label_smoothed_cross_entropy_with_tags)
     fi
-    "$PY" benchmarks/fairseq_train_run.py train "$DATA" --user-dir tpp_plugin "${arch[@]}" \
+    "$PY" -m benchmarks.fairseq_train_run train "$DATA" --user-dir tpp_plugin "${arch[@]}" \
         --label-smoothing 0.1 --share-all-embeddings --optimizer adam --adam-betas '(0.9, 0.98)' \
         --lr 7e-4 --lr-scheduler inverse_sqrt --warmup-updates 100 --max-tokens 8192 \
         --max-update "$MIXED_UPDATES" --no-save --disable-validation --seed 1 \
@@ -278,20 +278,20 @@ for stage in "${STAGES[@]}"; do
         run split split.md "${BENCH[@]}" --rounds 8 --mfu --no-generation \
             --models transformer,transformer-split,transformer-b,tpp,tpp-split --partial "$OUT/split.md.progress" ;;
     profile)
-        run profile profile_train.md "$PY" benchmarks/profile_model.py --data "$DATA" --device cuda --dtype bf16 \
+        run profile profile_train.md "$PY" -m benchmarks.profile_model --data "$DATA" --device cuda --dtype bf16 \
             --size 1024 --models transformer,tpp
-        run profile profile_30.md "$PY" benchmarks/profile_model.py --data "$DATA" --device cuda --dtype bf16 \
+        run profile profile_30.md "$PY" -m benchmarks.profile_model --data "$DATA" --device cuda --dtype bf16 \
             --size 1024 --generation
-        run profile profile_100.md "$PY" benchmarks/profile_model.py --data "$DATA" --device cuda --dtype bf16 \
+        run profile profile_100.md "$PY" -m benchmarks.profile_model --data "$DATA" --device cuda --dtype bf16 \
             --size 1024 --generation --gen-len 100 ;;
     memory)
-        run memory memory.md "$PY" benchmarks/kept_for_backward.py --data "$DATA" --device cuda --dtype bf16 \
+        run memory memory.md "$PY" -m benchmarks.kept_for_backward --data "$DATA" --device cuda --dtype bf16 \
             --size 1024 --max-tokens 16384 ;;
     counts)
-        run counts counts.md "$PY" benchmarks/count_ops.py --data "$DATA" --device cuda --dtype bf16 --size 1024 \
+        run counts counts.md "$PY" -m benchmarks.count_ops --data "$DATA" --device cuda --dtype bf16 --size 1024 \
             --models transformer,tpp,tpp-taps ;;
     step)
-        run step step.md "$PY" benchmarks/bench_decode_step.py --device cuda --dtype bf16 --dim 1024 --rows 5,640 \
+        run step step.md "$PY" -m benchmarks.bench_decode_step --device cuda --dtype bf16 --dim 1024 --rows 5,640 \
             --models mha,mha-b,tpp,tpp-triton ;;
     esac
     summarize "$stage"

@@ -16,22 +16,16 @@ float32 copies of the queries, keys, values and the ``T x T`` weights, in both m
 a GPU's fused kernels keep only their inputs and outputs. Compare models within one
 run, and read the self-attention rows with that in mind.
 
-    python benchmarks/kept_for_backward.py --data DIR --size 512 --dtype bf16
-    python benchmarks/kept_for_backward.py --data DIR --size 1024 --dtype bf16 --max-tokens 8192
+    python -m benchmarks.kept_for_backward --data DIR --size 512 --dtype bf16
+    python -m benchmarks.kept_for_backward --data DIR --size 1024 --dtype bf16 --max-tokens 8192
 """
 
 import argparse
 import collections
-import importlib.util
 import re
 from pathlib import Path
 
-# bench_model.py beside this script, loaded by path (the benchmarks are scripts, not a package)
-_spec = importlib.util.spec_from_file_location(
-    "bench_model", Path(__file__).resolve().parent / "bench_model.py"
-)
-bench_model = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_model)
+from benchmarks import harness
 
 
 def parse_args(argv=None):
@@ -41,14 +35,14 @@ def parse_args(argv=None):
         epilog=__doc__,
     )
     p.add_argument("--data", type=Path, required=True, help="binarized data folder")
-    p.add_argument("--size", type=int, default=512, choices=sorted(bench_model.SIZES))
+    p.add_argument("--size", type=int, default=512, choices=sorted(harness.SIZES))
     p.add_argument("--layers", type=int, default=5)
     p.add_argument("--models", default="transformer,tpp-conv0,tpp")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--dtype", default="bf16", choices=["fp32", "fp16", "bf16"])
     p.add_argument("--max-tokens", type=int, default=4096)
     args = p.parse_args(argv)
-    bench_model.check_device(p, args)
+    harness.check_device(p, args)
     args.models = [m for m in args.models.split(",") if m]
     args.update_freq = 1
     return args
@@ -70,10 +64,10 @@ def kept(name, args):
     """Bytes saved for backward by one training forward, by part, and the batch's tokens."""
     import torch
 
-    cfg, task, trainer = bench_model.build_trainer(name, args.size, args)
+    cfg, task, trainer = harness.build_trainer(name, args.size, args)
     model = trainer.model.train()
     sample, _ = trainer._prepare_sample(
-        bench_model.fixed_batches(task, cfg, "train", 1, max_tokens=args.max_tokens)[0]
+        harness.fixed_batches(task, cfg, "train", 1, max_tokens=args.max_tokens)[0]
     )
     names = {module: n for n, module in model.named_modules()}
     stack, hooks = [], []

@@ -10,9 +10,9 @@ that took the most device time (CPU time on the CPU). The profiler adds host tim
 every operator call: for the busy fraction of a normal step, divide the kernel time by
 ``bench_model.py``'s step time.
 
-    python benchmarks/profile_model.py --data DIR --device cuda --dtype bf16 --size 1024
-    python benchmarks/profile_model.py --data DIR --size 128 --models tpp --steps 3   # CPU
-    python benchmarks/profile_model.py --data DIR --size 512 --generation             # CPU
+    python -m benchmarks.profile_model --data DIR --device cuda --dtype bf16 --size 1024
+    python -m benchmarks.profile_model --data DIR --size 128 --models tpp --steps 3   # CPU
+    python -m benchmarks.profile_model --data DIR --size 512 --generation             # CPU
 
 ``--generation`` times beam search (``bench_model.py``'s) and, inside it (hooks, device
 synchronised around each call), the encoder's and decoder's self-attention, cache
@@ -28,25 +28,12 @@ transformer, tpp, tpp-conv0).
 """
 
 import argparse
-import importlib.util
 import logging
 import statistics
 import time
 from pathlib import Path
 
-
-def _load_bench_model():
-    """``bench_model.py`` beside this script (its models, command lines and batches),
-    loaded by path: the benchmarks are scripts, not an installed package."""
-    spec = importlib.util.spec_from_file_location(
-        "bench_model", Path(__file__).resolve().parent / "bench_model.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench_model = _load_bench_model()
+from benchmarks import harness
 
 
 def parse_args(argv=None):
@@ -56,7 +43,7 @@ def parse_args(argv=None):
         epilog=__doc__,
     )
     p.add_argument("--data", type=Path, required=True, help="binarized data folder")
-    p.add_argument("--size", type=int, default=512, choices=sorted(bench_model.SIZES))
+    p.add_argument("--size", type=int, default=512, choices=sorted(harness.SIZES))
     p.add_argument("--layers", type=int, default=5)
     p.add_argument("--models", default="transformer,tpp-conv0,tpp")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -107,11 +94,9 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.projections and not args.generation:
         p.error("--projections times beam search: it needs --generation")
-    bench_model.check_device(p, args)
+    harness.check_device(p, args)
     args.models = [m for m in args.models.split(",") if m]
-    for m in args.models:
-        if m not in bench_model.MODELS:
-            p.error(f"--models: unknown {m!r}; choose from {list(bench_model.MODELS)}")
+    harness.check_models(p, args)
     args.max_tokens = args.max_tokens or (16384 if args.device == "cuda" else 2048)
     args.update_freq = args.update_freq or (2 if args.device == "cuda" else 1)
     args.gen_batch = args.gen_batch or (128 if args.device == "cuda" else 20)
@@ -133,8 +118,8 @@ def profile(name, args):
     import torch
     from torch.profiler import ProfilerActivity
 
-    cfg, task, trainer = bench_model.build_trainer(name, args.size, args)
-    batches = bench_model.training_steps(task, cfg, args.warmup + args.steps, args)
+    cfg, task, trainer = harness.build_trainer(name, args.size, args)
+    batches = harness.training_steps(task, cfg, args.warmup + args.steps, args)
     # the warm-up steps, then every profiled batch once untimed: a batch shape's first
     # step pays one-off set-up (cuDNN builds an attention graph per new shape)
     for batch in batches:
@@ -143,7 +128,7 @@ def profile(name, args):
     walls = []
     with torch.profiler.profile(activities=activities) as prof:
         for batch in batches[args.warmup :]:
-            seconds, _ = bench_model.timed(lambda: trainer.train_step(batch), args)
+            seconds, _ = harness.timed(lambda: trainer.train_step(batch), args)
             walls.append(seconds)
     wall = sum(walls)
     line = f"## {name}: d={args.size}, {args.dtype}, {args.device}; wall per step {1000 * statistics.median(walls):.1f} ms (median of {len(walls)})"
@@ -166,11 +151,11 @@ class Clock:
         self.seconds, self._started, self._args = 0.0, 0.0, args
 
     def enter(self, *_):
-        bench_model.synchronize(self._args)
+        harness.synchronize(self._args)
         self._started = time.perf_counter()
 
     def leave(self, *_):
-        bench_model.synchronize(self._args)
+        harness.synchronize(self._args)
         self.seconds += time.perf_counter() - self._started
 
     def attach(self, module):
@@ -224,12 +209,12 @@ def report_generation(args):
     loop), and the share of it spent in self-attention."""
     runs, clocks, samples = {}, {}, None
     for name in args.models:
-        cfg, task, trainer = bench_model.build_trainer(name, args.size, args)
+        cfg, task, trainer = harness.build_trainer(name, args.size, args)
         model = trainer.model.eval()
-        runs[name] = (task, model, bench_model.beam_search(task, model, args))
+        runs[name] = (task, model, harness.beam_search(task, model, args))
         clocks[name] = self_attention_clocks(model, args)
         if samples is None:
-            samples = bench_model.test_batches(task, cfg, args)
+            samples = harness.test_batches(task, cfg, args)
 
     def reset(name):
         for clock in clocks[name].values():
@@ -238,7 +223,7 @@ def report_generation(args):
     totals = {name: [] for name in args.models}
     shares = {name: [] for name in args.models}
     projection_shares = {name: [] for name in args.models}
-    for name, seconds, _ in bench_model.generation_turns(runs, samples, args, before=reset):
+    for name, seconds, _ in harness.generation_turns(runs, samples, args, before=reset):
         totals[name].append(seconds)
         shares[name].append(clocks[name]["all"].seconds / seconds)
         if "projections" in clocks[name]:
@@ -273,7 +258,7 @@ def report_generation(args):
 def main(argv=None):
     args = parse_args(argv)
     logging.disable(logging.WARNING)
-    bench_model.gpu_settings(args)
+    harness.gpu_settings(args)
     if args.threads:
         import torch
 

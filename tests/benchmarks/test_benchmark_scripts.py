@@ -1,6 +1,7 @@
 """The benchmark scripts that count rather than time (their figures are the same on every
-machine, so they can be checked): attention_shapes.py against fairseq's own batches,
-and every benchmark's refusal of ``--device cuda`` where there is none."""
+machine, so they can be checked): attention_shapes against fairseq's own batches, and
+every benchmark's refusal of ``--device cuda`` where there is none. The scripts are run as
+the docs run them, ``python -m benchmarks.NAME`` from the project's root."""
 
 import json
 import random
@@ -11,9 +12,13 @@ import sys
 import pytest
 import torch
 
+from benchmarks import bench_decode_step, bench_model, harness, profile_model
 from support import REPO, binarize, run, write_corpus
 
-SCRIPT = REPO / "benchmarks" / "attention_shapes.py"
+
+def run_benchmark(name, *args, check=True):
+    """``python -m benchmarks.NAME ARGS...``, run from the project's root."""
+    return run([sys.executable, "-m", f"benchmarks.{name}", *args], cwd=REPO, check=check)
 
 
 def sentence(rng, n):
@@ -36,16 +41,6 @@ def data(tmp_path_factory):
     ]
     write_corpus(root / "raw", {"train": train, "valid": train[:5], "test": test})
     return binarize(root / "raw", root / "bin")
-
-
-def load_script(name):
-    """``benchmarks/NAME.py`` as a module (the benchmarks are scripts, not a package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def table_row(text, heading):
@@ -81,7 +76,7 @@ def fairseq_batches(data, split, **batching):
 
 
 def test_training_problems_are_those_of_fairseqs_batches(data):
-    out = run([sys.executable, SCRIPT, "--data", data, "--max-tokens", "64"]).stdout
+    out = run_benchmark("attention_shapes", "--data", data, "--max-tokens", "64").stdout
     batches, sentences, encoder, decoder, new_steps = table_row(out, "### Training")[:5]
     samples = fairseq_batches(data, "train", max_tokens=64, required_batch_size_multiple=8)
     pad = 1
@@ -106,11 +101,15 @@ def test_beam_search_problems_worked_out_by_hand(data):
     """Test targets of 2, 4 and 1 words (3, 5 and 2 tokens with EOS), one batch, beam 2:
     steps t = 0..4 have 3, 3, 2, 1, 1 sentences left, so the problems (rows, key length)
     are (6, 1), (6, 2), (4, 3), (2, 4), (2, 5): five steps, five problems, all new."""
-    out = run([sys.executable, SCRIPT, "--data", data, "--batch-size", "3", "--beam", "2"]).stdout
+    out = run_benchmark(
+        "attention_shapes", "--data", data, "--batch-size", "3", "--beam", "2"
+    ).stdout
     assert table_row(out, "### Beam search") == [5, 5, 5]
     # two batches (2 + 1 sentences) of the same data: the second repeats no problem of the
     # first except where rows and key length coincide
-    out = run([sys.executable, SCRIPT, "--data", data, "--batch-size", "2", "--beam", "2"]).stdout
+    out = run_benchmark(
+        "attention_shapes", "--data", data, "--batch-size", "2", "--beam", "2"
+    ).stdout
     steps, problems, new = table_row(out, "### Beam search")
     samples = fairseq_batches(data, "test", max_sentences=2)
     lengths = [sorted(s["target"].ne(1).sum(1).tolist()) for s in samples]
@@ -119,9 +118,9 @@ def test_beam_search_problems_worked_out_by_hand(data):
 
 
 def test_bad_data_folder_is_named(tmp_path):
-    res = run([sys.executable, SCRIPT, "--data", tmp_path / "missing"], check=False)
+    res = run_benchmark("attention_shapes", "--data", tmp_path / "missing", check=False)
     assert res.returncode == 2 and "missing: no such folder" in res.stderr
-    res = run([sys.executable, SCRIPT, "--data", tmp_path], check=False)
+    res = run_benchmark("attention_shapes", "--data", tmp_path, check=False)
     assert (
         res.returncode == 1
         and "Could not infer language pair" in res.stderr
@@ -133,14 +132,11 @@ def test_bad_data_folder_is_named(tmp_path):
     torch.cuda.is_available(), reason="checks the refusal where there is no CUDA device"
 )
 @pytest.mark.parametrize(
-    "script", ["bench_model.py", "count_ops.py", "profile_model.py", "kept_for_backward.py"]
+    "script", ["bench_model", "count_ops", "profile_model", "kept_for_backward"]
 )
 def test_benchmarks_refuse_cuda_without_a_cuda_device(script, tmp_path):
     """fairseq's trainer would quietly run on the CPU, and the figures would be the CPU's."""
-    res = run(
-        [sys.executable, REPO / "benchmarks" / script, "--data", tmp_path, "--device", "cuda"],
-        check=False,
-    )
+    res = run_benchmark(script, "--data", tmp_path, "--device", "cuda", check=False)
     assert res.returncode == 2 and "--device cuda" in res.stderr and "no CUDA device" in res.stderr
 
 
@@ -310,60 +306,53 @@ def test_fairseq_train_runs_are_tabled_from_fairseqs_own_log(data, tmp_path):
     """The mixed stage's table is read off fairseq-train's real JSON log: the updates,
     the loss of the last interval, fairseq's "done training in"; a run cut off before
     its first logged interval, and one not run, are said to be so."""
-    script = REPO / "benchmarks" / "fairseq_train_run.py"
-    res = run(
-        [
-            sys.executable,
-            script,
-            "train",
-            data,
-            "--user-dir",
-            REPO / "tpp_plugin",
-            "--arch",
-            "transformer",
-            "--encoder-layers",
-            "1",
-            "--decoder-layers",
-            "1",
-            "--encoder-embed-dim",
-            "16",
-            "--decoder-embed-dim",
-            "16",
-            "--encoder-ffn-embed-dim",
-            "16",
-            "--decoder-ffn-embed-dim",
-            "16",
-            "--optimizer",
-            "adam",
-            "--lr",
-            "1e-3",
-            "--max-tokens",
-            "64",
-            "--max-update",
-            "4",
-            "--cpu",
-            "--no-save",
-            "--disable-validation",
-            "--log-format",
-            "json",
-            "--log-interval",
-            "1",
-            "--no-progress-bar",
-            "--num-workers",
-            "0",
-        ]
+    res = run_benchmark(
+        "fairseq_train_run",
+        "train",
+        data,
+        "--user-dir",
+        REPO / "tpp_plugin",
+        "--arch",
+        "transformer",
+        "--encoder-layers",
+        "1",
+        "--decoder-layers",
+        "1",
+        "--encoder-embed-dim",
+        "16",
+        "--decoder-embed-dim",
+        "16",
+        "--encoder-ffn-embed-dim",
+        "16",
+        "--decoder-ffn-embed-dim",
+        "16",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "1e-3",
+        "--max-tokens",
+        "64",
+        "--max-update",
+        "4",
+        "--cpu",
+        "--no-save",
+        "--disable-validation",
+        "--log-format",
+        "json",
+        "--log-interval",
+        "1",
+        "--no-progress-bar",
+        "--num-workers",
+        "0",
     )
     (tmp_path / "done.txt").write_text(res.stdout)
     (tmp_path / "cut.txt.partial").write_text(res.stdout.split("| train_inner |")[0])
-    table = run(
-        [
-            sys.executable,
-            script,
-            "table",
-            f"done={tmp_path}/done.txt",
-            f"cut={tmp_path}/cut.txt",
-            f"none={tmp_path}/none.txt",
-        ]
+    table = run_benchmark(
+        "fairseq_train_run",
+        "table",
+        f"done={tmp_path}/done.txt",
+        f"cut={tmp_path}/cut.txt",
+        f"none={tmp_path}/none.txt",
     ).stdout.splitlines()
     losses = [
         json.loads(line.split("| train_inner | ")[1])["loss"]
@@ -399,7 +388,6 @@ def test_gpu_suite_rejects_bad_arguments_before_running_anything(args, message, 
 def test_mfu_takes_the_peak_of_the_gpu_variant_named():
     """The H100's PCIe and NVL variants are slower than the SXM one, whose name says
     neither: each gets its own peak, not the first H100 entry."""
-    bench_model = load_script("bench_model")
     assert bench_model.peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
     assert bench_model.peak_tflops("NVIDIA H100 PCIe") == 756.0
     assert bench_model.peak_tflops("NVIDIA H100 NVL") == 835.0
@@ -408,25 +396,22 @@ def test_mfu_takes_the_peak_of_the_gpu_variant_named():
 
 
 def test_decode_step_benchmark_times_every_model_at_every_row_count():
-    res = run(
-        [
-            sys.executable,
-            REPO / "benchmarks" / "bench_decode_step.py",
-            "--rows",
-            "2,3",
-            "--steps",
-            "8",
-            "--warmup",
-            "1",
-            "--cached",
-            "4",
-            "--kernel",
-            "3",
-            "--dilation",
-            "2",
-            "--dim",
-            "64",
-        ]
+    res = run_benchmark(
+        "bench_decode_step",
+        "--rows",
+        "2,3",
+        "--steps",
+        "8",
+        "--warmup",
+        "1",
+        "--cached",
+        "4",
+        "--kernel",
+        "3",
+        "--dilation",
+        "2",
+        "--dim",
+        "64",
     )
     rows = [
         [cell.strip() for cell in line.split("|")[1:-1]]
@@ -449,8 +434,7 @@ def test_decode_step_benchmark_times_a_step_of_fixed_cache_length_and_fairseqs_r
     a reorder_incremental_state (the hybrid attention's LocalConv and Query keep their
     own states). ``tpp-triton`` runs its kernel (through Triton's interpreter on a CPU:
     the unit the GPU runs time), the PyTorch step none."""
-    script = load_script("bench_decode_step")
-    args = script.parse_args(
+    args = bench_decode_step.parse_args(
         [
             "--rows",
             "3",
@@ -467,19 +451,19 @@ def test_decode_step_benchmark_times_a_step_of_fixed_cache_length_and_fairseqs_r
         ]
     )
     triton_steps = []
-    kernels = script.plugin().modules.conv_heads_triton
+    kernels = bench_decode_step.plugin().modules.conv_heads_triton
     step = kernels.conv_step
     monkeypatch.setattr(
         kernels, "conv_step", lambda *a, **k: triton_steps.append(1) or step(*a, **k)
     )
-    x, order, units = script.prepare(3, args)
+    x, order, units = bench_decode_step.prepare(3, args)
     _, _, reorder = units[tpp]
     assert sorted(type(fn.__self__).__name__ for fn in reorder) == [
         "ContextQuery",
         "HybridMultiheadAttention",
         "LocalConv",
     ]
-    times = script.time_units(x, order, units, args)
+    times = bench_decode_step.time_units(x, order, units, args)
     assert {name: len(t) for name, t in times.items()} == {"mha": 5, "mha-b": 5, tpp: 5}
     # 6 prepared steps, 2 untimed and 5 timed units, each one step
     assert len(triton_steps) == (13 if tpp == "tpp-triton" else 0)
@@ -499,7 +483,7 @@ def test_decode_step_benchmark_times_a_step_of_fixed_cache_length_and_fairseqs_r
     ],
 )
 def test_decode_step_benchmark_rejects_bad_arguments(args, message):
-    res = run([sys.executable, REPO / "benchmarks" / "bench_decode_step.py", *args], check=False)
+    res = run_benchmark("bench_decode_step", *args, check=False)
     assert res.returncode == 2 and message in res.stderr
 
 
@@ -510,25 +494,24 @@ def test_decode_step_benchmark_rejects_bad_arguments(args, message):
 def test_decode_step_benchmark_refuses_cuda_work_without_a_cuda_device(args, monkeypatch):
     """Without Triton's interpreter: with it, tpp-triton runs on the CPU (tested above)."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    res = run([sys.executable, REPO / "benchmarks" / "bench_decode_step.py", *args], check=False)
+    res = run_benchmark("bench_decode_step", *args, check=False)
     assert res.returncode == 2 and "cuda" in res.stderr.lower()
 
 
 def test_profile_projections_are_timed_only_in_beam_search_and_only_when_asked(data, capsys):
     """Their hooks slow fairseq's self-attention down (on a GPU with synchronisations):
     a run that times them is asked for, and only for beam search."""
-    script = load_script("profile_model")
     for flags, clocks in (
         ([], ["all", "decoder"]),
         (["--projections"], ["all", "decoder", "projections"]),
     ):
-        args = script.parse_args(
+        args = profile_model.parse_args(
             ["--data", str(data), "--size", "128", "--layers", "1", "--generation", *flags]
         )
-        _, _, trainer = script.bench_model.build_trainer("transformer", args.size, args)
-        assert sorted(script.self_attention_clocks(trainer.model, args)) == clocks
+        _, _, trainer = harness.build_trainer("transformer", args.size, args)
+        assert sorted(profile_model.self_attention_clocks(trainer.model, args)) == clocks
     with pytest.raises(SystemExit):
-        script.parse_args(["--data", str(data), "--projections"])
+        profile_model.parse_args(["--data", str(data), "--projections"])
     assert "needs --generation" in capsys.readouterr().err
 
 
@@ -536,5 +519,30 @@ def test_cudnn_attention_of_the_benchmark_keeps_the_other_default_speedups():
     """bench_model.py --cudnn-attention: the plugin's default speed-ups but the cuDNN switch."""
     from tpp_plugin.compat import speed
 
-    bench_model = load_script("bench_model")
-    assert bench_model.CUDNN_KEPT.split(",") == [n for n in speed.DEFAULT if n != "cudnn-off"]
+    assert harness.CUDNN_KEPT.split(",") == [n for n in speed.DEFAULT if n != "cudnn-off"]
+
+
+def test_benchmarks_are_run_as_modules_of_the_package_wherever_a_command_names_one():
+    """The docs, the Makefile, the GPU suite and the scripts' own usage lines run a
+    benchmark as ``python -m benchmarks.NAME`` (a module of the package), never by path."""
+    texts = {
+        path.relative_to(REPO): path.read_text(encoding="utf-8")
+        for path in [
+            REPO / "README.md",
+            REPO / "Makefile",
+            *sorted((REPO / "docs").glob("*.md")),
+            *sorted((REPO / "benchmarks").glob("*.sh")),
+            *sorted((REPO / "benchmarks").glob("*.py")),
+        ]
+    }
+    named = {
+        name for text in texts.values() for name in re.findall(r"-m benchmarks\.([a-z_]+)", text)
+    }
+    assert {"bench_model", "fairseq_train_run", "profile_model"} <= named
+    assert all((REPO / "benchmarks" / f"{name}.py").is_file() for name in named), named
+    by_path = [
+        f"{path}: {match}"
+        for path, text in texts.items()
+        for match in re.findall(r"(?:python3?|\$PY\"?|/python) benchmarks/\w+\.py", text)
+    ]
+    assert not by_path, by_path

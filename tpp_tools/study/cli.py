@@ -376,4 +376,3 @@ def study(args, cfg: Config, command: str) -> int:
     log(f"report: {report}")
     print(report.read_text())
     return 0
-

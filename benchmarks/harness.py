@@ -1,0 +1,371 @@
+"""What the benchmark scripts share: the models (fairseq's ``transformer``, the baseline
+the ratios are taken against, and the controls that must come out at 1.0×), fairseq's
+command lines, trainers and batches, the device and dtype, and timing: medians, their
+spread and paired ratios."""
+
+import argparse
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tpp_tools.train import OPTIMIZER  # the training recipe's optimiser
+
+REPO = Path(__file__).resolve().parent.parent
+#: the plugin of this checkout, loaded as fairseq's ``--user-dir`` loads it: a benchmark
+#: measures its own checkout
+PLUGIN = REPO / "tpp_plugin"
+
+#: each model's own fairseq-train options (the rest is :func:`command_line`'s, the same for
+#: all): ``transformer`` is the baseline, ``tpp-conv0`` and ``transformer-b`` the controls
+MODELS = {
+    "transformer": ["--arch", "transformer"],
+    # fairseq's transformer once more, as if it were another model: the harness's own
+    # control (on a GPU, where tpp-conv0 and transformer differ in their attention
+    # kernels, this is the one that must come out at 1.0×)
+    "transformer-b": ["--arch", "transformer"],
+    "tpp": ["--arch", "transformer_pp", "--encoder-tag-layers", ""],
+    "tpp-conv0": [
+        "--arch",
+        "transformer_pp",
+        "--encoder-tag-layers",
+        "",
+        "--encoder-conv-heads",
+        "0",
+        "--decoder-conv-heads",
+        "0",
+    ],
+    "tpp-triton": [
+        "--arch",
+        "transformer_pp",
+        "--encoder-tag-layers",
+        "",
+        "--conv-heads-impl",
+        "triton",
+    ],
+    "tpp-taps": [
+        "--arch",
+        "transformer_pp",
+        "--encoder-tag-layers",
+        "",
+        "--conv-heads-impl",
+        "taps",
+    ],
+    # --bf16's master copy one tensor per parameter (fairseq's own --bf16), not flat
+    "transformer-split": ["--arch", "transformer", "--fp16-no-flatten-grads"],
+    "tpp-split": [
+        "--arch",
+        "transformer_pp",
+        "--encoder-tag-layers",
+        "",
+        "--fp16-no-flatten-grads",
+    ],
+}
+
+#: the plugin's default speed-ups but cuDNN's attention switch (tpp_plugin.compat.speed.DEFAULT)
+CUDNN_KEPT = "flat-bf16"
+
+#: d -> (heads, FFN); 512 is the base preset's size, 1024 the big presets'
+SIZES = {128: (4, 512), 256: (4, 1024), 512: (8, 2048), 1024: (16, 4096)}
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+def check_device(parser, args) -> None:
+    """``--device cuda`` where PyTorch sees no CUDA device is an error: fairseq's trainer
+    would run the models on the CPU without a word, and the figures would be the CPU's."""
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device cuda: PyTorch {torch.__version__} sees no CUDA device here")
+
+
+def check_models(parser, args) -> None:
+    """Every name of ``args.models`` (a list) is one of :data:`MODELS`."""
+    for m in args.models:
+        if m not in MODELS:
+            parser.error(f"--models: unknown {m!r}; choose from {list(MODELS)}")
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def synthetic_data(folder: Path) -> Path:
+    """A parallel corpus of 20-40 Zipf-distributed tokens per sentence whose target is
+    a permuted, locally reordered copy of the source, binarized by fairseq."""
+    rng = random.Random(1234)
+    vocab = 4000
+    weights = [1.0 / (r + 1) for r in range(vocab)]
+    perm = list(range(vocab))
+    rng.shuffle(perm)
+    raw = folder / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for split, size in (("train", 3000), ("valid", 50), ("test", 200)):
+        src, tgt = [], []
+        for _ in range(size):
+            words = rng.choices(range(vocab), weights=weights, k=rng.randint(20, 40))
+            out = [perm[w] for w in words]
+            for i in range(0, len(out) - 1, 2):
+                if rng.random() < 0.3:
+                    out[i], out[i + 1] = out[i + 1], out[i]
+            src.append(" ".join(f"s{w}" for w in words))
+            tgt.append(" ".join(f"t{w}" for w in out))
+        (raw / f"{split}.src").write_text("\n".join(src) + "\n")
+        (raw / f"{split}.tgt").write_text("\n".join(tgt) + "\n")
+    dest = folder / "data-bin"
+    subprocess.run(
+        [
+            str(Path(sys.executable).parent / "fairseq-preprocess"),
+            "-s",
+            "src",
+            "-t",
+            "tgt",
+            "--joined-dictionary",
+            "--trainpref",
+            str(raw / "train"),
+            "--validpref",
+            str(raw / "valid"),
+            "--testpref",
+            str(raw / "test"),
+            "--destdir",
+            str(dest),
+            "--workers",
+            "1",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return dest
+
+
+# ----------------------------------------------------------------------------- fairseq
+
+
+def command_line(name, size, args):
+    """fairseq-train's arguments for one model (everything but --arch and the model's
+    own options is the same for all models)."""
+    heads, ffn = SIZES[size]
+    dims = []
+    for side in ("encoder", "decoder"):
+        dims += [
+            f"--{side}-embed-dim",
+            str(size),
+            f"--{side}-ffn-embed-dim",
+            str(ffn),
+            f"--{side}-attention-heads",
+            str(heads),
+            f"--{side}-layers",
+            str(args.layers),
+        ]
+    precision = {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}[args.dtype]
+    return [
+        str(args.data),
+        "--user-dir",
+        str(PLUGIN),
+        *MODELS[name],
+        *dims,
+        "--dropout",
+        "0.1",
+        "--attention-dropout",
+        "0.1",
+        "--activation-dropout",
+        "0.1",
+        "--share-all-embeddings",
+        "--task",
+        "translation",
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--label-smoothing",
+        "0.1",
+        *OPTIMIZER,
+        "--lr",
+        "5e-4",
+        "--warmup-updates",
+        "4000",
+        "--max-tokens",
+        str(args.max_tokens),
+        "--seed",
+        "1",
+        "--num-workers",
+        "0",
+        "--no-save",
+        "--disable-validation",
+        "--no-progress-bar",
+        *(["--cpu"] if args.device == "cpu" else []),
+        *precision,
+    ]
+
+
+def setup(name, size, args):
+    """fairseq's configuration and task for one model (the task loads dictionaries)."""
+    from fairseq import options, tasks
+    from fairseq.dataclass import utils as dataclass_utils
+
+    parser = options.get_training_parser()
+    ns = options.parse_args_and_arch(parser, input_args=command_line(name, size, args))
+    # looked up after the plugin was loaded (it corrects --bf16's implied --tpu there)
+    cfg = dataclass_utils.convert_namespace_to_omegaconf(ns)
+    return cfg, tasks.setup_task(cfg.task)
+
+
+def build_trainer(name, size, args, cfg=None, task=None):
+    """The model, criterion and fairseq ``Trainer`` (on the device, in the precision)."""
+    import torch
+    from fairseq.trainer import Trainer
+
+    if cfg is None:
+        cfg, task = setup(name, size, args)
+    torch.manual_seed(1)
+    model = task.build_model(cfg.model)
+    criterion = task.build_criterion(cfg.criterion)
+    return cfg, task, Trainer(cfg, task, model, criterion)
+
+
+def fixed_batches(task, cfg, split, count, max_tokens=None, max_sentences=None, seed=1):
+    """``count`` batches of ``split`` in fairseq's own batching (shuffled, seeded)."""
+    task.load_dataset(split)
+    itr = task.get_batch_iterator(
+        dataset=task.dataset(split),
+        max_tokens=max_tokens,
+        max_sentences=max_sentences,
+        max_positions=(1024, 1024),
+        ignore_invalid_inputs=True,
+        required_batch_size_multiple=8,
+        seed=seed,
+        num_workers=0,
+    ).next_epoch_itr(shuffle=True)
+    batches = []
+    for sample in itr:
+        batches.append(sample)
+        if len(batches) == count:
+            break
+    if len(batches) < count:  # a small split: go round again
+        batches = (batches * (count // max(len(batches), 1) + 1))[:count]
+    return batches
+
+
+def training_steps(task, cfg, count, args):
+    """``count`` training steps of ``args.update_freq`` batches each (one optimizer step
+    per list), from :func:`fixed_batches`."""
+    n = args.update_freq
+    flat = fixed_batches(task, cfg, "train", count * n, max_tokens=args.max_tokens)
+    return [flat[i * n : (i + 1) * n] for i in range(count)]
+
+
+def test_batches(task, cfg, args):
+    """The generation batches: one untimed, then ``--gen-batches`` timed (on the device)."""
+    samples = fixed_batches(task, cfg, "test", args.gen_batches + 1, max_sentences=args.gen_batch)
+    if args.device == "cuda":
+        from fairseq import utils
+
+        samples = [utils.move_to_cuda(s) for s in samples]
+    return samples
+
+
+def beam_search(task, model, args):
+    """fairseq's ``SequenceGenerator`` for one model: beam ``--beam``, every output forced
+    to ``--gen-len`` tokens (then EOS), so all models decode the same number of steps."""
+    gen_args = argparse.Namespace(
+        beam=args.beam, max_len_a=0, max_len_b=args.gen_len, min_len=args.gen_len
+    )
+    return task.build_generator([model], gen_args)
+
+
+def generation_turns(runs, samples, args, before=None):
+    """Beam search of every model of ``runs`` (``{name: (task, model, generator)}``):
+    first untimed (on a GPU every batch once: a batch shape's first run pays one-off
+    set-up; on the CPU the first batch), then the models take turns batch by batch on
+    the other batches, the order rotating. Yields ``(name, seconds, hypotheses)`` for each
+    timed batch; ``before(name)``, if given, runs just before it. (fairseq's
+    ``inference_step`` runs without gradients itself.)"""
+    names = list(runs)
+    for task, model, generator in runs.values():
+        for sample in samples if args.device == "cuda" else samples[:1]:
+            task.inference_step(generator, [model], sample)
+    for r, sample in enumerate(samples[1:]):
+        for name in turn_order(names, r):
+            task, model, generator = runs[name]
+            if before is not None:
+                before(name)
+            seconds, hyps = timed(lambda: task.inference_step(generator, [model], sample), args)
+            yield name, seconds, hyps
+
+
+# ----------------------------------------------------------------------------- device
+
+
+def gpu_settings(args):
+    """The same backend settings for every model: TF32 matrix products (float32 runs),
+    and cuDNN's attention kept on where ``--cudnn-attention`` asks (the plugin, loaded
+    with the first model, switches it off otherwise)."""
+    import torch
+
+    if args.device != "cuda":
+        return
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    if args.cudnn_attention:
+        os.environ["TPP_FAIRSEQ_SPEEDUPS"] = CUDNN_KEPT  # read when the plugin is loaded
+
+
+def synchronize(args):
+    if args.device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def torch_dtype(args):
+    """The torch dtype of ``--dtype``."""
+    import torch
+
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+
+
+def device_label(args):
+    """The device, as the reports name it."""
+    import torch
+
+    return (
+        torch.cuda.get_device_name()
+        if args.device == "cuda"
+        else f"CPU, {torch.get_num_threads()} threads"
+    )
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+def timed(fn, args):
+    """Seconds of ``fn()``, the device synchronised before and after, and its result."""
+    synchronize(args)
+    start = time.perf_counter()
+    out = fn()
+    synchronize(args)
+    return time.perf_counter() - start, out
+
+
+def turn_order(names, turn):
+    """``names`` rotated by ``turn``: the models take turns, the order rotating, so that
+    load changes hit all alike."""
+    k = turn % len(names)
+    return names[k:] + names[:k]
+
+
+def spread(values):
+    """Half the interquartile range relative to the median (a robust noise figure)."""
+    if len(values) < 4:
+        return 0.0
+    q = statistics.quantiles(values, n=4)
+    return (q[2] - q[0]) / 2 / statistics.median(values)
+
+
+def paired_ratio(values, base):
+    """The median of the per-round ratios ``values[i] / base[i]`` and their
+    :func:`spread`."""
+    pairs = [a / b for a, b in zip(values, base)]
+    return statistics.median(pairs), spread(pairs)
