@@ -21,22 +21,25 @@ binarized, aligned line by line (and, for tags, token by token).
 
 import argparse
 import contextlib
+import dataclasses
+import functools
+import json
 import logging
 import os
 import shutil
 import sys
+from collections.abc import Callable
 
 from . import binarize as binarize_mod
 from . import bpe, cleaning, moses, tagging
 from .contract import TAG_KINDS
 from .errors import DataError, from_os_error
 from .lock import exit_cleanly_on_sigterm, work_dir_lock
-from .steps import StepLedger, file_identity
+from .steps import StepLedger, file_identity, fingerprint
 from .textio import atomic_open, check_same_line_count, ensure_writable_dir
 
 log = logging.getLogger("tpp_pipeline")
 SPLITS = binarize_mod.SPLITS
-STEPS = ("tokenize", "preclean", "tag", "bpe_learn", "bpe_apply", "clean", "binarize")
 
 
 def project_root():
@@ -244,6 +247,304 @@ def check_before_running(args, prefixes, src, tgt):
     return raw
 
 
+@dataclasses.dataclass
+class Context:
+    """What the steps share: the options, the raw files {split: {lang: path}} and where
+    each step reads and writes."""
+
+    args: argparse.Namespace
+    raw: dict
+    src: str
+    tgt: str
+    work_dir: str
+    dest_dir: str
+
+    def __post_init__(self):
+        self.tags = not self.args.no_tags
+        self.lay = Layout(self.work_dir, self.src, self.tgt)
+        self.codes = os.path.join(self.work_dir, "bpe", "codes")
+        self.label_sets_path = os.path.join(self.work_dir, "tags", "label_sets.json")
+
+    @functools.cached_property
+    def model(self):
+        """The spaCy model that tags (only asked for when tagging)."""
+        return self.args.spacy_model or tagging.default_model_name()
+
+    @functools.cached_property
+    def tag_jobs(self):
+        """One tagging job per split (made when first needed: it counts the lines of the
+        precleaned source)."""
+        return [
+            tagging.TagJob(
+                self.lay.path("clean", s, self.src),
+                os.path.join(self.work_dir, "tags", s),
+                self.args.tag_chunk_size,
+            )
+            for s in SPLITS
+        ]
+
+    def train_raw(self):
+        return [self.raw["train"][self.src], self.raw["train"][self.tgt]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One step of :data:`PIPELINE`: its marker's ``settings`` and ``outputs`` (see
+    :meth:`StepLedger.run`) and what it does, each a function of the :class:`Context`."""
+
+    name: str
+    settings: Callable[[Context], dict]
+    outputs: Callable[[Context], list]
+    run: Callable[[Context], None]
+    wanted: Callable[[Context], bool] = lambda ctx: True  # False: skipped (tag, --no-tags)
+    relocatable: tuple = ()
+    redo_on_force: bool = False
+
+
+# 1. tokenize: normalise and tokenise every split ---------------------------------------
+
+
+def _tokenize_settings(ctx):
+    return {"inputs": [file_identity(p) for s in SPLITS for p in ctx.raw[s].values()]}
+
+
+def _tokenize(ctx):
+    for split in SPLITS:
+        for lang, path in ctx.raw[split].items():
+            log.info("tokenising %s", path)
+            moses.tokenize_file(
+                path, ctx.lay.path("tok", split, lang), lang, ctx.args.workers, ctx.args.utf8_errors
+            )
+
+
+# 2. preclean: train only, like the recipe; valid/test are kept whole --------------------
+
+
+def _preclean_settings(ctx):
+    return {"min": ctx.args.min_len, "max": ctx.args.max_len}
+
+
+def _preclean(ctx):
+    lay = ctx.lay
+    pre_filter = cleaning.SafePreFilter(ctx.args.min_len, ctx.args.max_len)
+    kept, dropped = cleaning.filter_aligned(
+        lay.texts("tok", ["train"]), lay.texts("clean", ["train"]), pre_filter
+    )
+    cleaning.require_pairs(
+        kept,
+        dropped,
+        lay.texts("tok", ["train"]),
+        pre_filter,
+        ctx.train_raw(),
+        "tokenisation and cleaning (empty lines, --min-len, --max-len)",
+    )
+    for split in ("valid", "test"):
+        for lang in (ctx.src, ctx.tgt):
+            _copy(lay.path("tok", split, lang), lay.path("clean", split, lang))
+
+
+# 3. tag: spaCy POS/NER on the source tokens, unless --no-tags ---------------------------
+
+
+def _tag_model_settings(ctx):
+    """The model and scheme of the tags (None without tags), as the output records them."""
+    return {"model": ctx.model, "pos_scheme": ctx.args.pos_scheme} if ctx.tags else None
+
+
+def _tag_settings(ctx):
+    return dict(
+        _tag_model_settings(ctx), chunk=ctx.args.tag_chunk_size, batch=ctx.args.tag_batch_size
+    )
+
+
+def _tag_outputs(ctx):
+    return [o for j in ctx.tag_jobs for o in j.outputs()] + [ctx.label_sets_path]
+
+
+def _tag(ctx):
+    args = ctx.args
+    tagging.tag_files(
+        ctx.tag_jobs,
+        ctx.model,
+        args.pos_scheme,
+        args.workers,
+        args.tag_batch_size,
+        force=args.force,
+        progress=not args.quiet,
+    )
+    for job in ctx.tag_jobs:
+        tagging.merge_tags(job)
+    labeler = tagging.labeler(ctx.model, args.pos_scheme)
+    with atomic_open(ctx.label_sets_path) as out:
+        json.dump(
+            {
+                "label_sets": labeler.label_sets(),
+                "model": labeler.model_version,
+                "pos_scheme": args.pos_scheme,
+            },
+            out,
+            indent=1,
+        )
+
+
+def _tag_shard(ctx, ledger, upstream):
+    """``--tag-shard``: tag one shard's chunks (unless the tag step is done) and nothing
+    else; the run without it merges them."""
+    args = ctx.args
+    settings = _tag_settings(ctx)
+    stamp = fingerprint({"step": "tag", "settings": settings, "upstream": upstream})
+    if ledger.is_done("tag", stamp, settings, upstream):
+        log.info("tagging already complete")
+        return
+    n, words, secs = tagging.tag_files(
+        ctx.tag_jobs,
+        ctx.model,
+        args.pos_scheme,
+        args.workers,
+        args.tag_batch_size,
+        args.tag_shard,
+        progress=not args.quiet,
+    )
+    log.info(
+        "shard %d/%d: tagged %d sentences (%d words) in %.0fs", *args.tag_shard, n, words, secs
+    )
+
+
+# 4. bpe_learn: joint codes on the train source and target, or --bpe-codes copied --------
+
+
+def _bpe_learn_settings(ctx):
+    if ctx.args.bpe_codes:
+        return {"codes": file_identity(ctx.args.bpe_codes)}
+    return {"merges": ctx.args.bpe_merges}
+
+
+def _bpe_learn(ctx):
+    if ctx.args.bpe_codes:
+        _copy(ctx.args.bpe_codes, ctx.codes)
+    else:
+        bpe.learn_joint_bpe(
+            ctx.lay.texts("clean", ["train"]), ctx.codes, ctx.args.bpe_merges, ctx.args.workers
+        )
+
+
+# 5. bpe_apply: segment every split, projecting the labels onto the subwords -------------
+
+
+def _bpe_apply_outputs(ctx):
+    return ctx.lay.texts("bpe") + (ctx.lay.tags("bpe") if ctx.tags else [])
+
+
+def _bpe_apply(ctx):
+    lay, workers = ctx.lay, ctx.args.workers
+    for split in SPLITS:
+        tag_in = [lay.path("tags", split, k) for k in TAG_KINDS] if ctx.tags else []
+        tag_out = [lay.path("bpe", split, k) for k in TAG_KINDS] if ctx.tags else []
+        bpe.apply_bpe(
+            ctx.codes,
+            lay.path("clean", split, ctx.src),
+            lay.path("bpe", split, ctx.src),
+            tag_in,
+            tag_out,
+            workers,
+            TAG_KINDS,
+        )
+        bpe.apply_bpe(
+            ctx.codes,
+            lay.path("clean", split, ctx.tgt),
+            lay.path("bpe", split, ctx.tgt),
+            workers=workers,
+        )
+
+
+# 6. clean: train only, on the BPE text, carrying the tags along -------------------------
+
+
+def _clean_settings(ctx):
+    return {"min": ctx.args.min_len, "max": ctx.args.max_len, "ratio": ctx.args.max_ratio}
+
+
+def _clean_outputs(ctx):
+    return ctx.lay.texts("final") + (ctx.lay.tags("final") if ctx.tags else [])
+
+
+def _clean(ctx):
+    args, lay = ctx.args, ctx.lay
+    kinds = list(TAG_KINDS) if ctx.tags else []
+    for split in SPLITS:
+        ins = [lay.path("bpe", split, x) for x in [ctx.src, ctx.tgt] + kinds]
+        outs = [lay.path("final", split, x) for x in [ctx.src, ctx.tgt] + kinds]
+        if split == "train":
+            length_filter = cleaning.LengthFilter(args.min_len, args.max_len, args.max_ratio)
+            kept, dropped = cleaning.filter_aligned(ins, outs, length_filter)
+            cleaning.require_pairs(
+                kept,
+                dropped,
+                ins[:2],
+                length_filter,
+                ctx.train_raw(),
+                "BPE and the length/ratio filter (--min-len, --max-len, --max-ratio)",
+            )
+        else:
+            for i, o in zip(ins, outs):
+                _copy(i, o)
+
+
+# 7. binarize: fairseq-preprocess the text and the tags into the output folder -----------
+
+
+def _binarize_settings(ctx):
+    return {"dict_size": ctx.args.dict_size, "dest": os.path.abspath(ctx.dest_dir)}
+
+
+def _binarize(ctx):
+    label_sets = None
+    info = {
+        "source_lang": ctx.src,
+        "target_lang": ctx.tgt,
+        "bpe": _bpe_learn_settings(ctx),
+        "dict_size": ctx.args.dict_size,
+        "clean": _clean_settings(ctx),
+        "tags": _tag_model_settings(ctx),
+    }
+    if ctx.tags:
+        with open(ctx.label_sets_path, encoding="utf-8") as f:
+            saved = json.load(f)
+        label_sets = saved["label_sets"]
+        info["tags"] = dict(info["tags"], model_version=saved["model"])
+    binarize_mod.binarize(
+        os.path.join(ctx.work_dir, "final"),
+        ctx.src,
+        ctx.tgt,
+        ctx.dest_dir,
+        ctx.args.dict_size,
+        ctx.args.workers,
+        label_sets,
+        info,
+    )
+
+
+PIPELINE = (
+    Step("tokenize", _tokenize_settings, lambda ctx: ctx.lay.texts("tok"), _tokenize),
+    Step("preclean", _preclean_settings, lambda ctx: ctx.lay.texts("clean"), _preclean),
+    Step("tag", _tag_settings, _tag_outputs, _tag, wanted=lambda ctx: ctx.tags),
+    Step("bpe_learn", _bpe_learn_settings, lambda ctx: [ctx.codes], _bpe_learn),
+    Step("bpe_apply", lambda ctx: {"tags": ctx.tags}, _bpe_apply_outputs, _bpe_apply),
+    Step("clean", _clean_settings, _clean_outputs, _clean),
+    # Where the output goes is not what it holds: another --data-bin just binarizes again
+    # (nothing to overwrite, checked before); --force always rebuilds the output.
+    Step(
+        "binarize",
+        _binarize_settings,
+        lambda ctx: [ctx.dest_dir],
+        _binarize,
+        relocatable=("dest",),
+        redo_on_force=True,
+    ),
+)
+STEPS = tuple(step.name for step in PIPELINE)
+
+
 def run_pipeline(args, prefixes, name, src, tgt):
     """Run the steps for ``prefixes`` = {split: path prefix of raw text}: first the checks
     that need no step (:func:`check_before_running`, a writable output folder), then the
@@ -271,255 +572,34 @@ def run_pipeline(args, prefixes, name, src, tgt):
                 "pass --force to overwrite it",
                 dest_dir,
             )
-        return _run_steps(args, raw, src, tgt, work_dir, dest_dir, ledger)
+        ctx = Context(args, raw, src, tgt, work_dir, dest_dir)
+        return _run_steps(ctx, ledger)
 
 
-def _run_steps(args, raw, src, tgt, work_dir, dest_dir, ledger):
-    tags = not args.no_tags
-    lay = Layout(work_dir, src, tgt)
-    stop = args.stop_after
-
-    # 1. tokenize ------------------------------------------------------------------------
-    def tokenize():
-        for split in SPLITS:
-            for lang, path in raw[split].items():
-                log.info("tokenising %s", path)
-                moses.tokenize_file(
-                    path, lay.path("tok", split, lang), lang, args.workers, args.utf8_errors
-                )
-
-    stamp = ledger.run(
-        "tokenize",
-        {"inputs": [file_identity(p) for s in SPLITS for p in raw[s].values()]},
-        lay.texts("tok"),
-        tokenize,
-    )
-    if stop == "tokenize":
-        return None
-
-    # 2. preclean (train only, like the recipe; valid/test are kept whole) ----------------
-    def preclean():
-        pre_filter = cleaning.SafePreFilter(args.min_len, args.max_len)
-        kept, dropped = cleaning.filter_aligned(
-            lay.texts("tok", ["train"]), lay.texts("clean", ["train"]), pre_filter
-        )
-        cleaning.require_pairs(
-            kept,
-            dropped,
-            lay.texts("tok", ["train"]),
-            pre_filter,
-            [raw["train"][src], raw["train"][tgt]],
-            "tokenisation and cleaning (empty lines, --min-len, --max-len)",
-        )
-        for split in ("valid", "test"):
-            for lang in (src, tgt):
-                _copy(lay.path("tok", split, lang), lay.path("clean", split, lang))
-
-    stamp = ledger.run(
-        "preclean", {"min": args.min_len, "max": args.max_len}, lay.texts("clean"), preclean, stamp
-    )
-    if stop == "preclean":
-        return None
-
-    # 3. tag -----------------------------------------------------------------------------
-    tag_settings = None
-    if tags:
-        model = args.spacy_model or tagging.default_model_name()
-        tag_settings = {"model": model, "pos_scheme": args.pos_scheme}
-        label_sets_path = os.path.join(work_dir, "tags", "label_sets.json")
-        jobs = [
-            tagging.TagJob(
-                lay.path("clean", s, src), os.path.join(work_dir, "tags", s), args.tag_chunk_size
-            )
-            for s in SPLITS
-        ]
-        if args.tag_shard:
-            if ledger.is_done(
-                "tag",
-                _tag_stamp(tag_settings, args, stamp),
-                _tag_settings(tag_settings, args),
-                stamp,
-            ):
-                log.info("tagging already complete")
+def _run_steps(ctx, ledger):
+    """Run :data:`PIPELINE` in order, each step's stamp chained to the one before it, and
+    stop after ``--stop-after``; return the output folder, or None if stopped early."""
+    stamp = ""
+    for step in PIPELINE:
+        if step.wanted(ctx):
+            if step.name == "tag" and ctx.args.tag_shard:
+                _tag_shard(ctx, ledger, stamp)  # one shard of an array job, and stop
                 return None
-            n, words, secs = tagging.tag_files(
-                jobs,
-                model,
-                args.pos_scheme,
-                args.workers,
-                args.tag_batch_size,
-                args.tag_shard,
-                progress=not args.quiet,
+            stamp = ledger.run(
+                step.name,
+                step.settings(ctx),
+                step.outputs(ctx),
+                functools.partial(step.run, ctx),
+                stamp,
+                relocatable=step.relocatable,
+                redo=step.redo_on_force and ctx.args.force,
             )
-            log.info(
-                "shard %d/%d: tagged %d sentences (%d words) in %.0fs",
-                *args.tag_shard,
-                n,
-                words,
-                secs,
-            )
-            return None
-
-        def tag():
-            tagging.tag_files(
-                jobs,
-                model,
-                args.pos_scheme,
-                args.workers,
-                args.tag_batch_size,
-                force=args.force,
-                progress=not args.quiet,
-            )
-            for job in jobs:
-                tagging.merge_tags(job)
-            labeler = tagging._worker_labeler or tagging.Labeler(model, args.pos_scheme)
-            import json
-
-            with atomic_open(label_sets_path) as out:
-                json.dump(
-                    {
-                        "label_sets": labeler.label_sets(),
-                        "model": labeler.model_version,
-                        "pos_scheme": args.pos_scheme,
-                    },
-                    out,
-                    indent=1,
-                )
-
-        stamp = ledger.run(
-            "tag",
-            _tag_settings(tag_settings, args),
-            [o for j in jobs for o in j.outputs()] + [label_sets_path],
-            tag,
-            stamp,
-        )
-    if stop == "tag":
-        return None
-
-    # 4. bpe_learn -----------------------------------------------------------------------
-    codes = os.path.join(work_dir, "bpe", "codes")
-    if args.bpe_codes:
-        bpe_settings = {"codes": file_identity(args.bpe_codes)}
-        learn = lambda: _copy(args.bpe_codes, codes)  # noqa: E731
-    else:
-        bpe_settings = {"merges": args.bpe_merges}
-        learn = lambda: bpe.learn_joint_bpe(
-            lay.texts("clean", ["train"]),
-            codes,  # noqa: E731
-            args.bpe_merges,
-            args.workers,
-        )
-    stamp = ledger.run("bpe_learn", bpe_settings, [codes], learn, stamp)
-    if stop == "bpe_learn":
-        return None
-
-    # 5. bpe_apply -----------------------------------------------------------------------
-    def apply():
-        for split in SPLITS:
-            tag_in = [lay.path("tags", split, k) for k in TAG_KINDS] if tags else []
-            tag_out = [lay.path("bpe", split, k) for k in TAG_KINDS] if tags else []
-            bpe.apply_bpe(
-                codes,
-                lay.path("clean", split, src),
-                lay.path("bpe", split, src),
-                tag_in,
-                tag_out,
-                args.workers,
-                TAG_KINDS,
-            )
-            bpe.apply_bpe(
-                codes,
-                lay.path("clean", split, tgt),
-                lay.path("bpe", split, tgt),
-                workers=args.workers,
-            )
-
-    outputs = lay.texts("bpe") + (lay.tags("bpe") if tags else [])
-    stamp = ledger.run("bpe_apply", {"tags": tags}, outputs, apply, stamp)
-    if stop == "bpe_apply":
-        return None
-
-    # 6. clean (train only, on BPE text, carrying the tags along) -------------------------
-    def clean():
-        kinds = list(TAG_KINDS) if tags else []
-        for split in SPLITS:
-            ins = [lay.path("bpe", split, x) for x in [src, tgt] + kinds]
-            outs = [lay.path("final", split, x) for x in [src, tgt] + kinds]
-            if split == "train":
-                length_filter = cleaning.LengthFilter(args.min_len, args.max_len, args.max_ratio)
-                kept, dropped = cleaning.filter_aligned(ins, outs, length_filter)
-                cleaning.require_pairs(
-                    kept,
-                    dropped,
-                    ins[:2],
-                    length_filter,
-                    [raw["train"][src], raw["train"][tgt]],
-                    "BPE and the length/ratio filter (--min-len, " "--max-len, --max-ratio)",
-                )
-            else:
-                for i, o in zip(ins, outs):
-                    _copy(i, o)
-
-    filt = {"min": args.min_len, "max": args.max_len, "ratio": args.max_ratio}
-    outputs = lay.texts("final") + (lay.tags("final") if tags else [])
-    stamp = ledger.run("clean", filt, outputs, clean, stamp)
-    if stop == "clean":
-        return None
-
-    # 7. binarize ------------------------------------------------------------------------
-    def binarize():
-        label_sets = None
-        info = {
-            "source_lang": src,
-            "target_lang": tgt,
-            "bpe": bpe_settings,
-            "dict_size": args.dict_size,
-            "clean": filt,
-            "tags": tag_settings,
-        }
-        if tags:
-            import json
-
-            with open(os.path.join(work_dir, "tags", "label_sets.json"), encoding="utf-8") as f:
-                saved = json.load(f)
-            label_sets = saved["label_sets"]
-            info["tags"] = dict(tag_settings, model_version=saved["model"])
-        binarize_mod.binarize(
-            os.path.join(work_dir, "final"),
-            src,
-            tgt,
-            dest_dir,
-            args.dict_size,
-            args.workers,
-            label_sets,
-            info,
-        )
-
-    # Where the output goes is not what it holds: another --data-bin just binarizes
-    # again (nothing to overwrite, checked above); --force always rebuilds the output.
-    ledger.run(
-        "binarize",
-        {"dict_size": args.dict_size, "dest": os.path.abspath(dest_dir)},
-        [dest_dir],
-        binarize,
-        stamp,
-        relocatable=("dest",),
-        redo=args.force,
-    )
-    log.info("done: %s", dest_dir)
-    return dest_dir
-
-
-def _tag_settings(tag_settings, args):
-    return dict(tag_settings, chunk=args.tag_chunk_size, batch=args.tag_batch_size)
-
-
-def _tag_stamp(tag_settings, args, upstream):
-    from .steps import fingerprint
-
-    return fingerprint(
-        {"step": "tag", "settings": _tag_settings(tag_settings, args), "upstream": upstream}
-    )
+        if ctx.args.stop_after == step.name:
+            break
+    if step is not PIPELINE[-1]:
+        return None  # stopped early (--stop-after binarize is a whole run)
+    log.info("done: %s", ctx.dest_dir)
+    return ctx.dest_dir
 
 
 def setup_logging():

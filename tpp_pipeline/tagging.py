@@ -278,6 +278,17 @@ def _init_worker(model_name, pos_scheme, batch_size):
         _worker_labeler = Labeler(model_name, pos_scheme, batch_size)
 
 
+def labeler(model_name=None, pos_scheme="upos"):
+    """A :class:`Labeler` of ``model_name`` and ``pos_scheme``: the one that
+    :func:`tag_files` loaded in this process when it is of those, else a new one (so the
+    model is not loaded twice)."""
+    model_name = model_name or default_model_name()
+    loaded = _worker_labeler
+    if loaded is not None and (loaded.model_name, loaded.pos_scheme) == (model_name, pos_scheme):
+        return loaded
+    return Labeler(model_name, pos_scheme)
+
+
 def _tag_chunk(paths, lines, source, first_line):
     """Tag ``lines`` and write the chunk's label files; return (sentences, words)."""
     words = 0
