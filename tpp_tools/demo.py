@@ -10,8 +10,10 @@ this process) or fairseq's command line (``scripts/train.sh`` runs ``fairseq-tra
 
 Re-running reuses every finished stage: the data pipeline skips its completed steps,
 fairseq-train resumes from checkpoint_last.pt (and is not started when the run is
-complete), and averaging, evaluation and plots are skipped when their outputs are newer
-than their inputs.
+complete), and the cut-down sample, averaging, evaluation, training curves and attention
+maps are skipped by the pipeline's step ledger (``--out/.steps``) while the files and
+options they were made from are unchanged; a stage whose inputs changed (training went
+further, another --average) is redone, and with it the stages that read its output.
 
 Environment: DEMO_MAX_UPDATE and DEMO_SAVE_EVERY (defaults of --max-update and
 --save-every), DEMO_BPE_MERGES [8000], DEMO_MAX_TOKENS [4096], DEMO_SENTENCE [the
@@ -19,6 +21,7 @@ paper's "There is a fire in the mountain."], OMP_NUM_THREADS [the number of core
 """
 
 import argparse
+import filecmp
 import io
 import os
 import shutil
@@ -30,6 +33,14 @@ from pathlib import Path
 
 PROG = "tpp-demo"
 STAGES = 6
+# what the user knows a step setting by, for the ledger's messages about changed settings
+OPTION_NAMES = {
+    "sample": "--sample",
+    "train_lines": "--train-lines",
+    "heldout_lines": "--heldout-lines",
+    "average": "--average",
+    "sentence": "DEMO_SENTENCE",
+}
 
 
 class DemoError(Exception):
@@ -97,32 +108,30 @@ def build_parser(root):
     return parser
 
 
-def newer(path, than):
-    """True when ``path`` exists and was modified after ``than`` (shell's -nt)."""
-    return path.exists() and (not than.exists() or path.stat().st_mtime > than.stat().st_mtime)
-
-
 def has_content(path):
     return path.is_file() and path.stat().st_size > 0
 
 
+SAMPLE_FILES = [f"{split}.{lang}" for lang in ("en", "de") for split in ("train", "valid", "test")]
+
+
 def cut_down_sample(sample, folder, train_lines, heldout_lines):
-    """The first lines of each split of ``sample`` in ``folder`` (written once)."""
+    """The first lines of each split of ``sample`` in ``folder``; a file that would not
+    change is left as it is (the data pipeline knows its inputs by modification time)."""
     folder.mkdir(parents=True, exist_ok=True)
-    for lang in ("en", "de"):
-        for split in ("train", "valid", "test"):
-            n = train_lines if split == "train" else heldout_lines
-            target = folder / f"{split}.{lang}"
-            if has_content(target):
-                continue
-            tmp = target.with_name(target.name + ".tmp")
-            with open(sample / f"{split}.{lang}", "rb") as src, open(tmp, "wb") as out:
-                for number, line in enumerate(src):
-                    if n is not None and number >= n:
-                        break
-                    out.write(line)
+    for name in SAMPLE_FILES:
+        n = train_lines if name.startswith("train.") else heldout_lines
+        target = folder / name
+        tmp = target.with_name(target.name + ".tmp")
+        with open(sample / name, "rb") as src, open(tmp, "wb") as out:
+            for number, line in enumerate(src):
+                if n is not None and number >= n:
+                    break
+                out.write(line)
+        if target.is_file() and filecmp.cmp(tmp, target, shallow=False):
+            os.remove(tmp)
+        else:
             os.replace(tmp, target)
-    return folder
 
 
 def write_atomically(path, text):
@@ -152,6 +161,8 @@ def check(status, what):
 def run_demo(args, root):
     from . import average, embedding_similarity, evaluate, plot_attention, plot_training
     from tpp_pipeline import pipeline
+    from tpp_pipeline.errors import DataError
+    from tpp_pipeline.steps import StepLedger, file_identity
 
     env = dict(os.environ)
     # this environment's commands first: fairseq-train and tpp-recover-checkpoint
@@ -166,6 +177,15 @@ def run_demo(args, root):
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out.resolve()
     started = time.monotonic()
+    pipeline.setup_logging()  # the ledger's messages, as the data pipeline's
+    # the stages after training read only files the demo made: one done from other files
+    # or options is redone (with the stages after it), never refused
+    ledger = StepLedger(str(out), force=True, names=OPTION_NAMES)
+
+    def run_step(name, settings, outputs, action, upstream=""):
+        """``action`` as the ledger's step ``name``; its stamp, for the steps reading its
+        outputs."""
+        return ledger.run(name, settings, [str(p) for p in outputs], action, upstream)
 
     def stage(number, title):
         print(
@@ -174,10 +194,34 @@ def run_demo(args, root):
         )
 
     # ------------------------------------------------------------------------ 1. data
-    sample = args.sample
-    if args.train_lines is not None or args.heldout_lines is not None:
-        sample = cut_down_sample(sample, out / "sample", args.train_lines, args.heldout_lines)
+    cutting = args.train_lines is not None or args.heldout_lines is not None
+    sample = out / "sample" if cutting else args.sample
     stage(1, f"prepare, tag (spaCy), BPE and binarize {sample}")
+    if cutting:
+        # another cut under the same --out would mix with the data and training of the
+        # first: refused (the ledger not forced), as the data pipeline refuses new inputs
+        settings = {
+            "sample": [file_identity(args.sample / name) for name in SAMPLE_FILES],
+            "train_lines": args.train_lines,
+            "heldout_lines": args.heldout_lines,
+        }
+        kept = StepLedger(str(out), names=OPTION_NAMES)
+        try:
+            kept.run(
+                "sample",
+                settings,
+                [str(sample / name) for name in SAMPLE_FILES],
+                lambda: cut_down_sample(args.sample, sample, args.train_lines, args.heldout_lines),
+            )
+        except DataError:
+            if kept.saved("sample") is None:
+                raise
+            changes = "; ".join(kept.changes(kept.saved("sample"), settings, ""))
+            raise DemoError(
+                f"{out} was made from another sample ({changes}): pass --force to start "
+                "again from scratch, or use another --out",
+                2,
+            ) from None
     check(
         pipeline.main(
             [
@@ -263,9 +307,8 @@ def run_demo(args, root):
     # ------------------------------------------------------------------------ 3. average
     stage(3, f"average the last {args.average} checkpoints")
     avg = ckpt / "checkpoint_avg.pt"
-    if has_content(avg) and newer(avg, ckpt / "checkpoint_last.pt"):
-        print(f"reusing {avg}", flush=True)
-    else:
+
+    def average_checkpoints():
         # fairseq writes no checkpoint_<epoch>_<update>.pt when an interval ends an
         # epoch, so there may be fewer than asked for: average those there are
         found = len(list(ckpt.glob("checkpoint_*_*.pt")))
@@ -286,14 +329,22 @@ def run_demo(args, root):
             "averaging",
         )
 
+    averaged = run_step(
+        "average",
+        {"checkpoint": file_identity(ckpt / "checkpoint_last.pt"), "average": args.average},
+        [avg],
+        average_checkpoints,
+    )
+
     # ------------------------------------------------------------------------ 4. evaluate
     stage(4, "translate the test set (beam 5, length penalty 0.5) and score it")
     eval_dir = out / "eval"
     bleu = eval_dir / "bleu.txt"
-    if has_content(bleu) and newer(bleu, avg):
-        print(f"reusing {bleu}", flush=True)
-    else:
-        check(
+    run_step(
+        "evaluate",
+        {"checkpoint": file_identity(avg), "reference": file_identity(sample / "test.de")},
+        [bleu, eval_dir / "generate-test.txt"],
+        lambda: check(
             evaluate.main(
                 [
                     "--data",
@@ -309,38 +360,47 @@ def run_demo(args, root):
                 ]
             ),
             "evaluation",
-        )
+        ),
+        averaged,
+    )
 
     # ------------------------------------------------------------------------ 5. plots
     stage(5, "training curves")
     plots = out / "plots"
-    if not list(plots.glob("*.png")) or newer(ckpt / "train.log", plots):
-        check(
+    run_step(
+        "plots",
+        {"log": file_identity(ckpt / "train.log")},
+        [plots],
+        lambda: check(
             plot_training.main(
                 ["--log", str(ckpt / "train.log"), "--out-dir", str(plots), "--force"]
             ),
             "plotting the training curves",
-        )
+        ),
+    )
 
     # ------------------------------------------------------------------------ 6. attention
     stage(6, "attention maps and the paper's fire/mountain similarity")
     sentence = os.environ.get("DEMO_SENTENCE", "There is a fire in the mountain.")
-    model = [
-        "--path",
-        str(avg),
-        "--data",
-        str(data),
-        "--bpe-codes",
-        str(out / "work" / "bpe" / "codes"),
-    ]
+    codes = out / "work" / "bpe" / "codes"
+    model = ["--path", str(avg), "--data", str(data), "--bpe-codes", str(codes)]
     attention = out / "attention"
-    if not list(attention.glob("*.png")) or newer(avg, attention):
-        check(
+    run_step(
+        "attention",
+        {
+            "checkpoint": file_identity(avg),
+            "bpe_codes": file_identity(codes),
+            "sentence": sentence,
+        },
+        [attention],
+        lambda: check(
             plot_attention.main(
                 [*model, "--sentence", sentence, "--out-dir", str(attention), "--force"]
             ),
             "drawing the attention maps",
-        )
+        ),
+        averaged,
+    )
     printed = io.StringIO()
     with redirect_stdout(printed):
         status = embedding_similarity.main(
@@ -375,11 +435,16 @@ def main(argv=None):
     args = build_parser(root).parse_args(argv)
     # before torch is imported (the plots and analyses run in this process)
     os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+    from tpp_pipeline.errors import DataError
+
     try:
         run_demo(args, root)
     except DemoError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return error.status
+    except DataError as error:  # a stage of the ledger wrote less than it should
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -1,8 +1,10 @@
 """The main job (tpp-demo, what `make demo` runs) end to end on a cut-down
 budget: the shipped sample through spaCy tagging, BPE, binarization, training with
 tags, averaging, generation, sacreBLEU, plots and attention maps; then a second run
-that reuses every finished stage."""
+that reuses every finished stage, one that redoes the stages whose inputs changed, and
+one refused for another cut of the sample."""
 
+import os
 import re
 import subprocess
 
@@ -25,9 +27,11 @@ QUICK = [
     "--average",
     "3",
 ]
+# the demo's own steps in its ledger (--out/.steps), after the data pipeline's
+DEMO_STEPS = ("sample", "average", "evaluate", "plots", "attention")
 
 
-def run_demo(out, *extra):
+def run_demo(out, *extra, status=0):
     env = tool_env()
     env["OMP_NUM_THREADS"] = "2"
     proc = subprocess.run(
@@ -38,7 +42,7 @@ def run_demo(out, *extra):
         text=True,
         timeout=1200,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert proc.returncode == status, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc.stdout + proc.stderr
 
 
@@ -96,8 +100,43 @@ def test_demo_draws_training_curves_and_attention_maps(demo):
 def test_second_run_reuses_finished_stages(demo):
     out, _ = demo
     avg = out / "checkpoints" / "checkpoint_avg.pt"
-    before = avg.stat().st_mtime
+    before = avg.stat().st_mtime_ns
     log = run_demo(out)
-    assert log.count("already done, skipping") >= 6
-    assert f"reusing {avg}" in log and "reusing " + str(out / "eval" / "bleu.txt") in log
-    assert avg.stat().st_mtime == before
+    assert log.count("already done, skipping") >= 6 + len(DEMO_STEPS), "the pipeline's too"
+    for step in DEMO_STEPS:
+        assert f"step {step}: already done, skipping" in log, step
+    assert not re.search(r"step \w+: (running|settings changed)", log), "nothing is redone"
+    assert f"reusing {out / 'checkpoints'} (trained for " in log, "no training"
+    assert avg.stat().st_mtime_ns == before
+
+
+def test_a_stage_whose_input_changed_is_redone_with_the_stages_after_it(demo):
+    """A newer checkpoint_last.pt (as if training had gone further; here only touched)
+    redoes the averaging, and so the evaluation and attention maps that read its output;
+    the training curves, from the same log, are kept. No training runs."""
+    out, _ = demo
+    last = out / "checkpoints" / "checkpoint_last.pt"
+    bleu = out / "eval" / "bleu.txt"
+    stat = last.stat()
+    os.utime(last, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    before = bleu.stat().st_mtime_ns
+    log = run_demo(out)
+    for step in ("average", "evaluate", "attention"):
+        assert f"step {step}: settings changed" in log, step
+    for step in ("sample", "plots"):
+        assert f"step {step}: already done, skipping" in log, step
+    assert f"reusing {out / 'checkpoints'} (trained for " in log, "no training"
+    assert bleu.stat().st_mtime_ns != before
+    assert re.search(r"^sacrebleu_detok: [\d.]+$", bleu.read_text(), re.M)
+
+
+def test_another_cut_of_the_sample_under_the_same_out_is_refused(demo):
+    """The data and training of one cut are not mixed with another: the run stops before
+    the data pipeline, naming the option, and changes nothing."""
+    out, _ = demo
+    marker = out / ".steps" / "sample.json"
+    before = marker.read_text()
+    log = run_demo(out, "--train-lines", "200", status=2)
+    assert "--train-lines was 300, now 200" in log and "--force" in log
+    assert "step tokenize" not in log, "stopped before the data pipeline"
+    assert marker.read_text() == before
