@@ -6,7 +6,7 @@
 #   benchmarks/gpu_suite.sh [--force] [--budget SECONDS] [--limit STAGE=SECONDS ...]
 #                           [--pack DIR] DATA OUT [STAGE ...]
 #
-#   --budget  the seconds the whole suite may take (a lent GPU's time is counted): no
+#   --budget  the seconds the whole suite may take (an allocation's time is counted): no
 #          command runs past it; those left are recorded as not run
 #   --limit   the seconds one stage may take (default: the figure beside it below),
 #          within the budget: a command cut off keeps its output in FILE.partial, and
