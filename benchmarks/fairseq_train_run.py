@@ -96,6 +96,9 @@ def table(pairs):
 
 
 def main():
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print(__doc__)
+        return
     if len(sys.argv) < 2 or sys.argv[1] not in ("train", "table"):
         raise SystemExit(__doc__.split("\n\n")[1])
     if sys.argv[1] == "train":

@@ -546,3 +546,21 @@ def test_benchmarks_are_run_as_modules_of_the_package_wherever_a_command_names_o
         for match in re.findall(r"(?:python3?|\$PY\"?|/python) benchmarks/\w+\.py", text)
     ]
     assert not by_path, by_path
+
+
+@pytest.mark.parametrize(
+    "name",
+    sorted(
+        p.stem for p in (REPO / "benchmarks").glob("*.py") if p.stem not in ("__init__", "harness")
+    ),
+)
+def test_every_benchmark_answers_help(name, monkeypatch, capsys):
+    """``python -m benchmarks.NAME --help`` prints how to run it and exits 0."""
+    import runpy
+
+    monkeypatch.setattr(sys, "argv", [f"benchmarks/{name}.py", "--help"])
+    with pytest.raises(SystemExit) as stopped:
+        runpy.run_module(f"benchmarks.{name}", run_name="__main__")
+        raise SystemExit(0)  # a script that prints its help and returns
+    assert stopped.value.code in (0, None)
+    assert name in capsys.readouterr().out
