@@ -24,7 +24,7 @@ allocated after training plus a step's peak); on the CPU, the peak RSS of a proc
 trains only that model, minus its RSS before building it.
 
     python -m benchmarks.bench_model --data data-bin/mine --sizes 128            # CPU
-    python -m benchmarks.bench_model --quick                                      # synthetic, ~2 min
+    python -m benchmarks.bench_model --quick                                      # synthetic data
     python -m benchmarks.bench_model --data DIR --device cuda --dtype bf16 --sizes 512,1024 --mfu
 """
 
@@ -125,8 +125,8 @@ def parse_args(argv=None):
         default=0,
         metavar="N",
         help="measure every model in a process of its own, N repetitions with the models "
-        "alternating (default 0: one process, models taking turns step by step; on an "
-        "H100, separate processes of the *same* model differed by 20-40%%)",
+        "alternating (default 0: one process, models taking turns step by step; separate "
+        "processes of the *same* model vary more than turns within one)",
     )
     p.add_argument("--memory-child", nargs=2, metavar=("MODEL", "SIZE"), help=argparse.SUPPRESS)
     p.add_argument("--child", nargs=2, metavar=("MODEL", "SIZE"), help=argparse.SUPPRESS)

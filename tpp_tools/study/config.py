@@ -140,7 +140,7 @@ def recipe(name: str) -> str:
 
 
 CONFIGS = {
-    # transformer-base size on one GPU, bf16: all variants x 3 seeds in about 25 minutes
+    # transformer-base size on one GPU, bf16: all variants x 3 seeds
     "gpu": Config(
         embed_dim=512,
         ffn_dim=2048,
@@ -158,8 +158,8 @@ CONFIGS = {
         dtype="bf16",
         bpe_merges=16000,
     ),
-    # transformer-base size on one GPU, bf16, sized for one short call on an H100 (all
-    # variants x 2 seeds, four at a time): a few minutes of training in all
+    # transformer-base size on one GPU, bf16, sized for a short single-GPU allocation
+    # (all variants x 2 seeds, four at a time)
     "gpu-short": Config(
         embed_dim=512,
         ffn_dim=2048,
@@ -180,7 +180,7 @@ CONFIGS = {
         bpe_merges=8000,
     ),
     # chosen for learning speed on a 2-core CPU (a small model, a small BPE vocabulary,
-    # short segments, small batches, a short warm-up): all variants x 2 seeds in 3 hours
+    # short segments, small batches, a short warm-up)
     "cpu": Config(
         embed_dim=256,
         ffn_dim=512,

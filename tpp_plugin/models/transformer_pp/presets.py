@@ -62,7 +62,7 @@ def transformer_pp_tiny(args):
 
 @register_model_architecture("transformer_pp", "transformer_pp_cpu")
 def transformer_pp_cpu(args):
-    """The CPU demo's and the CPU study's model, chosen for learning speed on a few
+    """The CPU demo's model (the CPU study's sizes), chosen for learning speed on a few
     cores: d=256, 4 heads (2+2), FFN 512, 3+3 layers, kernels 3,5,7 with dilations
     1,1,2, dropout 0.1 (no attention/activation dropout, no DropConnect), all
     embeddings shared (one joint dictionary), and the conv heads' output scaled by
