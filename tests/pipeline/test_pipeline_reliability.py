@@ -232,7 +232,7 @@ def test_one_run_per_work_dir_and_stale_locks_are_taken_over(corpus):
     lock = corpus / "work" / ".lock"
 
     first = _blocked_run(corpus)
-    pipe = open(marker, "w")  # returns once the first run is inside its first step
+    pipe = _wait_for_reader(marker, first)  # the first run is inside its first step
     try:
         assert _lock_record(lock)["pid"] == first.pid
         # (without a lock it would wait on the same step marker: the timeout ends that)
@@ -251,7 +251,7 @@ def test_one_run_per_work_dir_and_stale_locks_are_taken_over(corpus):
 
     # two runs race for the stale lock: exactly one takes it over, the other refuses
     racers = [_blocked_run(corpus) for _ in range(2)]
-    pipe = open(marker, "w")  # the winner has reached its first step
+    pipe = _wait_for_reader(marker, *racers)  # the winner has reached its first step
     try:
         winner_pid = _lock_record(lock)["pid"]
         winner = next(p for p in racers if p.pid == winner_pid)
@@ -351,21 +351,26 @@ def test_a_chunk_or_batch_size_below_one_is_a_usage_error(corpus, option):
 
 @pytest.mark.parametrize("which", ["--data-bin", "--work-dir"])
 @pytest.mark.parametrize("how", ["a file in the path", "read-only folder"])
-def test_an_output_folder_that_cannot_be_written_is_an_error_before_any_step(corpus, which, how):
+def test_an_output_folder_that_cannot_be_written_is_an_error_before_any_step(
+    corpus, which, how, request
+):
     """Issue 33.9: a read-only --data-bin was found after tokenising, tagging and BPE
     (OSError EROFS), a read-only --work-dir by a traceback from makedirs. A folder that
     cannot be created (a file stands in its path) fails the same way as one that cannot
-    be written, and needs no privileges to set up; the read-only variant only means
-    something where permissions are enforced (not for root)."""
+    be written. Root ignores a folder's permissions, so as root the folder is made
+    immutable (``chattr +i``), which binds root too."""
     if how == "a file in the path":
         (corpus / "taken").write_text("a file, not a folder\n")
         folder = corpus / "taken" / "out"
     else:
-        if os.geteuid() == 0:
-            pytest.skip("root writes into a read-only folder: permissions are not enforced")
         folder = corpus / "readonly"
         folder.mkdir()
         folder.chmod(0o555)
+        if os.geteuid() == 0:
+            made = subprocess.run(["chattr", "+i", folder], capture_output=True, text=True)
+            if made.returncode != 0:
+                pytest.skip(f"root, on a filesystem without the immutable flag: {made.stderr}")
+            request.addfinalizer(lambda: subprocess.run(["chattr", "-i", folder], check=True))
     args = ["--data-bin", folder] if which == "--data-bin" else []
     if which == "--work-dir":  # the helper gives --work-dir corpus/work: point it elsewhere
         result = run_pipeline(
@@ -541,9 +546,9 @@ def test_a_full_output_disk_at_binarizing_is_an_error_and_leaves_nothing(corpus)
 # ------------------------------------------------------------------ one run per output folder
 
 
-def _wait_for_reader(fifo, process, timeout=120):
-    """Open ``fifo`` for writing once ``process`` has opened it for reading (it then
-    waits there); fails if the process ends first."""
+def _wait_for_reader(fifo, *processes, timeout=120):
+    """Open ``fifo`` for writing once one of ``processes`` has opened it for reading (it
+    then waits there); fails if they all end first, or at the deadline."""
     deadline = time.time() + timeout
     while True:
         try:
@@ -551,8 +556,9 @@ def _wait_for_reader(fifo, process, timeout=120):
         except OSError as error:
             if error.errno != errno.ENXIO:
                 raise
-        assert process.poll() is None, process.communicate()[1]
-        assert time.time() < deadline, "the run never reached its first step"
+        ended = [p for p in processes if p.poll() is not None]
+        assert len(ended) < len(processes), [p.communicate()[1] for p in ended]
+        assert time.time() < deadline, "no run reached its first step"
         time.sleep(0.05)
 
 

@@ -607,8 +607,12 @@ def test_a_gpu_run_decodes_in_float16_only_if_it_trained_in_it(
 
 
 def _study_in_training(command, out, timeout=600):
-    """Start ``command`` (a study of ``out``) and return its process once a run trains."""
+    """Start ``command`` (a study of ``out``) and return its process once a run trains,
+    and a queue of its later output lines (None at the end), read by a thread so that a
+    study printing nothing cannot outlast the deadline."""
+    import queue
     import subprocess
+    import threading
     import time
 
     from support import tool_env
@@ -620,18 +624,37 @@ def _study_in_training(command, out, timeout=600):
         stderr=subprocess.STDOUT,
         text=True,
     )
+    lines = queue.Queue()
+
+    def pump():
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
     deadline = time.monotonic() + timeout
-    for line in proc.stdout:
+    while True:
+        try:
+            line = lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+        except queue.Empty:
+            raise AssertionError("the study did not start training") from None
+        if line is None:
+            raise AssertionError(f"the study ended before training (exit {proc.wait()})")
         if ": training (" in line:
             break
-        assert time.monotonic() < deadline, "the study did not start training"
-    else:
-        raise AssertionError(f"the study ended before training (exit {proc.wait()})")
     # fairseq-train is starting: wait until it is there
     while not _trainers(out):
         assert proc.poll() is None and time.monotonic() < deadline
         time.sleep(0.2)
-    return proc
+    return proc, lines
+
+
+def _rest(lines, timeout=120):
+    """The output lines still to come from :func:`_study_in_training`, to its end."""
+    rest = []
+    while (line := lines.get(timeout=timeout)) is not None:
+        rest.append(line)
+    return "".join(rest)
 
 
 def _trainers(out):
@@ -685,7 +708,7 @@ def test_one_study_per_folder_and_sigterm_stops_its_trainers(tmp_path):
         "--max-update",
         "100000",
     ]
-    first = _study_in_training(command, out)
+    first, output = _study_in_training(command, out)
     try:
         second = run(command, check=False, timeout=300)
         assert second.returncode == 2 and "Traceback" not in second.stderr
@@ -696,7 +719,7 @@ def test_one_study_per_folder_and_sigterm_stops_its_trainers(tmp_path):
         assert len(_trainers(out)) == 1, "the refused study started nothing"
         first.send_signal(signal.SIGTERM)
         assert first.wait(timeout=120) == 128 + signal.SIGTERM
-        rest = first.stdout.read()
+        rest = _rest(output)
         assert "SIGTERM: stopping the runs' commands" in rest and ": training (" not in rest, rest
     finally:
         if first.poll() is None:
