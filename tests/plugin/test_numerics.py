@@ -200,15 +200,17 @@ def pooled_query_by_autograd(scores, values, heads, causal):
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("length", [1, 7, 16, 17, 50, 300])
 def test_pooled_query_gradients(causal, length):
-    """float64 gradcheck of the backward pass that rebuilds the pooling weights from the
-    saved log-normalisers (blocks of 16: one block, a partial second, 19 blocks whose
-    forward needs two levels), and the same gradients as autograd's."""
+    """The backward pass that rebuilds the pooling weights from the saved log-normalisers
+    (blocks of 16: one block, a partial second, 19 blocks whose forward needs two levels)
+    gives autograd's gradients, and passes a float64 gradcheck (up to 50 positions: over
+    300 its finite differences take a minute and add nothing to the exact comparison)."""
     torch.manual_seed(length)
     scores = (3 * torch.randn(length, 2, 3, dtype=torch.float64)).requires_grad_()
     values = torch.randn(length, 2, 12, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(
-        lambda s, v: PooledQuery.apply(s, v, 3, causal, 16), (scores, values)
-    )
+    if length <= 50:
+        assert torch.autograd.gradcheck(
+            lambda s, v: PooledQuery.apply(s, v, 3, causal, 16), (scores, values)
+        )
     out = PooledQuery.apply(scores, values, 3, causal, 16)
     expected = pooled_query_by_autograd(scores, values, 3, causal)
     grad = torch.randn_like(out)
