@@ -287,6 +287,13 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
     assert "Not finished, not in the tables: transformer-s3, hybrid+tags-s3" in report
     assert f"{theirs.p_value:.4f}" in report, "the finished runs' figures, as before"
     assert not [p for p in (out / "runs").iterdir() if "-s3-" in p.name]
+    # the significance columns name the baseline: the first variant
+    run(
+        command + ["--max-update", "4", "--variants", "hybrid+tags,transformer", "--report-only"],
+        timeout=300,
+    )
+    report = (out / "report.md").read_text()
+    assert report.count("| p vs (d) |") == 2 and "p vs (a)" not in report
     none = run(command + ["--max-update", "5", "--report-only"], timeout=300, check=False)
     assert none.returncode == 1 and "no run of the baseline transformer has finished" in none.stderr
 
