@@ -11,7 +11,7 @@ demo: env
 	@$(VENV)/bin/tpp-demo
 
 test: env
-	@$(VENV)/bin/python -m pytest -q tests --durations=15
+	@$(VENV)/bin/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile tests --durations=15
 
 bench: env
 	@$(VENV)/bin/python -m benchmarks.bench_model

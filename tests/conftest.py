@@ -21,6 +21,11 @@ import torch
 
 from support import REPO, console_script_names
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs the suite in one worker process per core (pytest-xdist): one
+    # thread each, as the commands the tests start already have (support.tool_env).
+    torch.set_num_threads(1)
+
 if not torch.cuda.is_available():
     # Without a GPU, LocalConv's Triton kernels run in Triton's interpreter
     # (tests/plugin/test_conv_heads_triton.py). Triton reads this when it is imported,
