@@ -13,7 +13,11 @@ fairseq's ``SequenceGenerator`` runs them, for
 * ``tpp``        ``HybridMultiheadAttention`` (``H/2`` conv heads), ``--conv-heads-impl taps``;
 * ``tpp-triton`` the same with the conv heads' step as one Triton kernel (ask for it
                  with ``--models``); on the CPU only through ``TRITON_INTERPRET=1``,
-                 which times the interpreter, not the kernel.
+                 which times the interpreter, not the kernel;
+* ``tpp-general`` ``tpp`` decoding through the general path of ``forward`` (any length,
+                 masks, weights) instead of its one-token step: the step's parameters
+                 are frozen and the unit runs with autograd enabled, which the step
+                 excludes (ask for it with ``--models``).
 
 Each module first decodes ``--cached`` positions; every timed unit starts from a shallow
 copy of that state (the same cache length every time) and, unless ``--no-reorder``, ends
@@ -24,7 +28,7 @@ medians and as the median of per-turn ratios ("paired", ± half its interquartil
 
     python -m benchmarks.bench_decode_step                      # CPU, one thread: 5 and 100 rows
     python -m benchmarks.bench_decode_step --device cuda --dtype bf16 --dim 1024 --rows 5,640 \\
-        --models mha,mha-b,tpp,tpp-triton
+        --models mha,mha-b,tpp,tpp-triton,tpp-general
 """
 
 import argparse
@@ -34,7 +38,7 @@ import time
 
 from benchmarks import harness
 
-MODELS = ("mha", "mha-b", "tpp", "tpp-triton")
+MODELS = ("mha", "mha-b", "tpp", "tpp-triton", "tpp-general")
 
 
 def parse_args(argv=None):
@@ -130,6 +134,8 @@ def build(name, args):
             causal=True,
             conv_heads_impl="triton" if name == "tpp-triton" else "taps",
         )
+    if name == "tpp-general":
+        module.requires_grad_(False)  # autograd on, nothing to record
     return module.to(device=args.device, dtype=harness.torch_dtype(args)).eval()
 
 
@@ -182,7 +188,8 @@ def time_units(x, order, units, args):
         state = {key: dict(value) for key, value in base.items()}
         sync()
         start = time.perf_counter()
-        module(x, x, x, incremental_state=state, need_weights=False)
+        with torch.set_grad_enabled(name == "tpp-general"):
+            module(x, x, x, incremental_state=state, need_weights=False)
         for fn in reorder:
             fn(state, order)
         sync()

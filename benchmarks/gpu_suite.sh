@@ -292,7 +292,7 @@ for stage in "${STAGES[@]}"; do
             --models transformer,tpp,tpp-taps ;;
     step)
         run step step.md "$PY" -m benchmarks.bench_decode_step --device cuda --dtype bf16 --dim 1024 --rows 5,640 \
-            --models mha,mha-b,tpp,tpp-triton ;;
+            --models mha,mha-b,tpp,tpp-triton,tpp-general ;;
     esac
     summarize "$stage"
     pack

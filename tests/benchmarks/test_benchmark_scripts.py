@@ -475,6 +475,27 @@ def test_decode_step_benchmark_times_a_step_of_fixed_cache_length_and_fairseqs_r
         assert lengths == [6], name
 
 
+def test_decode_step_benchmark_times_the_general_path_as_tpp_general(monkeypatch):
+    """``tpp-general`` decodes its timed units through ``forward``'s general path, ``tpp``
+    through the one-token step, from states of the same format."""
+    args = bench_decode_step.parse_args(
+        ["--rows", "3", "--steps", "4", "--warmup", "1", "--cached", "5", "--dim", "64"]
+        + ["--models", "mha,tpp,tpp-general"]
+    )
+    attention = bench_decode_step.plugin().modules.HybridMultiheadAttention
+    step, steps = attention._decode_step, []
+    monkeypatch.setattr(
+        attention, "_decode_step", lambda self, *a: steps.append(self) or step(self, *a)
+    )
+    x, order, units = bench_decode_step.prepare(3, args)
+    general = units["tpp-general"][0]
+    assert not any(p.requires_grad for p in general.parameters())
+    steps.clear()  # the prepared states: both by the step
+    times = bench_decode_step.time_units(x, order, units, args)
+    assert {name: len(t) for name, t in times.items()} == {"mha": 4, "tpp": 4, "tpp-general": 4}
+    assert steps.count(units["tpp"][0]) == 5 and general not in steps, "1 untimed + 4 timed"
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
