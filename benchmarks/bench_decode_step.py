@@ -14,10 +14,8 @@ fairseq's ``SequenceGenerator`` runs them, for
 * ``tpp-triton`` the same with the conv heads' step as one Triton kernel (ask for it
                  with ``--models``); on the CPU only through ``TRITON_INTERPRET=1``,
                  which times the interpreter, not the kernel;
-* ``tpp-general`` ``tpp`` decoding through the general path of ``forward`` (any length,
-                 masks, weights) instead of its one-token step: the step's parameters
-                 are frozen and the unit runs with autograd enabled, which the step
-                 excludes (ask for it with ``--models``).
+* ``tpp-general`` ``tpp`` through ``forward``'s general path, not its one-token step
+                 (frozen parameters, autograd on, which the step excludes; ask for it).
 
 Each module first decodes ``--cached`` positions; every timed unit starts from a shallow
 copy of that state (the same cache length every time) and, unless ``--no-reorder``, ends
