@@ -7,13 +7,12 @@ tests/e2e/test_cli_end_to_end.py does it through fairseq's training command and
 tests/plugin/test_cuda.py on a GPU as it is."""
 
 import copy
-import types
 
 import pytest
 import torch
 from fairseq import options
 from fairseq.dataclass import utils as dataclass_utils
-from fairseq.optim.fp16_optimizer import FP16Optimizer, _FP16OptimizerMixin
+from fairseq.optim.fp16_optimizer import FP16Optimizer
 
 import tpp_plugin  # noqa: F401  (installs the corrections)
 from tpp_plugin.compat import speed
@@ -211,69 +210,3 @@ def test_states_of_the_same_layout_load_unchanged():
     optimizer = build(module())
     state = {"state": {}, "param_groups": [{"params": [0], "lr": 0.5}]}
     assert speed.match_state_layout(optimizer, state) is state
-
-
-class WithUnusedParameters(torch.nn.Module):
-    """A parameter that never gets a gradient, and a 0-dimensional one."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.first, self.unused, self.last = (
-            torch.nn.Linear(6, 5),
-            torch.nn.Linear(5, 5),
-            torch.nn.Linear(5, 3),
-        )
-        self.scale = torch.nn.Parameter(torch.tensor(0.5))
-
-    def forward(self, x):
-        return self.last(torch.tanh(self.first(x))) * self.scale
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_foreach_syncs_of_the_flat_copy_equal_fairseqs_own_loops(dtype, monkeypatch):
-    """The flat master copy's syncs (one ``_foreach_copy_`` per direction: the
-    ``foreach-syncs`` speed-up) leave bit for bit what fairseq's per-parameter loops leave, over Adam steps with
-    gradient scaling and clipping, a parameter without gradient included."""
-
-    def run(own_loops):
-        model = WithUnusedParameters().to(dtype)
-        optimizer = build(model)
-        assert optimizer.has_flat_params
-        if own_loops:  # fairseq's methods, on this instance only
-            for name in ("_sync_fp16_grads_to_fp32", "_sync_fp32_params_to_fp16"):
-                setattr(
-                    optimizer, name, types.MethodType(getattr(_FP16OptimizerMixin, name), optimizer)
-                )
-        generator = torch.Generator().manual_seed(1)
-        history = []
-        for _ in range(4):
-            optimizer.zero_grad()
-            x = torch.randn(4, 6, generator=generator).to(dtype)
-            optimizer.backward(model(x).float().pow(2).mean())
-            assert model.unused.weight.grad is None
-            optimizer.multiply_grads(0.5)
-            optimizer.clip_grad_norm(0.05)
-            (flat,) = optimizer.fp32_params.values()
-            history.append((flat.grad.clone(), optimizer._needs_sync))
-            optimizer.step()
-            history.append((flat.data.clone(), [p.detach().clone() for p in model.parameters()]))
-        return history
-
-    for name in ("_sync_fp16_grads_to_fp32", "_sync_fp32_params_to_fp16"):  # opt-in: installed here
-        monkeypatch.setattr(FP16Optimizer, name, getattr(speed, name.lstrip("_")))
-    calls = []
-    foreach_copy = torch._foreach_copy_
-    monkeypatch.setattr(
-        torch, "_foreach_copy_", lambda *a, **k: calls.append(1) or foreach_copy(*a, **k)
-    )
-    ours = run(own_loops=False)
-    assert len(calls) == 2 * 4  # one copy each way per step
-    theirs = run(own_loops=True)
-    assert len(calls) == 2 * 4
-    for (a, extra_a), (b, extra_b) in zip(ours, theirs):
-        assert torch.equal(a, b)
-        if isinstance(extra_a, list):
-            assert all(p.dtype == dtype and torch.equal(p, q) for p, q in zip(extra_a, extra_b))
-        else:
-            assert extra_a == extra_b

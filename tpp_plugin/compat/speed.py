@@ -1,7 +1,7 @@
 """Speed-ups of fairseq's training loop on GPUs, each with a name for
 ``TPP_FAIRSEQ_SPEEDUPS`` (``all``, ``none`` or names separated by commas; default
-:data:`DEFAULT`). A speed-up is on by default only where a GPU figure shows what it
-gains (docs/gpu.md); the others are there to be measured (``benchmarks/gpu_suite.sh``).
+:data:`DEFAULT`, both). The variable exists so that the GPU benchmarks can measure each
+one against fairseq's own behaviour (``benchmarks/gpu_suite.sh``; docs/gpu.md).
 
 - ``cudnn-off``: PyTorch's cuDNN attention backend switched off for the process (it
   builds a plan on the host for every new problem shape, and fairseq's batches and beam
@@ -9,20 +9,13 @@ gains (docs/gpu.md); the others are there to be measured (``benchmarks/gpu_suite
 - ``flat-bf16``: ``--bf16``'s float32 master copy kept flat on one GPU, as fairseq keeps
   ``--fp16``'s (one tensor for Adam and the gradient norm instead of hundreds). Default;
   checkpoints of either layout resume with the other.
-- ``foreach-syncs``: the flat master copy's syncs as one ``_foreach_copy_`` each way
-  instead of one copy per parameter (the values bit for bit fairseq's).
-- ``logged-smoothing``: fairseq's smoothed training figures (a read from the device per
-  meter) computed only on the updates fairseq-train logs; everything is still recorded.
 """
 
 import os
 
 import torch
 from fairseq import optim
-from fairseq.logging import metrics
 from fairseq.optim.fp16_optimizer import FP16Optimizer
-from fairseq.trainer import Trainer
-from fairseq.trainer import logger as trainer_logger
 
 from ._log import log_once as _log_once
 
@@ -238,147 +231,6 @@ def flat_bf16_master_copy() -> None:
     FP16Optimizer.load_state_dict = load_state_dict
 
 
-# --------------------------------------------------------------------------- the flat copy's syncs
-
-_original_sync_grads = FP16Optimizer._sync_fp16_grads_to_fp32
-_original_sync_params = FP16Optimizer._sync_fp32_params_to_fp16
-
-
-def _flat_groups(optimizer, trainable_only: bool):
-    """``[(flat float32 Parameter, the parameters it holds, in order)]`` of a flat master
-    copy, grouped by device index as fairseq groups them; None where the parameters do
-    not fill each flat tensor exactly (fairseq's own loop then runs, as before)."""
-    if not isinstance(optimizer.fp32_params, dict) or not optimizer.has_flat_params:
-        return None
-    by_device = {}
-    for p in optimizer.fp16_params:
-        if p.requires_grad or not trainable_only:
-            by_device.setdefault(p.device.index, []).append(p)
-    groups = []
-    for device, flat in optimizer.fp32_params.items():
-        params = by_device.get(device, [])
-        if sum(p.numel() for p in params) != flat.numel():
-            return None
-        groups.append((flat, params))
-    return groups
-
-
-def _views(flat, params):
-    """Views of ``flat`` shaped as ``params``, one after the other."""
-    return [v.view(p.shape) for v, p in zip(flat.split([p.numel() for p in params]), params)]
-
-
-def sync_fp16_grads_to_fp32(self):
-    """``FP16Optimizer._sync_fp16_grads_to_fp32`` with one ``_foreach_copy_`` per flat
-    tensor instead of one copy per parameter (zeros for a parameter without gradient)."""
-    if not self._needs_sync:
-        return
-    groups = _flat_groups(self, trainable_only=True)
-    if groups is None:
-        return _original_sync_grads(self)
-    _log_once(
-        "foreach_syncs",
-        "the flat float32 master copy synchronised with one _foreach_copy_ each way "
-        "(fairseq: one copy per parameter)",
-    )
-    for flat, params in groups:
-        if params:
-            grads = [
-                p.grad.data if p.grad is not None else p.data.new_zeros(p.data.shape)
-                for p in params
-            ]
-            torch._foreach_copy_(_views(flat.grad.data, params), grads)
-    self._needs_sync = False
-
-
-def sync_fp32_params_to_fp16(self):
-    """``FP16Optimizer._sync_fp32_params_to_fp16`` with one ``_foreach_copy_`` per flat
-    tensor instead of one copy per parameter."""
-    groups = _flat_groups(self, trainable_only=False)
-    if groups is None:
-        return _original_sync_params(self)
-    for flat, params in groups:
-        if params:
-            torch._foreach_copy_([p.data for p in params], _views(flat.data, params))
-
-
-def foreach_master_copy_syncs() -> None:
-    """Install :func:`sync_fp16_grads_to_fp32` and :func:`sync_fp32_params_to_fp16` on
-    fairseq's ``FP16Optimizer`` (idempotent)."""
-    FP16Optimizer._sync_fp16_grads_to_fp32 = sync_fp16_grads_to_fp32
-    FP16Optimizer._sync_fp32_params_to_fp16 = sync_fp32_params_to_fp16
-
-
-# --------------------------------------------------------------------------- smoothed values when logged
-
-_original_train_step = Trainer.train_step
-_original_reduce_and_log_stats = Trainer._reduce_and_log_stats
-
-
-def train_step(self, samples, raise_oom=False):
-    """``Trainer.train_step``, marked as running for :func:`reduce_and_log_stats`."""
-    outer = getattr(self, "_tpp_in_train_step", False)
-    self._tpp_in_train_step = True
-    try:
-        return _original_train_step(self, samples, raise_oom)
-    finally:
-        self._tpp_in_train_step = outer
-
-
-def reduce_and_log_stats(self, logging_outputs, sample_size, grad_norm=None):
-    """``Trainer._reduce_and_log_stats``; in a training update that fairseq-train does not
-    log (``--log-interval``), everything is logged as fairseq logs it, but the smoothed
-    values, which read every meter back from the device, are not computed, and
-    ``{"sample_size": sample_size}`` is returned (fairseq-train only tests it for None)."""
-    if (
-        self.tpu
-        or not getattr(self, "_tpp_in_train_step", False)
-        or self.get_num_updates() % self.cfg.common.log_interval == 0
-    ):
-        return _original_reduce_and_log_stats(self, logging_outputs, sample_size, grad_norm)
-    _log_once(
-        "smoothed",
-        "fairseq's smoothed training figures computed on the logged updates only "
-        "(--log-interval %d), not read back from the device at every update",
-        self.cfg.common.log_interval,
-    )
-    # fairseq's body, without agg.get_smoothed_values()
-    if grad_norm is not None and (not torch.is_tensor(grad_norm) or torch.isfinite(grad_norm)):
-        metrics.log_speed("ups", 1.0, priority=100, round=2)
-        metrics.log_scalar("gnorm", grad_norm, priority=400, round=3)
-        if self.cfg.optimization.clip_norm > 0:
-            metrics.log_scalar(
-                "clip",
-                torch.where(
-                    grad_norm > self.cfg.optimization.clip_norm,
-                    grad_norm.new_tensor(100),
-                    grad_norm.new_tensor(0),
-                ),
-                priority=500,
-                round=1,
-            )
-    with metrics.aggregate() as agg:
-        if logging_outputs is not None:
-            self.task.reduce_metrics(logging_outputs, self.get_criterion())
-            del logging_outputs
-        if "loss" not in agg:
-            if "loss" not in self._warn_once:
-                self._warn_once.add("loss")
-                trainer_logger.warning(
-                    "Criterion.reduce_metrics did not log a 'loss' value, "
-                    "which may break some functionality"
-                )
-            metrics.log_scalar("loss", -1)
-    return {"sample_size": sample_size}
-
-
-def smoothed_values_only_when_logged() -> None:
-    """Install :func:`train_step` and :func:`reduce_and_log_stats` on fairseq's
-    ``Trainer`` (idempotent)."""
-    Trainer.train_step = train_step
-    Trainer._reduce_and_log_stats = reduce_and_log_stats
-
-
 # --------------------------------------------------------------------------- cuDNN's attention
 
 
@@ -400,8 +252,6 @@ def cudnn_attention_off() -> None:
 SPEEDUPS = {
     "cudnn-off": cudnn_attention_off,
     "flat-bf16": flat_bf16_master_copy,
-    "foreach-syncs": foreach_master_copy_syncs,
-    "logged-smoothing": smoothed_values_only_when_logged,
 }
 #: on unless ``TPP_FAIRSEQ_SPEEDUPS`` says otherwise
 DEFAULT = ("cudnn-off", "flat-bf16")
