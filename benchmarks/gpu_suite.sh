@@ -24,21 +24,20 @@
 #
 #   tests        90 s  the CUDA tests and the Triton kernels' tests, compiled
 #   mixed       300 s  fairseq-train, base size, 150 updates: transformer and
-#                      transformer_pp with the tag losses in float32 and --bf16; --bf16
-#                      with cuDNN's attention kept on (transformer), with the conv heads as
-#                      PyTorch operations (transformer_pp, --conv-heads-impl taps), with
-#                      every speed-up of tpp_plugin.compat.speed (both models); both in
-#                      --fp16; --memory-efficient-fp16
+#                      transformer_pp with the tag losses in float32, --bf16 and --fp16;
+#                      --bf16 with the conv heads as PyTorch operations (transformer_pp,
+#                      --conv-heads-impl taps); --memory-efficient-fp16 (transformer_pp)
 #   speed       150 s  training at d = 1024, bf16: transformer, its twin (the control),
 #                      tpp, tpp-taps (bench_model.py; its table grows round by round)
-#   generation  180 s  beam 5 at d = 1024, bf16, 30- and 100-token outputs, same models
-#   cudnn        90 s  training at d = 1024, bf16, with cuDNN's attention allowed and its
-#                      plans built (bench_model.py --cudnn-attention)
 #   split        90 s  --bf16's master copy flat against one tensor per parameter
+#   generation  180 s  beam 5 at d = 1024, bf16, 30- and 100-token outputs, same models
+#   step         60 s  one decoding step of the self-attention (bench_decode_step.py)
+#   cudnn       150 s  cuDNN's attention kept on: fairseq-train of transformer as in mixed,
+#                      and training at d = 1024 with its plans built (bench_model.py
+#                      --cudnn-attention)
 #   profile     150 s  where training's and beam search's time goes (profile_model.py)
 #   memory       60 s  what a training forward keeps for the backward (kept_for_backward.py)
 #   counts       60 s  operators per beam-search step and per training batch (count_ops.py)
-#   step         60 s  one decoding step of the self-attention (bench_decode_step.py)
 #
 # Every stage appends its table to OUT/summary.md and prints it on standard output as
 # it finishes. OUT/environment.txt records the GPU, its driver and the versions; every
@@ -47,9 +46,9 @@
 # Python interpreter to use (default: python on PATH).
 set -uo pipefail
 
-ALL_STAGES=(tests mixed speed generation cudnn split profile memory counts step)
-declare -A LIMIT=([tests]=90 [mixed]=300 [speed]=150 [generation]=180 [cudnn]=90 [split]=90
-                  [profile]=150 [memory]=60 [counts]=60 [step]=60)
+ALL_STAGES=(tests mixed speed split generation step cudnn profile memory counts)
+declare -A LIMIT=([tests]=90 [mixed]=300 [speed]=150 [split]=90 [generation]=180 [step]=60
+                  [cudnn]=150 [profile]=150 [memory]=60 [counts]=60)
 FORCE=0
 BUDGET=0
 PACK=
@@ -202,7 +201,11 @@ summarize() {  # summarize STAGE: its table, appended to OUT/summary.md and prin
             done ;;
         speed) output speed.md ;;
         generation) output generation_30.md; echo; output generation_100.md ;;
-        cudnn) output cudnn.md ;;
+        cudnn)
+            "$PY" -m benchmarks.fairseq_train_run table "transformer_bf16=$OUT/mixed_transformer_bf16.txt" \
+                "transformer_bf16_cudnn=$OUT/mixed_transformer_bf16_cudnn.txt" 2>&1
+            echo
+            output cudnn.md ;;
         split) output split.md ;;
         profile) output profile_train.md 40; echo; output profile_30.md 30; echo; output profile_100.md 30 ;;
         memory) output memory.md ;;
@@ -222,15 +225,13 @@ BENCH=("$PY" -m benchmarks.bench_model --data "$DATA" --device cuda --dtype bf16
 MODELS=transformer,transformer-b,tpp,tpp-taps
 MIXED_UPDATES=${MIXED_UPDATES:-150}
 # name, model, options: the order is that of what they decide
-MIXED_RUNS=(transformer_fp32 transformer_bf16 tpp_fp32 tpp_bf16 transformer_bf16_cudnn tpp_bf16_taps
-            transformer_bf16_allspeedups tpp_bf16_allspeedups transformer_fp16 tpp_fp16 tpp_mefp16)
+MIXED_RUNS=(transformer_fp32 transformer_bf16 tpp_fp32 tpp_bf16 tpp_bf16_taps transformer_fp16 tpp_fp16
+            tpp_mefp16)
 declare -A MIXED=(
     [transformer_fp32]="transformer" [transformer_bf16]="transformer --bf16"
     [tpp_fp32]="tpp" [tpp_bf16]="tpp --bf16"
     [transformer_fp16]="transformer --fp16" [tpp_fp16]="tpp --fp16"
     [transformer_bf16_cudnn]="transformer --speedups flat-bf16 --bf16"
-    [transformer_bf16_allspeedups]="transformer --speedups all --bf16"
-    [tpp_bf16_allspeedups]="tpp --speedups all --bf16"
     [tpp_bf16_taps]="tpp --bf16 --conv-heads-impl taps"
     [tpp_mefp16]="tpp --memory-efficient-fp16")
 
@@ -271,7 +272,9 @@ for stage in "${STAGES[@]}"; do
     generation)
         run generation generation_30.md "${BENCH[@]}" --no-training --gen-len 30 --gen-batches 4 --models "$MODELS"
         run generation generation_100.md "${BENCH[@]}" --no-training --gen-len 100 --gen-batches 3 --models "$MODELS" ;;
-    cudnn)
+    cudnn)  # the mixed stage's transformer_bf16 with cuDNN's attention kept on
+        # shellcheck disable=SC2086  # the options are words
+        run cudnn mixed_transformer_bf16_cudnn.txt mixed ${MIXED[transformer_bf16_cudnn]}
         run cudnn cudnn.md "${BENCH[@]}" --rounds 8 --no-generation --cudnn-attention --models "$MODELS" \
             --partial "$OUT/cudnn.md.progress" ;;
     split)
