@@ -270,8 +270,8 @@ for stage in "${STAGES[@]}"; do
         run speed speed.md "${BENCH[@]}" --rounds 8 --mfu --no-generation --models "$MODELS" \
             --partial "$OUT/speed.md.progress" --json "$OUT/speed.json" ;;
     generation)
-        run generation generation_30.md "${BENCH[@]}" --no-training --gen-len 30 --gen-batches 4 --models "$MODELS"
-        run generation generation_100.md "${BENCH[@]}" --no-training --gen-len 100 --gen-batches 3 --models "$MODELS" ;;
+        run generation generation_30.md "${BENCH[@]}" --no-training --gen-len 30 --gen-batches 6 --models "$MODELS"
+        run generation generation_100.md "${BENCH[@]}" --no-training --gen-len 100 --gen-batches 5 --models "$MODELS" ;;
     cudnn)  # the mixed stage's transformer_bf16 with cuDNN's attention kept on
         # shellcheck disable=SC2086  # the options are words
         run cudnn mixed_transformer_bf16_cudnn.txt mixed ${MIXED[transformer_bf16_cudnn]}
