@@ -179,6 +179,17 @@ output() {  # output FILE [LINES]: a command's table, or what it wrote before it
     fi
 }
 
+train_table() {  # train_table RUN...: the fairseq-train runs' table, and why each failed run failed
+    local pairs=() name
+    for name in "$@"; do pairs+=("$name=$OUT/mixed_$name.txt"); done
+    "$PY" -m benchmarks.fairseq_train_run table "${pairs[@]}" 2>&1
+    for name in "$@"; do  # the last line of its errors
+        if [[ ! -e $OUT/mixed_$name.txt && -s $OUT/mixed_$name.txt.log ]]; then
+            echo "$name: $(grep -v -i warning "$OUT/mixed_$name.txt.log" | grep . | tail -n 1)"
+        fi
+    done
+}
+
 summarize() {  # summarize STAGE: its table, appended to OUT/summary.md and printed
     local stage=$1
     {
@@ -190,22 +201,10 @@ summarize() {  # summarize STAGE: its table, appended to OUT/summary.md and prin
         echo
         case $stage in
         tests) output tests.txt 25 ;;
-        mixed)
-            local pairs=() name
-            for name in "${MIXED_RUNS[@]}"; do pairs+=("$name=$OUT/mixed_$name.txt"); done
-            "$PY" -m benchmarks.fairseq_train_run table "${pairs[@]}" 2>&1
-            for name in "${MIXED_RUNS[@]}"; do  # why a run failed: the last line of its errors
-                if [[ ! -e $OUT/mixed_$name.txt && -s $OUT/mixed_$name.txt.log ]]; then
-                    echo "$name: $(grep -v -i warning "$OUT/mixed_$name.txt.log" | grep . | tail -n 1)"
-                fi
-            done ;;
+        mixed) train_table "${MIXED_RUNS[@]}" ;;
         speed) output speed.md ;;
         generation) output generation_30.md; echo; output generation_100.md ;;
-        cudnn)
-            "$PY" -m benchmarks.fairseq_train_run table "transformer_bf16=$OUT/mixed_transformer_bf16.txt" \
-                "transformer_bf16_cudnn=$OUT/mixed_transformer_bf16_cudnn.txt" 2>&1
-            echo
-            output cudnn.md ;;
+        cudnn) train_table transformer_bf16 transformer_bf16_cudnn; echo; output cudnn.md ;;
         split) output split.md ;;
         profile) output profile_train.md 40; echo; output profile_30.md 30; echo; output profile_100.md 30 ;;
         memory) output memory.md ;;

@@ -232,6 +232,28 @@ def test_gpu_suite_stops_at_its_budget_and_says_what_did_not_run(data, tmp_path)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the stages would run for real")
+def test_gpu_suite_cudnn_stage_trains_transformer_with_cudnns_attention_kept_on(data, tmp_path):
+    """The cudnn stage runs its fairseq-train of transformer (cut off here by the
+    stage's limit) before the d = 1024 benchmark, and its table sets that run beside the
+    mixed stage's transformer_bf16."""
+    out = tmp_path / "results"
+    res = run(
+        ["benchmarks/gpu_suite.sh", "--limit", "cudnn=12", data, out, "cudnn"],
+        cwd=REPO,
+        check=False,
+    )
+    assert res.returncode == 1, res.stdout + res.stderr
+    lines = [line.split("\t")[:3] for line in (out / "status.txt").read_text().splitlines()]
+    assert lines == [
+        ["cudnn", "mixed_transformer_bf16_cudnn.txt", "exit 124"],
+        ["cudnn", "cudnn.md", "not run: the stage's limit of 12s is spent"],
+    ], lines
+    summary = (out / "summary.md").read_text()
+    assert "| transformer_bf16 | not run |" in summary
+    assert "| transformer_bf16_cudnn | 0 |" in summary
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the stages would run for real")
 def test_gpu_suite_reports_a_stage_cut_off_by_its_limit_and_packs_few_files(data, tmp_path):
     """--limit: the mixed stage stops at its own limit (its first run cut off, the
     others not run) and the next stage still runs; every stage's table is printed as it
