@@ -165,11 +165,23 @@ def train_a_few_steps(model, d, steps=30):
     return losses
 
 
-def test_every_parameter_gets_a_gradient():
+@pytest.mark.parametrize("pre_ln", [False, True])
+def test_every_parameter_gets_a_gradient(pre_ln):
+    """Also with fairseq's pre-LN layers (--encoder/decoder-normalize-before, which
+    tpp-study's gpu-short configuration trains): every layer, the hybrid ones included,
+    normalises before its sublayers and the final LayerNorms learn."""
     torch.manual_seed(0)
     d = make_dictionary()
     tags = {"pos": make_dictionary(6), "ner": make_dictionary(5)}
-    model = build_model(dictionary=d, tag_dictionaries=tags).train()
+    model = build_model(
+        dictionary=d,
+        tag_dictionaries=tags,
+        encoder_normalize_before=pre_ln,
+        decoder_normalize_before=pre_ln,
+    ).train()
+    layers = [*model.encoder.layers, *model.decoder.layers]
+    assert [layer.normalize_before for layer in layers] == [pre_ln] * len(layers)
+    assert (model.encoder.layer_norm is not None) == pre_ln
     src = random_tokens(d, 4, 8)
     prev = random_tokens(d, 4, 6, seed=1)
     logits, extra = model(src, torch.full((4,), 8), prev, return_tag_logits=True)

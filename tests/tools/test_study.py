@@ -2,6 +2,7 @@
 
 import argparse
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -355,6 +356,32 @@ def test_conv_head_scaling_makes_new_runs_of_the_hybrid_variants_only(tmp_path):
         if not unaffected:
             flag = after.train_cmd.index("--conv-head-scaling")
             assert after.train_cmd[flag + 1] == "inv-sqrt-head-dim"
+
+
+def test_gpu_short_trains_pre_ln_layers_and_layer_norm_post_is_the_default(tmp_path):
+    """gpu-short's runs normalise before each sublayer (every variant, the same flags);
+    every other configuration keeps fairseq's post-LN, with the identity it always had;
+    --layer-norm pre makes new runs of every variant."""
+    from dataclasses import replace
+
+    data = data_folder(tmp_path / "data")
+    args = argparse.Namespace(
+        variants=list(study.VARIANTS), seeds=[1], extra=[], device="cuda", out=tmp_path / "out"
+    )
+    pre = ["--encoder-normalize-before", "--decoder-normalize-before"]
+    short = study.plan_runs(args, study.CONFIGS["gpu-short"], data)
+    assert all(r.train_cmd.count(pre[0]) == r.train_cmd.count(pre[1]) == 1 for r in short)
+    post = study.plan_runs(args, replace(study.CONFIGS["gpu-short"], layer_norm="post"), data)
+    assert not any(flag in r.train_cmd for r in post for flag in pre)
+    assert all(a.folder != b.folder for a, b in zip(short, post))
+    assert (
+        "layer_norm" not in post[0].spec["config"]
+        and short[0].spec["config"]["layer_norm"] == "pre"
+    )
+    for name in ("cpu", "gpu", "wmt14-big"):
+        assert study.CONFIGS[name].layer_norm == "post", name
+    shown = run([sys.executable, "-m", "tpp_tools.study", "--help"]).stdout
+    assert "--layer-norm {post,pre}" in shown
 
 
 def test_tag_loss_options_make_new_runs_of_the_tags_variant_only(tmp_path):

@@ -116,6 +116,13 @@ def parse_args(argv=None):
         help="the hybrid variants' --conv-head-scaling (default none: the paper's; "
         "see docs/results.md)",
     )
+    over.add_argument(
+        "--layer-norm",
+        choices=["post", "pre"],
+        dest="layer_norm",
+        help="post: after each residual sum (the paper's; the default but for gpu-short); "
+        "pre: before each sublayer",
+    )
     tag = p.add_argument_group(
         "the tag losses of hybrid+tags (other variants ignore them; each changes its runs' identity)"
     )
@@ -158,7 +165,12 @@ def parse_args(argv=None):
         help="runs at once (default: 4 on a GPU, cores/threads on the CPU)",
     )
     p.add_argument("--threads", type=int, default=1, help="CPU threads per run (CPU device)")
-    p.add_argument("--gen-max-tokens", type=int, default=None, help="tokens per generation batch")
+    p.add_argument(
+        "--gen-max-tokens",
+        type=int,
+        default=None,
+        help="tokens per generation batch (default: 8192 on a GPU, 4096 on the CPU)",
+    )
     p.add_argument("--bootstrap-samples", type=int, default=1000)
     p.add_argument(
         "--keep-checkpoints", action="store_true", help="keep every run's interval checkpoints"
@@ -247,7 +259,7 @@ def main(argv=None) -> int:
     args.parallel = args.parallel or (
         4 if args.device == "cuda" else max(1, (os.cpu_count() or 1) // args.threads)
     )
-    args.gen_max_tokens = args.gen_max_tokens or (16384 if args.device == "cuda" else 4096)
+    args.gen_max_tokens = args.gen_max_tokens or (8192 if args.device == "cuda" else 4096)
     args.out.mkdir(parents=True, exist_ok=True)
     command = f"{PROG} " + " ".join(shlex.quote(a) for a in argv)
     if args.dry_run or args.report_only:  # they write no run: no lock, another study may be running

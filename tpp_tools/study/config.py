@@ -94,6 +94,10 @@ class Config:
     encoder_tag_layers: str = ""
     tag_loss_weights: str = ""
     tag_loss_decay_updates: int = 0
+    # where the layers normalise: "post" (after each residual sum: the paper's and fairseq's
+    # default) or "pre" (before each sublayer, --encoder/decoder-normalize-before: a deep
+    # model learns from the first few hundred updates with a short warm-up)
+    layer_norm: str = "post"
 
 
 #: the fields of Config that only the variants with tag losses read, and their defaults
@@ -159,7 +163,8 @@ CONFIGS = {
         bpe_merges=16000,
     ),
     # transformer-base size on one GPU, bf16, sized for a short single-GPU allocation
-    # (all variants x 2 seeds, four at a time)
+    # (all variants x 2 seeds at once); pre-LN: post-LN 6+6 layers stayed at the unigram
+    # loss for all 600 updates of this schedule (docs/study.md)
     "gpu-short": Config(
         embed_dim=512,
         ffn_dim=2048,
@@ -178,6 +183,7 @@ CONFIGS = {
         validate_interval_updates=60,
         dtype="bf16",
         bpe_merges=8000,
+        layer_norm="pre",
     ),
     # chosen for learning speed on a 2-core CPU (a small model, a small BPE vocabulary,
     # short segments, small batches, a short warm-up)

@@ -251,7 +251,7 @@ def write_report(
         f"per update (--max-tokens {cfg.max_tokens} × --update-freq {cfg.update_freq}"
         f"{f' × {cfg.gpus} GPUs' if cfg.gpus > 1 else ''}); Adam (0.9, 0.98), inverse-sqrt "
         f"schedule, peak lr {cfg.lr}, {cfg.warmup_updates} warm-up updates; d={cfg.embed_dim}, {cfg.heads} heads, "
-        f"FFN {cfg.ffn_dim}, {cfg.layers}+{cfg.layers} layers, "
+        f"FFN {cfg.ffn_dim}, {cfg.layers}+{cfg.layers} layers{', pre-LN' if cfg.layer_norm == 'pre' else ''}, "
         f"{'shared embeddings' if cfg.shared_embeddings == 'all' else 'tied decoder embeddings'}, "
         f"dropout {cfg.dropout} / "
         f"attention {cfg.attention_dropout} / activation {cfg.activation_dropout}, label smoothing "

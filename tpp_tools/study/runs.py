@@ -68,6 +68,8 @@ def train_command(
         if v["conv"] and cfg.conv_head_scaling != "none"
         else []
     )
+    pre_ln = ["--encoder-normalize-before", "--decoder-normalize-before"]
+    normalize = {"post": [], "pre": pre_ln}[cfg.layer_norm]
     shared = {"all": "--share-all-embeddings", "decoder": "--share-decoder-input-output-embed"}[
         cfg.shared_embeddings
     ]
@@ -86,6 +88,7 @@ def train_command(
         *v["model"],
         *scaling,
         *dims,
+        *normalize,
         shared,
         "--dropout",
         cfg.dropout,
@@ -165,7 +168,7 @@ def plan_runs(args, cfg: Config, data: Path) -> List[Run]:
             for name, default in TAG_FIELDS.items():
                 if config[name] == default or not VARIANTS[variant].get("tags"):
                     del config[name]  # the paper's tag losses, or none: the identity as before
-            for name, before in (("gpus", 1), ("shared_embeddings", "all")):
+            for name, before in (("gpus", 1), ("shared_embeddings", "all"), ("layer_norm", "post")):
                 if config[name] == before:  # as every run was before the field: the same identity
                     del config[name]
             spec = {
