@@ -163,8 +163,8 @@ CONFIGS = {
         bpe_merges=16000,
     ),
     # transformer-base size on one GPU, bf16, sized for a short single-GPU allocation
-    # (all variants x 2 seeds at once); pre-LN: post-LN 6+6 layers stayed at the unigram
-    # loss for all 600 updates of this schedule (docs/study.md)
+    # (all variants x 2 seeds; docs/gpu.md runs the eight at once); pre-LN: post-LN 6+6
+    # layers stayed at the unigram loss for all 600 updates of this schedule (docs/study.md)
     "gpu-short": Config(
         embed_dim=512,
         ffn_dim=2048,
