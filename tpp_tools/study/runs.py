@@ -68,8 +68,9 @@ def train_command(
         if v["conv"] and cfg.conv_head_scaling != "none"
         else []
     )
-    pre_ln = ["--encoder-normalize-before", "--decoder-normalize-before"]
-    normalize = {"post": [], "pre": pre_ln}[cfg.layer_norm]
+    normalize = {"post": [], "pre": ["--encoder-normalize-before", "--decoder-normalize-before"]}[
+        cfg.layer_norm
+    ]
     shared = {"all": "--share-all-embeddings", "decoder": "--share-decoder-input-output-embed"}[
         cfg.shared_embeddings
     ]
