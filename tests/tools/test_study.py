@@ -611,6 +611,91 @@ def test_runs_going_at_once_on_gpus_take_one_gpu_each(monkeypatch):
     assert held[-1] is None
 
 
+def test_runs_at_once_on_a_gpu_share_the_cores(tmp_path, monkeypatch):
+    """On a GPU the runs at once divide the cores among them (eight runs of a core count's
+    threads each would oversubscribe the CPU eightfold); the CPU keeps one thread a run;
+    a cluster's job keeps the CPUs SLURM gave it."""
+    from tpp_tools.study.cli import runs_and_threads
+
+    assert runs_and_threads("cuda", 8, None, 16) == (8, 2)
+    assert runs_and_threads("cuda", None, None, 16) == (4, 4)
+    assert runs_and_threads("cuda", 8, None, 4) == (8, 1)
+    assert runs_and_threads("cuda", 8, 3, 16) == (8, 3)
+    assert runs_and_threads("cpu", None, None, 2) == (2, 1)
+    assert runs_and_threads("cpu", None, 2, 8) == (4, 2)
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    cfg = study.CONFIGS["gpu-short"]
+    (folder / "train.done").write_text(f"{cfg.max_update} updates, 1 s\n")
+    (folder / "checkpoint_avg.pt").write_bytes(b"")
+    (tmp_path / "ref").write_text("a reference\n")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    envs = []
+    monkeypatch.setattr(study.runs, "run_command", lambda cmd, log, env=None: envs.append(env))
+    for launcher in ("local", "slurm"):
+        args = argparse.Namespace(
+            device="cuda", launcher=launcher, threads=2, gen_max_tokens=8192, keep_checkpoints=True
+        )
+        run = study.Run("hybrid", 1, folder, ["fairseq-train"], {})
+        study.execute(run, cfg, {"data": tmp_path / "data", "reference": tmp_path / "ref"}, args)
+    local, cluster = envs
+    assert local["OMP_NUM_THREADS"] == local["MKL_NUM_THREADS"] == "2"
+    assert "OMP_NUM_THREADS" not in cluster
+
+
+def test_the_curves_show_runs_that_trained_but_were_not_scored(tmp_path, monkeypatch):
+    """A study stopped while decoding: its report's tables hold the scored runs only, its
+    curves every run that validated, the unscored ones named so."""
+    import json
+
+    import matplotlib.axes
+
+    labels = []
+    plot = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(
+        matplotlib.axes.Axes,
+        "plot",
+        lambda ax, *a, **kw: labels.append(kw["label"]) or plot(ax, *a, **kw),
+    )
+    runs = []
+    for variant in ("transformer", "hybrid"):
+        folder = tmp_path / variant
+        folder.mkdir()
+        records = [
+            {"valid_loss": 9.0, "valid_nll_loss": 8.0 - u / 100, "valid_num_updates": u}
+            for u in (60, 120)
+        ]
+        (folder / "train.log").write_text("".join(json.dumps(r) + "\n" for r in records))
+        runs.append(study.Run(variant, 1, folder, [], {}))
+    assert study.report.plot_curves(runs[:1], tmp_path / "curves.png", unfinished=runs[1:])
+    assert labels == ["transformer seed 1", "hybrid seed 1 (not scored)"]
+    assert (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_parallel_and_threads_below_one_are_refused(tmp_path):
+    for option in ("--parallel", "--threads"):
+        shown = run(
+            [
+                "tpp-study",
+                "--data",
+                tmp_path,
+                "--test-reference",
+                tmp_path / "ref",
+                "--out",
+                tmp_path / "out",
+                "--device",
+                "cpu",
+                option,
+                "0",
+            ],
+            check=False,
+            timeout=300,
+        )
+        assert shown.returncode == 2 and "Traceback" not in shown.stderr
+        assert f"tpp-study: error: {option} must be at least 1, not 0" in shown.stderr
+
+
 @pytest.mark.parametrize(
     "dtype, decoding", [("fp16", ["--", "--fp16"]), ("bf16", []), ("fp32", [])]
 )
@@ -631,7 +716,9 @@ def test_a_gpu_run_decodes_in_float16_only_if_it_trained_in_it(
     monkeypatch.setattr(
         study.runs, "run_command", lambda cmd, log, env=None: commands.append([str(c) for c in cmd])
     )
-    args = argparse.Namespace(device="cuda", gen_max_tokens=16384, keep_checkpoints=True)
+    args = argparse.Namespace(
+        device="cuda", launcher="local", threads=4, gen_max_tokens=16384, keep_checkpoints=True
+    )
     run = study.Run("hybrid", 1, folder, ["fairseq-train"], {})
     study.execute(run, cfg, {"data": tmp_path / "data", "reference": tmp_path / "ref"}, args)
     (evaluate,) = commands  # trained and averaged already: only the evaluation runs

@@ -164,7 +164,13 @@ def parse_args(argv=None):
         default=None,
         help="runs at once (default: 4 on a GPU, cores/threads on the CPU)",
     )
-    p.add_argument("--threads", type=int, default=1, help="CPU threads per run (CPU device)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads per run (default: 1 on the CPU; on a GPU, the cores shared among "
+        "the runs at once)",
+    )
     p.add_argument(
         "--gen-max-tokens",
         type=int,
@@ -234,6 +240,16 @@ def main(argv=None) -> int:
         args.device = "cuda" if args.launcher == "slurm" or torch.cuda.is_available() else "cpu"
     if args.device == "cpu" and cfg.dtype != "fp32" and args.dtype is None:
         cfg.dtype = "fp32"
+    for name in ("parallel", "threads"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            print(
+                f"{PROG}: error: --{name} must be at least 1, not {getattr(args, name)}",
+                file=sys.stderr,
+            )
+            return 2
+    args.parallel, args.threads = runs_and_threads(
+        args.device, args.parallel, args.threads, os.cpu_count() or 1
+    )
     from . import slurm
 
     problem = slurm.check_options(args, cfg)
@@ -256,9 +272,6 @@ def main(argv=None) -> int:
                 if args.device == "cuda"
                 else f"CPU ({os.cpu_count()} cores)"
             )
-    args.parallel = args.parallel or (
-        4 if args.device == "cuda" else max(1, (os.cpu_count() or 1) // args.threads)
-    )
     args.gen_max_tokens = args.gen_max_tokens or (8192 if args.device == "cuda" else 4096)
     args.out.mkdir(parents=True, exist_ok=True)
     command = f"{PROG} " + " ".join(shlex.quote(a) for a in argv)
@@ -287,6 +300,17 @@ def main(argv=None) -> int:
     except DataError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
+
+
+def runs_and_threads(device: str, parallel, threads, cores: int):
+    """(runs at once, CPU threads per run): on the CPU one thread a run and as many runs as
+    cores; on a GPU four runs, sharing the cores (as torchrun shares them among its
+    processes: eight runs of 16 threads each on 16 cores would oversubscribe them)."""
+    if device == "cuda":
+        parallel = parallel or 4
+        return parallel, threads or max(1, cores // parallel)
+    threads = threads or 1
+    return parallel or max(1, cores // threads), threads
 
 
 def plan_or_report(args, cfg: Config, command: str) -> int:
@@ -357,7 +381,7 @@ def study(args, cfg: Config, command: str) -> int:
         where += f" ({len(gpus)} visible: each run on {cfg.gpus} of {', '.join(gpus)})"
     log(
         f"{len(runs)} runs ({len(args.variants)} variants x {len(args.seeds)} seeds), {args.parallel} at a time "
-        f"on {where}"
+        f"on {where}, {args.threads} CPU thread(s) each"
     )
     failures = []
     pool = ThreadPoolExecutor(max_workers=args.parallel)

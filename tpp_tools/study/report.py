@@ -87,7 +87,9 @@ def significance(runs_by_variant: Dict[str, List[Run]], reference: Path, samples
     return out, sigs, seeds
 
 
-def plot_curves(runs: List[Run], target: Path) -> bool:
+def plot_curves(runs: List[Run], target: Path, unfinished: List[Run] = ()) -> bool:
+    """Validation NLL against updates, one line per run; ``unfinished`` runs (not in the
+    tables) drawn as far as they validated, named so in the legend."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -102,7 +104,7 @@ def plot_curves(runs: List[Run], target: Path) -> bool:
     styles = ["-", "--", ":", "-."]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     drawn = False
-    for run in runs:
+    for run in [*runs, *unfinished]:
         valid = [r for r in json_records(run.folder / "train.log") if "valid_loss" in r]
         if not valid:
             continue
@@ -113,7 +115,7 @@ def plot_curves(runs: List[Run], target: Path) -> bool:
             ys,
             styles[(run.seed - 1) % len(styles)],
             color=colours.get(run.variant, "k"),
-            label=f"{run.variant} seed {run.seed}",
+            label=f"{run.variant} seed {run.seed}" + (" (not scored)" if run in unfinished else ""),
             linewidth=1.2,
         )
         drawn = True
@@ -235,7 +237,7 @@ def write_report(
     facts = {run.name: run_facts(run, paths["reference"]) for run in runs}
     boot, signatures, pooled = significance(by_variant, paths["reference"], args.bootstrap_samples)
     plot = args.out / "curves.png"
-    plot_curves(runs, plot)
+    plot_curves(runs, plot, unfinished=missing or [])
 
     def fmt(x, digits=2):
         return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"

@@ -286,7 +286,7 @@ def _execute(run: Run, cfg: Config, paths, args, env_extra: Dict[str, str]) -> N
     env = dict(os.environ, **env_extra)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env["PYTHONWARNINGS"] = "ignore"
-    if args.device == "cpu":
+    if args.device == "cpu" or args.launcher == "local":  # (a cluster's job: its own CPUs)
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
     out_log = run.folder / "run.log"
     if trained_updates(run) < cfg.max_update and checkpoint_updates(run) >= cfg.max_update:
@@ -320,6 +320,7 @@ def _execute(run: Run, cfg: Config, paths, args, env_extra: Dict[str, str]) -> N
         (run.folder / "train.done").write_text(
             f"{updates} updates, {time.time() - started:.0f} s\n"
         )
+        log(f"{run.name}: trained ({updates} updates) in {time.time() - started:.0f} s")
     ckpt = run.folder / "checkpoints"
     avg = run.folder / "checkpoint_avg.pt"
     if not avg.exists():
@@ -366,7 +367,9 @@ def _execute(run: Run, cfg: Config, paths, args, env_extra: Dict[str, str]) -> N
             # no bfloat16 inference, and a model trained in float32 or bfloat16 need not keep
             # its activations within float16's range (those decode in float32)
             cmd += ["--", "--fp16"]
+        started = time.time()
         run_command(cmd, out_log, env=env)
+        log(f"{run.name}: translated and scored in {time.time() - started:.0f} s")
     if not args.keep_checkpoints:  # the averaged model is what the study keeps
         for path in list(ckpt.glob("checkpoint_*_*.pt")) + [ckpt / "checkpoint_best.pt"]:
             path.unlink(missing_ok=True)
