@@ -295,6 +295,18 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
     )
     report = (out / "report.md").read_text()
     assert report.count("| p vs (d) |") == 2 and "p vs (a)" not in report
+    # ... also when the baseline's first seed has not finished: the others are compared with it
+    hidden = first / "eval.hidden"
+    (first / "eval").rename(hidden)
+    run(command + ["--max-update", "4", "--report-only"], timeout=300)
+    hidden.rename(first / "eval")
+    rows = {
+        line.split(" |")[0]: line.split(" | ")
+        for line in (out / "report.md").read_text().splitlines()
+        if line.startswith("| (")
+    }
+    assert rows["| (a) transformer"][8] == "—" and " / " not in rows["| (a) transformer"][4], rows
+    assert float(rows["| (d) hybrid+tags"][8]) <= 1, rows
     none = run(command + ["--max-update", "5", "--report-only"], timeout=300, check=False)
     assert none.returncode == 1 and "no run of the baseline transformer has finished" in none.stderr
 

@@ -231,9 +231,13 @@ def write_report(
     missing: Optional[List[Run]] = None,
 ) -> Path:
     """The report of ``runs`` (finished); ``missing``: planned runs not finished, named."""
-    by_variant: Dict[str, List[Run]] = {}
-    for run in runs:
-        by_variant.setdefault(run.variant, []).append(run)
+    # in --variants' order: the first is the baseline that the bootstrap compares with,
+    # also when its first seed has not finished (a partial report)
+    by_variant: Dict[str, List[Run]] = {
+        v: [run for run in runs if run.variant == v]
+        for v in args.variants
+        if any(run.variant == v for run in runs)
+    }
     facts = {run.name: run_facts(run, paths["reference"]) for run in runs}
     boot, signatures, pooled = significance(by_variant, paths["reference"], args.bootstrap_samples)
     plot = args.out / "curves.png"
