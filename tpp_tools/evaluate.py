@@ -15,7 +15,8 @@ From Python::
 Before anything slow the inputs are checked: the checkpoint must load and match the data
 folder's dictionaries; the reference must be UTF-8, with exactly one line per sentence of
 the split (split at ``\\n`` only, trailing whitespace and ``\\r`` dropped). Then
-``fairseq-generate --beam 5 --lenpen 0.5 --remove-bpe`` translates, and sacreBLEU's API
+``fairseq-generate --beam 5 --lenpen 0.5 --remove-bpe --num-workers 0`` translates (a test
+set needs no loader process, one less thing to start and shut down), and sacreBLEU's API
 scores: detokenised sacreBLEU (sacremoses, then 13a against the raw reference; with its
 signature), chrF on the same text, and the paper's tokenised BLEU with compound splitting
 (``a-b`` becomes ``a ##AT##-##AT## b`` in the hypothesis and the tokenised reference, then
@@ -38,6 +39,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 PROG = "tpp-evaluate"
@@ -389,6 +391,8 @@ def evaluate(
             "--max-tokens",
             str(max_tokens),
             "--remove-bpe",
+            "--num-workers",
+            "0",
             *(["--cpu"] if cpu else []),
             *map(str, generate_args),
         ]
@@ -398,8 +402,14 @@ def evaluate(
             file=log,
             flush=True,
         )
+        started = time.time()
         with open(generated, "w", encoding="utf-8") as handle:
             status = subprocess.run(command, stdout=handle).returncode
+        print(
+            f"{PROG}: fairseq-generate exited after {time.time() - started:.0f} s",
+            file=log,
+            flush=True,
+        )
         text = generated.read_text(encoding="utf-8", errors="replace")
         if status != 0:
             # its log and error messages went to stderr, above this one
@@ -425,7 +435,9 @@ def evaluate(
             )
         hypotheses = [parsed[i]["H"] for i in range(sentences)]
         targets = [parsed[i]["T"] for i in range(sentences)]
+        started = time.time()
         scores, files = score_all(hypotheses, targets, references, tgt)
+        print(f"{PROG}: scored in {time.time() - started:.0f} s", file=log, flush=True)
         for name, lines in files.items():
             _write_lines(staging / name, lines)
         header = [

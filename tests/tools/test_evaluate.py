@@ -74,6 +74,7 @@ def evaluated(nmt_corpus, tmp_path_factory):
         "checkpoint": average,
         "out": out,
         "stdout": result.stdout,
+        "stderr": result.stderr,
     }
 
 
@@ -165,6 +166,16 @@ def test_tokenized_compound_split_bleu(evaluated):
     scores = read_scores(out / "bleu.txt")
     assert scores["bleu_tok_compound_split"] == f"{direct.score:.2f}"
     assert "tok:none" in scores["bleu_tok_compound_split_signature"]
+
+
+def test_generate_reads_in_its_own_process_and_each_step_is_timed(evaluated):
+    """No loader process for fairseq-generate (none to start or shut down), and the log
+    says how long translating and scoring took, so a slow evaluation shows which it was."""
+    log = evaluated["stderr"]
+    assert "'num_workers': 0" in log, log
+    assert "'num_workers': 1" not in log, log
+    assert re.search(r"tpp-evaluate: fairseq-generate exited after \d+ s", log), log
+    assert re.search(r"tpp-evaluate: scored in \d+ s", log), log
 
 
 def test_python_api_returns_the_scores(evaluated, tmp_path):
