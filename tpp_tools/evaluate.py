@@ -402,11 +402,11 @@ def evaluate(
             file=log,
             flush=True,
         )
-        started = time.time()
+        started = time.monotonic()
         with open(generated, "w", encoding="utf-8") as handle:
             status = subprocess.run(command, stdout=handle).returncode
         print(
-            f"{PROG}: fairseq-generate exited after {time.time() - started:.0f} s",
+            f"{PROG}: fairseq-generate exited after {time.monotonic() - started:.0f} s",
             file=log,
             flush=True,
         )
@@ -435,9 +435,9 @@ def evaluate(
             )
         hypotheses = [parsed[i]["H"] for i in range(sentences)]
         targets = [parsed[i]["T"] for i in range(sentences)]
-        started = time.time()
+        started = time.monotonic()
         scores, files = score_all(hypotheses, targets, references, tgt)
-        print(f"{PROG}: scored in {time.time() - started:.0f} s", file=log, flush=True)
+        print(f"{PROG}: scored in {time.monotonic() - started:.0f} s", file=log, flush=True)
         for name, lines in files.items():
             _write_lines(staging / name, lines)
         header = [
