@@ -1,8 +1,12 @@
 """tpp-study: what identifies a run, and its plan on a prepared data folder."""
 
 import argparse
+import gzip
+import json
 import shlex
+import shutil
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -139,12 +143,61 @@ def test_dry_run_plans_every_variant_and_seed(tmp_path):
     assert not (out / "runs").exists(), "a dry run trains nothing"
 
 
+def test_only_runs_the_runs_it_names(tmp_path):
+    shown, _ = dry_run(
+        tmp_path, "transformer,hybrid+tags", "--only", "hybrid+tags-s2,transformer-s1"
+    )
+    planned = [line.split()[0] for line in shown.stdout.splitlines() if " [to train] " in line]
+    assert planned == ["transformer-s1", "hybrid+tags-s2"], shown.stdout
+    with pytest.raises(AssertionError, match="--only: hybrid-s1 not among this study's runs"):
+        dry_run(tmp_path / "again", "transformer,hybrid+tags", "--only", "hybrid-s1")
+
+
+def test_a_step_past_its_time_limit_is_stopped_and_tried_once_more(tmp_path, capsys):
+    """A translation that never exits (fairseq-generate once printed its last line and
+    hung) costs one try: stopped at the limit with a log line, then run again."""
+    from tpp_tools.study.commands import StepTimeout
+    from tpp_tools.study.runs import _step
+
+    marker = tmp_path / "tried"
+    # hangs on its first call, succeeds on its second
+    once = (
+        "import pathlib, sys, time\n"
+        f"m = pathlib.Path({str(marker)!r})\n"
+        "if not m.exists():\n"
+        "    m.write_text('1')\n"
+        "    time.sleep(120)\n"
+        "print('done')\n"
+    )
+    run_ = study.Run("hybrid", 1, tmp_path, [], {})
+    log_path = tmp_path / "run.log"
+    _step(run_, "translating", [sys.executable, "-c", once], log_path, None, 3)
+    said = capsys.readouterr().out
+    assert (
+        "hybrid-s1: translating stopped at its time limit of 3 s (--step-timeout); trying once more"
+        in said
+    )
+    assert log_path.read_text().splitlines()[-1] == "done"
+    assert "stopped after its time limit of 3 s" in log_path.read_text()
+    # a step that hangs every time fails the run, naming the limit, after two tries
+    hang = [sys.executable, "-c", "import time; time.sleep(120)"]
+    with pytest.raises(
+        study.StudyError, match="translating stopped at its time limit of 1 s twice"
+    ):
+        _step(run_, "translating", hang, log_path, None, 1)
+    with pytest.raises(StepTimeout):
+        from tpp_tools.study.commands import run_command
+
+        run_command(hang, log_path, timeout=1)
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
         ([], "--data {missing}: no such folder"),
         (["--parallel", "0"], "--parallel must be at least 1, not 0"),
         (["--threads", "0"], "--threads must be at least 1, not 0"),
+        (["--step-timeout", "0"], "--step-timeout must be positive, not 0"),
     ],
 )
 def test_bad_input_is_an_error_naming_it(tmp_path, extra, message):
@@ -170,11 +223,25 @@ def test_bad_input_is_an_error_naming_it(tmp_path, extra, message):
     assert "Traceback" not in shown.stderr
 
 
+def _record(folder):
+    return _record_of((folder / "record.json.gz").read_bytes())
+
+
+def _record_of(data):
+    return json.loads(gzip.decompress(data))
+
+
+def _tables(out):
+    """The report's table rows and the bootstrap figures of its summary."""
+    rows = [line for line in (out / "report.md").read_text().splitlines() if line.startswith("| (")]
+    summary = json.loads((out / "summary.json").read_text())
+    return rows, summary["bootstrap"], summary["signatures"]
+
+
 def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
     """Two variants x two seeds of a few updates on a toy corpus: the report and its
     columns, bootstrap figures equal to sacreBLEU's own paired test on the runs'
     translations, a re-run that trains nothing, and a changed budget that is new runs."""
-    import json
 
     from sacrebleu.metrics import BLEU, CHRF
     from sacrebleu.significance import PairedTest
@@ -269,10 +336,13 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
 
     # finished means finished: a run trained to the end but not marked so (a study killed
-    # in between) is not trained again; a truncated translation is done again
+    # in between) is not trained again; a truncated translation (a study killed before
+    # the run's record was written) is done again
     first = next((out / "runs").glob("transformer-s1-*"))
     last = first / "checkpoints" / "checkpoint_last.pt"
     kept = first / "checkpoints" / "checkpoint_avg.pt"
+    record = (first / "record.json.gz").read_bytes()
+    (first / "record.json.gz").unlink()
     (first / "train.done").unlink()
     before = last.stat().st_mtime_ns
     hyp = first / "eval" / "hyp.detok"
@@ -287,6 +357,8 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
         again.stdout.count(": translating") == 1 and hyp.read_text(encoding="utf-8") == translations
     )
     assert not kept.exists()
+    # the same run, the same record, byte for byte (but the time it was written)
+    assert _record(first)["statistics"] == _record_of(record)["statistics"]
 
     # --report-only: the report of what has finished, the rest named; nothing trained
     partial = run(command + ["--max-update", "4", "--seeds", "1,2,3", "--report-only"], timeout=300)
@@ -305,10 +377,14 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
     report = (out / "report.md").read_text()
     assert report.count("| p vs (d) |") == 2 and "p vs (a)" not in report
     # ... also when the baseline's first seed has not finished: the others are compared with it
-    hidden = first / "eval.hidden"
-    (first / "eval").rename(hidden)
+    hidden = first / "hidden"
+    hidden.mkdir()
+    for name in ("eval", "record.json.gz"):
+        (first / name).rename(hidden / name)
     run(command + ["--max-update", "4", "--report-only"], timeout=300)
-    hidden.rename(first / "eval")
+    for name in ("eval", "record.json.gz"):
+        (hidden / name).rename(first / name)
+    hidden.rmdir()
     rows = {
         line.split(" |")[0]: line.split(" | ")
         for line in (out / "report.md").read_text().splitlines()
@@ -318,6 +394,58 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
     assert float(rows["| (d) hybrid+tags"][8]) <= 1, rows
     none = run(command + ["--max-update", "5", "--report-only"], timeout=300, check=False)
     assert none.returncode == 1 and "no run of the baseline transformer has finished" in none.stderr
+
+    # records: packed without checkpoints, merged into another study folder (as on another
+    # machine) into the same tables and bootstrap; from the records alone (numbers, no
+    # translations) too; refused when made with other settings or data
+    archive = tmp_path / "records.tar.gz"
+    run(command + ["--max-update", "4", "--report-only", "--pack", archive], timeout=300)
+    with tarfile.open(archive) as tar:
+        packed = sorted(tar.getnames())
+    assert len([n for n in packed if n.endswith("/record.json.gz")]) == 4, packed
+    assert len([n for n in packed if n.endswith("/eval/hyp.detok")]) == 4, packed
+    assert not [n for n in packed if n.endswith(".pt")], packed
+    in_place = _tables(out)
+    elsewhere = tmp_path / "elsewhere"
+    merge = [
+        *command[: command.index("--out") + 1],
+        elsewhere,
+        *command[command.index("--out") + 2 :],
+    ]
+    run(merge + ["--max-update", "4", "--records", archive, "--report-only"], timeout=300)
+    assert _tables(elsewhere) == in_place
+    numbers = tmp_path / "numbers"
+    for path in (out / "runs").glob("*/record.json.gz"):
+        (numbers / path.parent.name).mkdir(parents=True)
+        (numbers / path.parent.name / path.name).write_bytes(path.read_bytes())
+    third = tmp_path / "third"
+    merge = [*command[: command.index("--out") + 1], third, *command[command.index("--out") + 2 :]]
+    merged = run(merge + ["--max-update", "4", "--records", numbers, "--report-only"], timeout=300)
+    assert _tables(third) == in_place, merged.stdout
+    # a study that finds every run's record trains nothing
+    again = run(merge + ["--max-update", "4"], timeout=300)
+    assert ": training (" not in again.stdout and ": translating" not in again.stdout, again.stdout
+    assert _tables(third) == in_place
+    refused = run(
+        merge + ["--max-update", "5", "--records", archive, "--report-only"],
+        timeout=300,
+        check=False,
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert "config.max_update (record 4, this study 5)" in refused.stderr, refused.stderr
+    other_data = tmp_path / "other-data"
+    shutil.copytree(data, other_data)
+    with open(other_data / "dict.de.txt", "a", encoding="utf-8") as handle:
+        handle.write("zzz 1\n")
+    elsewhere_cmd = [str(c) for c in merge]
+    elsewhere_cmd[elsewhere_cmd.index("--data") + 1] = str(other_data)
+    refused = run(
+        elsewhere_cmd + ["--max-update", "4", "--records", archive, "--report-only"],
+        timeout=300,
+        check=False,
+    )
+    assert refused.returncode == 2 and "data (record '" in refused.stderr, refused.stderr
+    assert "records.tar.gz:runs/hybrid_tags-s1-" in refused.stderr, refused.stderr
 
     # a changed budget is a new run, never a silent reuse (the plan the real run follows)
     planned = run(command + ["--max-update", "6", "--dry-run"], timeout=300).stdout
@@ -505,14 +633,23 @@ def test_a_variant_translating_word_for_word_as_the_baseline_is_marked_identical
         "control": "a small house .\nthe cat runs .\nit is warm .\n",
         "hybrid": "a house .\nthe red cat .\nit is cold .\n",
     }
-    runs = {}
+    from tpp_tools.study.records import file_sha256, sentence_statistics
+
+    refs = reference.read_text().splitlines()
+    runs, records = {}, {}
     for variant, text in outputs.items():
         for seed in (1, 2):
             folder = tmp_path / f"{variant}-{seed}"
             (folder / "eval").mkdir(parents=True)
             (folder / "eval" / "hyp.detok").write_text(text)
-            runs.setdefault(variant, []).append(study.Run(variant, seed, folder, [], {}))
-    boot, _, pooled = study.significance(runs, reference, 50)
+            run_ = study.Run(variant, seed, folder, [], {})
+            runs.setdefault(variant, []).append(run_)
+            records[run_.name] = {
+                "statistics": sentence_statistics(text.splitlines(), refs),
+                "translations_sha256": file_sha256(folder / "eval" / "hyp.detok"),
+                "reference": {"lines": len(refs)},
+            }
+    boot, _, pooled = study.significance(runs, records, 50)
     assert pooled == 2
     assert boot["control"]["identical"] is True and boot["hybrid"]["identical"] is False
     assert boot["transformer"]["identical"] is False
@@ -689,7 +826,12 @@ def test_the_curves_show_runs_that_trained_but_were_not_scored(tmp_path, monkeyp
         ]
         (folder / "train.log").write_text("".join(json.dumps(r) + "\n" for r in records))
         runs.append(study.Run(variant, 1, folder, [], {}))
-    assert study.report.plot_curves(runs[:1], tmp_path / "curves.png", unfinished=runs[1:])
+    # a finished run's curve is its record's; an unfinished one's its train.log so far
+    finished = {"transformer-s1": {"valid": records}}
+    (tmp_path / "transformer" / "train.log").unlink()
+    assert study.report.plot_curves(
+        runs[:1], finished, tmp_path / "curves.png", unfinished=runs[1:]
+    )
     assert labels == ["transformer seed 1", "hybrid seed 1 (not scored)"]
     assert (tmp_path / "curves.png").stat().st_size > 0
 

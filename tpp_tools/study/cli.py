@@ -16,13 +16,20 @@ folder (``--data``) with its raw test reference (``--test-reference``).
     tpp-study --config cpu --corpus corpora/en-de/train -s en -t de --out runs/study_cpu
     tpp-study --config gpu-short --data DIR --test-reference DIR/raw/test.de --seeds 1,2 --out runs/study_gpu_short
     tpp-study ... --report-only       # the report of whatever has finished, at any time
+    # a study over several machines: some runs here, their records packed ...
+    tpp-study ... --only transformer-s1,hybrid-s1 --pack records.tar.gz
+    # ... and merged with the others' into one report (or before training the rest)
+    tpp-study ... --records records.tar.gz other/ --report-only
     # the paper's scale on a SLURM cluster, every run a job of 4 GPUs (docs/slurm.md):
     tpp-study --config wmt14-big --launcher slurm --partition gpu --data data-bin/wmt14_en_de \\
         --test-reference work/wmt14_en_de/raw/test.de --variants transformer,hybrid,hybrid+tags --out runs/wmt14
 
 Runs live in ``OUT/runs/<variant>-s<seed>-<id>/``, ``<id>`` a hash of everything that
 defines the run: a re-run reuses finished runs and resumes interrupted ones, and any
-change of a setting is a new run. Options after ``--`` go to every fairseq-train command.
+change of a setting is a new run. A finished run leaves its record there
+(``record.json.gz``: scores, per-sentence statistics, validation curve, command, code
+version, device; no checkpoint), which is all the report reads. Options after ``--`` go
+to every fairseq-train command.
 """
 
 import argparse
@@ -35,11 +42,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
-from .commands import CHILDREN, count_lines, log
+from .commands import CHILDREN, log
 from .config import CONFIGS, PROG, VARIANTS, Config, StudyError, check_tag_settings
 from .data import prepare_data
+from .records import finished, import_records, load_record, pack_records
 from .report import write_report
-from .runs import execute, gpu_slots, plan_runs, trained_updates, translated, visible_gpus
+from .runs import execute, gpu_slots, plan_runs, trained_updates, visible_gpus
 
 
 def parse_args(argv=None):
@@ -177,6 +185,36 @@ def parse_args(argv=None):
         default=None,
         help="tokens per generation batch (default: 8192 on a GPU, 4096 on the CPU)",
     )
+    p.add_argument(
+        "--step-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="time limit of a run's averaging and of its translating and scoring, each tried "
+        "twice (default: 1800 on a GPU, 7200 on the CPU)",
+    )
+    p.add_argument(
+        "--only",
+        metavar="RUN,...",
+        help="run only these of the planned runs (e.g. transformer-s1,hybrid-s1); the report "
+        "covers every finished one",
+    )
+    p.add_argument(
+        "--records",
+        nargs="+",
+        type=Path,
+        metavar="FOLDER|ARCHIVE",
+        help="merge the records of runs finished elsewhere (folders, searched recursively, or "
+        "--pack archives): each is checked against this study's run of the same name (settings, "
+        "data, test reference) and is then a finished run, not trained again",
+    )
+    p.add_argument(
+        "--pack",
+        type=Path,
+        metavar="ARCHIVE",
+        help="at the end, write the finished runs' records and translations (no checkpoints) "
+        "to this .tar.gz",
+    )
     p.add_argument("--bootstrap-samples", type=int, default=1000)
     p.add_argument(
         "--keep-checkpoints", action="store_true", help="keep every run's interval checkpoints"
@@ -211,6 +249,10 @@ def parse_args(argv=None):
         p.error(
             "--seeds: at least two seeds (a single run cannot tell a difference from seed noise)"
         )
+    if args.only is not None:
+        args.only = [name for name in args.only.split(",") if name]
+        if not args.only:
+            p.error("--only: name at least one run, e.g. transformer-s1")
     args.variants_need_tags = "hybrid+tags" in args.variants
     return args
 
@@ -273,6 +315,14 @@ def main(argv=None) -> int:
                 else f"CPU ({os.cpu_count()} cores)"
             )
     args.gen_max_tokens = args.gen_max_tokens or (8192 if args.device == "cuda" else 4096)
+    if args.step_timeout is None:
+        args.step_timeout = 1800.0 if args.device == "cuda" else 7200.0
+    elif args.step_timeout <= 0:
+        print(
+            f"{PROG}: error: --step-timeout must be positive, not {args.step_timeout:g}",
+            file=sys.stderr,
+        )
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     command = f"{PROG} " + " ".join(shlex.quote(a) for a in argv)
     if args.dry_run or args.report_only:  # they write no run: no lock, another study may be running
@@ -313,23 +363,63 @@ def runs_and_threads(device: str, parallel, threads, cores: int):
     return parallel or max(1, cores // threads), threads
 
 
+def select_runs(args, runs):
+    """The runs to run: all, or those ``--only`` names."""
+    if args.only is None:
+        return runs
+    names = {run.name for run in runs}
+    unknown = [name for name in args.only if name not in names]
+    if unknown:
+        raise StudyError(
+            f"--only: {', '.join(unknown)} not among this study's runs ({', '.join(sorted(names))})"
+        )
+    return [run for run in runs if run.name in args.only]
+
+
+def report_finished(args, cfg: Config, paths, runs, command: str, started: float):
+    """The report of the finished runs among ``runs`` (the rest listed as missing) and
+    the archive of their records (``--pack``). Returns (report path or None, finished)."""
+    records = {}
+    for run in runs:
+        record = load_record(run, paths["reference"])
+        if record is not None:
+            records[run.name] = record
+    done = [run for run in runs if run.name in records]
+    missing = [run for run in runs if run.name not in records]
+    if args.pack:
+        size = pack_records(done, args.pack, args.out)
+        log(
+            f"records of {len(done)} finished run(s) packed into {args.pack} ({size / 2**20:.1f} MiB)"
+        )
+    if missing:
+        log(f"not finished ({len(missing)} of {len(runs)}): {', '.join(r.name for r in missing)}")
+    if not any(run.variant == args.variants[0] for run in done):
+        return None, done
+    report = write_report(args, cfg, paths, done, records, command, time.time() - started, missing)
+    return report, done
+
+
 def plan_or_report(args, cfg: Config, command: str) -> int:
     """--dry-run (carves and prepares nothing) and --report-only."""
     started = time.time()
     try:
         paths = prepare_data(args, cfg, plan_only=True)
+        runs = plan_runs(args, cfg, paths["data"])
+        select_runs(args, runs)
     except StudyError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
-    runs = plan_runs(args, cfg, paths["data"])
     if args.dry_run:
         if not paths["prepared"]:
             print(
                 f"(the data folder {paths['data']} is not prepared yet: the study will carve and prepare it "
                 "first; the runs' ids follow from its dictionaries)"
             )
-        for run in runs:
-            state = "done" if trained_updates(run) >= cfg.max_update else "to train"
+        for run in select_runs(args, runs):
+            if paths["prepared"] and finished(run, paths["reference"]):
+                state = "done"
+            else:
+                state = "trained" if trained_updates(run) >= cfg.max_update else "to train"
             print(
                 f"{run.name} [{state}] {run.folder}\n  "
                 + " ".join(shlex.quote(c) for c in run.train_cmd)
@@ -342,21 +432,21 @@ def plan_or_report(args, cfg: Config, command: str) -> int:
             file=sys.stderr,
         )
         return 1
-    finished = [run for run in runs if translated(run, count_lines(paths["reference"]))]
-    if not any(run.variant == args.variants[0] for run in finished):
+    try:
+        if args.records:
+            import_records(args.records, runs, paths["reference"])
+        report, done = report_finished(args, cfg, paths, runs, command, started)
+    except StudyError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+    if report is None:
         print(
             f"{PROG}: error: --report-only: no run of the baseline {args.variants[0]} has finished in "
             f"{args.out / 'runs'}",
             file=sys.stderr,
         )
         return 1
-    missing = [run for run in runs if run not in finished]
-    try:
-        report = write_report(args, cfg, paths, finished, command, time.time() - started, missing)
-    except StudyError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 2
-    log(f"report of {len(finished)} finished run(s) of {len(runs)}: {report}")
+    log(f"report of {len(done)} finished run(s) of {len(runs)}: {report}")
     print(report.read_text())
     return 0
 
@@ -370,6 +460,13 @@ def study(args, cfg: Config, command: str) -> int:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
     runs = plan_runs(args, cfg, paths["data"])
+    try:
+        if args.records:
+            import_records(args.records, runs, paths["reference"])
+        todo = select_runs(args, runs)
+    except StudyError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
     where = args.device_name
     if args.device == "cuda":
         gpus = visible_gpus()
@@ -380,13 +477,18 @@ def study(args, cfg: Config, command: str) -> int:
             return 2
         where += f" ({len(gpus)} visible: each run on {cfg.gpus} of {', '.join(gpus)})"
     log(
-        f"{len(runs)} runs ({len(args.variants)} variants x {len(args.seeds)} seeds), {args.parallel} at a time "
-        f"on {where}, {args.threads} CPU thread(s) each"
+        f"{len(todo)} runs"
+        + (
+            f" of {len(runs)} (--only)"
+            if len(todo) < len(runs)
+            else f" ({len(args.variants)} variants x {len(args.seeds)} seeds)"
+        )
+        + f", {args.parallel} at a time on {where}, {args.threads} CPU thread(s) each"
     )
     failures = []
     pool = ThreadPoolExecutor(max_workers=args.parallel)
     try:
-        futures = {pool.submit(execute, run, cfg, paths, args): run for run in runs}
+        futures = {pool.submit(execute, run, cfg, paths, args): run for run in todo}
         for future, run in futures.items():
             try:
                 future.result()
@@ -396,6 +498,11 @@ def study(args, cfg: Config, command: str) -> int:
                 log(f"{run.name}: FAILED: {err}")
     finally:  # told to stop: the runs not started are not started
         pool.shutdown(wait=True, cancel_futures=True)
+    try:
+        report, done = report_finished(args, cfg, paths, runs, command, started)
+    except StudyError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
     if failures:
         print(
             f"{PROG}: error: {len(failures)} run(s) failed; re-run the same command to resume:",
@@ -404,11 +511,9 @@ def study(args, cfg: Config, command: str) -> int:
         for run, err in failures:
             print(f"  {run.name}: {str(err).splitlines()[0]}", file=sys.stderr)
         return 1
-    try:
-        report = write_report(args, cfg, paths, runs, command, time.time() - started)
-    except StudyError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 2
+    if report is None:
+        log(f"no report: no run of the baseline {args.variants[0]} has finished yet")
+        return 0
     log(f"report: {report}")
     print(report.read_text())
     return 0

@@ -21,6 +21,10 @@ def count_lines(path: Path) -> int:
         return len(handle.read().splitlines())
 
 
+class StepTimeout(RuntimeError):
+    """A command stopped at its time limit."""
+
+
 class Children:
     """The commands the study is running (its worker threads start them). A study told to
     stop (SIGTERM, SIGINT) stops them and waits for them before it exits, so that no
@@ -32,7 +36,9 @@ class Children:
         self._lock = threading.Lock()
         self.stopping = threading.Event()
 
-    def run(self, cmd, out, env) -> int:
+    def run(self, cmd, out, env, timeout=None) -> int:
+        """The command's exit status; past ``timeout`` seconds it is stopped (SIGTERM,
+        SIGKILL after 30 s) and :class:`StepTimeout` raised."""
         with self._lock:
             if self.stopping.is_set():
                 raise RuntimeError("the study is stopping")
@@ -41,7 +47,16 @@ class Children:
             )
             self._procs.add(proc)
         try:
-            return proc.wait()
+            try:
+                return proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                raise StepTimeout(f"stopped after its time limit of {timeout:.0f} s") from None
         finally:
             with self._lock:
                 self._procs.discard(proc)
@@ -64,11 +79,15 @@ class Children:
 CHILDREN = Children()
 
 
-def run_command(cmd, log_path: Path, env=None) -> None:
+def run_command(cmd, log_path: Path, env=None, timeout=None) -> None:
     with open(log_path, "a") as out:
         out.write("+ " + " ".join(shlex.quote(str(c)) for c in cmd) + "\n")
         out.flush()
-        returncode = CHILDREN.run(cmd, out, env)
+        try:
+            returncode = CHILDREN.run(cmd, out, env, timeout)
+        except StepTimeout as err:
+            out.write(f"[study] {err}\n")
+            raise
     if returncode != 0:
         tail = log_path.read_text(errors="replace").splitlines()[-25:]
         raise RuntimeError(f"command failed ({returncode}), log {log_path}:\n" + "\n".join(tail))

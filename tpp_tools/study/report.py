@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from .commands import count_lines, json_records
-from .config import VARIANTS, Config, StudyError, tag_settings
+from .config import VARIANTS, Config, tag_settings
 from .runs import Run
 
 
@@ -44,36 +44,49 @@ def t_interval(values: List[float]) -> float:
     return t95.get(n, 1.96) * statistics.stdev(values) / math.sqrt(n)
 
 
-def significance(runs_by_variant: Dict[str, List[Run]], reference: Path, samples: int):
+class _Recorded:
+    """A sacreBLEU metric whose "hypotheses" are keys of per-sentence statistics taken
+    from run records: sacreBLEU's own paired bootstrap, on statistics instead of text."""
+
+    def __init__(self, metric, table):
+        metric.num_refs = 1  # what scoring against the one reference would have set (signature)
+        self._metric, self._table = metric, table
+
+    def _extract_corpus_statistics(self, hypotheses, references):
+        return [self._table[h] for h in hypotheses]
+
+    def __getattr__(self, name):
+        return getattr(self._metric, name)
+
+
+def significance(runs_by_variant: Dict[str, List[Run]], records: Dict[str, dict], samples: int):
     """sacreBLEU's paired bootstrap of every variant against the baseline, each
     variant's seeds pooled (its translations of the test set, seed after seed, against
-    the reference repeated as often)."""
+    the reference repeated as often), from the runs' per-sentence statistics."""
     from sacrebleu.metrics import BLEU, CHRF
     from sacrebleu.significance import PairedTest
 
-    refs = reference.read_text(encoding="utf-8").splitlines()
     names = list(runs_by_variant)
     seeds = min(len(runs_by_variant[n]) for n in names)
-    systems = []
+    tables = {"BLEU": {}, "chrF": {}}
+    systems, digests = [], {}
     for name in names:
-        hyps = []
+        keys, digests[name] = [], []
         for run in sorted(runs_by_variant[name], key=lambda r: r.seed)[:seeds]:
-            lines = (run.folder / "eval" / "hyp.detok").read_text(encoding="utf-8").splitlines()
-            if len(lines) != len(refs):
-                raise StudyError(
-                    f"{run.folder / 'eval' / 'hyp.detok'}: {len(lines)} lines, reference {len(refs)}"
-                )
-            hyps += lines
-        systems.append((name, hyps))
-    test = PairedTest(
-        systems, {"BLEU": BLEU(), "chrF": CHRF()}, [refs * seeds], test_type="bs", n_samples=samples
-    )
+            record = records[run.name]
+            for metric, table in tables.items():
+                for i, stats in enumerate(record["statistics"][metric]):
+                    table[f"{run.name}:{i}"] = stats
+            keys += [f"{run.name}:{i}" for i in range(record["reference"]["lines"])]
+            digests[name].append(record["translations_sha256"])
+        systems.append((name, keys))
+    metrics = {"BLEU": _Recorded(BLEU(), tables["BLEU"]), "chrF": _Recorded(CHRF(), tables["chrF"])}
+    test = PairedTest(systems, metrics, None, test_type="bs", n_samples=samples)
     signatures, scores = test()
     # sacreBLEU names the metrics by their own names (e.g. "chrF2")
     bleu_key = next(k for k in scores if k.startswith("BLEU"))
     chrf_key = next(k for k in scores if k.startswith("chrF"))
     out = {}
-    baseline_hyps = systems[0][1]
     for i, name in enumerate(scores["System"]):
         out[name] = {
             "BLEU": scores[bleu_key][i],
@@ -81,15 +94,17 @@ def significance(runs_by_variant: Dict[str, List[Run]], reference: Path, samples
             # sacreBLEU gives a system compared with an identical one its smallest
             # p-value ("a zero difference should not be attributed to chance"):
             # the report says "identical" instead of quoting it
-            "identical": i > 0 and dict(systems)[name] == baseline_hyps,
+            "identical": i > 0 and digests[name] == digests[names[0]],
         }
     sigs = {"BLEU": str(signatures[bleu_key]), "chrF": str(signatures[chrf_key])}
     return out, sigs, seeds
 
 
-def plot_curves(runs: List[Run], target: Path, unfinished: List[Run] = ()) -> bool:
-    """Validation NLL against updates, one line per run; ``unfinished`` runs (not in the
-    tables) drawn as far as they validated, named so in the legend."""
+def plot_curves(
+    runs: List[Run], records: Dict[str, dict], target: Path, unfinished: List[Run] = ()
+) -> bool:
+    """Validation NLL against updates, one line per run (from its record); ``unfinished``
+    runs (not in the tables) drawn as far as they validated, named so in the legend."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -105,7 +120,11 @@ def plot_curves(runs: List[Run], target: Path, unfinished: List[Run] = ()) -> bo
     fig, ax = plt.subplots(figsize=(7, 4.5))
     drawn = False
     for run in [*runs, *unfinished]:
-        valid = [r for r in json_records(run.folder / "train.log") if "valid_loss" in r]
+        valid = (
+            records[run.name]["valid"]
+            if run.name in records
+            else [r for r in json_records(run.folder / "train.log") if "valid_loss" in r]
+        )
         if not valid:
             continue
         xs = [int(r["valid_num_updates"]) for r in valid]
@@ -133,31 +152,20 @@ def plot_curves(runs: List[Run], target: Path, unfinished: List[Run] = ()) -> bo
     return drawn
 
 
-def chrf_of(run: Run, reference: Path) -> float:
+def run_facts(record: dict) -> dict:
     from sacrebleu.metrics import CHRF
 
-    hyps = (run.folder / "eval" / "hyp.detok").read_text(encoding="utf-8").splitlines()
-    refs = reference.read_text(encoding="utf-8").splitlines()
-    return CHRF().corpus_score(hyps, [refs]).score
-
-
-def run_facts(run: Run, reference: Path) -> dict:
-    records = json_records(run.folder / "train.log")
-    inner = [r for r in records if "wps" in r and "train_wps" not in r]
-    valid = [r for r in records if "valid_loss" in r]
-    done = (
-        (run.folder / "train.done").read_text().split()
-        if (run.folder / "train.done").exists()
-        else []
-    )
+    wps = record["train"]["wps"]
+    valid = record["valid"]
+    seconds = record["train"]["seconds"]
+    chrf = CHRF()
     return {
-        "wps": statistics.median(float(r["wps"]) for r in inner[1:] or inner)
-        if inner
-        else float("nan"),
+        "wps": statistics.median(wps[1:] or wps) if wps else float("nan"),
         "valid_nll": float(valid[-1]["valid_nll_loss"]) if valid else float("nan"),
-        "train_seconds": float(done[2]) if len(done) > 2 else float("nan"),
-        "scores": read_scores(run.folder / "eval" / "bleu.txt"),
-        "chrf": chrf_of(run, reference),
+        "train_seconds": float("nan") if seconds is None else seconds,
+        "scores": record["scores"],
+        "chrf": chrf._aggregate_and_compute(record["statistics"]["chrF"]).score,
+        "parameters": record["parameters"],
     }
 
 
@@ -168,11 +176,10 @@ def analysis_section(by_variant, facts, paths) -> List[str]:
     lines = []
     codes = paths.get("bpe_codes")
     for variant in ("hybrid", "hybrid+tags"):
-        if variant not in by_variant:
+        kept = [r for r in by_variant.get(variant, []) if (r.folder / "checkpoint_avg.pt").exists()]
+        if not kept:  # (runs merged from records have no checkpoint here)
             continue
-        best = max(
-            by_variant[variant], key=lambda r: float(facts[r.name]["scores"]["sacrebleu_detok"])
-        )
+        best = max(kept, key=lambda r: float(facts[r.name]["scores"]["sacrebleu_detok"]))
         cmd = [
             sys.executable,
             "-m",
@@ -226,11 +233,13 @@ def write_report(
     cfg: Config,
     paths,
     runs: List[Run],
+    records: Dict[str, dict],
     command: str,
     elapsed: float,
     missing: Optional[List[Run]] = None,
 ) -> Path:
-    """The report of ``runs`` (finished); ``missing``: planned runs not finished, named."""
+    """The report of ``runs`` (finished, ``records`` by run name); ``missing``: planned
+    runs not finished, named."""
     # in --variants' order: the first is the baseline that the bootstrap compares with,
     # also when its first seed has not finished (a partial report)
     by_variant: Dict[str, List[Run]] = {
@@ -238,10 +247,18 @@ def write_report(
         for v in args.variants
         if any(run.variant == v for run in runs)
     }
-    facts = {run.name: run_facts(run, paths["reference"]) for run in runs}
-    boot, signatures, pooled = significance(by_variant, paths["reference"], args.bootstrap_samples)
+    facts = {run.name: run_facts(records[run.name]) for run in runs}
+    boot, signatures, pooled = significance(by_variant, records, args.bootstrap_samples)
     plot = args.out / "curves.png"
-    plot_curves(runs, plot, unfinished=missing or [])
+    plot_curves(runs, records, plot, unfinished=missing or [])
+    devices: Dict[str, List[str]] = {}
+    for run in runs:
+        devices.setdefault(records[run.name]["device"], []).append(run.name)
+    device = (
+        next(iter(devices))
+        if len(devices) == 1
+        else "; ".join(f"{d} ({', '.join(names)})" for d, names in devices.items())
+    )
 
     def fmt(x, digits=2):
         return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
@@ -265,7 +282,8 @@ def write_report(
         f"conv heads' output scaling (hybrid variants): {cfg.conv_head_scaling}"
         f"{' (the paper)' if cfg.conv_head_scaling == 'none' else ''}"
         f"{tag_settings(cfg) if 'hybrid+tags' in args.variants else ''}.",
-        f"Seeds: {', '.join(map(str, sorted({r.seed for r in runs})))}. Device: {args.device_name}. "
+        f"Seeds: {', '.join(map(str, sorted({r.seed for r in runs})))}. Device: {device}. Code: "
+        f"{', '.join(sorted({str(records[r.name]['code']['commit'] or records[r.name]['code']['tpp']) for r in runs}))}. "
         f"Wall time of this invocation: {elapsed / 60:.1f} min; training time per run (median): "
         f"{statistics.median(facts[r.name]['train_seconds'] for r in runs) / 60:.0f} min "
         "(words/s and times are as measured under the machine's load at the time: not a speed comparison, "
@@ -298,7 +316,7 @@ def write_report(
         else:
             p_b, p_c = fmt(b.p_value, 4), fmt(c.p_value, 4)
         lines.append(
-            f"| {VARIANTS[variant]['label']} | {VARIANTS[variant]['what']} | {parameter_count(vruns[0]) / 1e6:.2f}M "
+            f"| {VARIANTS[variant]['label']} | {VARIANTS[variant]['what']} | {facts[vruns[0].name]['parameters'] / 1e6:.2f}M "
             f"| {statistics.mean(bleus):.2f} ± {fmt(t_interval(bleus))} | {' / '.join(f'{x:.2f}' for x in bleus)} "
             f"| {statistics.mean(chrfs):.2f} | {statistics.mean(toks):.2f} "
             f"| {b.mean:.2f} ± {b.ci:.2f} | {p_b} | {c.mean:.2f} ± {c.ci:.2f} | {p_c} "
@@ -338,13 +356,15 @@ def write_report(
             f"- {variant}:",
             "",
             "```bash",
-            " ".join(shlex.quote(c) for c in vruns[0].train_cmd),
+            " ".join(shlex.quote(c) for c in records[vruns[0].name]["train_command"]),
             "```",
             "",
         ]
     lines += analysis_section(by_variant, facts, paths)
     lines += [
-        "Per-run scores and logs: `runs/<variant>-s<seed>-<id>/eval/bleu.txt`, `train.log`, `run.json`."
+        "Per-run records (scores, validation curve, command, code version, device; numbers only): "
+        "`runs/<variant>-s<seed>-<id>/record.json.gz`; translations `eval/hyp.detok`; logs "
+        "`train.log`, `run.log`."
     ]
     report = args.out / "report.md"
     tmp = report.with_suffix(f".md.{os.getpid()}.tmp")

@@ -14,9 +14,10 @@ from typing import Dict, List
 
 from ..evaluate import plugin_dir
 from ..train import OPTIMIZER
-from .commands import CHILDREN, count_lines, json_records, log, run_command
+from .commands import CHILDREN, StepTimeout, json_records, log, run_command
 from .config import TAG_FIELDS, VARIANTS, Config, StudyError
 from .data import fingerprint
+from .records import load_record, write_record
 
 #: part of every run's identity: raised whenever a change of the code changes what a
 #: run computes from the same command (initial weights, numerics), so that runs made
@@ -213,17 +214,6 @@ def checkpoint_updates(run: Run) -> int:
         return 0
 
 
-def translated(run: Run, reference_lines: int) -> bool:
-    """The test set translated and scored: the scores, and one translation per reference
-    line (a truncated translation file is done again)."""
-    hyp = run.folder / "eval" / "hyp.detok"
-    return (
-        (run.folder / "eval" / "bleu.txt").exists()
-        and hyp.exists()
-        and count_lines(hyp) == reference_lines
-    )
-
-
 def last_checkpoint_updates(run: Run) -> int:
     updates = [
         int(r.get("train_num_updates", r.get("num_updates", 0)) or 0)
@@ -274,8 +264,10 @@ def execute(run: Run, cfg: Config, paths, args) -> None:
 
 
 def _execute(run: Run, cfg: Config, paths, args, env_extra: Dict[str, str]) -> None:
-    """:func:`execute`'s steps, each skipped when done; ``env_extra`` added to the
-    commands' environment."""
+    """:func:`execute`'s steps, each skipped when done, the last writing the run's record;
+    ``env_extra`` added to the commands' environment."""
+    if load_record(run, paths["reference"]) is not None:
+        return  # finished here, or elsewhere and its record merged (--records)
     run.folder.mkdir(parents=True, exist_ok=True)
     (run.folder / "run.json").write_text(
         json.dumps(
@@ -327,7 +319,9 @@ def _execute(run: Run, cfg: Config, paths, args, env_extra: Dict[str, str]) -> N
         interval = sorted(ckpt.glob("checkpoint_*_*.pt"))
         n = min(cfg.average, len(interval))
         log(f"{run.name}: averaging the last {n} checkpoints")
-        run_command(
+        _step(
+            run,
+            "averaging",
             [
                 sys.executable,
                 "-m",
@@ -340,36 +334,56 @@ def _execute(run: Run, cfg: Config, paths, args, env_extra: Dict[str, str]) -> N
                 avg,
             ],
             out_log,
-            env=env,
+            env,
+            args.step_timeout,
         )
-    if not translated(run, count_lines(paths["reference"])):
-        log(f"{run.name}: translating the test set")
-        cmd = [
-            sys.executable,
-            "-m",
-            "tpp_tools.evaluate",
-            "--data",
-            paths["data"],
-            "--checkpoint",
-            avg,
-            "--reference",
-            paths["reference"],
-            "--out",
-            run.folder / "eval",
-            "--force",
-            "--max-tokens",
-            args.gen_max_tokens,
-        ]
-        if args.device == "cpu":
-            cmd.append("--cpu")
-        elif cfg.dtype == "fp16":
-            # float16 decoding for a model trained in float16 only: fairseq-generate 0.12 has
-            # no bfloat16 inference, and a model trained in float32 or bfloat16 need not keep
-            # its activations within float16's range (those decode in float32)
-            cmd += ["--", "--fp16"]
-        started = time.time()
-        run_command(cmd, out_log, env=env)
-        log(f"{run.name}: translated and scored in {time.time() - started:.0f} s")
+    log(f"{run.name}: translating the test set")
+    cmd = [
+        sys.executable,
+        "-m",
+        "tpp_tools.evaluate",
+        "--data",
+        paths["data"],
+        "--checkpoint",
+        avg,
+        "--reference",
+        paths["reference"],
+        "--out",
+        run.folder / "eval",
+        "--force",
+        "--max-tokens",
+        args.gen_max_tokens,
+    ]
+    if args.device == "cpu":
+        cmd.append("--cpu")
+    elif cfg.dtype == "fp16":
+        # float16 decoding for a model trained in float16 only: fairseq-generate 0.12 has
+        # no bfloat16 inference, and a model trained in float32 or bfloat16 need not keep
+        # its activations within float16's range (those decode in float32)
+        cmd += ["--", "--fp16"]
+    started = time.time()
+    _step(run, "translating", cmd, out_log, env, args.step_timeout)
+    log(f"{run.name}: translated and scored in {time.time() - started:.0f} s")
+    write_record(run, paths["reference"], args.device_name)
     if not args.keep_checkpoints:  # the averaged model is what the study keeps
         for path in list(ckpt.glob("checkpoint_*_*.pt")) + [ckpt / "checkpoint_best.pt"]:
             path.unlink(missing_ok=True)
+
+
+def _step(run: Run, what: str, cmd, out_log: Path, env, timeout) -> None:
+    """One of a run's steps after training, under its time limit, tried twice (a step
+    that hangs, e.g. a process that printed its last line and never exits, costs one
+    try, not the run)."""
+    for attempt in (1, 2):
+        try:
+            return run_command(cmd, out_log, env=env, timeout=timeout)
+        except StepTimeout:
+            if attempt == 2:
+                raise StudyError(
+                    f"{run.name}: {what} stopped at its time limit of {timeout:.0f} s twice "
+                    f"(--step-timeout; log {out_log})"
+                ) from None
+            log(
+                f"{run.name}: {what} stopped at its time limit of {timeout:.0f} s "
+                "(--step-timeout); trying once more"
+            )

@@ -27,10 +27,11 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .commands import CHILDREN, count_lines, log
+from .commands import CHILDREN, log
 from .config import PROG, Config, StudyError
 from .data import prepare_data
-from .runs import Run, execute, plan_runs, translated
+from .records import finished
+from .runs import Run, execute, plan_runs
 
 #: how often one run's job may be put back in the queue at its time limit (preemptions
 #: do not count): a run longer than this many time limits fails
@@ -351,8 +352,9 @@ class ReportJob:
         status = plan_or_report(args, self.cfg, self.command)
         paths = prepare_data(args, self.cfg, plan_only=True)
         runs = plan_runs(args, self.cfg, paths["data"])
-        lines = count_lines(paths["reference"]) if paths.get("prepared") else None
-        missing = [run for run in runs if lines is None or not translated(run, lines)]
+        missing = [
+            run for run in runs if not (paths.get("prepared") and finished(run, paths["reference"]))
+        ]
         if missing:
             record = load_jobs(args.out)
             said = []
@@ -389,7 +391,6 @@ def submit(args, cfg: Config, command: str) -> int:
     try:
         paths = prepare_data(args, cfg)
         runs = plan_runs(args, cfg, paths["data"])
-        reference_lines = count_lines(paths["reference"])
         (args.out / "slurm").mkdir(parents=True, exist_ok=True)
         record = load_jobs(args.out)
         queued = queue_states([job["job"] for job in record["runs"].values()])
@@ -402,7 +403,7 @@ def submit(args, cfg: Config, command: str) -> int:
     run_executor = executor(args, params)
     waiting_on = []
     for run in runs:
-        if translated(run, reference_lines):
+        if finished(run, paths["reference"]):
             log(f"{run.name}: finished ({run.folder})")
             continue
         earlier = record["runs"].get(run.folder.name)

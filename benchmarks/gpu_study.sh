@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The quality study's share of one short GPU allocation on a node without internet: the
+# runs named by --only trained at once, averaged, translated and scored, their records
+# (no checkpoints) packed into RESULTS, to be merged with earlier allocations' records
+# by `tpp-study --records ... --report-only` on any machine (docs/gpu.md).
+#
+# Usage, from the checkout on the node, with what benchmarks/gpu_prepare.sh made beside it:
+#   benchmarks/gpu_study.sh --budget SECONDS --results DIR --only RUN,... [tpp-study options]
+#
+#   --budget   seconds this command may take in all, install included; the study is
+#              stopped in time to pack what finished (default 540)
+#   --results  a folder that comes back: records.tar.gz (finished runs' records and
+#              translations), logs.tar.gz (every run's logs, finished or not), study.log,
+#              install.log, device.txt
+#   --only     the runs to train, e.g. transformer-s1,hybrid-s1,hybrid+tags-s1; as many
+#              go at once (--parallel)
+# Other options go to tpp-study (e.g. --records records/gpu, to skip runs already
+# recorded); its configuration is --config gpu on data-bin/gpu_ende with the conv heads'
+# output scaled, seeds 1 and 2.
+set -uo pipefail
+
+BUDGET=540
+RESULTS=
+ONLY=
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --budget) BUDGET=$2; shift 2 ;;
+        --results) RESULTS=$2; shift 2 ;;
+        --only) ONLY=$2; shift 2 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+        *) break ;;
+    esac
+done
+if [[ -z $RESULTS || -z $ONLY || ! $BUDGET =~ ^[0-9]+$ ]]; then
+    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
+    exit 2
+fi
+cd "$(dirname "$0")/.."
+mkdir -p "$RESULTS"
+RESULTS=$(realpath "$RESULTS")
+stamp() { echo "[gpu_study $(date +%H:%M:%S) +${SECONDS}s] $*"; }
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$RESULTS/device.txt" 2>&1
+[[ -d data-bin/gpu_ende ]] || tar -xJf data-bin/gpu_ende.tar.xz -C data-bin || exit 1
+stamp "installing"
+[[ -x /tmp/tpp/bin/python ]] || scripts/setup_env.sh --from-wheelhouse wheelhouse --venv /tmp/tpp \
+    --system-site-packages --fairseq-extensions text >"$RESULTS/install.log" 2>&1 || {
+    tail -20 "$RESULTS/install.log"; exit 1; }
+stamp "installed"
+/tmp/tpp/bin/python -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name())' \
+    >>"$RESULTS/device.txt" 2>&1
+
+runs=$(( $(tr -cd , <<<"$ONLY" | wc -c) + 1 ))
+study=(/tmp/tpp/bin/tpp-study --config gpu --data data-bin/gpu_ende --seeds 1,2 --out runs/study_gpu
+    --test-reference data-bin/gpu_ende/raw/test.de --test-source data-bin/gpu_ende/raw/test.en
+    --conv-head-scaling inv-sqrt-head-dim --parallel "$runs" --only "$ONLY" --step-timeout 150)
+# what stopping the study, the pack and the logs take at the end
+MARGIN=60
+for try in 1 2; do  # a run that failed (e.g. out of memory beside the others) is tried once more
+    left=$((BUDGET - MARGIN - SECONDS))
+    (( left > 60 )) || break
+    stamp "study, try $try, ${left}s left"
+    timeout -k 20 "$left" "${study[@]}" "$@" >>"$RESULTS/study.log" 2>&1 && break
+done
+stamp "packing"
+"${study[@]}" --report-only --pack "$RESULTS/records.tar.gz" "$@" >>"$RESULTS/study.log" 2>&1
+tar -czf "$RESULTS/logs.tar.gz" --exclude='*.pt' --exclude='hyp*' --exclude='*.detok' \
+    --exclude='*.tok' --exclude=eval runs/study_gpu/runs 2>/dev/null
+grep -h '^\[study' "$RESULTS/study.log" | tail -40
+
+# with the time left: one finished run's test set translated alone in float32 and in
+# float16, timed (does float16 decoding change the scores?)
+avg=$(ls runs/study_gpu/runs/*/checkpoint_avg.pt 2>/dev/null | head -1)
+if [[ -n $avg ]] && (( BUDGET - 20 - SECONDS > 100 )); then
+    for precision in fp32 fp16; do
+        left=$((BUDGET - 20 - SECONDS))
+        (( left > 30 )) || break
+        flags=(); [[ $precision == fp16 ]] && flags=(-- --fp16)
+        begun=$SECONDS
+        timeout "$left" /tmp/tpp/bin/tpp-evaluate --data data-bin/gpu_ende --checkpoint "$avg" \
+            --reference data-bin/gpu_ende/raw/test.de --out "runs/decode_$precision" --force \
+            --max-tokens 8192 "${flags[@]}" >>"$RESULTS/decode.log" 2>&1 \
+            && echo "$avg $precision $((SECONDS - begun)) s: $(grep '^sacrebleu_detok:' "runs/decode_$precision/bleu.txt")" \
+            | tee -a "$RESULTS/decode.txt"
+    done
+fi
+stamp "done"

@@ -1,0 +1,294 @@
+"""A finished run's result record: what the report needs of it, without checkpoints.
+
+A run is finished when its folder holds ``record.json.gz``, written after its test set
+was translated and scored. The record holds numbers only — the run's identity and
+command, the code version, the device, the parameter count, the scores, the validation
+curve, and sacreBLEU's per-sentence statistics of BLEU and chrF (what the paired
+bootstrap resamples) — so it can be kept and shared where translations cannot; the
+translations stay beside it (``eval/hyp.detok``) and travel in archives.
+
+A study on another machine merges records (``--records FOLDER|ARCHIVE ...``): each is
+copied into the run folder of the same identity, after checking that it was made with
+the very settings, data and test reference of this study. Runs with a record are not
+trained again, so records from several short allocations accumulate into one study.
+"""
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from .commands import count_lines, json_records, log
+from .config import StudyError
+
+RECORD = "record.json.gz"
+#: the record's layout; a reader refuses other formats rather than misread them
+FORMAT = 1
+#: what an archive holds of a finished run (no checkpoints)
+PACKED = (RECORD, "eval/hyp.detok")
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def code_version() -> Dict[str, Optional[str]]:
+    """The project's version, and its git commit where it runs from a checkout (``+``
+    marks uncommitted changes), else ``$TPP_COMMIT`` (a copy without its history)."""
+    from tpp_plugin import __version__ as tpp
+
+    root = Path(__file__).resolve().parents[2]
+    commit = None
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True
+        )
+        if head.returncode == 0:
+            dirty = subprocess.run(
+                ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+            )
+            commit = head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
+    except OSError:
+        pass
+    return {"tpp": tpp, "commit": commit or os.environ.get("TPP_COMMIT") or None}
+
+
+def sentence_statistics(hyps: List[str], refs: List[str]) -> Dict[str, list]:
+    """sacreBLEU's per-sentence sufficient statistics of BLEU and chrF (default
+    settings), which its paired bootstrap sums over resampled sentences."""
+    from sacrebleu.metrics import BLEU, CHRF
+
+    return {
+        "BLEU": [[int(x) for x in s] for s in BLEU()._extract_corpus_statistics(hyps, [refs])],
+        "chrF": [[int(x) for x in s] for s in CHRF()._extract_corpus_statistics(hyps, [refs])],
+    }
+
+
+def write_record(run, reference: Path, device: str) -> dict:
+    """The record of ``run``, evaluated in its folder (``eval/``, ``train.log``,
+    ``checkpoint_avg.pt``), written atomically."""
+    import sacrebleu
+
+    from .report import parameter_count, read_scores
+
+    hyp_path = run.folder / "eval" / "hyp.detok"
+    hyps = hyp_path.read_text(encoding="utf-8").splitlines()
+    refs = Path(reference).read_text(encoding="utf-8").splitlines()
+    records = json_records(run.folder / "train.log")
+    done = run.folder / "train.done"
+    done = done.read_text().split() if done.exists() else []
+    record = {
+        "format": FORMAT,
+        "run": run.name,
+        "folder": run.folder.name,
+        "spec": run.spec,
+        "train_command": run.train_cmd,
+        "code": code_version(),
+        "device": device,
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "parameters": parameter_count(run),
+        "reference": {"sha256": file_sha256(reference), "lines": len(refs)},
+        "translations_sha256": file_sha256(hyp_path),
+        "scores": read_scores(run.folder / "eval" / "bleu.txt"),
+        "sacrebleu": sacrebleu.__version__,
+        "train": {
+            "seconds": float(done[2]) if len(done) > 2 else None,
+            "wps": [float(r["wps"]) for r in records if "wps" in r and "train_wps" not in r],
+        },
+        "valid": [
+            {k: r[k] for k in ("valid_num_updates", "valid_loss", "valid_nll_loss") if k in r}
+            for r in records
+            if "valid_loss" in r
+        ],
+        "statistics": sentence_statistics(hyps, refs),
+    }
+    target = run.folder / RECORD
+    tmp = target.with_name(f".{RECORD}.{os.getpid()}.tmp")
+    # mtime 0 in the gzip header: the same record is the same bytes
+    with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as handle:
+        handle.write(json.dumps(record, sort_keys=True).encode())
+    os.replace(tmp, target)
+    return record
+
+
+def read_record(path: Path) -> dict:
+    try:
+        with gzip.open(path, "rb") as handle:
+            record = json.loads(handle.read())
+    except (OSError, EOFError, ValueError) as err:
+        raise StudyError(f"{path}: not a readable run record ({err})") from None
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise StudyError(
+            f"{path}: a run record of format {record.get('format') if isinstance(record, dict) else '?'}, "
+            f"this version reads format {FORMAT}"
+        )
+    return record
+
+
+def load_record(run, reference: Path) -> Optional[dict]:
+    """``run``'s record if it has one for this test reference, else None. A run evaluated
+    before records existed gets its record now."""
+    path = run.folder / RECORD
+    if not path.exists():
+        hyp = run.folder / "eval" / "hyp.detok"
+        if not (
+            (run.folder / "eval" / "bleu.txt").exists()
+            and hyp.exists()
+            and (run.folder / "checkpoint_avg.pt").exists()
+            and count_lines(hyp) == count_lines(reference)
+        ):
+            return None
+        return write_record(run, reference, device="not recorded (evaluated before run records)")
+    record = read_record(path)
+    if record["reference"]["sha256"] != file_sha256(reference):
+        return None  # scored against another test set: translated and scored again
+    return record
+
+
+def finished(run, reference: Path) -> bool:
+    """Trained, translated and scored: the run has its record."""
+    return load_record(run, reference) is not None
+
+
+def check_record(record: dict, run, where: str, reference_sha256: str) -> None:
+    """Refuse a record made with other settings, data or test set than ``run``."""
+    if record["spec"] != run.spec:
+        theirs, ours = record["spec"], run.spec
+        differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+        if "config" in differ:
+            fields = set(theirs.get("config", {})) | set(ours.get("config", {}))
+            differ = [d for d in differ if d != "config"] + sorted(
+                f"config.{f}"
+                for f in fields
+                if theirs.get("config", {}).get(f) != ours.get("config", {}).get(f)
+            )
+        what = ", ".join(
+            f"{d} (record {_get(theirs, d)!r}, this study {_get(ours, d)!r})" for d in differ
+        )
+        raise StudyError(
+            f"{where}: the record of {record['run']} was made with other settings or data than this "
+            f"study's run: {what}"
+        )
+    if record["reference"]["sha256"] != reference_sha256:
+        raise StudyError(
+            f"{where}: the record of {record['run']} was scored against another test reference "
+            f"(sha256 {record['reference']['sha256'][:12]}…, this study's "
+            f"{reference_sha256[:12]}…)"
+        )
+
+
+def _get(spec: dict, dotted: str):
+    for part in dotted.split("."):
+        spec = spec.get(part) if isinstance(spec, dict) else None
+    return spec
+
+
+def _found(source: Path):
+    """(where, record bytes, translations bytes or None) of every record in a folder
+    (searched recursively) or a tar archive."""
+    if source.is_dir():
+        for path in sorted(source.rglob(RECORD)):
+            hyp = path.parent / "eval" / "hyp.detok"
+            yield path, path.read_bytes(), hyp.read_bytes() if hyp.exists() else None
+        return
+    if not source.is_file():
+        raise StudyError(f"--records {source}: no such file or folder")
+    try:
+        with tarfile.open(source) as tar:
+            members = {m.name: m for m in tar.getmembers() if m.isfile()}
+            for name in sorted(n for n in members if Path(n).name == RECORD):
+                hyp = str(Path(name).parent / "eval" / "hyp.detok")
+                yield (
+                    f"{source}:{name}",
+                    tar.extractfile(members[name]).read(),
+                    tar.extractfile(members[hyp]).read() if hyp in members else None,
+                )
+    except tarfile.TarError as err:
+        raise StudyError(f"--records {source}: not a folder or a tar archive ({err})") from None
+
+
+def import_records(sources: List[Path], runs, reference: Path) -> List[str]:
+    """Copy the records found in ``sources`` into the folders of ``runs`` with the same
+    identity; every record is checked first and nothing is copied if one is refused.
+    Records of runs this study does not plan (other variants or seeds) are left out and
+    named. Returns the names of the runs whose records were copied."""
+    planned = {run.name: run for run in runs}
+    reference_sha256 = file_sha256(reference)
+    accepted, other = {}, []
+    for source in sources:
+        for where, data, hyp in _found(Path(source)):
+            with gzip.open(io.BytesIO(data), "rb") as handle:
+                try:
+                    record = json.loads(handle.read())
+                except (OSError, EOFError, ValueError) as err:
+                    raise StudyError(f"{where}: not a readable run record ({err})") from None
+            if not isinstance(record, dict) or record.get("format") != FORMAT:
+                raise StudyError(f"{where}: not a run record of format {FORMAT}")
+            run = planned.get(record["run"])
+            if run is None:
+                other.append(f"{record['run']} ({where})")
+                continue
+            check_record(record, run, where, reference_sha256)
+            before = accepted.get(run.name)
+            if before is not None and before[1] != data:
+                raise StudyError(
+                    f"two different records of {run.name}: {before[0]} and {where} (the run was "
+                    "trained twice); give only one"
+                )
+            accepted[run.name] = (where, data, hyp)
+    for name, (where, data, hyp) in accepted.items():
+        run = planned[name]
+        path = run.folder / RECORD
+        if path.exists():
+            if path.read_bytes() != data:
+                raise StudyError(
+                    f"{where}: {run.folder} already holds another record of {name}; move one of "
+                    "them aside"
+                )
+            continue
+    copied = []
+    for name, (where, data, hyp) in accepted.items():
+        run = planned[name]
+        path = run.folder / RECORD
+        if path.exists():
+            continue
+        run.folder.mkdir(parents=True, exist_ok=True)
+        if hyp is not None:
+            (run.folder / "eval").mkdir(exist_ok=True)
+            _write_atomic(run.folder / "eval" / "hyp.detok", hyp)
+        _write_atomic(path, data)
+        copied.append(name)
+        log(f"{name}: record taken from {where}")
+    if other:
+        log(f"records of runs this study does not plan, left out: {', '.join(other)}")
+    return copied
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def pack_records(runs, archive: Path, out: Path) -> int:
+    """A gzipped tar of the finished runs' records and translations (no checkpoints),
+    paths relative to the study folder ``out``; written atomically. Returns its size."""
+    archive = Path(archive)
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    tmp = archive.with_name(f".{archive.name}.{os.getpid()}.tmp")
+    with tarfile.open(tmp, "w:gz") as tar:
+        for run in runs:
+            for name in PACKED:
+                path = run.folder / name
+                if path.exists():
+                    tar.add(path, arcname=str(path.relative_to(out)))
+    os.replace(tmp, archive)
+    return archive.stat().st_size
