@@ -16,7 +16,8 @@
 #              go at once (--parallel)
 # Other options go to tpp-study (e.g. --records records/gpu, to skip runs already
 # recorded); its configuration is --config gpu on data-bin/gpu_ende with the conv heads'
-# output scaled, seeds 1 and 2.
+# output scaled, seeds 1 and 2. Set TPP_COMMIT to the checkout's commit: the records name
+# it, and the node's copy of the checkout may lack its history.
 set -uo pipefail
 
 BUDGET=540

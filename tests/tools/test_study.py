@@ -28,15 +28,16 @@ RUN_FOLDERS_V1 = {
         "hybrid_tags-s1-8352a9d9",
         "hybrid_tags-s2-66490b27",
     ],
+    # (gpu: as the configuration has been since it became pre-LN with 8k BPE)
     "gpu": [
-        "transformer-s1-9c2a95cd",
-        "transformer-s2-d3983fd6",
-        "control-s1-cb148a55",
-        "control-s2-e86443aa",
-        "hybrid-s1-bca49e8a",
-        "hybrid-s2-f8968cae",
-        "hybrid_tags-s1-b12b34f2",
-        "hybrid_tags-s2-8f3699a1",
+        "transformer-s1-d8edae1e",
+        "transformer-s2-85c04628",
+        "control-s1-e0457659",
+        "control-s2-c58bcc6a",
+        "hybrid-s1-e736b1b3",
+        "hybrid-s2-654cba86",
+        "hybrid_tags-s1-5bf0ba10",
+        "hybrid_tags-s2-8ea97e4f",
     ],
 }
 # The same at run version 2 (transformer_pp's layers built in fairseq's order again).
@@ -52,14 +53,14 @@ RUN_FOLDERS = {
         "hybrid_tags-s2-3b463723",
     ],
     "gpu": [
-        "transformer-s1-cd1264cd",
-        "transformer-s2-d80a367c",
-        "control-s1-ca3a8ffc",
-        "control-s2-be875bae",
-        "hybrid-s1-969b0041",
-        "hybrid-s2-2f4d9de7",
-        "hybrid_tags-s1-d50927bd",
-        "hybrid_tags-s2-ff3f3bd1",
+        "transformer-s1-403107f1",
+        "transformer-s2-393ac0df",
+        "control-s1-20623def",
+        "control-s2-f1df6459",
+        "hybrid-s1-f79f357c",
+        "hybrid-s2-6593f16a",
+        "hybrid_tags-s1-dcaf0b6b",
+        "hybrid_tags-s2-43400510",
     ],
 }
 
@@ -508,9 +509,9 @@ def test_conv_head_scaling_makes_new_runs_of_the_hybrid_variants_only(tmp_path):
 
 
 def test_gpu_short_trains_pre_ln_layers_and_layer_norm_post_is_the_default(tmp_path):
-    """gpu-short's runs normalise before each sublayer (every variant, the same flags);
-    every other configuration keeps fairseq's post-LN, with the identity it always had;
-    --layer-norm pre makes new runs of every variant."""
+    """gpu-short's and gpu's runs normalise before each sublayer (every variant, the same
+    flags); the other configurations keep fairseq's post-LN, with the identity they always
+    had; --layer-norm pre makes new runs of every variant."""
     from dataclasses import replace
 
     data = data_folder(tmp_path / "data")
@@ -527,8 +528,9 @@ def test_gpu_short_trains_pre_ln_layers_and_layer_norm_post_is_the_default(tmp_p
         "layer_norm" not in post[0].spec["config"]
         and short[0].spec["config"]["layer_norm"] == "pre"
     )
-    for name in ("cpu", "gpu", "wmt14-big"):
+    for name in ("cpu", "wmt14-big"):
         assert study.CONFIGS[name].layer_norm == "post", name
+    assert study.CONFIGS["gpu"].layer_norm == "pre"
     shown = run([sys.executable, "-m", "tpp_tools.study", "--help"]).stdout
     assert "--layer-norm {post,pre}" in shown
 
@@ -790,10 +792,19 @@ def test_runs_at_once_on_a_gpu_share_the_cores(tmp_path, monkeypatch):
     (tmp_path / "ref").write_text("a reference\n")
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     envs = []
-    monkeypatch.setattr(study.runs, "run_command", lambda cmd, log, env=None: envs.append(env))
+    monkeypatch.setattr(
+        study.runs, "run_command", lambda cmd, log, env=None, timeout=None: envs.append(env)
+    )
+    monkeypatch.setattr(study.runs, "write_record", lambda *a: None)
     for launcher in ("local", "slurm"):
         args = argparse.Namespace(
-            device="cuda", launcher=launcher, threads=2, gen_max_tokens=8192, keep_checkpoints=True
+            device="cuda",
+            launcher=launcher,
+            threads=2,
+            gen_max_tokens=8192,
+            keep_checkpoints=True,
+            step_timeout=60,
+            device_name="a GPU",
         )
         run = study.Run("hybrid", 1, folder, ["fairseq-train"], {})
         study.execute(run, cfg, {"data": tmp_path / "data", "reference": tmp_path / "ref"}, args)
@@ -827,7 +838,7 @@ def test_the_curves_show_runs_that_trained_but_were_not_scored(tmp_path, monkeyp
         (folder / "train.log").write_text("".join(json.dumps(r) + "\n" for r in records))
         runs.append(study.Run(variant, 1, folder, [], {}))
     # a finished run's curve is its record's; an unfinished one's its train.log so far
-    finished = {"transformer-s1": {"valid": records}}
+    finished = {"transformer-s1": {"valid": study.records.validation_curve(records)}}
     (tmp_path / "transformer" / "train.log").unlink()
     assert study.report.plot_curves(
         runs[:1], finished, tmp_path / "curves.png", unfinished=runs[1:]
@@ -854,10 +865,19 @@ def test_a_gpu_run_decodes_in_float16_only_if_it_trained_in_it(
     (tmp_path / "ref").write_text("a reference\n")
     commands = []
     monkeypatch.setattr(
-        study.runs, "run_command", lambda cmd, log, env=None: commands.append([str(c) for c in cmd])
+        study.runs,
+        "run_command",
+        lambda cmd, log, env=None, timeout=None: commands.append([str(c) for c in cmd]),
     )
+    monkeypatch.setattr(study.runs, "write_record", lambda *a: None)
     args = argparse.Namespace(
-        device="cuda", launcher="local", threads=4, gen_max_tokens=16384, keep_checkpoints=True
+        device="cuda",
+        launcher="local",
+        threads=4,
+        gen_max_tokens=16384,
+        keep_checkpoints=True,
+        step_timeout=60,
+        device_name="a GPU",
     )
     run = study.Run("hybrid", 1, folder, ["fairseq-train"], {})
     study.execute(run, cfg, {"data": tmp_path / "data", "reference": tmp_path / "ref"}, args)

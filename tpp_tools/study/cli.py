@@ -16,20 +16,16 @@ folder (``--data``) with its raw test reference (``--test-reference``).
     tpp-study --config cpu --corpus corpora/en-de/train -s en -t de --out runs/study_cpu
     tpp-study --config gpu-short --data DIR --test-reference DIR/raw/test.de --seeds 1,2 --out runs/study_gpu_short
     tpp-study ... --report-only       # the report of whatever has finished, at any time
-    # a study over several machines: some runs here, their records packed ...
-    tpp-study ... --only transformer-s1,hybrid-s1 --pack records.tar.gz
-    # ... and merged with the others' into one report (or before training the rest)
-    tpp-study ... --records records.tar.gz other/ --report-only
+    tpp-study ... --only transformer-s1,hybrid-s1 --pack records.tar.gz   # some runs here ...
+    tpp-study ... --records records.tar.gz other/ --report-only  # ... merged with others'
     # the paper's scale on a SLURM cluster, every run a job of 4 GPUs (docs/slurm.md):
     tpp-study --config wmt14-big --launcher slurm --partition gpu --data data-bin/wmt14_en_de \\
         --test-reference work/wmt14_en_de/raw/test.de --variants transformer,hybrid,hybrid+tags --out runs/wmt14
 
 Runs live in ``OUT/runs/<variant>-s<seed>-<id>/``, ``<id>`` a hash of everything that
 defines the run: a re-run reuses finished runs and resumes interrupted ones, and any
-change of a setting is a new run. A finished run leaves its record there
-(``record.json.gz``: scores, per-sentence statistics, validation curve, command, code
-version, device; no checkpoint), which is all the report reads. Options after ``--`` go
-to every fairseq-train command.
+change of a setting is a new run; a finished run's record (``record.json.gz``) is all
+the report reads. Options after ``--`` go to every fairseq-train command.
 """
 
 import argparse

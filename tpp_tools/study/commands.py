@@ -94,11 +94,16 @@ def run_command(cmd, log_path: Path, env=None, timeout=None) -> None:
 
 
 def json_records(log_path: Path):
-    """fairseq's JSON --log-file records (dicts)."""
+    """fairseq's JSON --log-file records (dicts), each once: fairseq 0.12 adds a handler
+    for the log file with every progress bar, so that epoch N writes each line N times."""
     out = []
     if not log_path.exists():
         return out
+    previous = None
     for line in log_path.read_text(errors="replace").splitlines():
+        if line == previous:
+            continue
+        previous = line
         if line.startswith("{"):
             try:
                 out.append(json.loads(line))

@@ -39,26 +39,28 @@ def file_sha256(path: Path) -> str:
 
 
 def code_version() -> Dict[str, Optional[str]]:
-    """The project's version, and its git commit where it runs from a checkout (``+``
-    marks uncommitted changes), else ``$TPP_COMMIT`` (a copy without its history)."""
+    """The project's version and git commit: ``$TPP_COMMIT`` where it is set (a copy of
+    the code whose history is elsewhere), else the checkout's HEAD, ``+`` marking
+    uncommitted changes."""
     from tpp_plugin import __version__ as tpp
 
+    commit = os.environ.get("TPP_COMMIT") or None
     root = Path(__file__).resolve().parents[2]
-    commit = None
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True
-        )
-        if head.returncode == 0:
-            dirty = subprocess.run(
-                ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                capture_output=True,
-                text=True,
+    if commit is None:
+        try:
+            head = subprocess.run(
+                ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True
             )
-            commit = head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
-    except OSError:
-        pass
-    return {"tpp": tpp, "commit": commit or os.environ.get("TPP_COMMIT") or None}
+            if head.returncode == 0:
+                dirty = subprocess.run(
+                    ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                    capture_output=True,
+                    text=True,
+                )
+                commit = head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
+        except OSError:
+            pass
+    return {"tpp": tpp, "commit": commit}
 
 
 def sentence_statistics(hyps: List[str], refs: List[str]) -> Dict[str, list]:
@@ -70,6 +72,20 @@ def sentence_statistics(hyps: List[str], refs: List[str]) -> Dict[str, list]:
         "BLEU": [[int(x) for x in s] for s in BLEU()._extract_corpus_statistics(hyps, [refs])],
         "chrF": [[int(x) for x in s] for s in CHRF()._extract_corpus_statistics(hyps, [refs])],
     }
+
+
+def validation_curve(records: List[dict]) -> List[dict]:
+    """Updates, loss and NLL (bits per target token) of each validation in fairseq's
+    JSON log records, in order of updates."""
+    curve = {}
+    for r in records:
+        if "valid_loss" in r and "valid_num_updates" in r:
+            curve[int(r["valid_num_updates"])] = {
+                "updates": int(r["valid_num_updates"]),
+                "loss": float(r["valid_loss"]),
+                "nll_loss": float(r["valid_nll_loss"]),
+            }
+    return [curve[u] for u in sorted(curve)]
 
 
 def write_record(run, reference: Path, device: str) -> dict:
@@ -90,7 +106,7 @@ def write_record(run, reference: Path, device: str) -> dict:
         "run": run.name,
         "folder": run.folder.name,
         "spec": run.spec,
-        "train_command": run.train_cmd,
+        "train_command": _portable(run.train_cmd),
         "code": code_version(),
         "device": device,
         "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -103,11 +119,7 @@ def write_record(run, reference: Path, device: str) -> dict:
             "seconds": float(done[2]) if len(done) > 2 else None,
             "wps": [float(r["wps"]) for r in records if "wps" in r and "train_wps" not in r],
         },
-        "valid": [
-            {k: r[k] for k in ("valid_num_updates", "valid_loss", "valid_nll_loss") if k in r}
-            for r in records
-            if "valid_loss" in r
-        ],
+        "valid": validation_curve(records),
         "statistics": sentence_statistics(hyps, refs),
     }
     target = run.folder / RECORD
@@ -117,6 +129,13 @@ def write_record(run, reference: Path, device: str) -> dict:
         handle.write(json.dumps(record, sort_keys=True).encode())
     os.replace(tmp, target)
     return record
+
+
+def _portable(cmd: List[str]) -> List[str]:
+    """The command with paths inside the project's checkout made relative to it (the
+    plugin's folder, say): the same on every machine."""
+    root = str(Path(__file__).resolve().parents[2]) + os.sep
+    return [c[len(root) :] if c.startswith(root) else c for c in cmd]
 
 
 def read_record(path: Path) -> dict:

@@ -14,6 +14,7 @@ from typing import Dict, List, Optional
 
 from .commands import count_lines, json_records
 from .config import VARIANTS, Config, tag_settings
+from .records import validation_curve
 from .runs import Run
 
 
@@ -123,12 +124,12 @@ def plot_curves(
         valid = (
             records[run.name]["valid"]
             if run.name in records
-            else [r for r in json_records(run.folder / "train.log") if "valid_loss" in r]
+            else validation_curve(json_records(run.folder / "train.log"))
         )
         if not valid:
             continue
-        xs = [int(r["valid_num_updates"]) for r in valid]
-        ys = [float(r["valid_nll_loss"]) for r in valid]
+        xs = [v["updates"] for v in valid]
+        ys = [v["nll_loss"] for v in valid]
         ax.plot(
             xs,
             ys,
@@ -161,7 +162,7 @@ def run_facts(record: dict) -> dict:
     chrf = CHRF()
     return {
         "wps": statistics.median(wps[1:] or wps) if wps else float("nan"),
-        "valid_nll": float(valid[-1]["valid_nll_loss"]) if valid else float("nan"),
+        "valid_nll": valid[-1]["nll_loss"] if valid else float("nan"),
         "train_seconds": float("nan") if seconds is None else seconds,
         "scores": record["scores"],
         "chrf": chrf._aggregate_and_compute(record["statistics"]["chrF"]).score,
