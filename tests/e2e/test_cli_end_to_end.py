@@ -335,6 +335,50 @@ def test_two_process_data_parallel_training_with_tags(trained, tmp_path):
         assert float(single[key]) == pytest.approx(float(ddp_valid[f"valid_{key}"]), abs=2e-3), key
 
 
+def test_two_process_training_stopped_and_resumed_ends_as_if_never_stopped(trained, tmp_path):
+    """A data-parallel training started again from its checkpoint (a requeued multi-GPU
+    job): rank 0 loads it and sends it to rank 1 (fairseq's default, which unpickles it
+    under safe loading), and the run ends with the very parameters and optimizer state
+    of one that never stopped (every epoch's batches grouped from the seed and the epoch,
+    as the recipe trains: docs/training_and_evaluation.md)."""
+    common = [
+        trained["data"],
+        *TRAIN_FLAGS,
+        "--update-epoch-batch-itr",
+        "True",
+        "--distributed-backend",
+        "gloo",
+        "--ddp-backend",
+        "legacy_ddp",
+        "--save-interval-updates",
+        "20",
+    ]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    run(torchrun(29521, "fairseq-train", *common, "--save-dir", whole, "--max-update", "40"))
+    run(torchrun(29522, "fairseq-train", *common, "--save-dir", parts, "--max-update", "20"))
+    resumed = run(
+        torchrun(29523, "fairseq-train", *common, "--save-dir", parts, "--max-update", "40")
+    )
+    text = resumed.stdout + resumed.stderr
+    assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ 20 updates\)", text)
+    a = torch.load(whole / "checkpoint_last.pt", map_location="cpu", weights_only=True)
+    b = torch.load(parts / "checkpoint_last.pt", map_location="cpu", weights_only=True)
+    assert (
+        a["optimizer_history"][-1]["num_updates"] == b["optimizer_history"][-1]["num_updates"] == 40
+    )
+    assert a["model"].keys() == b["model"].keys()
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"]), "parameters differ"
+    moments = [
+        (x, y)
+        for s, t in zip(
+            a["last_optimizer_state"]["state"].values(), b["last_optimizer_state"]["state"].values()
+        )
+        for x, y in zip(s.values(), t.values())
+        if torch.is_tensor(x)
+    ]
+    assert moments and all(torch.equal(x, y) for x, y in moments), "Adam's moments differ"
+
+
 def valid_figures(output: str):
     """The figures of fairseq-validate's last "valid on 'valid' subset" line."""
     lines = [l for l in output.splitlines() if "valid on 'valid' subset" in l]

@@ -245,9 +245,11 @@ def test_more_training_tasks_than_gpus_is_refused_before_submitting(tmp_path):
     assert not result.stdout
 
 
-def test_training_job_requeues_itself_and_resumes(cluster, nmt_corpus, tmp_path):
+@pytest.mark.parametrize("tasks", [1, 2])
+def test_training_job_requeues_itself_and_resumes(cluster, nmt_corpus, tmp_path, tasks):
     """USR1 (what --signal=B:USR1@120 sends before the time limit) makes train.sbatch
-    requeue its own job; the second run continues from checkpoint_last.pt."""
+    requeue its own job; the second run continues from checkpoint_last.pt, also with two
+    data-parallel ranks (rank 0 loads it and sends it to rank 1)."""
     data = nmt_corpus["data"]
     save_dir = tmp_path / "ckpt"
     log = tmp_path / "train.log"
@@ -267,7 +269,7 @@ def test_training_job_requeues_itself_and_resumes(cluster, nmt_corpus, tmp_path)
         [
             "sbatch",
             "--parsable",
-            "--ntasks-per-node=1",
+            f"--ntasks-per-node={tasks}",
             "--gpus-per-node=0",
             "--cpus-per-task=1",
             f"--output={log}",
@@ -304,6 +306,7 @@ def test_training_job_requeues_itself_and_resumes(cluster, nmt_corpus, tmp_path)
         ["scontrol", "show", "job", job], env=env, capture_output=True, text=True, check=True
     ).stdout
     assert "Restarts=1" in shown
+    assert ("distributed init (rank 1)" in text) == (tasks == 2), text[-3000:]
     state = torch.load(save_dir / "checkpoint_last.pt", map_location="cpu", weights_only=True)
     assert state["optimizer_history"][-1]["num_updates"] == 300
 

@@ -3,7 +3,8 @@ with what it answers, in docs/fairseq_notes.md).
 
 - **Safe loading of fairseq checkpoints** (torch >= 2.6 loads with ``weights_only=True``):
   exactly the types fairseq checkpoints hold are allow-listed (an ``argparse.Namespace``,
-  numpy scalars and arrays); everything else is still refused.
+  numpy scalars and arrays, and the omegaconf configuration that a data-parallel resume
+  broadcasts from rank 0 to the others); everything else is still refused.
 - **The last batch** (fairseq-fixed 0.12.3.1 drops the last batch whenever its size is
   not a multiple of ``--required-batch-size-multiple``: up to 7 test sentences never
   translated). Kept, as upstream fairseq keeps it.
@@ -70,15 +71,46 @@ def _numpy_globals():
     return found
 
 
+def _broadcast_globals():
+    """What a checkpoint's state sent between ranks refers to: a data-parallel resume
+    sends it from rank 0 to the others through ``torch.save``/``torch.load``
+    (``_broadcast_object_slow``), its tensors apart and ``_TensorPlaceholder`` in their
+    place, its ``cfg`` an omegaconf ``DictConfig`` (``load_checkpoint_to_cpu`` makes
+    one). Configuration containers and their plain value nodes only: no resolver, no
+    callable."""
+    import collections
+    import typing
+
+    from fairseq.distributed.utils import _TensorPlaceholder
+    from omegaconf import DictConfig, ListConfig
+    from omegaconf.base import ContainerMetadata, Metadata
+    from omegaconf.nodes import AnyNode
+
+    return [
+        _TensorPlaceholder,  # where each tensor was, the tensors being sent apart
+        DictConfig,
+        ListConfig,
+        ContainerMetadata,
+        Metadata,
+        AnyNode,
+        typing.Any,
+        dict,
+        list,
+        int,
+        collections.defaultdict,
+    ]
+
+
 def allow_fairseq_checkpoints() -> None:
     """Allow-list what fairseq checkpoints contain for ``weights_only`` loading."""
     add = getattr(torch.serialization, "add_safe_globals", None)
     if add is None:  # torch < 2.4 loads everything anyway
         return
-    allowed = [argparse.Namespace] + _numpy_globals()
+    allowed = [argparse.Namespace] + _numpy_globals() + _broadcast_globals()
     add(allowed)
     logger.debug(
-        "safe loading: allow-listed argparse.Namespace and %d numpy types", len(allowed) - 1
+        "safe loading: allow-listed argparse.Namespace, numpy and omegaconf types (%d)",
+        len(allowed) - 1,
     )
 
 
