@@ -12,6 +12,7 @@ study's.
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -466,6 +467,16 @@ def test_study_runs_as_slurm_jobs_one_requeued_and_reports_as_a_local_study(
     )
     tables = report_tables(slurm_out / "report.md")
     assert len(tables) == 4 and tables == report_tables(local_out / "report.md")
+
+    # the report command the submission printed, run as printed: a report, no new job
+    hint = re.search(r"The report of what has finished, at any time: (.+)", submitted.stdout)
+    before = (slurm_out / "slurm" / "jobs.json").read_text()
+    reported = subprocess.run(
+        shlex.split(hint.group(1)), env=cluster, capture_output=True, text=True, timeout=300
+    )
+    assert reported.returncode == 0, reported.stdout + reported.stderr
+    assert "report of 4 finished run(s) of 4" in reported.stdout, reported.stdout[-3000:]
+    assert (slurm_out / "slurm" / "jobs.json").read_text() == before
 
     # submitted again: every run is finished, nothing is trained again; a new report job
     stamps = {p: p.stat().st_mtime_ns for p in (slurm_out / "runs").glob("*/eval/bleu.txt")}

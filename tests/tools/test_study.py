@@ -199,6 +199,7 @@ def test_a_step_past_its_time_limit_is_stopped_and_tried_once_more(tmp_path, cap
         (["--parallel", "0"], "--parallel must be at least 1, not 0"),
         (["--threads", "0"], "--threads must be at least 1, not 0"),
         (["--step-timeout", "0"], "--step-timeout must be positive, not 0"),
+        (["--seeds", "1,1"], "--seeds: a seed is named twice (one run would be counted as two)"),
     ],
 )
 def test_bad_input_is_an_error_naming_it(tmp_path, extra, message):
@@ -1047,3 +1048,87 @@ def test_dry_run_prepares_nothing(tmp_path):
     assert "is not prepared yet" in shown.stdout and shown.stdout.count("[to train]") == 4
     assert "transformer-s1-<id>" in shown.stdout
     assert not (out / "data").exists(), "nothing carved or prepared"
+
+
+@pytest.mark.parametrize("how", ["SIGTERM to the study", "SIGINT to its process group"])
+def test_a_study_stopped_while_preparing_exits_and_frees_its_folder(tmp_path, how):
+    """Issue probe: stopped while its data pipeline ran, the study logged that it stopped
+    and then hung for good holding its lock (its signal handler waited on the child that
+    the interrupted main thread was waiting on). Now it stops the pipeline, exits with
+    the signal's status and frees the folder at once."""
+    import os
+    import queue
+    import signal
+    import subprocess
+    import threading
+    import time
+
+    from support import make_corpus, tool_env
+    from tpp_pipeline.lock import work_dir_lock
+
+    make_corpus(tmp_path / "corpus", sizes=(400, 20, 20))
+    out = tmp_path / "study"
+    proc = subprocess.Popen(
+        [
+            "tpp-study",
+            "--config",
+            "cpu",
+            "--corpus",
+            tmp_path / "corpus" / "raw" / "train",
+            "-s",
+            "en",
+            "-t",
+            "de",
+            "--valid-size",
+            "20",
+            "--test-size",
+            "20",
+            "--out",
+            out,
+            "--device",
+            "cpu",
+        ],
+        env=tool_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines = queue.Queue()
+    threading.Thread(
+        target=lambda: [lines.put(line) for line in proc.stdout] and None or lines.put(None),
+        daemon=True,
+    ).start()
+    seen = []
+    try:
+        while "preparing " not in (line := lines.get(timeout=300) or "<end>"):
+            assert line != "<end>", "".join(seen)
+            seen.append(line)
+        pipeline = [tmp_path / "corpus", "tpp_pipeline.pipeline"]
+        deadline = time.monotonic() + 60
+        while not _processes(str(pipeline[1]) + ".*" + str(out)):  # the pipeline has started
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.1)
+        if how.startswith("SIGTERM"):
+            proc.send_signal(signal.SIGTERM)
+            status = 128 + signal.SIGTERM
+        else:
+            os.killpg(proc.pid, signal.SIGINT)
+            status = 128 + signal.SIGINT
+        assert proc.wait(timeout=60) == status
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    rest = []
+    while (line := lines.get(timeout=30)) is not None:
+        rest.append(line)
+    assert "stopping the runs' commands" in "".join(rest), "".join(rest)
+    assert not _processes("tpp_pipeline.pipeline.*" + str(out)), "the pipeline outlived the study"
+    with work_dir_lock(out, user="tpp-study", folder="study folder"):
+        pass  # free: a re-run may start at once
+
+
+def _processes(pattern):
+    import subprocess
+
+    return subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()

@@ -149,6 +149,9 @@ def test_dry_run_plans_the_paper_scale_jobs_without_a_cluster(tmp_path):
         "--sbatch-option",
         "mem=64G",
         "--dry-run",
+        "--",
+        "--patience",
+        "5",
     )
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.splitlines()
@@ -165,11 +168,25 @@ def test_dry_run_plans_the_paper_scale_jobs_without_a_cluster(tmp_path):
             and cmd[cmd.index("--max-update") + 1] == "320000"
         )
         assert cmd[cmd.index("--encoder-embed-dim") + 1] == "1024" and "--fp16" in cmd
+        # the configuration's extra options and the user's, each once
+        assert cmd.count("--update-epoch-batch-itr") == 1, cmd
+        assert cmd[cmd.index("--update-epoch-batch-itr") + 1] == "True"
+        assert cmd.count("--patience") == 1 and cmd[-2:] == ["--patience", "5"], cmd
     assert lines[-1].startswith(
         "SLURM: one job per run not finished: partition gpu, 4 GPUs, 16 CPUs, "
         "time limit 48:00:00, --mem=64G, --requeue"
     ), lines[-1]
     assert not (out / "slurm").exists() and not (out / "runs").exists()
+
+
+def test_the_report_hint_puts_report_only_among_the_studys_options():
+    with_option = study_slurm.with_option
+    assert with_option("tpp-study --out o -- --patience 5", "--report-only") == (
+        "tpp-study --out o --report-only -- --patience 5"
+    )
+    assert with_option("tpp-study --out 'a b'", "--report-only") == (
+        "tpp-study --out 'a b' --report-only"
+    )
 
 
 def test_time_limits_in_slurm_formats():

@@ -241,6 +241,8 @@ def parse_args(argv=None):
         args.seeds = [int(s) for s in args.seeds.split(",") if s]
     except ValueError:
         p.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
+    if len(set(args.seeds)) != len(args.seeds):
+        p.error("--seeds: a seed is named twice (one run would be counted as two)")
     if len(args.seeds) < 2:
         p.error(
             "--seeds: at least two seeds (a single run cannot tell a difference from seed noise)"
@@ -260,7 +262,12 @@ def main(argv=None) -> int:
     cfg = Config(
         **{
             **asdict(cfg),
-            **{k: getattr(args, k) for k in asdict(cfg) if getattr(args, k, None) is not None},
+            # (the options after -- are args.extra, added to the configuration's own extra)
+            **{
+                k: getattr(args, k)
+                for k in asdict(cfg)
+                if k != "extra" and getattr(args, k, None) is not None
+            },
         }
     )
     if cfg.dtype not in ("fp32", "fp16", "bf16"):
@@ -329,20 +336,24 @@ def main(argv=None) -> int:
     from tpp_pipeline.errors import DataError
     from tpp_pipeline.lock import work_dir_lock
 
-    def stop(
-        signum, frame
-    ):  # SIGTERM (kill, a scheduler's limit) or SIGINT: the runs' commands too
+    def stop(signum, frame):  # SIGTERM (kill, a scheduler's limit) or SIGINT
         log(
             f"{signal.Signals(signum).name}: stopping the runs' commands; the same command resumes the study"
         )
-        CHILDREN.stop()
+        CHILDREN.signal_stop()
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:
         with work_dir_lock(args.out, user="tpp-study", folder="study folder"):
-            return (slurm.submit if args.launcher == "slurm" else study)(args, cfg, command)
+            try:
+                return (slurm.submit if args.launcher == "slurm" else study)(args, cfg, command)
+            finally:  # told to stop: the lock goes once the commands have ended
+                if CHILDREN.stopping.is_set():
+                    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                    signal.signal(signal.SIGINT, signal.SIG_IGN)
+                    CHILDREN.stop()
     except DataError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2

@@ -33,7 +33,7 @@ class Children:
 
     def __init__(self):
         self._procs = set()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # (a signal handler may take it in the same thread)
         self.stopping = threading.Event()
 
     def run(self, cmd, out, env, timeout=None) -> int:
@@ -58,10 +58,22 @@ class Children:
                     proc.wait()
                 raise StepTimeout(f"stopped after its time limit of {timeout:.0f} s") from None
         finally:
-            with self._lock:
-                self._procs.discard(proc)
+            if proc.poll() is not None:  # interrupted by a signal: stop() waits for it
+                with self._lock:
+                    self._procs.discard(proc)
+
+    def signal_stop(self) -> None:
+        """Start no new command and send the running ones SIGTERM, without waiting: what
+        a signal handler may do (it can interrupt this very thread inside ``wait()`` of
+        one of them, and waiting there again would deadlock on that ``Popen``)."""
+        with self._lock:
+            self.stopping.set()
+            procs = list(self._procs)
+        for proc in procs:
+            proc.terminate()
 
     def stop(self, grace: float = 60.0) -> None:
+        """:meth:`signal_stop`, then wait for the commands (SIGKILL after ``grace``)."""
         with self._lock:
             self.stopping.set()
             procs = list(self._procs)
@@ -74,6 +86,8 @@ class Children:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            with self._lock:
+                self._procs.discard(proc)
 
 
 CHILDREN = Children()

@@ -18,6 +18,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -249,6 +250,14 @@ def executor(args, params: Dict[str, object]):
     return ex
 
 
+def with_option(command: str, option: str) -> str:
+    """``command`` with ``option`` among tpp-study's own options, before any ``--`` (what
+    follows it goes to fairseq-train)."""
+    words = shlex.split(command)
+    at = words.index("--") if "--" in words else len(words)
+    return " ".join(shlex.quote(w) for w in [*words[:at], option, *words[at:]])
+
+
 def resume_hint(command: str) -> str:
     return (
         f"to resume, submit the study again with the same command:\n  {command}\n"
@@ -462,6 +471,6 @@ def submit(args, cfg: Config, command: str) -> int:
     )
     print(
         f"Follow the jobs with: squeue -j {','.join(waiting_on + [report.job_id])}\n"
-        f"The report of what has finished, at any time: {command} --report-only"
+        f"The report of what has finished, at any time: {with_option(command, '--report-only')}"
     )
     return 0
