@@ -794,7 +794,9 @@ def test_runs_at_once_on_a_gpu_share_the_cores(tmp_path, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     envs = []
     monkeypatch.setattr(
-        study.runs, "run_command", lambda cmd, log, env=None, timeout=None: envs.append(env)
+        study.runs,
+        "run_command",
+        lambda cmd, log, env=None, timeout=None, lock=None: envs.append(env),
     )
     monkeypatch.setattr(study.runs, "write_record", lambda *a: None)
     for launcher in ("local", "slurm"):
@@ -868,7 +870,7 @@ def test_a_gpu_run_decodes_in_float16_only_if_it_trained_in_it(
     monkeypatch.setattr(
         study.runs,
         "run_command",
-        lambda cmd, log, env=None, timeout=None: commands.append([str(c) for c in cmd]),
+        lambda cmd, log, env=None, timeout=None, lock=None: commands.append([str(c) for c in cmd]),
     )
     monkeypatch.setattr(study.runs, "write_record", lambda *a: None)
     args = argparse.Namespace(
@@ -1050,12 +1052,16 @@ def test_dry_run_prepares_nothing(tmp_path):
     assert not (out / "data").exists(), "nothing carved or prepared"
 
 
-@pytest.mark.parametrize("how", ["SIGTERM to the study", "SIGINT to its process group"])
+@pytest.mark.parametrize(
+    "how", ["SIGTERM to the study", "SIGINT to its process group", "SIGKILL to the study"]
+)
 def test_a_study_stopped_while_preparing_exits_and_frees_its_folder(tmp_path, how):
     """Issue probe: stopped while its data pipeline ran, the study logged that it stopped
     and then hung for good holding its lock (its signal handler waited on the child that
     the interrupted main thread was waiting on). Now it stops the pipeline, exits with
-    the signal's status and frees the folder at once."""
+    the signal's status and frees the folder at once. Killed outright, it leaves the
+    pipeline running, which holds its work folder: a re-run then says so, without a
+    traceback, and prepares nothing beside it."""
     import os
     import queue
     import signal
@@ -1112,13 +1118,25 @@ def test_a_study_stopped_while_preparing_exits_and_frees_its_folder(tmp_path, ho
         if how.startswith("SIGTERM"):
             proc.send_signal(signal.SIGTERM)
             status = 128 + signal.SIGTERM
-        else:
+        elif how.startswith("SIGINT"):
             os.killpg(proc.pid, signal.SIGINT)
             status = 128 + signal.SIGINT
+        else:
+            proc.send_signal(signal.SIGKILL)
+            assert proc.wait(timeout=60) == -signal.SIGKILL
+            orphans = _processes("tpp_pipeline.pipeline.*" + str(out))
+            assert orphans, "the pipeline runs on, orphaned"
+            again = run(proc.args, check=False, timeout=300)
+            assert again.returncode == 1 and "Traceback" not in again.stderr, again.stderr
+            assert "tpp-study: error: preparing the data: " in again.stderr, again.stderr
+            assert "another run of the pipeline is using this work folder" in again.stderr
+            return
         assert proc.wait(timeout=60) == status
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+        for pid in _processes("tpp_pipeline.pipeline.*" + str(out)) if "KILL" in how else ():
+            os.kill(int(pid), signal.SIGKILL)
     rest = []
     while (line := lines.get(timeout=30)) is not None:
         rest.append(line)
@@ -1132,3 +1150,92 @@ def _processes(pattern):
     import subprocess
 
     return subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
+
+
+@pytest.mark.parametrize("signame", ["SIGKILL", "SIGHUP"])
+def test_a_killed_studys_trainer_is_never_joined_by_a_second_one(tmp_path, signame):
+    """Issue probes: a study killed with SIGKILL left its fairseq-train running, and the
+    re-run started a second trainer in the same run folder (every checkpoint written
+    twice); SIGHUP (the terminal closed) had no handler at all. Now the orphan holds its
+    run folder's lock and the re-run is refused that run, naming the process; SIGHUP
+    stops the study's commands as SIGTERM does."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from support import tool_env
+
+    data = binarize_tagged(tmp_path / "text", tmp_path / "data-bin", n_train=120)
+    out = tmp_path / "study"
+    command = [
+        "tpp-study",
+        "--config",
+        "cpu",
+        "--data",
+        data,
+        "--test-reference",
+        tmp_path / "text" / "test.tgt",
+        "--out",
+        out,
+        "--variants",
+        "transformer",
+        "--seeds",
+        "1,2",
+        "--device",
+        "cpu",
+        "--parallel",
+        "1",
+        "--embed-dim",
+        "32",
+        "--ffn-dim",
+        "64",
+        "--heads",
+        "2",
+        "--layers",
+        "1",
+        "--max-tokens",
+        "256",
+        "--warmup-updates",
+        "2",
+        "--max-update",
+        "100000",
+        "--only",
+        "transformer-s1",
+    ]
+    first, output = _study_in_training(command, out)
+    trainers, again = _trainers(out), None
+    try:
+        assert len(trainers) == 1
+        first.send_signal(getattr(signal, signame))
+        first.wait(timeout=120)
+        if signame == "SIGHUP":
+            assert first.returncode == 128 + signal.SIGHUP
+            assert "SIGHUP: stopping the runs' commands" in _rest(output)
+            assert _trainers(out) == [], "no fairseq-train outlives its study"
+            return
+        assert _trainers(out) == trainers, "SIGKILL leaves the trainer running"
+        again = subprocess.Popen(
+            [str(c) for c in command],
+            env=tool_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        deadline = time.monotonic() + 300
+        while again.poll() is None:  # never two writers in one folder, sampled throughout
+            assert len(_trainers(out)) == 1, "a second fairseq-train in the run folder"
+            assert time.monotonic() < deadline, "the re-run did not end"
+            time.sleep(0.2)
+        said = again.stdout.read()
+        assert again.returncode == 1, said
+        assert _trainers(out) == trainers, said
+        assert "transformer-s1: another process is writing in its folder" in said, said
+        assert f"process {trainers[0]} on host" in said, said
+    finally:
+        if first.poll() is None:
+            first.kill()
+        if again is not None and again.poll() is None:
+            again.kill()
+        for pid in _trainers(out):
+            os.kill(int(pid), signal.SIGKILL)

@@ -336,23 +336,25 @@ def main(argv=None) -> int:
     from tpp_pipeline.errors import DataError
     from tpp_pipeline.lock import work_dir_lock
 
-    def stop(signum, frame):  # SIGTERM (kill, a scheduler's limit) or SIGINT
+    def stop(
+        signum, frame
+    ):  # SIGTERM (kill, a scheduler's limit), SIGINT, SIGHUP (terminal closed)
         log(
             f"{signal.Signals(signum).name}: stopping the runs' commands; the same command resumes the study"
         )
         CHILDREN.signal_stop()
         raise SystemExit(128 + signum)
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, stop)
     try:
         with work_dir_lock(args.out, user="tpp-study", folder="study folder"):
             try:
                 return (slurm.submit if args.launcher == "slurm" else study)(args, cfg, command)
             finally:  # told to stop: the lock goes once the commands have ended
                 if CHILDREN.stopping.is_set():
-                    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-                    signal.signal(signal.SIGINT, signal.SIG_IGN)
+                    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                        signal.signal(signum, signal.SIG_IGN)
                     CHILDREN.stop()
     except DataError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
@@ -466,6 +468,9 @@ def study(args, cfg: Config, command: str) -> int:
     except StudyError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
+    except RuntimeError as err:  # the data pipeline failed: its log's last lines
+        print(f"{PROG}: error: preparing the data: {err}", file=sys.stderr)
+        return 1
     runs = plan_runs(args, cfg, paths["data"])
     try:
         if args.records:

@@ -1,7 +1,9 @@
 """The commands a study runs (stopped with it) and the files they leave."""
 
 import json
+import os
 import shlex
+import socket
 import subprocess
 import sys
 import threading
@@ -36,16 +38,23 @@ class Children:
         self._lock = threading.RLock()  # (a signal handler may take it in the same thread)
         self.stopping = threading.Event()
 
-    def run(self, cmd, out, env, timeout=None) -> int:
+    def run(self, cmd, out, env, timeout=None, lock=None) -> int:
         """The command's exit status; past ``timeout`` seconds it is stopped (SIGTERM,
-        SIGKILL after 30 s) and :class:`StepTimeout` raised."""
+        SIGKILL after 30 s) and :class:`StepTimeout` raised. ``lock``: a :class:`RunLock`
+        the command inherits and holds while it lives, whatever becomes of the study."""
         with self._lock:
             if self.stopping.is_set():
                 raise RuntimeError("the study is stopping")
             proc = subprocess.Popen(
-                [str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT, env=env
+                [str(c) for c in cmd],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                pass_fds=() if lock is None else (lock.fd,),
             )
             self._procs.add(proc)
+            if lock is not None:
+                lock.held_by(proc.pid, cmd)
         try:
             try:
                 return proc.wait(timeout=timeout)
@@ -93,12 +102,53 @@ class Children:
 CHILDREN = Children()
 
 
-def run_command(cmd, log_path: Path, env=None, timeout=None) -> None:
+class RunLock:
+    """A run folder's lock (``flock`` on ``.lock``), held by the study and inherited by
+    every command it runs there, so that a command orphaned by a killed study still holds
+    it: a study started again is refused that run, naming the process, instead of
+    starting a second writer in its folder. The file says who holds it."""
+
+    def __init__(self, folder: Path, name: str):
+        import fcntl
+
+        self.path = folder / ".lock"
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self.fd, 500, 0).decode("utf-8", "replace").strip()
+            os.close(self.fd)
+            raise RunBusy(
+                f"{name}: another process is writing in its folder {folder} "
+                f"({holder or 'it has not recorded itself'}); wait for it to end or stop it, "
+                "then run the study again"
+            ) from None
+        self.held_by(os.getpid(), [name, "(tpp-study)"])
+
+    def held_by(self, pid: int, cmd) -> None:
+        record = (
+            f"process {pid} on host {socket.gethostname()}, since "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S')}: "
+            + " ".join(shlex.quote(str(c)) for c in cmd)[:400]
+            + "\n"
+        ).encode()
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, record, 0)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class RunBusy(RuntimeError):
+    """A run's folder is locked by a live process."""
+
+
+def run_command(cmd, log_path: Path, env=None, timeout=None, lock=None) -> None:
     with open(log_path, "a") as out:
         out.write("+ " + " ".join(shlex.quote(str(c)) for c in cmd) + "\n")
         out.flush()
         try:
-            returncode = CHILDREN.run(cmd, out, env, timeout)
+            returncode = CHILDREN.run(cmd, out, env, timeout, lock)
         except StepTimeout as err:
             out.write(f"[study] {err}\n")
             raise

@@ -14,7 +14,7 @@ from typing import Dict, List
 
 from ..evaluate import plugin_dir
 from ..train import OPTIMIZER
-from .commands import CHILDREN, StepTimeout, json_records, log, run_command
+from .commands import CHILDREN, RunLock, StepTimeout, json_records, log, run_command
 from .config import TAG_FIELDS, VARIANTS, Config, StudyError
 from .data import fingerprint
 from .records import load_record, write_record
@@ -269,6 +269,15 @@ def _execute(run: Run, cfg: Config, paths, args, env_extra: Dict[str, str]) -> N
     if load_record(run, paths["reference"]) is not None:
         return  # finished here, or elsewhere and its record merged (--records)
     run.folder.mkdir(parents=True, exist_ok=True)
+    lock = RunLock(run.folder, run.name)
+    try:
+        _steps(run, cfg, paths, args, env_extra, lock)
+    finally:
+        lock.close()
+
+
+def _steps(run: Run, cfg: Config, paths, args, env_extra: Dict[str, str], lock) -> None:
+    """The steps of :func:`_execute`, each command holding the run folder's ``lock``."""
     (run.folder / "run.json").write_text(
         json.dumps(
             {**run.spec, "train_command": " ".join(shlex.quote(c) for c in run.train_cmd)}, indent=1
@@ -302,8 +311,9 @@ def _execute(run: Run, cfg: Config, paths, args, env_extra: Dict[str, str]) -> N
                 ],
                 out_log,
                 env=env,
+                lock=lock,
             )
-        run_command(run.train_cmd, out_log, env=env)
+        run_command(run.train_cmd, out_log, env=env, lock=lock)
         updates = last_checkpoint_updates(run)
         if updates < cfg.max_update:
             raise RuntimeError(
@@ -336,6 +346,7 @@ def _execute(run: Run, cfg: Config, paths, args, env_extra: Dict[str, str]) -> N
             out_log,
             env,
             args.step_timeout,
+            lock,
         )
     log(f"{run.name}: translating the test set")
     cmd = [
@@ -362,7 +373,7 @@ def _execute(run: Run, cfg: Config, paths, args, env_extra: Dict[str, str]) -> N
         # its activations within float16's range (those decode in float32)
         cmd += ["--", "--fp16"]
     started = time.time()
-    _step(run, "translating", cmd, out_log, env, args.step_timeout)
+    _step(run, "translating", cmd, out_log, env, args.step_timeout, lock)
     log(f"{run.name}: translated and scored in {time.time() - started:.0f} s")
     write_record(run, paths["reference"], args.device_name)
     if not args.keep_checkpoints:  # the averaged model is what the study keeps
@@ -370,13 +381,13 @@ def _execute(run: Run, cfg: Config, paths, args, env_extra: Dict[str, str]) -> N
             path.unlink(missing_ok=True)
 
 
-def _step(run: Run, what: str, cmd, out_log: Path, env, timeout) -> None:
+def _step(run: Run, what: str, cmd, out_log: Path, env, timeout, lock=None) -> None:
     """One of a run's steps after training, under its time limit, tried twice (a step
     that hangs, e.g. a process that printed its last line and never exits, costs one
     try, not the run)."""
     for attempt in (1, 2):
         try:
-            return run_command(cmd, out_log, env=env, timeout=timeout)
+            return run_command(cmd, out_log, env=env, timeout=timeout, lock=lock)
         except StepTimeout:
             if attempt == 2:
                 raise StudyError(
