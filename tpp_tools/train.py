@@ -247,21 +247,58 @@ def fairseq_command(args):
     ]
 
 
+#: seconds a killed trainer's data loader processes may hold its lock: they inherit it
+#: and notice their parent's death within a few seconds
+LOADER_GRACE = 20.0
+
+
+def _holder_gone(holder: str) -> bool:
+    """The lock's record names a process of this host that no longer exists."""
+    import re
+
+    found = re.match(r"process (\d+) on host (\S+),", holder)
+    if not found or found.group(2) != socket.gethostname():
+        return False
+    try:
+        os.kill(int(found.group(1)), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _flock_within(fd: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            time.sleep(0.2)
+    return False
+
+
 def take_lock(save_dir: Path, argv) -> int:
     """The save dir's lock (``flock`` on ``.lock``), as a descriptor that fairseq-train
-    inherits: the kernel releases it when that process ends, however it ends."""
+    inherits: the kernel releases it when that process ends, however it ends. Held
+    still although the process it names is gone (its data loaders inherited it), it is
+    waited for, up to ``LOADER_GRACE`` seconds."""
     path = save_dir / ".lock"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = os.pread(fd, 500, 0).decode("utf-8", "replace").strip()
-        os.close(fd)
-        raise TrainError(
-            f"another training is using the save dir {save_dir} "
-            f"({holder or 'a process that has not recorded itself'}); wait for it to finish "
-            "or stop it"
-        ) from None
+        if _holder_gone(holder) and _flock_within(fd, LOADER_GRACE):
+            pass  # the trainer had died; its data loader processes have let go
+        else:
+            os.close(fd)
+            raise TrainError(
+                f"another training is using the save dir {save_dir} "
+                f"({holder or 'a process that has not recorded itself'}); wait for it to finish "
+                "or stop it"
+            ) from None
     record = (
         f"process {os.getpid()} on host {socket.gethostname()}, started "
         f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(argv)[:400]}\n"

@@ -403,3 +403,50 @@ def test_max_update_must_be_a_positive_number(value, tmp_path):
     )
     assert bad.returncode == 2
     assert f"--max-update must be a positive number of updates, not '{value}'" in bad.stderr
+
+
+def test_a_lock_left_to_a_dead_trainers_loaders_is_waited_for(tmp_path):
+    """Issue probe: scripts/train.sh killed with SIGKILL; fairseq's data loader processes
+    inherit the save dir's lock and hold it a few seconds more, and an immediate restart
+    was refused, naming the dead trainer. Now the restart waits for them; a lock whose
+    process lives is refused at once, as before."""
+    import socket
+    import sys
+    import time
+
+    from tpp_tools.train import LOADER_GRACE, TrainError, take_lock
+
+    lock = tmp_path / ".lock"
+    hold = (
+        "import fcntl, os, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "print('held', flush=True)\n"
+        "time.sleep(float(sys.argv[2]))\n"
+    )
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    lock.write_text(f"process {gone.pid} on host {socket.gethostname()}, started now: x\n")
+    loader = subprocess.Popen(
+        [sys.executable, "-c", hold, str(lock), "2"], stdout=subprocess.PIPE, text=True
+    )
+    assert loader.stdout.readline() == "held\n"
+    started = time.monotonic()
+    fd = take_lock(tmp_path, ["tpp-train"])
+    assert loader.poll() == 0 and time.monotonic() - started < LOADER_GRACE
+    assert f"process {os.getpid()} on host" in lock.read_text()
+    os.close(fd)
+
+    alive = subprocess.Popen(
+        [sys.executable, "-c", hold, str(lock), "60"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert alive.stdout.readline() == "held\n"
+        lock.write_text(f"process {alive.pid} on host {socket.gethostname()}, started now: x\n")
+        started = time.monotonic()
+        with pytest.raises(TrainError, match=f"process {alive.pid} on host"):
+            take_lock(tmp_path, ["tpp-train"])
+        assert time.monotonic() - started < 1, "a live holder is not waited for"
+    finally:
+        alive.kill()
+        alive.wait()
