@@ -329,6 +329,10 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
     assert (ours["mean"], ours["ci"], ours["p_value"]) == (theirs.mean, theirs.ci, theirs.p_value)
     assert f"{theirs.p_value:.4f}" in report
 
+    # --status: every run's state, updates and last validation loss
+    shown = run(command + ["--max-update", "4", "--status"], timeout=300).stdout
+    assert shown.count(" | finished | 4 | ") == 4, shown
+
     # a re-run reuses every finished run: nothing trained, averaged or translated again
     stamps = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/eval/bleu.txt")}
     stamps.update({p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/checkpoint_avg.pt")})
@@ -1215,6 +1219,8 @@ def test_a_killed_studys_trainer_is_never_joined_by_a_second_one(tmp_path, signa
             assert _trainers(out) == [], "no fairseq-train outlives its study"
             return
         assert _trainers(out) == trainers, "SIGKILL leaves the trainer running"
+        shown = run(command + ["--status"], timeout=300).stdout
+        assert f"| transformer-s1 | running (process {trainers[0]} on host" in shown, shown
         again = subprocess.Popen(
             [str(c) for c in command],
             env=tool_env(),

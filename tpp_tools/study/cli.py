@@ -41,9 +41,26 @@ from pathlib import Path
 from .commands import CHILDREN, log
 from .config import CONFIGS, PROG, VARIANTS, Config, StudyError, check_tag_settings
 from .data import prepare_data
-from .records import finished, import_records, load_record, pack_records
+from .commands import json_records
+from .records import (
+    RECORD,
+    finished,
+    import_records,
+    load_record,
+    pack_records,
+    read_record,
+    validation_curve,
+)
 from .report import write_report
-from .runs import execute, gpu_slots, plan_runs, trained_updates, visible_gpus
+from .runs import (
+    execute,
+    gpu_slots,
+    last_checkpoint_updates,
+    plan_runs,
+    run_state,
+    trained_updates,
+    visible_gpus,
+)
 
 
 def parse_args(argv=None):
@@ -224,6 +241,11 @@ def parse_args(argv=None):
         help="train nothing: the report of the runs that have finished (evaluated), the others "
         "listed as not finished; the baseline variant needs at least one",
     )
+    p.add_argument(
+        "--status",
+        action="store_true",
+        help="train nothing: every planned run's state, updates done and last validation loss",
+    )
     p.add_argument("extra", nargs="*", help="options after -- go to every fairseq-train command")
     from . import slurm
 
@@ -303,10 +325,10 @@ def main(argv=None) -> int:
         return 2
     if args.launcher == "local":  # (a cluster's jobs: check_options named their device)
         if args.device == "cuda" and not torch.cuda.is_available():
-            if not (args.dry_run or args.report_only):
+            if not (args.dry_run or args.report_only or args.status):
                 print(
                     f"{PROG}: error: --device cuda: torch {torch.__version__} sees no CUDA GPU on this machine "
-                    "(--dry-run plans a GPU study anywhere, --report-only reports one)",
+                    "(--dry-run plans a GPU study anywhere, --report-only and --status report on one)",
                     file=sys.stderr,
                 )
                 return 2
@@ -328,6 +350,8 @@ def main(argv=None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     command = f"{PROG} " + " ".join(shlex.quote(a) for a in argv)
+    if args.status:
+        return show_status(args, cfg)
     if args.dry_run or args.report_only:  # they write no run: no lock, another study may be running
         status = plan_or_report(args, cfg, command)
         if args.dry_run and args.launcher == "slurm" and status == 0:
@@ -406,6 +430,31 @@ def report_finished(args, cfg: Config, paths, runs, command: str, started: float
         return None, done
     report = write_report(args, cfg, paths, done, records, command, time.time() - started, missing)
     return report, done
+
+
+def show_status(args, cfg: Config) -> int:
+    """--status: one line per planned run (writes nothing, takes no lock)."""
+    try:
+        paths = prepare_data(args, cfg, plan_only=True)
+        runs = select_runs(args, plan_runs(args, cfg, paths["data"]))
+    except StudyError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+    if not paths["prepared"]:
+        print(f"the data folder {paths['data']} is not prepared yet: no run has started")
+    print(f"| run | state | updates of {cfg.max_update} | last valid NLL | folder |")
+    print("|---|---|---:|---:|---|")
+    for run in runs:
+        recorded = run.folder / RECORD
+        if recorded.exists():  # (a run merged from elsewhere has no log here)
+            valid = read_record(recorded)["valid"]
+            updates = valid[-1]["updates"] if valid else cfg.max_update
+        else:
+            valid = validation_curve(json_records(run.folder / "train.log"))
+            updates = last_checkpoint_updates(run)
+        nll = f"{valid[-1]['nll_loss']:.3f}" if valid else "—"
+        print(f"| {run.name} | {run_state(run)} | {updates} | {nll} | {run.folder} |")
+    return 0
 
 
 def plan_or_report(args, cfg: Config, command: str) -> int:

@@ -214,6 +214,30 @@ def checkpoint_updates(run: Run) -> int:
         return 0
 
 
+def run_state(run: Run) -> str:
+    """What a run is doing, read from its folder: finished (its record), a process at
+    work in it (the folder's lock held), trained but not scored, stopped, not started."""
+    import fcntl
+
+    from .records import RECORD
+
+    if (run.folder / RECORD).exists():
+        return "finished"
+    lock = run.folder / ".lock"
+    if lock.exists():
+        with open(lock, "rb") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = handle.read(300).decode("utf-8", "replace").strip()
+                return f"running ({holder.split(':')[0]})" if holder else "running"
+    if (run.folder / "train.done").exists():
+        return "trained, not scored"
+    if (run.folder / "train.log").exists():
+        return "stopped"
+    return "not started"
+
+
 def last_checkpoint_updates(run: Run) -> int:
     updates = [
         int(r.get("train_num_updates", r.get("num_updates", 0)) or 0)
