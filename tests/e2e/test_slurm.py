@@ -554,3 +554,35 @@ def test_study_jobs_that_fail_are_named_with_their_logs_and_how_to_resume(
         )
     assert "to resume, submit the study again with the same command" in report_log
     assert "--no-such-option" in report_log.split("to resume")[-1]  # the command, as it was given
+
+
+def test_a_dry_run_checks_the_partition_on_the_cluster(cluster, tagged_data, tmp_path):
+    """The dry run shows the job before anything is submitted, and a partition the
+    cluster does not have is refused there already, naming the ones it has."""
+    planned = subprocess.run(
+        study_command(tagged_data, tmp_path / "out", "--launcher", "slurm", "--dry-run"),
+        env=cluster,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert planned.returncode == 0, planned.stderr
+    assert "#SBATCH --requeue" in planned.stdout and "not checked" not in planned.stdout
+    wrong = subprocess.run(
+        study_command(
+            tagged_data,
+            tmp_path / "out",
+            "--launcher",
+            "slurm",
+            "--partition",
+            "nosuch",
+            "--dry-run",
+        ),
+        env=cluster,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert wrong.returncode == 2 and "Traceback" not in wrong.stderr, wrong.stderr
+    assert "--partition nosuch: no such partition on this cluster (it has " in wrong.stderr
+    assert not (tmp_path / "out" / "slurm").exists(), "nothing submitted"

@@ -173,9 +173,41 @@ def test_dry_run_plans_the_paper_scale_jobs_without_a_cluster(tmp_path):
         assert cmd[cmd.index("--update-epoch-batch-itr") + 1] == "True"
         assert cmd.count("--patience") == 1 and cmd[-2:] == ["--patience", "5"], cmd
     assert lines[-1].startswith(
-        "SLURM: one job per run not finished: partition gpu, 4 GPUs, 16 CPUs, "
-        "time limit 48:00:00, --mem=64G, --requeue"
+        "SLURM: one job per run not finished: partition gpu, 4 GPUs, 16 CPUs, --mem=64G, "
+        "time limit 48:00:00, --requeue"
     ), lines[-1]
+    assert "one task on one node, whose fairseq-train starts its 4 data-parallel ranks" in lines[-1]
+    # the sbatch script of the first run's job, as it will be submitted
+    script = shown.stdout[shown.stdout.index("#!/bin/bash") :]
+    for line in (
+        "#SBATCH --job-name=tpp-transformer-s1",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --cpus-per-task=16",
+        "#SBATCH --mem=64G",
+        "#SBATCH --time=2880",
+        "#SBATCH --requeue",
+    ):
+        assert line in script.splitlines(), (line, script)
+    assert [l for l in script.splitlines() if l.startswith("#SBATCH --mem")] == [
+        "#SBATCH --mem=64G"
+    ]
+    # the memory a run's job asks for by default: per GPU
+    default = tpp_study(
+        "--config",
+        "wmt14-big",
+        "--launcher",
+        "slurm",
+        "--data",
+        data,
+        "--test-reference",
+        tmp_path / "test.de",
+        "--out",
+        out,
+        "--dry-run",
+    )
+    assert "#SBATCH --mem=48G" in default.stdout.splitlines(), default.stdout[-2000:]
     assert not (out / "slurm").exists() and not (out / "runs").exists()
 
 
@@ -208,6 +240,7 @@ def test_time_limits_in_slurm_formats():
             "--time-limit: not a SLURM time limit: '1h'",
         ),
         (["--launcher", "slurm", "--sbatch-option", "mem"], "--sbatch-option: expected KEY=VALUE"),
+        (["--launcher", "slurm", "--mem", "1.5G"], "--mem: expected a size as sbatch takes it"),
         (
             ["--gpus-per-run", "2"],
             "--gpus-per-run 2 trains each run on GPUs: not with --device cpu",

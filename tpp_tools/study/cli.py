@@ -355,7 +355,7 @@ def main(argv=None) -> int:
     if args.dry_run or args.report_only:  # they write no run: no lock, another study may be running
         status = plan_or_report(args, cfg, command)
         if args.dry_run and args.launcher == "slurm" and status == 0:
-            print(slurm.describe(args, cfg))
+            return slurm.dry_run(args, cfg)
         return status
     from tpp_pipeline.errors import DataError
     from tpp_pipeline.lock import work_dir_lock

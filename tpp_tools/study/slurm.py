@@ -40,8 +40,12 @@ MAX_TIME_LIMITS = 50
 #: CPUs per GPU of a run's job, unless --cpus-per-run says otherwise
 CPUS_PER_GPU = 4
 DEFAULT_TIME = "24:00:00"
+#: host memory of a run's job unless --mem says otherwise: per GPU (each rank a process
+#: with its data loader), or for a CPU run
+MEM_PER_GPU_GB = 12
+MEM_CPU_RUN_GB = 8
 REPORT_TIME_MIN = 120
-SLURM_OPTIONS = ("partition", "time_limit", "cpus_per_run", "account", "sbatch_option")
+SLURM_OPTIONS = ("partition", "time_limit", "cpus_per_run", "mem", "account", "sbatch_option")
 
 
 def time_minutes(text: str) -> int:
@@ -78,6 +82,11 @@ def add_arguments(parser) -> None:
         type=int,
         help=f"CPUs of a run's job (default: {CPUS_PER_GPU} per GPU; "
         "--threads with --device cpu)",
+    )
+    group.add_argument(
+        "--mem",
+        help=f"host memory of a run's job, in sbatch's form (default {MEM_PER_GPU_GB}G per GPU; "
+        f"{MEM_CPU_RUN_GB}G with --device cpu)",
     )
     group.add_argument("--account", help="SLURM account to charge")
     group.add_argument(
@@ -131,6 +140,14 @@ def check_options(args, cfg: Config) -> Optional[str]:
         args.cpus_per_run = CPUS_PER_GPU * cfg.gpus if args.device == "cuda" else args.threads
     if args.cpus_per_run < 1:
         return f"--cpus-per-run must be at least 1, not {args.cpus_per_run}"
+    if "mem" in args.sbatch_options:  # (an earlier way to ask for it)
+        args.mem = args.mem or args.sbatch_options.pop("mem")
+    if args.mem is None:
+        args.mem = (
+            f"{MEM_PER_GPU_GB * cfg.gpus}G" if args.device == "cuda" else f"{MEM_CPU_RUN_GB}G"
+        )
+    if not re.fullmatch(r"[1-9][0-9]*[KMGT]?", args.mem):
+        return f"--mem: expected a size as sbatch takes it (e.g. 64G), not {args.mem!r}"
     for name in ("out", "data", "test_reference", "test_source", "bpe_codes"):
         if getattr(args, name) is not None:
             setattr(args, name, getattr(args, name).absolute())
@@ -148,6 +165,7 @@ def resources(args, cfg: Config) -> Dict[str, object]:
         "nodes": 1,
         "ntasks_per_node": 1,
         "cpus_per_task": args.cpus_per_run,
+        "mem": args.mem,
         "time": args.time_minutes,
         # submitit's SIGUSR2 that long before the time limit: put back in the queue
         "signal_delay_s": 120,
@@ -168,12 +186,62 @@ def describe(args, cfg: Config) -> str:
     hours, minutes = divmod(args.time_minutes, 60)
     gpus = f"{cfg.gpus} GPU{'s' if cfg.gpus > 1 else ''}, " if args.device == "cuda" else ""
     extra = "".join(f", --{k}={v}" for k, v in args.sbatch_options.items())
+    ranks = (
+        f" Each run's job is one task on one node, whose fairseq-train starts its {cfg.gpus} "
+        "data-parallel ranks itself, one per GPU: a run takes at most the GPUs of one node."
+        if cfg.gpus > 1
+        else ""
+    )
     return (
         f"SLURM: one job per run not finished: partition {args.partition or '(the default)'}, {gpus}"
-        f"{args.cpus_per_run} CPUs, time limit {hours}:{minutes:02d}:00{extra}, --requeue (put back in the "
-        f"queue at the time limit and on preemption, resuming from its checkpoint); then one report job "
-        f"(1 CPU) after all of them; job files and logs in {args.out / 'slurm'}"
+        f"{args.cpus_per_run} CPUs, --mem={args.mem}, time limit {hours}:{minutes:02d}:00{extra}, --requeue "
+        f"(put back in the queue at the time limit and on preemption, resuming from its checkpoint); then one "
+        f"report job (1 CPU) after all of them; job files and logs in {args.out / 'slurm'}.{ranks}"
     )
+
+
+def sbatch_script(args, cfg: Config, run_name: str) -> str:
+    """The sbatch script of a run's job as submitit writes it (``--dry-run``)."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    venv = os.environ.get("TPP_VENV")
+    python = str(Path(venv) / "bin" / "python") if venv else sys.executable
+    folder = args.out / "slurm"
+    command = " ".join(
+        shlex.quote(c) for c in (python, "-u", "-m", "submitit.core._submit", str(folder))
+    )
+    return _make_sbatch_string(
+        command=command, folder=folder, job_name=f"tpp-{run_name}", **resources(args, cfg)
+    )
+
+
+def dry_run(args, cfg: Config) -> int:
+    """--dry-run's SLURM part: the first run's sbatch script, the partition checked where
+    SLURM's commands are at hand, the jobs in words."""
+    from .cli import select_runs
+    from .data import prepare_data
+
+    runs = select_runs(args, plan_runs(args, cfg, prepare_data(args, cfg, plan_only=True)["data"]))
+    print(f"The sbatch script of {runs[0].name}'s job (the others differ in their name):\n")
+    print(sbatch_script(args, cfg, runs[0].name))
+    listed = (
+        subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True)
+        if shutil.which("sinfo")
+        else None
+    )
+    if listed is None or listed.returncode != 0:
+        print("(the partition is not checked: no SLURM cluster answers here)")
+    elif args.partition:
+        partitions = [p.rstrip("*") for p in listed.stdout.split()]
+        if args.partition not in partitions:
+            print(
+                f"{PROG}: error: --partition {args.partition}: no such partition on this cluster "
+                f"(it has {', '.join(partitions)})",
+                file=sys.stderr,
+            )
+            return 2
+    print(describe(args, cfg))
+    return 0
 
 
 # ----------------------------------------------------------------------------- the cluster
