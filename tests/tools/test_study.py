@@ -200,6 +200,14 @@ def test_a_step_past_its_time_limit_is_stopped_and_tried_once_more(tmp_path, cap
         (["--threads", "0"], "--threads must be at least 1, not 0"),
         (["--step-timeout", "0"], "--step-timeout must be positive, not 0"),
         (["--seeds", "1,1"], "--seeds: a seed is named twice (one run would be counted as two)"),
+        (["--variants", ","], "--variants: name at least one"),
+        (["--max-update", "0"], "--max-update must be at least 1, not 0"),
+        (["--average", "0"], "--average must be at least 1, not 0"),
+        (["--layers", "0"], "--layers must be at least 1, not 0"),
+        (["--embed-dim", "32", "--heads", "3"], "--embed-dim 32 is not divisible by --heads 3"),
+        (["--dropout", "1.5"], "--dropout must be in [0, 1), not 1.5"),
+        (["--valid-size", "0"], "--valid-size must be at least 1, not 0"),
+        (["-s", "en", "-t", "en"], "-s and -t are both 'en'"),
     ],
 )
 def test_bad_input_is_an_error_naming_it(tmp_path, extra, message):

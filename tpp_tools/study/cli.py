@@ -39,7 +39,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .commands import CHILDREN, log
-from .config import CONFIGS, PROG, VARIANTS, Config, StudyError, check_tag_settings
+from .config import CONFIGS, PROG, VARIANTS, Config, StudyError, check_config, check_tag_settings
 from .data import prepare_data
 from .commands import json_records
 from .records import (
@@ -254,6 +254,8 @@ def parse_args(argv=None):
     if (args.corpus is None) == (args.data is None):
         p.error("give either --corpus (raw text) or --data (a prepared folder)")
     args.variants = [v for v in args.variants.split(",") if v]
+    if not args.variants:
+        p.error("--variants: name at least one, e.g. transformer,hybrid")
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown:
         p.error(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
@@ -297,7 +299,17 @@ def main(argv=None) -> int:
             f"{PROG}: error: --dtype must be fp32, fp16 or bf16, not {cfg.dtype!r}", file=sys.stderr
         )
         return 2
-    problem = check_tag_settings(cfg)
+    problem = check_config(cfg) or check_tag_settings(cfg)
+    if args.source_lang and args.source_lang == args.target_lang:
+        problem = (
+            problem or f"-s and -t are both {args.source_lang!r}: a translation needs two languages"
+        )
+    for name in ("valid_size", "test_size"):
+        if getattr(args, name) < 1:
+            problem = (
+                problem
+                or f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}"
+            )
     if problem:
         print(f"{PROG}: error: {problem}", file=sys.stderr)
         return 2

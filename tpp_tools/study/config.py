@@ -117,6 +117,34 @@ def tag_settings(cfg: Config) -> str:
     return f"; tag heads after encoder layers {layers}, loss weights {weights}{decay}{paper}"
 
 
+def check_config(cfg: Config) -> Optional[str]:
+    """What is wrong with the model, budget and schedule, before anything runs (None:
+    nothing): each value fairseq or the pipeline would otherwise refuse, or misread,
+    only once the runs are under way."""
+    for name in (
+        "embed_dim",
+        "ffn_dim",
+        "heads",
+        "layers",
+        "max_update",
+        "max_tokens",
+        "update_freq",
+        "average",
+        "bpe_merges",
+        "max_len",
+    ):
+        if getattr(cfg, name) < 1:
+            return f"--{name.replace('_', '-')} must be at least 1, not {getattr(cfg, name)}"
+    if cfg.embed_dim % cfg.heads:
+        return f"--embed-dim {cfg.embed_dim} is not divisible by --heads {cfg.heads}"
+    for name in ("dropout", "attention_dropout", "activation_dropout"):
+        if not 0 <= getattr(cfg, name) < 1:
+            return f"--{name.replace('_', '-')} must be in [0, 1), not {getattr(cfg, name)}"
+    if cfg.lr <= 0 or cfg.warmup_updates < 0:
+        return f"--lr must be positive and --warmup-updates at least 0, not {cfg.lr} and {cfg.warmup_updates}"
+    return None
+
+
 def check_tag_settings(cfg: Config) -> Optional[str]:
     """What is wrong with the tag-loss settings, before any run is planned (None: nothing);
     read as the model and the criterion read them."""
