@@ -173,6 +173,21 @@ def parse_args(argv):
     return args
 
 
+def _positive_float(text) -> bool:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return False
+    return value > 0 and value == value and value != float("inf")
+
+
+def fairseq_train_program() -> str:
+    """fairseq-train beside this Python (its environment need not be activated), else
+    the one on PATH."""
+    beside = Path(sys.executable).parent / "fairseq-train"
+    return str(beside) if beside.exists() else "fairseq-train"
+
+
 def fairseq_command(args):
     """The fairseq-train command line of ``args`` (checked)."""
     arch, lr, data = PRESETS[args.preset]
@@ -186,11 +201,33 @@ def fairseq_command(args):
         from .evaluate import plugin_dir
 
         args.user_dir = str(plugin_dir())
+    given = dict(zip(args.extra, args.extra[1:]))  # options after --: fairseq keeps the last
+    for option in ("--max-update", "--max-tokens", "--update-freq", "--lr", "--warmup-updates"):
+        if option in args.extra:
+            setattr(args, option[2:].replace("-", "_"), given.get(option, ""))
     if not args.max_update.isdigit() or int(args.max_update) < 1:
         raise TrainError(
             f"--max-update must be a positive number of updates, not '{args.max_update}' "
             "(fairseq reads 0 as no limit)"
         )
+    for name in ("max_tokens", "update_freq", "save_interval_updates", "log_interval"):
+        if not str(getattr(args, name)).isdigit() or int(getattr(args, name)) < 1:
+            raise TrainError(
+                f"--{name.replace('_', '-')} must be a positive whole number, not "
+                f"'{getattr(args, name)}'"
+            )
+    if not str(args.warmup_updates).isdigit():
+        raise TrainError(
+            f"--warmup-updates must be a whole number of updates, not '{args.warmup_updates}'"
+        )
+    if not _positive_float(args.lr):
+        raise TrainError(f"--lr must be a positive number, not '{args.lr}'")
+    try:
+        smoothing = float(args.label_smoothing)
+    except ValueError:
+        smoothing = -1.0
+    if not 0 <= smoothing < 1:
+        raise TrainError(f"--label-smoothing must be in [0, 1), not '{args.label_smoothing}'")
     asked = next((opt for opt in args.extra if opt in PRECISIONS), None)
     device = []
     if args.cpu:
@@ -203,7 +240,7 @@ def fairseq_command(args):
     elif args.fp16 == "1" or (args.fp16 == "auto" and gpu_visible()):
         device = ["--fp16"]
     return [
-        os.environ.get("FAIRSEQ_TRAIN", "fairseq-train"),
+        os.environ.get("FAIRSEQ_TRAIN") or fairseq_train_program(),
         args.data,
         "--user-dir",
         args.user_dir,
@@ -317,6 +354,8 @@ def main(argv=None) -> int:
         if args.dry_run:
             print(" ".join(shlex.quote(str(c)) for c in cmd))
             return 0
+        if Path(args.data).exists() and not Path(args.data).is_dir():
+            raise TrainError(f"--data '{args.data}' is a file: give the data folder it is in")
         if not Path(args.data).is_dir():
             raise TrainError(f"data folder '{args.data}' does not exist (set --data or DATA_BIN)")
         if not Path(args.user_dir).is_dir():

@@ -7,7 +7,9 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -403,6 +405,54 @@ def test_max_update_must_be_a_positive_number(value, tmp_path):
     )
     assert bad.returncode == 2
     assert f"--max-update must be a positive number of updates, not '{value}'" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--lr", "-1"], "--lr must be a positive number, not '-1'"),
+        (["--label-smoothing", "2"], "--label-smoothing must be in [0, 1), not '2'"),
+        (["--update-freq", "0"], "--update-freq must be a positive whole number, not '0'"),
+        (["--warmup-updates", "-1"], "--warmup-updates must be a whole number of updates"),
+        (["--max-tokens", "0"], "--max-tokens must be a positive whole number, not '0'"),
+        (["--", "--max-update", "0"], "--max-update must be a positive number of updates"),
+        (["--", "--lr", "0"], "--lr must be a positive number, not '0'"),
+    ],
+)
+def test_values_fairseq_would_misread_are_refused_before_training(options, message):
+    """Issue probes: gradient ascent (--lr -1), label smoothing above 1, divisions by
+    zero and an empty dataset deep inside fairseq; --max-update 0 after -- (no limit)."""
+    bad = subprocess.run(
+        ["bash", str(SCRIPTS / "train.sh"), "--dry-run", *options],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and f"tpp-train: error: {message}" in bad.stderr, bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def test_a_data_file_is_not_called_missing(tmp_path):
+    data = tmp_path / "train.en-de.en.bin"
+    data.write_bytes(b"")
+    bad = subprocess.run(
+        ["bash", str(SCRIPTS / "train.sh"), "--data", data, "--save-dir", tmp_path / "ckpt"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2
+    assert f"--data '{data}' is a file: give the data folder it is in" in bad.stderr
+
+
+def test_tpp_train_finds_fairseq_train_beside_its_python_without_the_environment(tmp_path):
+    """Run by its path, its environment not activated (PATH without it)."""
+    shown = subprocess.run(
+        [str(Path(sys.executable).parent / "tpp-train"), "--dry-run", "--preset", "tiny"],
+        env=dict(tool_env(), PATH="/usr/bin:/bin"),
+        capture_output=True,
+        text=True,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert shlex.split(shown.stdout)[0] == str(Path(sys.executable).parent / "fairseq-train")
 
 
 def test_a_lock_left_to_a_dead_trainers_loaders_is_waited_for(tmp_path):
