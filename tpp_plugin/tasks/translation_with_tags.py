@@ -34,6 +34,7 @@ from ..errors import UserError
 from ..criterions.label_smoothed_cross_entropy_with_tags import (
     LabelSmoothedCrossEntropyWithTagsCriterion,
 )
+from .data_checks import check_binarized, check_not_empty
 from .tagged_dataset import TaggedLanguagePairDataset
 
 logger = logging.getLogger(__name__)
@@ -160,7 +161,12 @@ class TranslationWithTagsTask(TranslationTask):
         return indices
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        paths = utils.split_paths(self.cfg.data)
+        data_path = paths[(epoch - 1) % len(paths)]
+        prefix = self._check_text(split, data_path, combine)
         super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
+        if prefix is not None:
+            check_not_empty(split, prefix, self.datasets[split].src_sizes)
         if not self.tag_names:
             return
         if self.missing_tag_dictionaries and len(self.missing_tag_dictionaries) == len(
@@ -177,14 +183,42 @@ class TranslationWithTagsTask(TranslationTask):
                 f"label dictionary for tag '{name}' not found: expected {path} "
                 f"(binarize the tags next to the text, or pass --tags '' to train without them)"
             )
-        paths = utils.split_paths(self.cfg.data)
-        data_path = paths[(epoch - 1) % len(paths)]
         pair = self.datasets[split]
         tags = {
             name: self._load_tag_stream(split, name, data_path, combine, pair.src_sizes)
             for name in self.tag_names
         }
         self.datasets[split] = TaggedLanguagePairDataset(pair, tags, self.tag_dictionaries)
+
+    def _check_text(self, split, data_path, combine):
+        """The text of ``split`` (every shard) whole and within its dictionaries, before
+        fairseq reads it (:mod:`.data_checks`). Returns its source's prefix (None where
+        fairseq finds no such split: its own error follows)."""
+        src, tgt = self.cfg.source_lang, self.cfg.target_lang
+        first = None
+        for k in itertools.count():
+            split_k = split + (str(k) if k > 0 else "")
+            bases = [
+                os.path.join(data_path, f"{split_k}.{a}-{b}.") for a, b in ((src, tgt), (tgt, src))
+            ]
+            base = next(
+                (
+                    b
+                    for b in bases
+                    if indexed_dataset.dataset_exists(b + src, impl=self.cfg.dataset_impl)
+                ),
+                None,
+            )
+            if base is None:
+                break
+            for lang, dictionary in ((src, self.src_dict), (tgt, self.tgt_dict)):
+                check_binarized(
+                    base + lang, len(dictionary), os.path.join(data_path, f"dict.{lang}.txt")
+                )
+            first = first or base + src
+            if not combine:
+                break
+        return first
 
     def _load_tag_stream(self, split, name, data_path, combine, src_sizes):
         """Load ``{split}.{src}-{tgt}.{name}`` (and ``split1``, ``split2``... when
@@ -212,6 +246,11 @@ class TranslationWithTagsTask(TranslationTask):
                     f"{split}: {name} labels not found: expected {candidates[0]}.bin and "
                     f"{candidates[0]}.idx (or pass --tags '' to train without labels)"
                 )
+            check_binarized(
+                prefix,
+                len(self.tag_dictionaries[name]),
+                label_dictionary_path(data_path, name),
+            )
             prefixes.append(prefix)
             streams.append(
                 data_utils.load_indexed_dataset(

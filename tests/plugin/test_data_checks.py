@@ -1,0 +1,131 @@
+"""A damaged or mismatched data folder is one error naming its file, before training
+(issue probes: each of these was a raw traceback at batch time, without the file, or
+trained with NaN losses)."""
+
+import shutil
+
+import pytest
+
+from support import PLUGIN_DIR, binarize_tagged, run
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("checks")
+    return binarize_tagged(root / "text", root / "data-bin", n_train=120)
+
+
+def damage_truncated_bin(folder):
+    path = folder / "train.src-tgt.src.bin"
+    path.write_bytes(path.read_bytes()[:-10])
+    return path, "bytes, but its index"
+
+
+def damage_empty_bin(folder):
+    path = folder / "train.src-tgt.tgt.bin"
+    path.write_bytes(b"")
+    return path, "0 bytes, but its index"
+
+
+def damage_truncated_idx(folder):
+    path = folder / "valid.src-tgt.src.idx"
+    path.write_bytes(path.read_bytes()[:40])
+    return path, "truncated or damaged"
+
+
+def damage_short_tag_dictionary(folder):
+    path = folder / "dict.pos.txt"
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:2]))
+    return folder / "valid.src-tgt.pos.bin", "has 6 entries: the data was binarized with another"
+
+
+def damage_short_vocabulary(folder):
+    for lang in ("src", "tgt"):
+        path = folder / f"dict.{lang}.txt"
+        path.write_text("".join(path.read_text().splitlines(keepends=True)[:5]))
+    return folder / "valid.src-tgt.src.bin", "has 9 entries: the data was binarized with another"
+
+
+def damage_blank_valid_set(folder):
+    for lang in ("src", "tgt"):
+        for ext in ("bin", "idx"):
+            shutil.copyfile(folder / f"blank.{lang}.{ext}", folder / f"valid.src-tgt.{lang}.{ext}")
+    return folder / "valid.src-tgt.src.bin", "every sentence of the valid split is empty"
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        damage_truncated_bin,
+        damage_empty_bin,
+        damage_truncated_idx,
+        damage_short_tag_dictionary,
+        damage_short_vocabulary,
+        damage_blank_valid_set,
+    ],
+)
+def test_damaged_data_is_one_error_naming_the_file(data, tmp_path, damage):
+    folder = tmp_path / "data"
+    shutil.copytree(data, folder)
+    if damage is damage_blank_valid_set:  # a valid set of blank lines, binarized
+        blank = tmp_path / "blank"
+        blank.mkdir()
+        for lang in ("src", "tgt"):
+            (blank / f"valid.{lang}").write_text("\n" * 20)
+        run(
+            [
+                "fairseq-preprocess",
+                "--source-lang",
+                "src",
+                "--target-lang",
+                "tgt",
+                "--validpref",
+                blank / "valid",
+                "--srcdict",
+                folder / "dict.src.txt",
+                "--tgtdict",
+                folder / "dict.tgt.txt",
+                "--destdir",
+                blank / "bin",
+            ]
+        )
+        for lang in ("src", "tgt"):
+            for ext in ("bin", "idx"):
+                shutil.copyfile(
+                    blank / "bin" / f"valid.src-tgt.{lang}.{ext}", folder / f"blank.{lang}.{ext}"
+                )
+    path, message = damage(folder)
+    trained = run(
+        [
+            "fairseq-train",
+            folder,
+            "--user-dir",
+            PLUGIN_DIR,
+            "--arch",
+            "transformer_pp_tiny",
+            "--task",
+            "translation_with_tags",
+            "--criterion",
+            "label_smoothed_cross_entropy_with_tags",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "1e-3",
+            "--max-tokens",
+            "500",
+            "--max-update",
+            "2",
+            "--cpu",
+            "--num-workers",
+            "0",
+            "--save-dir",
+            tmp_path / "ckpt",
+            "--no-save",
+        ],
+        check=False,
+        timeout=300,
+    )
+    assert trained.returncode != 0
+    assert "Traceback" not in trained.stderr, trained.stderr[-3000:]
+    assert f"fairseq-train: error: {path}" in trained.stderr, trained.stderr[-3000:]
+    assert message in trained.stderr, trained.stderr[-3000:]
