@@ -347,6 +347,9 @@ def main(argv=None):
             raise AveragingError(f"{args.output}: the output is one of the inputs")
         if os.path.exists(output) and not args.force:  # fail before the long part
             raise AveragingError(f"{output}: already exists (use --force to replace it)")
+        from .evaluate import writable_folder
+
+        writable_folder(os.path.dirname(output), "output folder", AveragingError)
         print(f"averaging {len(paths)} checkpoints:", file=sys.stderr)
         for path in paths:
             print(f"  {path}", file=sys.stderr)

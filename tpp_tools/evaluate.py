@@ -358,7 +358,7 @@ def evaluate(
         )
     check_checkpoint(checkpoint, data, src, tgt)
 
-    out.mkdir(parents=True, exist_ok=True)
+    writable_folder(out, "--out folder", EvaluationError)
     _remove_abandoned_temporaries(out)
     staging = Path(
         tempfile.mkdtemp(
@@ -496,6 +496,18 @@ def build_parser():
 
 def _terminate(signum, frame):
     raise SystemExit(128 + signum)  # unwinds through the clean-up of the temporary files
+
+
+def writable_folder(path, what, error):
+    """Create ``path`` if need be and check that it takes a file, before the long work:
+    ``error`` (an exception class) names it otherwise."""
+    from tpp_pipeline.errors import DataError
+    from tpp_pipeline.textio import ensure_writable_dir
+
+    try:
+        ensure_writable_dir(path, what)
+    except DataError as err:
+        raise error(f"{path}: {err}") from None
 
 
 def main(argv=None):

@@ -274,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out_dir = args.out_dir or args.log.parent / "plots"
     try:
+        from .evaluate import writable_folder
+
+        if args.log.is_file():  # (a missing log is named first)
+            writable_folder(out_dir, "--out-dir folder", LogError)
         written = plot_log(args.log, out_dir, args.force)
     except LogError as err:
         print(f"error: {err}", file=sys.stderr)

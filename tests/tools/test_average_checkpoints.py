@@ -76,6 +76,17 @@ def test_command_line(tmp_path):
     assert result.returncode == 2 and "already exists" in result.stderr
 
 
+def test_an_output_folder_that_cannot_be_written_is_an_error_before_averaging(tmp_path):
+    good = fake_checkpoint(tmp_path / "a.pt", seed=1)
+    (tmp_path / "taken").write_text("a file, not a folder\n")
+    out = tmp_path / "taken" / "avg.pt"
+    command = ["tpp-average-checkpoints", "--inputs", str(good), "--output", str(out)]
+    result = subprocess.run(command, env=tool_env(), capture_output=True, text=True)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "cannot create or write into this output folder" in result.stderr
+    assert "averaging" not in result.stderr, "refused before the long part"
+
+
 def load(path):
     return torch.load(path, map_location="cpu", weights_only=True)
 

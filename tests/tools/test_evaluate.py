@@ -278,7 +278,9 @@ def test_reference_is_checked_before_translating_and_counted_like_sacrebleu(eval
     assert not (tmp_path / "b").exists()
 
 
-@pytest.mark.parametrize("problem", ["missing", "not utf-8", "no such split", "bad checkpoint"])
+@pytest.mark.parametrize(
+    "problem", ["missing", "not utf-8", "no such split", "bad checkpoint", "unwritable out"]
+)
 def test_bad_input_is_named_without_a_traceback(evaluated, tmp_path, problem):
     args = {
         "--data": evaluated["data"],
@@ -298,6 +300,10 @@ def test_bad_input_is_named_without_a_traceback(evaluated, tmp_path, problem):
         expected = f"{bad}:3: invalid UTF-8 byte b'\\xe9'"
     elif problem == "no such split":
         expected = f"{evaluated['data']}: no 'dev' split"
+    elif problem == "unwritable out":  # a file where the folder would go: found before translating
+        (tmp_path / "taken").write_text("a file\n")
+        args["--out"] = tmp_path / "taken" / "out"
+        expected = "cannot create or write into this --out folder"
     else:
         damaged = tmp_path / "damaged.pt"
         damaged.write_bytes(evaluated["checkpoint"].read_bytes()[:1000])

@@ -240,3 +240,15 @@ def test_bad_logs_fail_with_a_clear_message(tmp_path, content, message):
     assert message in run.stderr
     assert "Traceback" not in run.stderr
     assert not (tmp_path / "plots" / "loss.png").exists()
+
+
+def test_an_output_folder_that_cannot_be_written_is_named(fairseq_run, tmp_path):
+    log, _ = fairseq_run
+    (tmp_path / "taken").write_text("a file, not a folder\n")
+    run = subprocess.run(
+        ["tpp-plot-training", "--log", str(log), "--out-dir", str(tmp_path / "taken" / "p")],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert "cannot create or write into this --out-dir folder" in run.stderr

@@ -144,6 +144,27 @@ def test_dry_run_plans_every_variant_and_seed(tmp_path):
     assert not (out / "runs").exists(), "a dry run trains nothing"
 
 
+def test_a_study_folder_that_cannot_be_written_is_an_error(tmp_path):
+    (tmp_path / "taken").write_text("a file, not a folder\n")
+    shown = run(
+        [
+            "tpp-study",
+            "--data",
+            tmp_path,
+            "--test-reference",
+            tmp_path / "taken",
+            "--out",
+            tmp_path / "taken" / "study",
+            "--device",
+            "cpu",
+        ],
+        check=False,
+        timeout=300,
+    )
+    assert shown.returncode == 2 and "Traceback" not in shown.stderr, shown.stderr
+    assert "cannot create or write into this study folder (--out)" in shown.stderr
+
+
 def test_only_runs_the_runs_it_names(tmp_path):
     shown, _ = dry_run(
         tmp_path, "transformer,hybrid+tags", "--only", "hybrid+tags-s2,transformer-s1"

@@ -360,7 +360,14 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
+    from tpp_pipeline.errors import DataError
+    from tpp_pipeline.textio import ensure_writable_dir
+
+    try:
+        ensure_writable_dir(args.out, "study folder (--out)")
+    except DataError as err:
+        print(f"{PROG}: error: {args.out}: {err}", file=sys.stderr)
+        return 2
     command = f"{PROG} " + " ".join(shlex.quote(a) for a in argv)
     if args.status:
         return show_status(args, cfg)
@@ -369,7 +376,6 @@ def main(argv=None) -> int:
         if args.dry_run and args.launcher == "slurm" and status == 0:
             return slurm.dry_run(args, cfg)
         return status
-    from tpp_pipeline.errors import DataError
     from tpp_pipeline.lock import work_dir_lock
 
     def stop(
