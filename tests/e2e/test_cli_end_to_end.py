@@ -205,6 +205,34 @@ def test_generate_and_interactive_need_no_tags(trained, tmp_path):
     assert len(out) == 2 and all(l.split("\t")[2].strip() for l in out)
 
 
+def test_the_documented_interactive_line_translates_raw_text(trained, tmp_path):
+    """docs/training_and_evaluation.md's fairseq-interactive line, run as written with
+    this test's files in its paths: Moses tokenisation and subword-nmt BPE of raw input
+    (without -s/-t it failed on fairseq's 'tokenizer.source_lang is not Optional')."""
+    import shlex
+
+    from subword_nmt.learn_bpe import learn_bpe
+
+    text = (REPO / "docs" / "training_and_evaluation.md").read_text(encoding="utf-8")
+    block = re.search(r"(fairseq-interactive data-bin/wmt14_en_de .*?)\n(?!    )", text, re.S)
+    documented = shlex.split(block.group(1).replace("\\\n", " "))
+    codes = tmp_path / "codes"
+    with open(trained["root"] / "text" / "train.src") as corpus, open(codes, "w") as out:
+        learn_bpe(corpus, out, 50)
+    paths = {
+        "data-bin/wmt14_en_de": str(trained["data"]),
+        "tpp_plugin": str(PLUGIN_DIR),
+        "checkpoint_avg10.pt": str(trained["save"] / "checkpoint_best.pt"),
+        "work/wmt14_en_de/bpe/codes": str(codes),
+        "en": "src",
+        "de": "tgt",
+    }
+    command = [paths.get(word, word) for word in documented] + ["--cpu"]
+    inter = run(command, input_text="s1 s2 s3.\ns10 s4 s7 s7\n")
+    out = [l for l in inter.stdout.splitlines() if l.startswith("H-")]
+    assert len(out) == 2 and all(l.split("\t")[2].strip() for l in out), inter.stdout[-2000:]
+
+
 def test_generate_with_bf16_says_it_decodes_in_float32_and_does(trained):
     """fairseq-generate 0.12 converts the model for --fp16 only: with --bf16 (which the
     plugin unties from --tpu) it decodes in float32, and says so, rather than that it

@@ -337,3 +337,19 @@ def test_a_reference_that_is_a_folder_is_named_as_a_folder(evaluated, tmp_path):
         "itself, one sentence per line)" in result.stderr
     ), result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
+
+
+def test_the_tokenised_bleu_raises_no_warning_about_tokenised_input(caplog):
+    """The tokenised BLEU is tokenised on purpose: sacreBLEU's "you forgot to detokenize"
+    warning (which the demo printed, and a newcomer read as a bug) is not raised for it;
+    detokenised output is still scored as before."""
+    import logging
+
+    from tpp_tools.evaluate import score_all
+
+    tokenised = ["das ist ein Haus ."] * 120
+    with caplog.at_level(logging.WARNING, logger="sacrebleu"):
+        scores, _ = score_all(tokenised, tokenised, ["das ist ein Haus."] * 120, "de")
+    assert "detokenize" not in caplog.text, caplog.text
+    assert float(scores["bleu_tok_compound_split"]) == pytest.approx(100.0)
+    assert float(scores["sacrebleu_detok"]) == pytest.approx(100.0)
