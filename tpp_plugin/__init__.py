@@ -18,4 +18,4 @@ compat.apply(root_level_before_fairseq=_root_level)
 
 from . import criterions, models, tasks  # noqa: E402,F401  (registration side effects)
 
-__version__ = "0.2.1"
+__version__ = "0.3.0"

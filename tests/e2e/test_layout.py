@@ -164,3 +164,19 @@ def test_the_shape_checks_find_what_they_look_for():
     assert not COMMIT_HASH.search(
         "a SHA-256 of each dictionary; run ids such as hybrid-s1-72759157"
     )
+
+
+def test_the_package_version_is_the_changelogs_newest_release():
+    """The version the package reports is the CHANGELOG's newest release (a section
+    "## X.Y.Z — date"; "## Unreleased" may stand above it)."""
+    import tpp_plugin
+
+    releases = re.findall(
+        r"^## (\d+\.\d+\.\d+) — \d{4}-\d{2}-\d{2}$",
+        (REPO / "CHANGELOG.md").read_text(encoding="utf-8"),
+        re.M,
+    )
+    assert releases and releases[0] == tpp_plugin.__version__, (
+        releases[:1],
+        tpp_plugin.__version__,
+    )
