@@ -40,10 +40,9 @@ MAX_TIME_LIMITS = 50
 #: CPUs per GPU of a run's job, unless --cpus-per-run says otherwise
 CPUS_PER_GPU = 4
 DEFAULT_TIME = "24:00:00"
-#: host memory of a run's job unless --mem says otherwise: per GPU (each rank a process
-#: with its data loader), or for a CPU run
+#: host memory of a GPU run's job unless --mem says otherwise, per GPU (each rank a
+#: process with its data loader); a CPU run's job asks for the cluster's default
 MEM_PER_GPU_GB = 12
-MEM_CPU_RUN_GB = 8
 REPORT_TIME_MIN = 120
 SLURM_OPTIONS = ("partition", "time_limit", "cpus_per_run", "mem", "account", "sbatch_option")
 
@@ -86,7 +85,7 @@ def add_arguments(parser) -> None:
     group.add_argument(
         "--mem",
         help=f"host memory of a run's job, in sbatch's form (default {MEM_PER_GPU_GB}G per GPU; "
-        f"{MEM_CPU_RUN_GB}G with --device cpu)",
+        "with --device cpu the cluster's default)",
     )
     group.add_argument("--account", help="SLURM account to charge")
     group.add_argument(
@@ -142,11 +141,9 @@ def check_options(args, cfg: Config) -> Optional[str]:
         return f"--cpus-per-run must be at least 1, not {args.cpus_per_run}"
     if "mem" in args.sbatch_options:  # (an earlier way to ask for it)
         args.mem = args.mem or args.sbatch_options.pop("mem")
-    if args.mem is None:
-        args.mem = (
-            f"{MEM_PER_GPU_GB * cfg.gpus}G" if args.device == "cuda" else f"{MEM_CPU_RUN_GB}G"
-        )
-    if not re.fullmatch(r"[1-9][0-9]*[KMGT]?", args.mem):
+    if args.mem is None and args.device == "cuda":
+        args.mem = f"{MEM_PER_GPU_GB * cfg.gpus}G"
+    if args.mem is not None and not re.fullmatch(r"[1-9][0-9]*[KMGT]?", args.mem):
         return f"--mem: expected a size as sbatch takes it (e.g. 64G), not {args.mem!r}"
     for name in ("out", "data", "test_reference", "test_source", "bpe_codes"):
         if getattr(args, name) is not None:
@@ -165,7 +162,6 @@ def resources(args, cfg: Config) -> Dict[str, object]:
         "nodes": 1,
         "ntasks_per_node": 1,
         "cpus_per_task": args.cpus_per_run,
-        "mem": args.mem,
         "time": args.time_minutes,
         # submitit's SIGUSR2 that long before the time limit: put back in the queue
         "signal_delay_s": 120,
@@ -174,6 +170,8 @@ def resources(args, cfg: Config) -> Dict[str, object]:
     }
     if args.device == "cuda":
         params["gpus_per_node"] = cfg.gpus
+    if args.mem is not None:
+        params["mem"] = args.mem
     if args.partition:
         params["partition"] = args.partition
     if args.account:
@@ -194,7 +192,7 @@ def describe(args, cfg: Config) -> str:
     )
     return (
         f"SLURM: one job per run not finished: partition {args.partition or '(the default)'}, {gpus}"
-        f"{args.cpus_per_run} CPUs, --mem={args.mem}, time limit {hours}:{minutes:02d}:00{extra}, --requeue "
+        f"{args.cpus_per_run} CPUs, {f'--mem={args.mem}' if args.mem else 'the default memory'}, time limit {hours}:{minutes:02d}:00{extra}, --requeue "
         f"(put back in the queue at the time limit and on preemption, resuming from its checkpoint); then one "
         f"report job (1 CPU) after all of them; job files and logs in {args.out / 'slurm'}.{ranks}"
     )
