@@ -32,7 +32,8 @@ esac
 
 stamp_inputs() {
   cat "$root/constraints.txt" "$root/requirements.txt" "$root/requirements-train.txt" \
-      "$root/setup.cfg" "$root/pyproject.toml" "$root/scripts/setup_env.sh"
+      "$root/setup.cfg" "$root/pyproject.toml" "$root/scripts/setup_env.sh" \
+      "$root/scripts/build_fairseq_wheel.py"
 }
 want=$(stamp_inputs | sha256sum | cut -d' ' -f1)
 stamp="$venv/.tpp-env-stamp"
@@ -50,15 +51,23 @@ pip=("$venv/bin/python" -m pip install --quiet)
 # 1. torch first (a CPU wheel), plus what fairseq's C extensions build with.
 "${pip[@]}" "torch==$TORCH_VERSION" cython numpy setuptools wheel
 # 2. fairseq against that torch, without its torchaudio requirement (cannot load on this
-#    build, never imported by text tasks). pip caches the built wheel, so a fresh venv
-#    reuses it.
-if ! "$venv/bin/python" -c "import fairseq" 2>/dev/null; then
-  "${pip[@]}" --no-build-isolation --no-deps "$FAIRSEQ_SPEC"
+#    build, never imported by text tasks; scripts/build_fairseq_wheel.py). pip caches the
+#    build, so a fresh venv reuses it.
+if ! "$venv/bin/python" -c "
+import importlib.metadata as m, fairseq
+assert not any(r.startswith('torchaudio') for r in m.requires('fairseq-fixed') or [])
+" 2>/dev/null; then
+  wheels=$(mktemp -d)
+  trap 'rm -rf "$wheels"' EXIT
+  "$venv/bin/python" "$root/scripts/build_fairseq_wheel.py" --out "$wheels" >/dev/null
+  "${pip[@]}" --no-deps --force-reinstall "$wheels"/fairseq_fixed-*.whl
 fi
 # 3. everything else, then this project (editable: --user-dir tpp_plugin and imports agree;
 #    its packages tpp_plugin, tpp_pipeline, tpp_tools and the tpp-... console scripts).
 "${pip[@]}" -r "$root/requirements.txt"
 "${pip[@]}" --no-build-isolation --no-deps -e "$root"
+# every installed package's requirements met (fairseq-fixed's included)
+"$venv/bin/python" -m pip check >/dev/null || { "$venv/bin/python" -m pip check >&2; exit 1; }
 
 "$venv/bin/python" - <<PY
 import torch, fairseq, spacy, tpp_plugin, tpp_pipeline, tpp_tools

@@ -41,6 +41,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from build_fairseq_wheel import (
+    FAIRSEQ_EXTENSIONS,
+    BuildError,
+    build,
+    with_cpp_extension_stub,
+)
+
 ROOT = Path(__file__).resolve().parents[1]
 TORCH_VERSION = os.environ.get("TPP_TORCH_VERSION", "2.13.0")
 FAIRSEQ_SPEC = os.environ.get("TPP_FAIRSEQ_SPEC", "fairseq-fixed==0.12.3.1")
@@ -150,66 +157,6 @@ def torch_spec(choice):
     if re.fullmatch(r"\d+(\.\d+)*([a-z]+\d+)?(\+[A-Za-z0-9.]+)?", choice):
         return f"torch=={choice}"
     raise Abort(f"--torch {choice!r}: expected none, cpu or a version such as 2.11.0+cu130", 1)
-
-
-# A stand-in for torch.utils.cpp_extension: fairseq-fixed's setup.py imports it at the top,
-# and pip runs setup.py to read the sdist's metadata even for `pip download --no-deps`.
-# Reading metadata builds nothing, so a stand-in spares the download a real torch. The
-# install's `--fairseq-extensions text` builds with it too: the extensions declared through
-# it are the ones compiled against torch's C++ API (fairseq.libbase for BASE layers,
-# fairseq.libnat for Levenshtein/insertion models, an example's alignment operator), which
-# no text task of fairseq's or ours loads; its build_ext skips them, so the wheel holds the
-# three that translation uses (libbleu, data_utils_fast, token_block_utils_fast) and does not
-# depend on torch at all.
-CPP_EXTENSION_STUB = """\
-from setuptools import Extension
-from setuptools.command.build_ext import build_ext
-
-
-def CppExtension(name, sources, *args, **kwargs):
-    ext = Extension(name, sources, *args, language="c++", **kwargs)
-    ext.tpp_needs_torch = True
-    return ext
-
-
-CUDAExtension = CppExtension
-
-
-class BuildExtension(build_ext):
-    def build_extension(self, ext):
-        if getattr(ext, "tpp_needs_torch", False):
-            print(f"[setup] not building {ext.name} (compiled against torch; no text task loads it)")
-            return
-        super().build_extension(ext)
-"""
-# The extensions a `--fairseq-extensions` choice must leave importable (checked after the
-# install): "text" omits those that CPP_EXTENSION_STUB skips.
-FAIRSEQ_EXTENSIONS = {
-    "all": [
-        "fairseq.libbleu",
-        "fairseq.data.data_utils_fast",
-        "fairseq.data.token_block_utils_fast",
-        "fairseq.libbase",
-        "fairseq.libnat",
-    ],
-    "text": [
-        "fairseq.libbleu",
-        "fairseq.data.data_utils_fast",
-        "fairseq.data.token_block_utils_fast",
-    ],
-}
-
-
-def with_cpp_extension_stub(env, folder):
-    """`env` with a package `torch.utils.cpp_extension` (the stand-in above), written under
-    `folder`, first on PYTHONPATH."""
-    stub = Path(folder) / "torch" / "utils"
-    stub.mkdir(parents=True)
-    for f in (stub.parent / "__init__.py", stub / "__init__.py"):
-        f.write_text("")
-    (stub / "cpp_extension.py").write_text(CPP_EXTENSION_STUB)
-    paths = [str(folder)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-    return dict(env, PYTHONPATH=os.pathsep.join(paths))
 
 
 def download(args):
@@ -489,23 +436,23 @@ def install(args):
                     else "built against the torch that is there (a few minutes)"
                 )
             )
-            # fairseq's setup.py adds CUDA extensions whenever CUDA_HOME is set; the text
-            # tasks use none of them, and building them would need nvcc and much longer.
-            fenv = {k: v for k, v in penv.items() if k not in ("CUDA_HOME", "CUDA_PATH")}
-            if text:  # the stand-in torch.utils.cpp_extension skips the torch extensions
-                fenv = with_cpp_extension_stub(fenv, tmp / "stub")
             start = time.time()
-            check(
-                pip
-                + [
-                    "--no-build-isolation",
-                    "--no-deps",
-                    *fairseq_cache(vpy, penv, args.fairseq_extensions),
-                    FAIRSEQ_SPEC,
-                ],
-                "building " + FAIRSEQ_SPEC,
-                env=fenv,
-            )
+            try:
+                wheel = build(
+                    tmp / "fairseq",
+                    python=vpy,
+                    extensions=args.fairseq_extensions,
+                    pip_options=[
+                        "--no-index",
+                        "--find-links",
+                        wheelhouse,
+                        *fairseq_cache(vpy, penv, args.fairseq_extensions),
+                    ],
+                    env=penv,
+                )
+            except BuildError as error:
+                raise Abort(f"{error}; see pip's output above", 1) from None
+            check(pip + ["--no-deps", wheel], "installing " + wheel.name, env=penv)
             say(f"    built in {time.time() - start:.0f} s")
         else:
             say("2/4 fairseq is already installed")

@@ -23,6 +23,7 @@ CONSOLE_SCRIPTS = [
     "tpp-tag-gradients",
     "tpp-study",
     "tpp-demo",
+    "tpp-user-dir",
 ]
 
 

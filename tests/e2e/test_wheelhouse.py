@@ -12,6 +12,7 @@ wheel cache keeps the fairseq build of an earlier run (first run about 6 minutes
 import fcntl
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -140,6 +141,8 @@ def test_offline_install_into_a_fresh_venv(wheelhouse, tmp_path):
     assert torch_version == "2.13.0+cpu" and fairseq_version == "0.12.3.1"
     assert Path(plugin_file).resolve() == REPO / "tpp_plugin" / "__init__.py", "an editable install"
     assert "NOUN" in check.stdout.splitlines()[1]
+    pip_check = subprocess.run([py, "-m", "pip", "check"], capture_output=True, text=True)
+    assert pip_check.returncode == 0, pip_check.stdout + pip_check.stderr
 
     # The plugin through fairseq's own command line, then a forward pass of a tiny model.
     env = dict(
@@ -336,6 +339,118 @@ def test_text_extensions_over_the_torch_of_the_node(wheelhouse, tmp_path):
     assert generate.returncode == 0, generate.stderr[-4000:]
     assert generate.stdout.count("\nH-") == 20
     assert "BLEU4 = " in generate.stdout + generate.stderr
+
+
+# What `pip install` of this package needs besides the wheelhouse: its build backend.
+PACKAGE_FILES = ["setup.cfg", "pyproject.toml", "README.md", "LICENSE"]
+PACKAGES = ["tpp_plugin", "tpp_pipeline", "tpp_tools"]
+
+
+def test_the_package_installs_into_an_environment_of_ones_own(wheelhouse, tmp_path):
+    """docs/install.md's "into your own environment": a venv with its own torch, fairseq
+    built by scripts/build_fairseq_wheel.py, then this package as a wheel with its extras.
+    pip resolves the package's declared requirements (the network is off; the wheelhouse
+    is the index), `pip check` is clean, `tpp-user-dir` names the installed plugin, and
+    fairseq-train trains with it from a folder outside the checkout."""
+    env = dict(
+        os.environ,
+        PIP_CONFIG_FILE=os.devnull,
+        PIP_NO_INDEX="1",
+        PIP_FIND_LINKS=str(wheelhouse),
+        OMP_NUM_THREADS="1",
+        PYTHONWARNINGS="ignore",
+    )
+    env.pop("PYTHONPATH", None)
+    own, wheels = tmp_path / "own", tmp_path / "wheels"
+    py = own / "bin" / "python"
+    source = tmp_path / "source"  # a copy: building in the checkout would write into it
+    source.mkdir()
+    for name in PACKAGE_FILES:
+        shutil.copy2(REPO / name, source / name)
+    for name in PACKAGES:
+        shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+
+    def step(*cmd, timeout=900):
+        proc = subprocess.run(
+            [str(c) for c in cmd],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        assert proc.returncode == 0, f"{cmd}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+        return proc.stdout + proc.stderr
+
+    step(sys.executable, "-m", "venv", own)
+    step(
+        py,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "torch==2.13.0+cpu",
+        "numpy",
+        "cython",
+        "setuptools",
+        "wheel",
+    )
+    # the text extensions: the full build is the one `make env` runs
+    built = step(
+        py, REPO / "scripts" / "build_fairseq_wheel.py", "--out", wheels, "--extensions", "text"
+    )
+    fairseq_wheel = Path(built.split()[-1])
+    assert fairseq_wheel.name.startswith("fairseq_fixed-0.12.3.1+notorchaudio-")
+    step(
+        py,
+        "-m",
+        "pip",
+        "wheel",
+        "--quiet",
+        "--no-deps",
+        "--no-build-isolation",
+        "-w",
+        wheels,
+        source,
+    )
+    (package,) = wheels.glob("tpp_plugin-*.whl")
+    step(py, "-m", "pip", "install", "--quiet", fairseq_wheel, f"{package}[tagging,plots,slurm]")
+
+    assert "No broken requirements found" in step(py, "-m", "pip", "check")
+    versions = step(py, "-c", "import torch, spacy, matplotlib, submitit; print(torch.__version__)")
+    assert versions.strip() == "2.13.0+cpu", "the environment's torch was kept"
+    user_dir = Path(step(own / "bin" / "tpp-user-dir").strip())
+    assert user_dir.parent.name == "site-packages" and user_dir.is_relative_to(own)
+
+    data = binarize_tagged(tmp_path / "corpus", tmp_path / "bin", n_train=100)
+    out = step(
+        own / "bin" / "fairseq-train",
+        data,
+        "--user-dir",
+        user_dir,
+        "--cpu",
+        "--arch",
+        "transformer_pp_tiny",
+        "--task",
+        "translation_with_tags",
+        "--criterion",
+        "label_smoothed_cross_entropy_with_tags",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "1e-3",
+        "--max-tokens",
+        "400",
+        "--max-update",
+        "4",
+        "--num-workers",
+        "0",
+        "--save-dir",
+        tmp_path / "ckpt",
+        "--no-epoch-checkpoints",
+    )
+    assert "done training" in out and "transformer_pp_tiny" in out
+    assert (tmp_path / "ckpt" / "checkpoint_last.pt").is_file()
 
 
 def copy_without(wheelhouse, dest, drop):
