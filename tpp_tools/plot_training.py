@@ -6,13 +6,18 @@ or ``simple``, then::
 
     tpp-plot-training --log train.log --out-dir plots/
     tpp-plot-training --log train.log --out-dir plots/ --force  # overwrite
+    tpp-plot-training --log a/train.log b/train.log --label a b --format png pdf
 
-Writes, against the number of updates:
+Writes, against the number of updates (``--format``: PNG, PDF and/or SVG):
 
-* ``loss.png``          training and validation loss (solid) and nll_loss (dashed)
-* ``perplexity.png``    training and validation perplexity (log scale)
-* ``tag_accuracy.png``  POS and NER tagging accuracy (``pos_acc``, ``ner_acc``), when logged
-* ``tag_loss.png``      POS and NER tagging loss (``pos_loss``, ``ner_loss``), when logged
+* ``loss``          training and validation loss (solid) and nll_loss (dashed)
+* ``perplexity``    training and validation perplexity (log scale)
+* ``tag_accuracy``  POS and NER tagging accuracy (``pos_acc``, ``ner_acc``), when logged
+* ``tag_loss``      POS and NER tagging loss (``pos_loss``, ``ner_loss``), when logged
+
+One log: one colour per series (training, its epoch averages, each validation subset).
+Several logs (runs to compare): one colour per run, its training and validation curves
+(epoch averages left out), labelled with ``--label`` or the log's folder name.
 
 Both places fairseq writes to are understood: the bare lines of ``--log-file`` and the
 console lines ``2020-01-01 12:00:00 | INFO | train_inner | ...``; and both formats:
@@ -41,14 +46,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 FIGSIZE = (8, 5)  # inches; at DPI below every PNG is exactly 800 x 500 pixels
 DPI = 100
 TRAIN_INNER = "train_inner"
+FORMATS = ("png", "pdf", "svg")
 
-# file name -> (title, y label, metrics drawn, log scale). A figure none of whose
-# metrics is in the log (the tag plots of a plain translation run) is not written.
+# file stem -> (title, y label, metrics drawn, log scale). A figure none of whose
+# metrics is in the logs (the tag plots of a plain translation run) is not written.
 PLOTS = {
-    "loss.png": ("Loss", "loss (base 2)", ("loss", "nll_loss"), False),
-    "perplexity.png": ("Perplexity", "perplexity", ("ppl",), True),
-    "tag_accuracy.png": ("Tagging accuracy", "accuracy (%)", ("pos_acc", "ner_acc"), False),
-    "tag_loss.png": ("Tagging loss", "loss (base 2)", ("pos_loss", "ner_loss"), False),
+    "loss": ("Loss", "loss (base 2)", ("loss", "nll_loss"), False),
+    "perplexity": ("Perplexity", "perplexity", ("ppl",), True),
+    "tag_accuracy": ("Tagging accuracy", "accuracy (%)", ("pos_acc", "ner_acc"), False),
+    "tag_loss": ("Tagging loss", "loss (base 2)", ("pos_loss", "ner_loss"), False),
 }
 
 
@@ -193,30 +199,39 @@ def _style(series_name: str) -> dict:
     return {"label": series_name, "marker": "s", "markersize": 4, "linewidth": 1.5}
 
 
-def draw(series: dict, title: str, ylabel: str, metrics: tuple, log_scale: bool, out: Path) -> bool:
-    """Draw one figure; return False (and write nothing) when no metric has data."""
+def figure(runs: dict, title: str, ylabel: str, metrics: tuple, log_scale: bool):
+    """One figure of ``runs`` ({label: series}), or None when no metric has data. Only
+    what has data is drawn, so only that is in the legend; a series of one point is
+    drawn as a marker."""
     fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
     drawn = 0
-    ordered = sorted(series, key=lambda n: (n != TRAIN_INNER, n != "train", n))
-    for colour, name in enumerate(ordered):
-        for i, metric in enumerate(metrics):
-            points = [(step, v[metric]) for step, v in series[name] if metric in v]
-            if not points:
-                continue
-            style = dict(_style(name), color=f"C{colour}")  # one colour per series
-            if len(metrics) > 1:
-                style["label"] = f"{style['label']} {metric}"
-            if i == 1:  # the second metric of a figure: same colour family, dashed
-                if style.get("linestyle") != "none":
-                    style["linestyle"] = "--"
-                if "marker" in style:
-                    style["marker"] = "^"
-            xs, ys = zip(*points)
-            ax.plot(xs, ys, **style)
-            drawn += 1
+    several = len(runs) > 1
+    for run_index, (run, series) in enumerate(runs.items()):
+        ordered = sorted(series, key=lambda n: (n != TRAIN_INNER, n != "train", n))
+        if several:  # runs compared: their training and validation curves, no epoch averages
+            ordered = [n for n in ordered if n != "train"]
+        for series_index, name in enumerate(ordered):
+            for i, metric in enumerate(metrics):
+                points = [(step, v[metric]) for step, v in series[name] if metric in v]
+                if not points:
+                    continue
+                colour = run_index if several else series_index  # one colour per run or series
+                style = dict(_style(name), color=f"C{colour}")
+                label = f"{run} {style['label']}" if several else style["label"]
+                style["label"] = f"{label} {metric}" if len(metrics) > 1 else label
+                if i == 1:  # the second metric of a figure: same colour family, dashed
+                    if style.get("linestyle") != "none":
+                        style["linestyle"] = "--"
+                    if "marker" in style:
+                        style["marker"] = "^"
+                if len(points) == 1 and "marker" not in style:
+                    style["marker"] = "o"  # a line of one point would not show
+                xs, ys = zip(*points)
+                ax.plot(xs, ys, **style)
+                drawn += 1
     if not drawn:
         plt.close(fig)
-        return False
+        return None
     ax.set_title(title)
     ax.set_xlabel("updates")
     ax.set_ylabel(ylabel)
@@ -225,28 +240,58 @@ def draw(series: dict, title: str, ylabel: str, metrics: tuple, log_scale: bool,
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small")
     fig.tight_layout()
-    # no bbox_inches="tight": it would change the pixel size from figure to figure
-    fig.savefig(out, dpi=DPI)
+    return fig
+
+
+def save(fig, outs) -> None:
+    """Writes ``fig`` into each path of ``outs`` (format from the suffix), each under a
+    temporary name renamed when complete, and closes it. SVG keeps its text as text."""
+    with plt.rc_context({"svg.fonttype": "none"}):
+        for out in outs:
+            # no bbox_inches="tight": it would change the pixel size from figure to figure
+            partial = out.with_name(out.name + ".tmp")
+            fig.savefig(partial, dpi=DPI, format=out.suffix[1:])
+            partial.replace(out)
     plt.close(fig)
-    return True
 
 
-def plot_log(log: Path, out_dir: Path, force: bool = False) -> list[Path]:
-    """Read ``log`` and write the PNGs into ``out_dir``; return the files written."""
-    series = read_log(log)
-    targets = [out_dir / name for name in PLOTS]
-    clash = [p for p in targets if p.exists()]
+def plot_logs(logs, out_dir: Path, force: bool = False, labels=None, formats=("png",)):
+    """Read ``logs`` and write their figures into ``out_dir`` in each of ``formats``;
+    return the files written. ``labels`` name the runs (default: the logs' folders)."""
+    logs = [Path(log) for log in logs]
+    if labels is None:
+        labels = [log.parent.name or str(log) for log in logs]
+        if len(set(labels)) < len(labels):
+            labels = [str(log) for log in logs]
+    if len(labels) != len(logs):
+        raise LogError(f"{len(labels)} --label for {len(logs)} --log: give one per log")
+    if len(set(labels)) < len(labels):
+        raise LogError(f"--label names a run twice: {', '.join(labels)}")
+    if len(set(formats)) < len(formats) or not set(formats) <= set(FORMATS):
+        raise LogError(f"--format: each of {', '.join(FORMATS)} at most once")
+    runs = {label: read_log(log) for label, log in zip(labels, logs)}
+    targets = [out_dir / f"{stem}.{fmt}" for stem in PLOTS for fmt in FORMATS]
+    clash = [p for p in targets if p.exists() and p.suffix[1:] in formats]
     if clash and not force:
         raise LogError(f"{clash[0]} exists; pass --force to overwrite")
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, (title, ylabel, metrics, log_scale) in PLOTS.items():
-        out = out_dir / name
-        if draw(series, title, ylabel, metrics, log_scale, out):
-            written.append(out)
-        elif out.exists():
-            out.unlink()  # a stale plot from an older run would be misleading
+    for stem, (title, ylabel, metrics, log_scale) in PLOTS.items():
+        outs = [out_dir / f"{stem}.{fmt}" for fmt in formats]
+        fig = figure(runs, title, ylabel, metrics, log_scale)
+        if fig is not None:
+            save(fig, outs)
+            written.extend(outs)
+        else:
+            for out in outs:
+                if out.exists():
+                    out.unlink()  # a stale plot from an older run would be misleading
     return written
+
+
+def plot_log(log: Path, out_dir: Path, force: bool = False) -> list[Path]:
+    """Read ``log`` and write the PNGs into ``out_dir``; return the files written."""
+    return plot_logs([log], out_dir, force)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -261,24 +306,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--log",
         type=Path,
+        nargs="+",
         required=True,
-        help="fairseq-train log: the --log-file, or its console output",
+        help="fairseq-train log(s): the --log-file, or its console output; several logs "
+        "are drawn on the same figures, one colour per run",
+    )
+    parser.add_argument(
+        "--label",
+        nargs="+",
+        default=None,
+        help="the runs' names in the legend, one per --log (default: each log's folder)",
     )
     parser.add_argument(
         "--out-dir",
         type=Path,
         default=None,
-        help="folder for the PNGs (default: 'plots' next to the log)",
+        help="folder for the figures (default: 'plots' next to the (first) log)",
     )
-    parser.add_argument("--force", action="store_true", help="overwrite existing PNGs")
+    parser.add_argument(
+        "--format",
+        nargs="+",
+        choices=FORMATS,
+        default=["png"],
+        help="file format(s) of the figures (default: png)",
+    )
+    parser.add_argument("--force", action="store_true", help="overwrite existing figures")
     args = parser.parse_args(argv)
-    out_dir = args.out_dir or args.log.parent / "plots"
+    out_dir = args.out_dir or args.log[0].parent / "plots"
     try:
         from .evaluate import writable_folder
 
-        if args.log.is_file():  # (a missing log is named first)
-            writable_folder(out_dir, "--out-dir folder", LogError)
-        written = plot_log(args.log, out_dir, args.force)
+        missing = [log for log in args.log if not log.is_file()]
+        if missing:  # named before the folder
+            raise LogError(f"log file not found: {missing[0]}")
+        writable_folder(out_dir, "--out-dir folder", LogError)
+        written = plot_logs(args.log, out_dir, args.force, args.label, args.format)
     except LogError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

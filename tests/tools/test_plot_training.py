@@ -252,3 +252,61 @@ def test_an_output_folder_that_cannot_be_written_is_named(fairseq_run, tmp_path)
     )
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
     assert "cannot create or write into this --out-dir folder" in run.stderr
+
+
+def test_several_runs_on_one_figure_in_every_format(fairseq_run, sample_bin, tmp_path):
+    """Two runs compared: one colour per run, named by --label, their training and
+    validation curves (no epoch averages); PNG, PDF and SVG of the same figures."""
+    first, _ = fairseq_run
+    second = tmp_path / "b" / "train.log"
+    second.parent.mkdir()
+    second.write_text(first.read_text(encoding="utf-8").replace('"loss": "', '"loss": "1'))
+    out = tmp_path / "plots"
+    args = ["--log", str(first), str(second), "--label", "base", "tpp", "--out-dir", str(out)]
+    assert plotter.main(args + ["--format", "png", "pdf", "svg"]) == 0
+    assert_real_png(out / "loss.png")
+    assert (out / "loss.pdf").read_bytes().startswith(b"%PDF")
+    svg = (out / "loss.svg").read_text(encoding="utf-8")
+    for label in ("base train loss", "base valid nll_loss", "tpp train loss", "tpp valid loss"):
+        assert label in svg, label
+    assert "epoch average" not in svg
+    assert not list(out.glob("*.tmp"))
+
+    runs = {name: plotter.read_log(log) for name, log in (("base", first), ("tpp", second))}
+    fig = plotter.figure(runs, *plotter.PLOTS["loss"])
+    lines = fig.axes[0].get_lines()
+    colours = {line.get_label().split()[0]: line.get_color() for line in lines}
+    assert len(set(colours.values())) == 2, "one colour per run"
+    assert len(lines) == 8  # 2 runs x (train, valid) x (loss, nll_loss)
+    plotter.plt.close(fig)
+
+    # the existing figures of the chosen formats are not replaced without --force
+    assert plotter.main(args + ["--format", "svg"]) == 2
+    assert plotter.main(args + ["--format", "svg", "--force"]) == 0
+    # one --label per --log, never the same twice
+    one = ["--log", str(first), str(second), "--label", "a", "--out-dir", str(tmp_path / "x")]
+    assert plotter.main(one) == 2
+    bad = ["--log", str(first), str(second), "--label", "a", "a", "--out-dir", str(tmp_path / "y")]
+    assert plotter.main(bad) == 2
+
+
+def test_only_series_with_data_are_in_the_legend(tmp_path):
+    """A run validated once: its one validation point is drawn (as a marker, which a line
+    of one point would not show); metrics no series has are neither drawn nor named."""
+    log = tmp_path / "train.log"
+    log.write_text(
+        '{"epoch": 1, "update": 0.5, "loss": "7.0", "ppl": "128", "num_updates": "10"}\n'
+        '{"epoch": 1, "update": 0.9, "loss": "6.0", "ppl": "64", "num_updates": "20"}\n'
+        '{"epoch": 1, "valid_loss": "6.5", "valid_ppl": "90", "valid_num_updates": "20"}\n'
+        '{"epoch": 1, "update": 1.2, "nll_loss": "5.5", "num_updates": "30"}\n',
+        encoding="utf-8",
+    )
+    series = plotter.read_log(log)
+    fig = plotter.figure({"run": series}, *plotter.PLOTS["loss"])
+    lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
+    legend = [text.get_text() for text in fig.axes[0].get_legend().get_texts()]
+    assert sorted(legend) == sorted(lines) == ["train loss", "train nll_loss", "valid loss"]
+    assert lines["train nll_loss"].get_marker() == "o", "one point: a marker"
+    assert lines["train loss"].get_marker() in ("None", None, "")
+    plotter.plt.close(fig)
+    assert plotter.figure({"run": series}, *plotter.PLOTS["tag_loss"]) is None
