@@ -124,6 +124,22 @@ def dry_run(tmp_path, variants, *options):
     return shown, out
 
 
+def test_the_training_eta_is_the_time_per_update_so_far_times_the_updates_left():
+    from tpp_tools.study.runs import eta_text, training_eta
+
+    # fairseq's JSON records: numbers as strings; validation records have no "wall"
+    records = [
+        {"epoch": 1, "num_updates": "100", "wall": "50", "loss": "7.1"},
+        {"epoch": 1, "valid_loss": "6.9", "valid_num_updates": "100"},
+        {"epoch": 1, "num_updates": "200", "wall": "120", "loss": "6.2"},
+    ]
+    assert training_eta(records, 2200) == 2000 * 120 / 200
+    assert eta_text(training_eta(records, 2200)) == "20 min"
+    assert eta_text(training_eta(records, 20200)) == "3 h 20 min"
+    assert training_eta(records, 150) == 0, "past the end: nothing left"
+    assert training_eta(records[1:2], 2200) is None and eta_text(None) == "—"
+
+
 def test_dry_run_plans_every_variant_and_seed(tmp_path):
     shown, out = dry_run(tmp_path, "transformer,hybrid+tags")
     lines = shown.stdout.splitlines()
@@ -361,6 +377,7 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
     # --status: every run's state, updates and last validation loss
     shown = run(command + ["--max-update", "4", "--status"], timeout=300).stdout
     assert shown.count(" | finished | 4 | ") == 4, shown
+    assert "| training ETA |" in shown and shown.count(" | — | ") >= 4, "finished: no ETA"
 
     # a re-run reuses every finished run: nothing trained, averaged or translated again
     stamps = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/eval/bleu.txt")}

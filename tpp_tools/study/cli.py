@@ -53,11 +53,13 @@ from .records import (
 )
 from .report import write_report
 from .runs import (
+    eta_text,
     execute,
     gpu_slots,
     last_checkpoint_updates,
     plan_runs,
     run_state,
+    training_eta,
     trained_updates,
     visible_gpus,
 )
@@ -460,18 +462,22 @@ def show_status(args, cfg: Config) -> int:
         return 2
     if not paths["prepared"]:
         print(f"the data folder {paths['data']} is not prepared yet: no run has started")
-    print(f"| run | state | updates of {cfg.max_update} | last valid NLL | folder |")
-    print("|---|---|---:|---:|---|")
+    print(f"| run | state | updates of {cfg.max_update} | last valid NLL | training ETA | folder |")
+    print("|---|---|---:|---:|---:|---|")
     for run in runs:
         recorded = run.folder / RECORD
+        state, eta = run_state(run), None
         if recorded.exists():  # (a run merged from elsewhere has no log here)
             valid = read_record(recorded)["valid"]
             updates = valid[-1]["updates"] if valid else cfg.max_update
         else:
-            valid = validation_curve(json_records(run.folder / "train.log"))
+            records = json_records(run.folder / "train.log")
+            valid = validation_curve(records)
             updates = last_checkpoint_updates(run)
+            if state.startswith("running"):
+                eta = training_eta(records, cfg.max_update)
         nll = f"{valid[-1]['nll_loss']:.3f}" if valid else "—"
-        print(f"| {run.name} | {run_state(run)} | {updates} | {nll} | {run.folder} |")
+        print(f"| {run.name} | {state} | {updates} | {nll} | {eta_text(eta)} | {run.folder} |")
     return 0
 
 

@@ -10,7 +10,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from ..evaluate import plugin_dir
 from ..train import OPTIMIZER
@@ -236,6 +236,28 @@ def run_state(run: Run) -> str:
     if (run.folder / "train.log").exists():
         return "stopped"
     return "not started"
+
+
+def training_eta(records, max_update: int) -> Optional[float]:
+    """Seconds a training still needs to reach ``max_update``, from its log's records:
+    the time per update so far (fairseq's ``wall``: kept across resumes, validation and
+    saving included) times the updates left; None before the first logged interval."""
+    timed = [
+        (int(float(r["num_updates"])), float(r["wall"]))
+        for r in records
+        if "num_updates" in r and "wall" in r
+    ]
+    if not timed or timed[-1][0] <= 0:
+        return None
+    updates, wall = timed[-1]
+    return max(0, max_update - updates) * wall / updates
+
+
+def eta_text(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "—"
+    minutes = round(seconds / 60)
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
 
 
 def last_checkpoint_updates(run: Run) -> int:
