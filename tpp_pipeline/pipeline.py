@@ -65,6 +65,35 @@ def positive_int(text):
     return value
 
 
+def non_negative_int(text):
+    """argparse type: an integer of at least 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
+
+
+def length_ratio(text):
+    """argparse type: the longest allowed length ratio of a pair's two sides, at least 1
+    (the longer side over the shorter: below 1 no pair of unequal lengths is kept)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, not {text!r}") from None
+    if not value >= 1:  # (also NaN)
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {text}")
+    return value
+
+
+def check_lengths(parser, args):
+    """Refuses a --min-len above --max-len (every pair would be dropped)."""
+    if args.min_len > args.max_len:
+        parser.error(f"--min-len {args.min_len} is above --max-len {args.max_len}")
+
+
 def add_pipeline_arguments(parser):
     """Options shared by the generic entry point and the WMT'14 script."""
     group = parser.add_argument_group("pipeline")
@@ -76,22 +105,22 @@ def add_pipeline_arguments(parser):
     )
     group.add_argument(
         "--workers",
-        type=int,
+        type=positive_int,
         default=1,
         help="processes for tokenisation, tagging, BPE and binarization",
     )
     group.add_argument(
         "--bpe-merges",
-        type=int,
+        type=positive_int,
         default=40000,
         help="number of joint BPE merge operations to learn (default 40000)",
     )
     group.add_argument("--bpe-codes", help="use these BPE codes instead of learning them")
     group.add_argument(
         "--dict-size",
-        type=int,
+        type=non_negative_int,
         default=None,
-        help="cap the joint dictionary at this many types (--nwordssrc/tgt)",
+        help="cap the joint dictionary at this many types (--nwordssrc/tgt; 0: no cap)",
     )
     group.add_argument(
         "--no-tags",
@@ -125,10 +154,15 @@ def add_pipeline_arguments(parser):
         metavar="I/N",
         help="only tag shard I of N (0-based; for array jobs) and stop",
     )
-    group.add_argument("--min-len", type=int, default=1, help="train: min tokens per side")
-    group.add_argument("--max-len", type=int, default=250, help="train: max tokens per side")
+    group.add_argument("--min-len", type=positive_int, default=1, help="train: min tokens per side")
     group.add_argument(
-        "--max-ratio", type=float, default=1.5, help="train: max length ratio of the two sides"
+        "--max-len", type=positive_int, default=250, help="train: max tokens per side"
+    )
+    group.add_argument(
+        "--max-ratio",
+        type=length_ratio,
+        default=1.5,
+        help="train: max length ratio of the two sides (at least 1)",
     )
     group.add_argument(
         "--utf8-errors",
@@ -615,7 +649,9 @@ def setup_logging():
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_lengths(parser, args)
     setup_logging()
     exit_cleanly_on_sigterm()
     prefixes = {"train": args.trainpref, "valid": args.validpref, "test": args.testpref}

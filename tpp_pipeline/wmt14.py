@@ -274,7 +274,9 @@ def build_parser():
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    pipeline.check_lengths(parser, args)
     pipeline.setup_logging()
     if args.list_files:
         for archive, members in expected_members(args.pair).items():

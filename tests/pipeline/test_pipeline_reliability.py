@@ -340,12 +340,27 @@ def test_bad_inputs_and_settings_are_refused_before_any_step(corpus, case):
     assert _no_step_ran(corpus), sorted(p.name for p in (corpus / "work").iterdir())
 
 
-@pytest.mark.parametrize("option", ["--tag-chunk-size", "--tag-batch-size"])
-def test_a_chunk_or_batch_size_below_one_is_a_usage_error(corpus, option):
-    """Issue 33.9: --tag-chunk-size 0 was a ZeroDivisionError in the tag step."""
-    result = _run(corpus, option, "0")
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--tag-chunk-size", "0"], "argument --tag-chunk-size: must be at least 1, not 0"),
+        (["--tag-batch-size", "0"], "argument --tag-batch-size: must be at least 1, not 0"),
+        (["--workers", "0"], "argument --workers: must be at least 1, not 0"),
+        (["--bpe-merges", "0"], "argument --bpe-merges: must be at least 1, not 0"),
+        (["--max-ratio", "0"], "argument --max-ratio: must be at least 1, not 0"),
+        (["--max-ratio", "0.5"], "argument --max-ratio: must be at least 1, not 0.5"),
+        (["--min-len", "0"], "argument --min-len: must be at least 1, not 0"),
+        (["--dict-size", "-1"], "argument --dict-size: must be 0 or more, not -1"),
+        (["--min-len", "9", "--max-len", "3"], "--min-len 9 is above --max-len 3"),
+    ],
+)
+def test_a_size_or_limit_that_cannot_work_is_a_usage_error(corpus, options, message):
+    """Issue 33.9: --tag-chunk-size 0 was a ZeroDivisionError in the tag step; issue 49.6:
+    --workers 0 failed after tagging, --bpe-merges 0 in subword-nmt, --max-ratio 0
+    switched the ratio filter off."""
+    result = _run(corpus, *options)
     assert result.returncode == 2
-    assert f"argument {option}: must be at least 1, not 0" in result.stderr
+    assert message in result.stderr, result.stderr
     assert "Traceback" not in result.stderr and not (corpus / "work").exists()
 
 
