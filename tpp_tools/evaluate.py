@@ -120,6 +120,32 @@ def infer_languages(data, split, source_lang=None, target_lang=None):
     return matching[0]
 
 
+# chrF of the binarized target against the reference below which the reference is taken
+# for another text (the source side, another split, shuffled lines): the same text scores
+# near 100, less only by Moses round trips and <unk>
+REFERENCE_AGREEMENT = 60.0
+
+
+def reference_agreement(data, split, src, tgt, references, limit=500):
+    """chrF of the first ``limit`` sentences of the binarized target of ``split`` (BPE
+    removed, Moses-detokenised) against the same lines of ``references``."""
+    from fairseq.data import Dictionary, data_utils
+    from sacrebleu.metrics import CHRF
+    from sacremoses import MosesDetokenizer
+
+    dictionary = Dictionary.load(str(Path(data) / f"dict.{tgt}.txt"))
+    dataset = data_utils.load_indexed_dataset(
+        str(Path(data) / f"{split}.{src}-{tgt}.{tgt}"), dictionary
+    )
+    detokenizer = MosesDetokenizer(lang=tgt)
+    count = min(limit, len(dataset), len(references))
+    targets = [
+        detokenizer.detokenize(dictionary.string(dataset[i], bpe_symbol="subword_nmt").split())
+        for i in range(count)
+    ]
+    return CHRF().corpus_score(targets, [references[:count]]).score
+
+
 def count_sentences(data, split, src, tgt):
     """Sentences in the binarized ``split`` (from the .idx files, with fairseq's reader)."""
     import logging
@@ -337,6 +363,9 @@ def evaluate(
     """
     data, checkpoint, reference, out = Path(data), Path(checkpoint), Path(reference), Path(out)
     user_dir = Path(user_dir) if user_dir else plugin_dir()
+    for name, value in (("--beam", beam), ("--max-tokens", max_tokens)):
+        if not (isinstance(value, int) and value >= 1):
+            raise EvaluationError(f"{name} must be a whole number of at least 1, not {value}")
     if not data.is_dir():
         raise EvaluationError(f"{data}: data folder does not exist")
     if not checkpoint.is_file():
@@ -358,6 +387,16 @@ def evaluate(
             f"{sentences} sentences (wrong split or reference?)"
         )
     check_checkpoint(checkpoint, data, src, tgt)
+    agreement = reference_agreement(data, split, src, tgt, references)
+    if agreement < REFERENCE_AGREEMENT:
+        print(
+            f"{PROG}: warning: {reference} does not read like the target side of split "
+            f"'{split}' of {data} (chrF {agreement:.1f} against its binarized {tgt} text, "
+            "where the same text scores near 100): is it the reference of this split, in "
+            "the target language, in the same order?",
+            file=log,
+            flush=True,
+        )
 
     writable_folder(out, "--out folder", EvaluationError)
     _remove_abandoned_temporaries(out)

@@ -317,6 +317,50 @@ def test_bad_input_is_named_without_a_traceback(evaluated, tmp_path, problem):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_reference_that_is_not_the_split_s_target_is_warned_about(evaluated, tmp_path):
+    """Issue 49.6: scoring against the source side passed silently. Checked against the
+    binarized target before translating: a warning naming the reference; the right
+    reference raises none."""
+    source = evaluated["corpus"] / "raw" / "test.en"
+    result = run_evaluate(
+        "--data",
+        evaluated["data"],
+        "--checkpoint",
+        evaluated["checkpoint"],
+        "--reference",
+        source,
+        "--out",
+        tmp_path / "out",
+        "--cpu",
+    )
+    assert result.returncode == 0, result.stderr
+    warning = f"warning: {source} does not read like the target side of split 'test'"
+    assert warning in result.stderr, result.stderr
+    assert result.stderr.index(warning) < result.stderr.index("translating")
+    assert "does not read like" not in evaluated["stderr"]
+
+
+@pytest.mark.parametrize("option", ["--beam", "--max-tokens"])
+def test_a_beam_or_batch_of_zero_is_refused_before_translating(evaluated, tmp_path, option):
+    """Issue 49.6: --beam 0 crashed in fairseq."""
+    result = run_evaluate(
+        "--data",
+        evaluated["data"],
+        "--checkpoint",
+        evaluated["checkpoint"],
+        "--reference",
+        evaluated["corpus"] / "raw" / "test.de",
+        "--out",
+        tmp_path / "out",
+        "--cpu",
+        option,
+        "0",
+    )
+    assert result.returncode == 2
+    assert f"{option} must be a whole number of at least 1, not 0" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
+
+
 def test_a_reference_that_is_a_folder_is_named_as_a_folder(evaluated, tmp_path):
     """Issue 33.12: --reference DIR said "no such file"."""
     folder = evaluated["corpus"] / "raw"
