@@ -29,6 +29,7 @@ another model or other dictionaries, given twice) or an existing output without 
 """
 
 import argparse
+import hashlib
 import os
 import re
 import sys
@@ -181,6 +182,7 @@ def average_checkpoints(paths, allow_config_mismatch=False):
     first_options = None  # model configuration of the first checkpoint
     first_record = None  # (path, record of its dictionaries) of the first checkpoint that has one
     metadata = None
+    fingerprints = {}  # fingerprint -> the input that had it
     for index, path in enumerate(paths):
         state = load_checkpoint(path)
         options = model_options(state, path)
@@ -191,6 +193,14 @@ def average_checkpoints(paths, allow_config_mismatch=False):
             else:
                 check_same_dictionaries(*first_record, path, record)
         model = state.pop("model")
+        key = fingerprint(state, model)
+        seen = fingerprints.setdefault(key, index)
+        if seen != index:
+            raise AveragingError(
+                f"{path} holds the same checkpoint as {paths[seen]} (saved at update {key[0]}, the "
+                "same parameters): a copy. It would weigh twice in the average; give each "
+                "checkpoint once"
+            )
         if sums is None:
             reference = OrderedDict((name, (tuple(t.shape), t.dtype)) for name, t in model.items())
             sums = OrderedDict()
@@ -225,6 +235,20 @@ def average_checkpoints(paths, allow_config_mismatch=False):
         metadata[checkpoint_match.RECORD_KEY] = first_record[1]
     metadata["averaged_checkpoints"] = [os.path.basename(p) for p in paths]
     return metadata
+
+
+def fingerprint(state, model):
+    """What tells two checkpoints apart cheaply: the update they were saved at and a hash
+    of their small floating-point tensors (biases, layer norms: every update changes
+    them). Equal for a checkpoint and its copy (``checkpoint_best.pt`` saved at the last
+    update is a copy of ``checkpoint_last.pt``)."""
+    history = state.get("optimizer_history") or [{}]
+    digest = hashlib.sha256()
+    for name, tensor in model.items():
+        if tensor.is_floating_point() and tensor.numel() <= 4096:
+            digest.update(name.encode())
+            digest.update(tensor.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+    return history[-1].get("num_updates"), digest.hexdigest()
 
 
 def check_same_dictionaries(first_path, first_record, path, record):
@@ -292,15 +316,21 @@ def check_same_parameters(reference, model, path, first_path):
 
 
 def check_no_duplicates(paths):
-    """Raise an error naming the inputs that are one file (by resolved path): averaging
-    it twice would weigh it twice."""
+    """Raise an error naming the inputs that are one file (by resolved path, or one file
+    under two names: a hard link): averaging it twice would weigh it twice."""
     spellings = {}
     for path in paths:
-        spellings.setdefault(os.path.realpath(path), []).append(path)
-    repeated = [(resolved, given) for resolved, given in spellings.items() if len(given) > 1]
+        try:
+            info = os.stat(path)
+            key = (info.st_dev, info.st_ino)
+        except OSError:  # (named by the loading, with its reason)
+            key = os.path.realpath(path)
+        spellings.setdefault(key, []).append(path)
+    repeated = [given for given in spellings.values() if len(given) > 1]
     if repeated:
         named = "; ".join(
-            f"{', '.join(given)} ({len(given)} times {resolved})" for resolved, given in repeated
+            f"{', '.join(given)} ({len(given)} times {os.path.realpath(given[0])})"
+            for given in repeated
         )
         raise AveragingError(
             f"checkpoints given more than once in --inputs: {named}. Each would weigh "

@@ -320,6 +320,35 @@ def test_a_checkpoint_given_twice_is_refused(two_runs, tmp_path, monkeypatch):
         assert "Traceback" not in result.stderr and not out.exists()
 
 
+def test_a_hard_link_or_a_copy_of_an_input_is_refused(tmp_path):
+    """Issue 49.6: a hard link (one file, two names) or a copy (checkpoint_best.pt saved at
+    the last update is checkpoint_last.pt's copy) weighed one checkpoint twice."""
+    import shutil
+
+    first = fake_checkpoint(tmp_path / "checkpoint_1_10.pt", seed=1, num_updates=10)
+    other = fake_checkpoint(tmp_path / "checkpoint_1_20.pt", seed=2, num_updates=20)
+    linked = tmp_path / "linked.pt"
+    linked.hardlink_to(first)
+    result = run_average("--inputs", first, other, linked, "--output", tmp_path / "a.pt")
+    assert result.returncode == 2
+    assert f"checkpoints given more than once in --inputs: {first}, {linked} (2 times" in (
+        result.stderr
+    ), result.stderr
+    copied = shutil.copy(other, tmp_path / "checkpoint_best.pt")
+    result = run_average("--inputs", first, other, copied, "--output", tmp_path / "b.pt")
+    assert result.returncode == 2
+    assert (
+        f"{copied} holds the same checkpoint as {other} (saved at update 20, the same "
+        "parameters): a copy" in result.stderr
+    ), result.stderr
+    assert not (tmp_path / "a.pt").exists() and not (tmp_path / "b.pt").exists()
+    # the same update of another training is another checkpoint
+    seed3 = fake_checkpoint(tmp_path / "other_run.pt", seed=3, num_updates=20)
+    assert (
+        run_average("--inputs", first, other, seed3, "--output", tmp_path / "c.pt").returncode == 0
+    )
+
+
 def test_allow_config_mismatch_averages_with_a_warning(two_runs, tmp_path):
     first, second = two_runs["a"] / "checkpoint_1_2.pt", two_runs["b"] / "checkpoint_1_2.pt"
     out = tmp_path / "mixed.pt"
