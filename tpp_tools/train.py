@@ -316,6 +316,16 @@ def _flock_within(fd: int, seconds: float) -> bool:
     return False
 
 
+def follows_rank_0() -> bool:
+    """A rank other than 0 of a data-parallel job started by torchrun (through
+    scripts/fairseq_rank.sh): the save dir's lock and the repair of its checkpoint are
+    the job's, taken by rank 0, which alone writes checkpoints."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1")) > 1 and int(os.environ["RANK"]) > 0
+    except (KeyError, ValueError):
+        return False
+
+
 def take_lock(save_dir: Path, argv) -> int:
     """The save dir's lock (``flock`` on ``.lock``), as a descriptor that fairseq-train
     inherits: the kernel releases it when that process ends, however it ends. Held
@@ -365,7 +375,7 @@ def main(argv=None) -> int:
         save_dir = Path(args.save_dir)
         save_dir.mkdir(parents=True, exist_ok=True)
         Path(args.log_file).parent.mkdir(parents=True, exist_ok=True)
-        if not args.no_lock:
+        if not args.no_lock and not follows_rank_0():
             take_lock(save_dir, [PROG, *argv])
     except (TrainError, OSError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
@@ -375,7 +385,15 @@ def main(argv=None) -> int:
 
         # the fairseq options as fairseq will see them (--save-dir, --restore-file,
         # --checkpoint-suffix and --max-update may also come after --; the last counts)
-        status = recover.main([str(c) for c in cmd[2:]])
+        fairseq_options = [str(c) for c in cmd[2:]]
+        if follows_rank_0():  # rank 0 repairs; the others only see whether it is finished
+            seen = recover.parse_args(fairseq_options)
+            finished = recover.finished_updates(
+                seen.save_dir, seen.max_update, seen.restore_file, seen.checkpoint_suffix
+            )
+            status = 0 if finished is None else 3
+        else:
+            status = recover.main(fairseq_options)
         if status == 3:  # finished: it said so
             return 3 if args.recover_only else 0
         if status != 0:

@@ -407,6 +407,86 @@ def test_two_process_training_stopped_and_resumed_ends_as_if_never_stopped(train
     assert moments and all(torch.equal(x, y) for x, y in moments), "Adam's moments differ"
 
 
+def test_the_recipe_trains_data_parallel_under_torchrun_and_resumes(trained, tmp_path):
+    """Issue 49.7: scripts/train.sh run by each rank refused rank 1 (rank 0 held the save
+    dir's lock). The lock and the checkpoint's repair are the job's, rank 0's: the two
+    ranks train together, resume together, and a finished run trains nothing."""
+    save = tmp_path / "recipe"
+
+    def recipe(port, max_update):
+        return torchrun(
+            port,
+            SCRIPTS / "train.sh",
+            "--preset",
+            "tiny",
+            "--cpu",
+            "--data",
+            trained["data"],
+            "--save-dir",
+            save,
+            "--max-update",
+            max_update,
+            "--max-tokens",
+            "1500",
+            "--update-freq",
+            "1",
+            "--warmup-updates",
+            "10",
+            "--save-interval-updates",
+            "10",
+            "--",
+            "--num-workers",
+            "0",
+            "--disable-validation",
+            "--distributed-backend",
+            "gloo",
+            "--ddp-backend",
+            "legacy_ddp",
+        )
+
+    first = run(recipe(29531, 10), timeout=900)
+    assert "distributed init (rank 1)" in first.stdout + first.stderr
+    assert "another training is using the save dir" not in first.stdout + first.stderr
+    state = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=True)
+    assert state["optimizer_history"][-1]["num_updates"] == 10
+    resumed = run(recipe(29532, 20), timeout=900)
+    text = resumed.stdout + resumed.stderr
+    assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ 10 updates\)", text)
+    stamp = (save / "checkpoint_last.pt").stat().st_mtime_ns
+    again = run(recipe(29533, 20), timeout=300)  # rank 1 would wait for rank 0 for ever
+    assert "the run is finished" in again.stdout + again.stderr
+    assert (save / "checkpoint_last.pt").stat().st_mtime_ns == stamp
+
+
+def test_torchrun_without_the_rank_wrapper_is_refused(trained, tmp_path):
+    """Issue 49.7: `torchrun fairseq-train` on CPUs ran two independent trainings into
+    one save dir (fairseq joins torchrun's processes only when it counts several CUDA
+    devices). With the plugin loaded, it is refused, naming the wrapper."""
+    save = tmp_path / "alone"
+    command = [
+        "torchrun",
+        "--no-python",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        "29534",
+        "fairseq-train",
+        trained["data"],
+        *TRAIN_FLAGS,
+        "--save-dir",
+        save,
+        "--max-update",
+        "5",
+    ]
+    refused = run(command, check=False, timeout=600)
+    text = refused.stdout + refused.stderr
+    assert refused.returncode != 0
+    assert "fairseq-train: error: torchrun started 2 processes, but fairseq did not join" in text
+    assert text.count("did not join them into one job") == 2, "each rank says so"
+    assert "torchrun --no-python --nproc_per_node 2 scripts/fairseq_rank.sh" in text
+    assert not (save / "checkpoint_last.pt").exists(), "nothing trained"
+
+
 def valid_figures(output: str):
     """The figures of fairseq-validate's last "valid on 'valid' subset" line."""
     lines = [l for l in output.splitlines() if "valid on 'valid' subset" in l]

@@ -7,9 +7,14 @@ also compares the model options (unless ``--reset-optimizer``). A mismatch is a
 :class:`~tpp_plugin.checkpoint_match.CheckpointMismatch` naming both data folders (or the
 option and both values). A checkpoint written before the record existed is compared by
 its embedding sizes only.
+
+Resuming is also where a training that torchrun started as several processes, but that
+fairseq did not join into one job, is stopped: each process would train a model of its
+own into the same save dir (:class:`UnjoinedRanksError`).
 """
 
 import contextvars
+import os
 
 from fairseq import checkpoint_utils
 from fairseq import tasks as fairseq_tasks
@@ -17,6 +22,7 @@ from fairseq.trainer import Trainer
 from omegaconf import OmegaConf
 
 from .. import checkpoint_match
+from ..errors import UserError
 from ._log import log_once as _log_once
 
 # --------------------------------------------------------------------------- checkpoints that know their data
@@ -78,6 +84,28 @@ def trainer_state_dict(self):
     return state
 
 
+class UnjoinedRanksError(UserError):
+    pass
+
+
+def check_joined(trainer) -> None:
+    """Under torchrun (``WORLD_SIZE`` > 1), the trainer must be one of the job's ranks:
+    fairseq 0.12 joins them only when it counts several CUDA devices, so on CPUs, or
+    with one visible GPU per process, each process trains alone."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return
+    if world > 1 and trainer.data_parallel_world_size == 1:
+        raise UnjoinedRanksError(
+            f"torchrun started {world} processes, but fairseq did not join them into one "
+            "job (its world size is 1): each would train a model of its own into the same "
+            "--save-dir. Start the command through scripts/fairseq_rank.sh, which hands "
+            "fairseq torchrun's rank and world size: torchrun --no-python --nproc_per_node "
+            f"{world} scripts/fairseq_rank.sh fairseq-train ..."
+        )
+
+
 def trainer_load_checkpoint(
     self,
     filename,
@@ -87,7 +115,9 @@ def trainer_load_checkpoint(
     reset_meters=False,
 ):
     """``Trainer.load_checkpoint``; the checkpoint is checked against the run's
-    dictionaries and (unless ``--reset-optimizer``) model options when it is read."""
+    dictionaries and (unless ``--reset-optimizer``) model options when it is read, and
+    the trainer against torchrun's world (:func:`check_joined`) before."""
+    check_joined(self)
     cfg = None
     if not reset_optimizer:  # the configuration as state_dict() saves it
         cfg = (
