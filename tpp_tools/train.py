@@ -316,6 +316,20 @@ def _flock_within(fd: int, seconds: float) -> bool:
     return False
 
 
+def remove_partial_checkpoints(save_dir: Path) -> None:
+    """fairseq writes a checkpoint as ``<name>.tmp`` and renames it when complete: one
+    left behind (a full disk, a kill) is never read, only takes room. Removed with the
+    save dir's lock held, so that no training is writing it."""
+    for partial in sorted(save_dir.glob("*.pt.tmp")):
+        size = partial.stat().st_size
+        partial.unlink()
+        print(
+            f"{PROG}: removed {partial} ({size / 2**20:.1f} MiB), a checkpoint an earlier "
+            "run did not finish writing",
+            file=sys.stderr,
+        )
+
+
 def follows_rank_0() -> bool:
     """A rank other than 0 of a data-parallel job started by torchrun (through
     scripts/fairseq_rank.sh): the save dir's lock and the repair of its checkpoint are
@@ -377,6 +391,7 @@ def main(argv=None) -> int:
         Path(args.log_file).parent.mkdir(parents=True, exist_ok=True)
         if not args.no_lock and not follows_rank_0():
             take_lock(save_dir, [PROG, *argv])
+            remove_partial_checkpoints(save_dir)
     except (TrainError, OSError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2

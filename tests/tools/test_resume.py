@@ -225,6 +225,43 @@ def test_train_sh_log_is_plottable_as_it_is(trained_run, tmp_path):
     assert steps[0] == 5 and steps[-1] == 20  # --log-interval 5, --max-update 20
 
 
+def test_a_checkpoint_left_half_written_by_a_full_disk_is_removed_on_restart(nmt_corpus, tmp_path):
+    """Issue 49.5: a training on a full disk left its checkpoint's .tmp, filling the disk
+    further. Here no file may grow past 64 KiB (RLIMIT_FSIZE: a write past it fails as
+    on a full disk), so the first checkpoint's write fails; the same command run again
+    with room removes the partial file and trains."""
+    import resource
+    import signal
+
+    save_dir = tmp_path / "ckpt"
+    command = readme_train_command(nmt_corpus["data"], save_dir, 10, 5)
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+
+    full = subprocess.run(
+        command,
+        cwd=REPO,
+        env=tool_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        preexec_fn=small_files,
+    )
+    assert full.returncode != 0
+    partial = sorted(save_dir.glob("*.pt.tmp"))
+    assert partial and partial[0].stat().st_size == 64 * 1024, sorted(save_dir.iterdir())
+    again = subprocess.run(
+        command, cwd=REPO, env=tool_env(), capture_output=True, text=True, timeout=600
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"removed {partial[0]} (0.1 MiB), a checkpoint an earlier run did not finish" in (
+        again.stderr
+    )
+    assert not list(save_dir.glob("*.tmp")) and num_updates(save_dir / "checkpoint_last.pt") == 10
+
+
 @pytest.fixture(scope="module")
 def torn_run(trained_run, tmp_path_factory):
     """A copy of the 20-update run whose checkpoint_last.pt is then truncated, as a kill
