@@ -146,6 +146,63 @@ def reference_agreement(data, split, src, tgt, references, limit=500):
     return CHRF().corpus_score(targets, [references[:count]]).score
 
 
+# fairseq's translation task and its Transformers take sentences of at most this many
+# tokens (--max-source-positions, --max-target-positions; the end of sentence counts)
+DEFAULT_MAX_POSITIONS = 1024
+
+
+def oversized(data, split, src, tgt, limits):
+    """A sentence of ``split`` longer than ``limits`` (source, target tokens), which
+    fairseq refuses to translate or validate, as an error message; None when all fit."""
+    from fairseq.data import data_utils
+
+    sizes = []
+    for lang in (src, tgt):
+        dataset = data_utils.load_indexed_dataset(
+            str(Path(data) / f"{split}.{src}-{tgt}.{lang}"), None
+        )
+        if dataset is None:  # (a missing split is named where it is needed)
+            return None
+        sizes.append([int(n) for n in dataset.sizes])  # copied: the sizes are mapped from the file
+        del dataset
+    over = [i for i, pair in enumerate(zip(*sizes)) if pair[0] > limits[0] or pair[1] > limits[1]]
+    if not over:
+        return None
+    first = over[0]
+    more = f" ({len(over)} sentences in all)" if len(over) > 1 else ""
+    return (
+        f"{data}: sentence {first} of split '{split}' (line {first + 1} of its {src} and {tgt} "
+        f"files) is {sizes[0][first]} source and {sizes[1][first]} target tokens after BPE, "
+        f"end of sentence included{more}; the model takes at most {limits[0]} and "
+        f"{limits[1]} (max_source_positions, max_target_positions), so fairseq would "
+        f"refuse the split. Shorten or split that line on both sides (or leave it out of "
+        f"both), and prepare the data again"
+    )
+
+
+def max_positions_in(options):
+    """(source, target) limits that a fairseq command's ``options`` set with
+    --max-source-positions and --max-target-positions (fairseq's default otherwise)."""
+    options = [str(option) for option in options]
+    limits = []
+    for name in ("--max-source-positions", "--max-target-positions"):
+        given = [options[i + 1] for i, o in enumerate(options[:-1]) if o == name]
+        limits.append(int(given[-1]) if given and given[-1].isdigit() else DEFAULT_MAX_POSITIONS)
+    return tuple(limits)
+
+
+def model_max_positions(state):
+    """(max_source_positions, max_target_positions) of a loaded checkpoint's model."""
+    cfg = state.get("cfg")
+    model = cfg.get("model") if cfg is not None else None
+    model = model if model is not None else state.get("args")
+    limits = []
+    for name in ("max_source_positions", "max_target_positions"):
+        value = model.get(name) if hasattr(model, "get") else getattr(model, name, None)
+        limits.append(int(value) if value else DEFAULT_MAX_POSITIONS)
+    return tuple(limits)
+
+
 def count_sentences(data, split, src, tgt):
     """Sentences in the binarized ``split`` (from the .idx files, with fairseq's reader)."""
     import logging
@@ -179,7 +236,8 @@ def count_sentences(data, split, src, tgt):
 
 def check_checkpoint(path, data, source_lang, target_lang):
     """The checkpoint loads, and was trained with the dictionaries of ``data`` (the
-    record the plugin keeps in checkpoints; the embedding sizes for older ones)."""
+    record the plugin keeps in checkpoints; the embedding sizes for older ones). Returns
+    its model's (max_source_positions, max_target_positions)."""
     from .checkpoint_files import CheckpointError, load_checkpoint
 
     try:
@@ -202,6 +260,7 @@ def check_checkpoint(path, data, source_lang, target_lang):
         )
     except CheckpointMismatch as error:
         raise EvaluationError(str(error)) from None
+    return model_max_positions(state)
 
 
 def plugin_dir():
@@ -386,7 +445,14 @@ def evaluate(
             f"{reference}: {len(references)} lines, but split '{split}' of {data} has "
             f"{sentences} sentences (wrong split or reference?)"
         )
-    check_checkpoint(checkpoint, data, src, tgt)
+    model_limits = check_checkpoint(checkpoint, data, src, tgt)
+    # fairseq-generate's limit: the smaller of the model's and the task's (its options)
+    task_limits = max_positions_in(generate_args)
+    too_long = oversized(
+        data, split, src, tgt, [min(pair) for pair in zip(model_limits, task_limits)]
+    )
+    if too_long is not None:
+        raise EvaluationError(too_long)
     agreement = reference_agreement(data, split, src, tgt, references)
     if agreement < REFERENCE_AGREEMENT:
         print(

@@ -361,6 +361,30 @@ def test_a_beam_or_batch_of_zero_is_refused_before_translating(evaluated, tmp_pa
     assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
 
 
+def test_a_sentence_over_the_length_limit_is_named_before_translating(evaluated, tmp_path):
+    """Issue 49.6: fairseq-generate refused a split with one sentence over the limit
+    after loading everything, with a hint about an option that drops it from the score.
+    Here the limit is the task's, lowered through fairseq-generate's own option."""
+    result = run_evaluate(
+        "--data",
+        evaluated["data"],
+        "--checkpoint",
+        evaluated["checkpoint"],
+        "--reference",
+        evaluated["corpus"] / "raw" / "test.de",
+        "--out",
+        tmp_path / "out",
+        "--cpu",
+        "--",
+        "--max-source-positions",
+        "3",
+    )
+    assert result.returncode == 2, result.stderr
+    assert f"{evaluated['data']}: sentence 0 of split 'test' (line 1 of its " in result.stderr
+    assert "the model takes at most 3 and 1024" in result.stderr, result.stderr
+    assert "translating" not in result.stderr and not (tmp_path / "out").exists()
+
+
 def test_a_reference_that_is_a_folder_is_named_as_a_folder(evaluated, tmp_path):
     """Issue 33.12: --reference DIR said "no such file"."""
     folder = evaluated["corpus"] / "raw"

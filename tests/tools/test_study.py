@@ -181,6 +181,42 @@ def test_a_study_folder_that_cannot_be_written_is_an_error(tmp_path):
     assert "cannot create or write into this study folder (--out)" in shown.stderr
 
 
+def test_a_test_sentence_longer_than_the_model_takes_is_refused_before_training(tmp_path):
+    """Issue 49.6: a 10,000-word test sentence failed every run's translation after all
+    the training. The study checks the valid and test splits against fairseq's limit
+    (1,024 tokens) once the data is there, naming the sentence."""
+    from support import binarize, lexicon_pairs, write_corpus
+
+    pairs = lexicon_pairs((60, 10, 10), 1)
+    long_line = " ".join([pairs["test"][3][0]] * 300)  # over 1,024 tokens
+    pairs["test"][3] = (long_line, pairs["test"][3][1])
+    write_corpus(tmp_path / "text", pairs)
+    data = binarize(tmp_path / "text", tmp_path / "bin")
+    shown = run(
+        [
+            "tpp-study",
+            "--data",
+            data,
+            "--test-reference",
+            tmp_path / "text" / "test.tgt",
+            "--out",
+            tmp_path / "study",
+            "--device",
+            "cpu",
+            "--variants",
+            "transformer",
+        ],
+        check=False,
+        timeout=300,
+    )
+    assert shown.returncode == 2 and "Traceback" not in shown.stderr, shown.stderr
+    assert f"{data}: sentence 3 of split 'test' (line 4 of its src and tgt files) is " in (
+        shown.stderr
+    )
+    assert "the model takes at most 1024 and 1024" in shown.stderr
+    assert not list((tmp_path / "study").glob("runs/*/checkpoint*.pt")), "nothing trained"
+
+
 def test_only_runs_the_runs_it_names(tmp_path):
     shown, _ = dry_run(
         tmp_path, "transformer,hybrid+tags", "--only", "hybrid+tags-s2,transformer-s1"

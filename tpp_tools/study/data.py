@@ -171,5 +171,13 @@ def prepare_data(args, cfg: Config, plan_only: bool = False) -> Dict[str, Path]:
             f"{paths['data']} has {size} sentences"
         )
     paths["src"], paths["tgt"] = language_pair(paths["data"])
+    from ..evaluate import max_positions_in, oversized
+
+    for split in ("valid", "test"):  # validated and translated by every run: checked once
+        too_long = oversized(
+            paths["data"], split, paths["src"], paths["tgt"], max_positions_in(cfg.extra)
+        )
+        if too_long is not None:
+            raise StudyError(too_long)
     paths["prepared"] = True
     return paths
