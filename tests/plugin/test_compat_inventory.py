@@ -1,0 +1,89 @@
+"""docs/fairseq_notes.md lists every change that importing the plugin makes to fairseq,
+torch and Python: the list is held equal to what an import really changes, found by
+comparing every attribute of fairseq's modules and classes before and after the import
+(in a fresh process, fairseq and its command-line modules imported first)."""
+
+import json
+import re
+import subprocess
+import sys
+
+from support import REPO
+
+PROBE = r"""
+import json, logging, sys
+import torch, torch.serialization
+import fairseq, fairseq.checkpoint_utils, fairseq.trainer, fairseq.tasks
+import fairseq.data.data_utils, fairseq.dataclass.utils, fairseq.optim.fp16_optimizer
+import fairseq_cli.train, fairseq_cli.generate, fairseq_cli.interactive, fairseq_cli.validate
+
+
+def attributes():
+    found = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith(("fairseq", "torch")):
+            continue
+        try:
+            items = list(vars(module).items())
+        except TypeError:
+            continue
+        for attr, value in items:
+            found[f"{name}.{attr}"] = id(value)
+            if isinstance(value, type) and value.__module__ == name:
+                for inner, member in list(vars(value).items()):
+                    found[f"{name}.{attr}.{inner}"] = id(member)
+    return found
+
+
+before = attributes()
+hook, level = sys.excepthook, logging.getLogger().level
+safe = len(torch.serialization.get_safe_globals())
+cudnn = torch.backends.cuda.cudnn_sdp_enabled()
+import tpp_plugin  # noqa: E402
+
+after = attributes()
+changed = sorted(k for k in after if before.get(k) != after[k] and "tpp" not in k)
+if len(torch.serialization.get_safe_globals()) > safe:
+    changed.append("torch.serialization.add_safe_globals")
+if cudnn and not torch.backends.cuda.cudnn_sdp_enabled():
+    changed.append("torch.backends.cuda.enable_cudnn_sdp")
+if sys.excepthook is not hook:
+    changed.append("sys.excepthook")
+if logging.getLogger().level != level:
+    changed.append("logging.root.level")
+print(json.dumps(changed))
+"""
+
+
+def documented():
+    text = (REPO / "docs" / "fairseq_notes.md").read_text(encoding="utf-8")
+    section = text.split("## Every change, and where it applies", 1)[1]
+    names = set()
+    for row in section.splitlines():
+        if row.startswith("| `"):
+            names.update(re.findall(r"`([^`]+)`", row.split(" | ")[0]))
+    return names
+
+
+def test_the_documented_changes_are_the_changes_an_import_makes():
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore", "LOGLEVEL": "INFO"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    changed = set(json.loads(proc.stdout.splitlines()[-1]))
+    # torch's private set behind add_safe_globals, and the modules fairseq's command
+    # lines import the conversion into: one row each in the table
+    changed.discard("torch._weights_only_unpickler._marked_safe_globals_set")
+    copies = {
+        c for c in changed if re.fullmatch(r"fairseq_cli\.\w+\.convert_namespace_to_omegaconf", c)
+    }
+    assert len(copies) == 4, changed
+    changed = (changed - copies) | {"fairseq_cli.*.convert_namespace_to_omegaconf"}
+    assert changed == documented(), (
+        f"changed but not in the table: {sorted(changed - documented())}; "
+        f"in the table but not changed: {sorted(documented() - changed)}"
+    )
