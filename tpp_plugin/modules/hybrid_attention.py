@@ -20,7 +20,7 @@ We read the paper's ``DynamicConv(S) = Conv1D(LocalConv, Query)``, "simply compu
 dot product between LocalConv and Query", as a width-one convolution whose kernel is the
 Query (a full dot product would give a scalar, not a head of width ``d_h``): the product
 above, summed over channels by ``W^O``. The paper gives it no scale (``none``);
-``--conv-head-scaling inv-sqrt-head-dim`` multiplies it by ``1/√d_h`` (why: docs/results.md).
+``--conv-head-scaling inv-sqrt-head-dim`` multiplies it by ``1/√d_h`` (why: docs/results_cpu.md).
 
 Every input projection is a slice of one ``in_proj`` (``d x (3·H_a·d_h + 2·H_c·d_h +
 H_c)``, rounded up to a multiple of 8 rows). A drop-in for fairseq's ``MultiheadAttention``

@@ -137,7 +137,7 @@ def parse_args(argv=None):
         choices=["none", "inv-sqrt-head-dim"],
         dest="conv_head_scaling",
         help="the hybrid variants' --conv-head-scaling (default none: the paper's; "
-        "see docs/results.md)",
+        "see docs/results_cpu.md)",
     )
     over.add_argument(
         "--layer-norm",

@@ -67,7 +67,7 @@ def transformer_pp_cpu(args):
     1,1,2, dropout 0.1 (no attention/activation dropout, no DropConnect), all
     embeddings shared (one joint dictionary), and the conv heads' output scaled by
     1/sqrt(d_h) (``--conv-head-scaling inv-sqrt-head-dim``: the paper's unscaled
-    heads learned far more slowly at this size in the CPU study, docs/results.md)."""
+    heads learned far more slowly at this size in the CPU study, docs/results_cpu.md)."""
     _default(args, "encoder_embed_dim", 256)
     _default(args, "encoder_ffn_embed_dim", 512)
     _default(args, "encoder_layers", 3)
