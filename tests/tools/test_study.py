@@ -265,6 +265,41 @@ def test_a_step_past_its_time_limit_is_stopped_and_tried_once_more(tmp_path, cap
         run_command(hang, log_path, timeout=1)
 
 
+def test_long_steps_log_their_progress_and_keep_their_time_limit(tmp_path, capsys, monkeypatch):
+    """A study's log said "training" and then nothing until "done": a training logs its
+    update, last validation loss and ETA, a translation its sentences and ETA, every
+    PROGRESS_EVERY seconds; the step's time limit holds all the same."""
+    from tpp_tools.study import commands
+    from tpp_tools.study.runs import _step, training_progress, translation_progress
+
+    monkeypatch.setattr(commands, "PROGRESS_EVERY", 0.3)
+    run_ = study.Run("hybrid", 1, tmp_path, [], {})
+    (tmp_path / "train.log").write_text(
+        '{"epoch": 1, "num_updates": "100", "wall": "60", "loss": "7.1"}\n'
+        '{"epoch": 1, "valid_loss": "6.9", "valid_nll_loss": "6.512", "valid_num_updates": "100"}\n'
+    )
+    output = tmp_path / "eval" / ".evaluate-host-1-abc" / "generate-test.txt"
+    output.parent.mkdir(parents=True)
+    output.write_text("S-0\ta\nH-0\t-0.1\tb\nS-1\tc\nH-1\t-0.2\td\n")
+    calls = []
+    step = [sys.executable, "-c", "import time; time.sleep(1.5)"]
+    _step(
+        run_, "translating", step, tmp_path / "run.log", None, 30, progress=lambda: calls.append(1)
+    )
+    assert 3 <= len(calls) <= 6, calls
+    with pytest.raises(study.StudyError, match="time limit of 1 s twice"):
+        _step(run_, "translating", step, tmp_path / "run.log", None, 1, progress=lambda: None)
+
+    class Cfg:
+        max_update = 400
+
+    training_progress(run_, Cfg())
+    translation_progress(run_, 10)
+    said = capsys.readouterr().out
+    assert "hybrid-s1: training, update 100 of 400, valid NLL 6.512, ETA 3 min" in said, said
+    assert "hybrid-s1: translating, 2 of 10 sentences, ETA " in said, said
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
@@ -882,7 +917,7 @@ def test_runs_at_once_on_a_gpu_share_the_cores(tmp_path, monkeypatch):
     monkeypatch.setattr(
         study.runs,
         "run_command",
-        lambda cmd, log, env=None, timeout=None, lock=None: envs.append(env),
+        lambda cmd, log, env=None, timeout=None, lock=None, progress=None: envs.append(env),
     )
     monkeypatch.setattr(study.runs, "write_record", lambda *a: None)
     for launcher in ("local", "slurm"):
@@ -956,7 +991,9 @@ def test_a_gpu_run_decodes_in_float16_only_if_it_trained_in_it(
     monkeypatch.setattr(
         study.runs,
         "run_command",
-        lambda cmd, log, env=None, timeout=None, lock=None: commands.append([str(c) for c in cmd]),
+        lambda cmd, log, env=None, timeout=None, lock=None, progress=None: commands.append(
+            [str(c) for c in cmd]
+        ),
     )
     monkeypatch.setattr(study.runs, "write_record", lambda *a: None)
     args = argparse.Namespace(

@@ -27,6 +27,10 @@ class StepTimeout(RuntimeError):
     """A command stopped at its time limit."""
 
 
+#: seconds between the progress lines of a long command (a training's updates and ETA)
+PROGRESS_EVERY = float(os.environ.get("TPP_STUDY_PROGRESS_EVERY", "300"))
+
+
 class Children:
     """The commands the study is running (its worker threads start them). A study told to
     stop (SIGTERM, SIGINT) stops them and waits for them before it exits, so that no
@@ -38,10 +42,11 @@ class Children:
         self._lock = threading.RLock()  # (a signal handler may take it in the same thread)
         self.stopping = threading.Event()
 
-    def run(self, cmd, out, env, timeout=None, lock=None) -> int:
+    def run(self, cmd, out, env, timeout=None, lock=None, progress=None) -> int:
         """The command's exit status; past ``timeout`` seconds it is stopped (SIGTERM,
         SIGKILL after 30 s) and :class:`StepTimeout` raised. ``lock``: a :class:`RunLock`
-        the command inherits and holds while it lives, whatever becomes of the study."""
+        the command inherits and holds while it lives, whatever becomes of the study.
+        ``progress``: called every ``PROGRESS_EVERY`` seconds while the command runs."""
         with self._lock:
             if self.stopping.is_set():
                 raise RuntimeError("the study is stopping")
@@ -57,7 +62,7 @@ class Children:
                 lock.held_by(proc.pid, cmd)
         try:
             try:
-                return proc.wait(timeout=timeout)
+                return self._wait(proc, timeout, progress)
             except subprocess.TimeoutExpired:
                 proc.terminate()
                 try:
@@ -70,6 +75,25 @@ class Children:
             if proc.poll() is not None:  # interrupted by a signal: stop() waits for it
                 with self._lock:
                     self._procs.discard(proc)
+
+    @staticmethod
+    def _wait(proc, timeout, progress):
+        """``proc.wait(timeout)``, calling ``progress`` every ``PROGRESS_EVERY`` seconds."""
+        if progress is None:
+            return proc.wait(timeout=timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(proc.args, timeout)
+            try:
+                return proc.wait(
+                    timeout=PROGRESS_EVERY if left is None else min(left, PROGRESS_EVERY)
+                )
+            except subprocess.TimeoutExpired:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+                progress()
 
     def signal_stop(self) -> None:
         """Start no new command and send the running ones SIGTERM, without waiting: what
@@ -143,12 +167,12 @@ class RunBusy(RuntimeError):
     """A run's folder is locked by a live process."""
 
 
-def run_command(cmd, log_path: Path, env=None, timeout=None, lock=None) -> None:
+def run_command(cmd, log_path: Path, env=None, timeout=None, lock=None, progress=None) -> None:
     with open(log_path, "a") as out:
         out.write("+ " + " ".join(shlex.quote(str(c)) for c in cmd) + "\n")
         out.flush()
         try:
-            returncode = CHILDREN.run(cmd, out, env, timeout, lock)
+            returncode = CHILDREN.run(cmd, out, env, timeout, lock, progress)
         except StepTimeout as err:
             out.write(f"[study] {err}\n")
             raise

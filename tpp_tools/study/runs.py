@@ -16,8 +16,8 @@ from ..evaluate import plugin_dir
 from ..train import OPTIMIZER
 from .commands import CHILDREN, RunLock, StepTimeout, json_records, log, run_command
 from .config import TAG_FIELDS, VARIANTS, Config, StudyError
-from .data import fingerprint
-from .records import load_record, write_record
+from .data import fingerprint, split_size
+from .records import load_record, validation_curve, write_record
 
 #: part of every run's identity: raised whenever a change of the code changes what a
 #: run computes from the same command (initial weights, numerics), so that runs made
@@ -359,7 +359,9 @@ def _steps(run: Run, cfg: Config, paths, args, env_extra: Dict[str, str], lock) 
                 env=env,
                 lock=lock,
             )
-        run_command(run.train_cmd, out_log, env=env, lock=lock)
+        run_command(
+            run.train_cmd, out_log, env=env, lock=lock, progress=lambda: training_progress(run, cfg)
+        )
         updates = last_checkpoint_updates(run)
         if updates < cfg.max_update:
             raise RuntimeError(
@@ -419,7 +421,17 @@ def _steps(run: Run, cfg: Config, paths, args, env_extra: Dict[str, str], lock) 
         # its activations within float16's range (those decode in float32)
         cmd += ["--", "--fp16"]
     started = time.time()
-    _step(run, "translating", cmd, out_log, env, args.step_timeout, lock)
+    sentences = split_size(paths["data"], "test")
+    _step(
+        run,
+        "translating",
+        cmd,
+        out_log,
+        env,
+        args.step_timeout,
+        lock,
+        progress=lambda: translation_progress(run, sentences),
+    )
     log(f"{run.name}: translated and scored in {time.time() - started:.0f} s")
     write_record(run, paths["reference"], args.device_name)
     if not args.keep_checkpoints:  # the averaged model is what the study keeps
@@ -427,13 +439,38 @@ def _steps(run: Run, cfg: Config, paths, args, env_extra: Dict[str, str], lock) 
             path.unlink(missing_ok=True)
 
 
-def _step(run: Run, what: str, cmd, out_log: Path, env, timeout, lock=None) -> None:
+def training_progress(run: Run, cfg: Config) -> None:
+    """A log line of a training's progress: updates, last validation NLL, ETA."""
+    records = json_records(run.folder / "train.log")
+    updates = max((int(float(r["num_updates"])) for r in records if "num_updates" in r), default=0)
+    valid = validation_curve(records)
+    nll = f", valid NLL {valid[-1]['nll_loss']:.3f}" if valid else ""
+    eta = eta_text(training_eta(records, cfg.max_update))
+    log(f"{run.name}: training, update {updates} of {cfg.max_update}{nll}, ETA {eta}")
+
+
+def translation_progress(run: Run, sentences: Optional[int]) -> None:
+    """A log line of a translation's progress: sentences translated so far, and ETA."""
+    from ..evaluate import TEMP_PREFIX
+
+    outputs = sorted((run.folder / "eval").glob(f"{TEMP_PREFIX}*/generate-*.txt"))
+    if not outputs or not sentences:
+        return
+    started = outputs[-1].stat().st_ctime
+    with open(outputs[-1], errors="replace") as handle:
+        done = sum(1 for line in handle if line.startswith("H-"))
+    elapsed = time.time() - started
+    eta = eta_text((sentences - done) * elapsed / done if done else None)
+    log(f"{run.name}: translating, {done} of {sentences} sentences, ETA {eta}")
+
+
+def _step(run: Run, what: str, cmd, out_log: Path, env, timeout, lock=None, progress=None) -> None:
     """One of a run's steps after training, under its time limit, tried twice (a step
     that hangs, e.g. a process that printed its last line and never exits, costs one
     try, not the run)."""
     for attempt in (1, 2):
         try:
-            return run_command(cmd, out_log, env=env, timeout=timeout, lock=lock)
+            return run_command(cmd, out_log, env=env, timeout=timeout, lock=lock, progress=progress)
         except StepTimeout:
             if attempt == 2:
                 raise StudyError(
