@@ -62,11 +62,23 @@ def setup_env(*args, offline=False, timeout=1800):
     return proc.returncode, proc.stdout, proc.stderr
 
 
+def cache_folder(tmp_path_factory):
+    """CACHE, or a folder of this test run's where the user's cache cannot be written (a
+    read-only home): the download then starts from nothing."""
+    try:
+        CACHE.mkdir(parents=True, exist_ok=True)
+        with open(CACHE / "wheelhouse.lock", "a"):
+            pass
+        return CACHE
+    except OSError:
+        return tmp_path_factory.mktemp("tpp-tests-cache")
+
+
 @pytest.fixture(scope="module")
-def wheelhouse():
-    folder = CACHE / f"wheelhouse-py{PYVER}-cpu-full"
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / "wheelhouse.lock", "w") as lock:
+def wheelhouse(tmp_path_factory):
+    cache = cache_folder(tmp_path_factory)
+    folder = cache / f"wheelhouse-py{PYVER}-cpu-full"
+    with open(cache / "wheelhouse.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two test runs at once share the folder
         rc, out, err = setup_env(
             "--download-wheelhouse",
@@ -91,6 +103,16 @@ def wheelhouse():
     sdists = [n for n in names if n.endswith((".tar.gz", ".zip"))]
     assert sdists == ["fairseq_fixed-0.12.3.1.tar.gz"], "everything but fairseq is a wheel"
     return folder
+
+
+def test_a_cache_folder_that_cannot_be_written_is_replaced_by_one_of_the_run(
+    tmp_path, tmp_path_factory, monkeypatch
+):
+    """`make test` with a read-only home cache: the wheelhouse goes to the run's folder."""
+    (tmp_path / "a-file").write_text("not a folder\n")
+    monkeypatch.setattr(sys.modules[__name__], "CACHE", tmp_path / "a-file" / "tpp-tests")
+    folder = cache_folder(tmp_path_factory)
+    assert folder.is_dir() and not folder.is_relative_to(tmp_path / "a-file")
 
 
 def test_the_network_is_really_off_for_the_install():
