@@ -147,12 +147,17 @@ def test_training_data_with_no_usable_pair_is_an_error_naming_the_file(corpus, c
         expected = f"{corpus / 'train.en'}: no usable training pairs: 0 of 30 left after"
         why = f"30 over --max-len 3 tokens in {corpus / 'train.de'}"
     else:  # everything goes at the last filter, on the BPE text
-        extra = ["--no-tags", "--bpe-merges", "50", "--max-ratio", "0.5"]
+        # every target three times its source: the same words, so the same subwords
+        lines = (corpus / "train.en").read_text(encoding="utf-8").splitlines()
+        (corpus / "train.de").write_text(
+            "".join(" ".join([line] * 3) + "\n" for line in lines), encoding="utf-8"
+        )
+        extra = ["--no-tags", "--bpe-merges", "50", "--max-ratio", "2.5"]
         expected = (
             f"{corpus / 'train.en'}: no usable training pairs: 0 of 30 left after BPE "
             "and the length/ratio filter"
         )
-        why = "30 length ratio of the two sides over --max-ratio 0.5"
+        why = "30 length ratio of the two sides over --max-ratio 2.5"
     result = _run(corpus, *extra)
     assert result.returncode == 2, result.stderr
     assert expected in result.stderr and why in result.stderr, result.stderr
