@@ -54,38 +54,31 @@ def project_root():
 REPO_ROOT = project_root()
 
 
+def _at_least(text, convert, minimum, kind):
+    """``text`` as ``convert`` makes it, refused (argparse's error) below ``minimum``."""
+    try:
+        value = convert(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {kind}, not {text!r}") from None
+    if not value >= minimum:  # (also NaN)
+        raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {text.strip()}")
+    return value
+
+
 def positive_int(text):
     """argparse type: an integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
+    return _at_least(text, int, 1, "a whole number")
 
 
 def non_negative_int(text):
     """argparse type: an integer of at least 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
-    return value
+    return _at_least(text, int, 0, "a whole number")
 
 
 def length_ratio(text):
     """argparse type: the longest allowed length ratio of a pair's two sides, at least 1
     (the longer side over the shorter: below 1 no pair of unequal lengths is kept)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, not {text!r}") from None
-    if not value >= 1:  # (also NaN)
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {text}")
-    return value
+    return _at_least(text, float, 1, "a number")
 
 
 def check_lengths(parser, args):

@@ -355,7 +355,7 @@ def test_bad_inputs_and_settings_are_refused_before_any_step(corpus, case):
         (["--max-ratio", "0"], "argument --max-ratio: must be at least 1, not 0"),
         (["--max-ratio", "0.5"], "argument --max-ratio: must be at least 1, not 0.5"),
         (["--min-len", "0"], "argument --min-len: must be at least 1, not 0"),
-        (["--dict-size", "-1"], "argument --dict-size: must be 0 or more, not -1"),
+        (["--dict-size", "-1"], "argument --dict-size: must be at least 0, not -1"),
         (["--min-len", "9", "--max-len", "3"], "--min-len 9 is above --max-len 3"),
     ],
 )
