@@ -107,6 +107,22 @@ def run_evaluate(*args, module=False):
     )
 
 
+def model_and_data(evaluated, out, reference=None):
+    """tpp-evaluate's options for the trained model on the test split, into ``out``."""
+    reference = reference or evaluated["corpus"] / "raw" / "test.de"
+    return [
+        "--data",
+        evaluated["data"],
+        "--checkpoint",
+        evaluated["checkpoint"],
+        "--reference",
+        reference,
+        "--out",
+        out,
+        "--cpu",
+    ]
+
+
 def test_detokenized_sacrebleu_and_chrf_match_direct_sacrebleu(evaluated):
     out, corpus = evaluated["out"], evaluated["corpus"]
     hypotheses = generated_lines(out / "generate-test.txt", "H")
@@ -322,17 +338,7 @@ def test_a_reference_that_is_not_the_split_s_target_is_warned_about(evaluated, t
     binarized target before translating: a warning naming the reference; the right
     reference raises none."""
     source = evaluated["corpus"] / "raw" / "test.en"
-    result = run_evaluate(
-        "--data",
-        evaluated["data"],
-        "--checkpoint",
-        evaluated["checkpoint"],
-        "--reference",
-        source,
-        "--out",
-        tmp_path / "out",
-        "--cpu",
-    )
+    result = run_evaluate(*model_and_data(evaluated, tmp_path / "out", reference=source))
     assert result.returncode == 0, result.stderr
     warning = f"warning: {source} does not read like the target side of split 'test'"
     assert warning in result.stderr, result.stderr
@@ -344,15 +350,7 @@ def test_a_reference_that_is_not_the_split_s_target_is_warned_about(evaluated, t
 def test_a_beam_or_batch_of_zero_is_refused_before_translating(evaluated, tmp_path, option):
     """Issue 49.6: --beam 0 crashed in fairseq."""
     result = run_evaluate(
-        "--data",
-        evaluated["data"],
-        "--checkpoint",
-        evaluated["checkpoint"],
-        "--reference",
-        evaluated["corpus"] / "raw" / "test.de",
-        "--out",
-        tmp_path / "out",
-        "--cpu",
+        *model_and_data(evaluated, tmp_path / "out"),
         option,
         "0",
     )
@@ -366,15 +364,7 @@ def test_a_sentence_over_the_length_limit_is_named_before_translating(evaluated,
     after loading everything, with a hint about an option that drops it from the score.
     Here the limit is the task's, lowered through fairseq-generate's own option."""
     result = run_evaluate(
-        "--data",
-        evaluated["data"],
-        "--checkpoint",
-        evaluated["checkpoint"],
-        "--reference",
-        evaluated["corpus"] / "raw" / "test.de",
-        "--out",
-        tmp_path / "out",
-        "--cpu",
+        *model_and_data(evaluated, tmp_path / "out"),
         "--",
         "--max-source-positions",
         "3",
