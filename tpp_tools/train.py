@@ -17,7 +17,8 @@ Before fairseq starts: ``--max-update`` must be positive (fairseq reads 0 as no
 limit); the save dir's lock is taken (one training per save dir, held by fairseq-train
 itself, which this process becomes); a torn ``checkpoint_last.pt`` is recovered
 (``tpp-recover-checkpoint``); a run whose ``checkpoint_last.pt`` has reached
-``--max-update`` is finished and nothing is trained.
+``--max-update`` is finished and nothing is trained. Under torchrun these are rank 0's
+steps; the other ranks do what it decided (:class:`JobVerdict`).
 """
 
 import argparse
@@ -370,10 +371,88 @@ def take_lock(save_dir: Path, argv) -> int:
     return fd
 
 
+class JobVerdict:
+    """Under torchrun, what rank 0 decided before training (train, or end with an exit
+    status: finished, refused), published in torchrun's own store. The other ranks follow
+    it instead of reading checkpoints that rank 0 may be repairing: a rank that trains
+    alone waits at fairseq's rendezvous for ever."""
+
+    #: seconds the other ranks wait for rank 0's verdict (its checkpoint repair included)
+    TIMEOUT = 1800.0
+
+    def __init__(self, store, rank: int, key: str):
+        self.store, self.rank, self.key = store, rank, key
+
+    @classmethod
+    def of_this_job(cls):
+        """The job's verdict, or None outside a multi-process torchrun job (torchrun's
+        agent holds the store its workers join at MASTER_ADDR:MASTER_PORT)."""
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+            return None
+        try:
+            rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        except (KeyError, ValueError):
+            return None
+        if world <= 1:
+            return None
+        from datetime import timedelta
+
+        from torch.distributed import TCPStore
+
+        store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=cls.TIMEOUT))
+        # the n-th tpp-train of each rank in this torchrun attempt reads the n-th verdict
+        prefix = f"tpp-train/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        call = store.add(f"{prefix}/calls/{rank}", 1)
+        return cls(store, rank, f"{prefix}/{call}/verdict")
+
+    def publish(self, status) -> None:
+        """Rank 0's decision: None to train, else the status every rank exits with."""
+        self.store.set(self.key, "train" if status is None else str(status))
+
+    def wait(self):
+        """Rank 0's decision, as :meth:`publish` was given it."""
+        said = self.store.get(self.key).decode()
+        return None if said == "train" else int(said)
+
+    def close(self) -> None:
+        self.store = None
+
+
+def prepare(args, argv, cmd):
+    """Rank 0's (or a single process's) steps before fairseq-train: the save dir's lock,
+    half-written checkpoints removed, ``checkpoint_last.pt`` recovered. None to train,
+    else the exit status (3: finished, with ``--recover-only``)."""
+    save_dir = Path(args.save_dir)
+    if not args.no_lock and not follows_rank_0():
+        take_lock(save_dir, [PROG, *argv])
+        remove_partial_checkpoints(save_dir)
+    if args.no_recover:
+        return 0 if args.recover_only else None
+    from . import recover
+
+    # the fairseq options as fairseq will see them (--save-dir, --restore-file,
+    # --checkpoint-suffix and --max-update may also come after --; the last counts)
+    fairseq_options = [str(c) for c in cmd[2:]]
+    if follows_rank_0():  # no verdict to follow: only see whether it is finished
+        seen = recover.parse_args(fairseq_options)
+        finished = recover.finished_updates(
+            seen.save_dir, seen.max_update, seen.restore_file, seen.checkpoint_suffix
+        )
+        status = 0 if finished is None else 3
+    else:
+        status = recover.main(fairseq_options)
+    if status == 3:  # finished: it said so
+        return 3 if args.recover_only else 0
+    if status != 0:
+        return status
+    return 0 if args.recover_only else None
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    try:
+    try:  # every rank checks its own arguments: they are the same
         cmd = fairseq_command(args)
         if args.dry_run:
             print(" ".join(shlex.quote(str(c)) for c in cmd))
@@ -386,35 +465,36 @@ def main(argv=None) -> int:
             raise TrainError(
                 f"plugin folder '{args.user_dir}' does not exist (set --user-dir or USER_DIR)"
             )
-        save_dir = Path(args.save_dir)
-        save_dir.mkdir(parents=True, exist_ok=True)
+        Path(args.save_dir).mkdir(parents=True, exist_ok=True)
         Path(args.log_file).parent.mkdir(parents=True, exist_ok=True)
-        if not args.no_lock and not follows_rank_0():
-            take_lock(save_dir, [PROG, *argv])
-            remove_partial_checkpoints(save_dir)
+        job = JobVerdict.of_this_job()
     except (TrainError, OSError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
-    if not args.no_recover:
-        from . import recover
-
-        # the fairseq options as fairseq will see them (--save-dir, --restore-file,
-        # --checkpoint-suffix and --max-update may also come after --; the last counts)
-        fairseq_options = [str(c) for c in cmd[2:]]
-        if follows_rank_0():  # rank 0 repairs; the others only see whether it is finished
-            seen = recover.parse_args(fairseq_options)
-            finished = recover.finished_updates(
-                seen.save_dir, seen.max_update, seen.restore_file, seen.checkpoint_suffix
-            )
-            status = 0 if finished is None else 3
-        else:
-            status = recover.main(fairseq_options)
-        if status == 3:  # finished: it said so
-            return 3 if args.recover_only else 0
-        if status != 0:
+    if job is not None and job.rank > 0:
+        status = job.wait()
+        job.close()
+        if status is not None:
+            if status not in (0, 3):
+                print(
+                    f"{PROG}: rank {job.rank}: rank 0 stopped before training (status "
+                    f"{status}; its message is above); stopping too",
+                    file=sys.stderr,
+                )
             return status
-    if args.recover_only:
-        return 0
+    else:
+        status = 2
+        try:
+            status = prepare(args, argv, cmd)
+        except (TrainError, OSError) as error:
+            print(f"{PROG}: error: {error}", file=sys.stderr)
+        finally:
+            if job is not None:
+                job.publish(status)
+                job.close()
+        if status is not None:
+            return status
+    save_dir = Path(args.save_dir)
     if (save_dir / "checkpoint_last.pt").exists():
         print(
             f"{PROG}: resuming from {save_dir / 'checkpoint_last.pt'}", file=sys.stderr, flush=True

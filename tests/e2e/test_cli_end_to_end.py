@@ -410,7 +410,8 @@ def test_two_process_training_stopped_and_resumed_ends_as_if_never_stopped(train
 def test_the_recipe_trains_data_parallel_under_torchrun_and_resumes(trained, tmp_path):
     """Issue 49.7: scripts/train.sh run by each rank refused rank 1 (rank 0 held the save
     dir's lock). The lock and the checkpoint's repair are the job's, rank 0's: the two
-    ranks train together, resume together, and a finished run trains nothing."""
+    ranks train together, resume together, and a finished run trains nothing, even when
+    rank 0 finds it finished only after repairing its checkpoint."""
     save = tmp_path / "recipe"
 
     def recipe(port, max_update):
@@ -456,6 +457,19 @@ def test_the_recipe_trains_data_parallel_under_torchrun_and_resumes(trained, tmp
     again = run(recipe(29533, 20), timeout=300)  # rank 1 would wait for rank 0 for ever
     assert "the run is finished" in again.stdout + again.stderr
     assert (save / "checkpoint_last.pt").stat().st_mtime_ns == stamp
+    # A torn checkpoint_last.pt whose good copy is finished: rank 0 repairs it and ends;
+    # rank 1, which had seen no finished checkpoint, followed it into training and waited
+    # at the rendezvous for ever. It follows rank 0's verdict now.
+    last = save / "checkpoint_last.pt"
+    whole = last.read_bytes()
+    (save / "checkpoint_2_20.pt").write_bytes(whole)  # as an interval checkpoint would be
+    last.write_bytes(whole[: len(whole) // 2])
+    repaired = run(recipe(29535, 20), timeout=300)
+    text = repaired.stdout + repaired.stderr
+    assert "the run is finished" in text
+    assert "distributed init" not in text, "no rank trained"
+    state = torch.load(last, map_location="cpu", weights_only=True)
+    assert state["optimizer_history"][-1]["num_updates"] == 20
 
 
 def test_torchrun_without_the_rank_wrapper_is_refused(trained, tmp_path):
