@@ -1,6 +1,8 @@
-"""Errors a user makes (a wrong data folder, a missing file): a command-line tool
-reports them as one line, ``<command>: error: <message>``, without a traceback."""
+"""Errors a user makes (a wrong data folder, a missing file) or meets (a full disk): a
+command-line tool reports them as one line, ``<command>: error: <message>``, without a
+traceback."""
 
+import errno
 import os
 import sys
 
@@ -18,11 +20,66 @@ def program() -> str:
     return name
 
 
+#: a write refused by the disk, not by the program: what to do about it
+DISK_ERRORS = {
+    errno.ENOSPC: "free space",
+    errno.EDQUOT: "free space",
+    errno.EFBIG: "free space",
+    errno.EROFS: "make the folder writable or write elsewhere",
+}
+
+
+def _chain(value):
+    """``value`` and the exceptions it was raised from or while handling."""
+    seen = []
+    while value is not None and value not in seen:
+        seen.append(value)
+        value = value.__cause__ or value.__context__
+    return seen
+
+
+def _checkpoint_being_saved(value):
+    """The checkpoint fairseq was writing when ``value`` was raised (its ``.tmp``), if any."""
+    for exception in _chain(value):
+        tb = exception.__traceback__
+        while tb is not None:
+            frame = tb.tb_frame
+            if frame.f_code.co_name == "torch_persistent_save" and "filename" in frame.f_locals:
+                return str(frame.f_locals["filename"])
+            tb = tb.tb_next
+    return None
+
+
+def disk_error(value):
+    """One line for a write the disk refused (full, over quota, read-only) anywhere in
+    ``value``'s chain, or None. A checkpoint fairseq left half-written is removed."""
+    refused = next(
+        (e for e in _chain(value) if isinstance(e, OSError) and e.errno in DISK_ERRORS), None
+    )
+    if refused is None:
+        return None
+    target = refused.filename
+    checkpoint = _checkpoint_being_saved(value)
+    removed = ""
+    if checkpoint is not None:
+        target = target or checkpoint
+        partial = checkpoint + ".tmp"
+        if os.path.isfile(partial):
+            os.remove(partial)
+            removed = f" (its partial {os.path.basename(partial)} removed)"
+    where = f" writing {target}" if target else ""
+    return (
+        f"{os.strerror(refused.errno)}{where}{removed}; {DISK_ERRORS[refused.errno]} and run "
+        "the same command again"
+    )
+
+
 def excepthook(kind, value, traceback):
-    """A :class:`UserError` that reaches the top of a program is its one-line error;
-    anything else goes to the hook that was there before."""
-    if isinstance(value, UserError):
-        print(f"{program()}: error: {value}", file=sys.stderr, flush=True)
+    """A :class:`UserError`, or a write the disk refused, that reaches the top of a program
+    is its one-line error; anything else goes to the hook that was there before."""
+    message = str(value) if isinstance(value, UserError) else disk_error(value)
+    if message is not None:
+        print(f"{program()}: error: {message}", file=sys.stderr, flush=True)
         return
     excepthook.previous(kind, value, traceback)
 

@@ -225,11 +225,15 @@ def test_train_sh_log_is_plottable_as_it_is(trained_run, tmp_path):
     assert steps[0] == 5 and steps[-1] == 20  # --log-interval 5, --max-update 20
 
 
-def test_a_checkpoint_left_half_written_by_a_full_disk_is_removed_on_restart(nmt_corpus, tmp_path):
-    """Issue 49.5: a training on a full disk left its checkpoint's .tmp, filling the disk
-    further. Here no file may grow past 64 KiB (RLIMIT_FSIZE: a write past it fails as
-    on a full disk), so the first checkpoint's write fails; the same command run again
-    with room removes the partial file and trains."""
+def test_a_full_disk_while_training_is_one_line_and_no_partial_checkpoint_stays(
+    nmt_corpus, tmp_path
+):
+    """Issue 49.5: a training on a full disk ended in a traceback and left its
+    checkpoint's .tmp, filling the disk further. Here no file may grow past 64 KiB
+    (RLIMIT_FSIZE: a write past it fails as on a full disk), so the first checkpoint's
+    write fails: one line names the checkpoint and the partial file is gone. A partial
+    file that a kill left (nobody could remove it) is removed by the same command run
+    again with room, which trains."""
     import resource
     import signal
 
@@ -250,13 +254,30 @@ def test_a_checkpoint_left_half_written_by_a_full_disk_is_removed_on_restart(nmt
         preexec_fn=small_files,
     )
     assert full.returncode != 0
-    partial = sorted(save_dir.glob("*.pt.tmp"))
-    assert partial and partial[0].stat().st_size == 64 * 1024, sorted(save_dir.iterdir())
+    checkpoint = save_dir / "checkpoint_1_5.pt"
+    assert full.stderr.strip().splitlines()[-1] == (
+        f"fairseq-train: error: File too large writing {checkpoint} (its partial "
+        "checkpoint_1_5.pt.tmp removed); free space and run the same command again"
+    ), full.stderr[-3000:]
+    assert "Traceback" not in full.stderr
+    assert not list(save_dir.glob("*.tmp")), sorted(save_dir.iterdir())
+    # as a kill during the write leaves it: the first 64 KiB of a checkpoint
+    partial = checkpoint.with_name(checkpoint.name + ".tmp")
+    whole = subprocess.run(
+        readme_train_command(nmt_corpus["data"], tmp_path / "whole", 5, 5),
+        cwd=REPO,
+        env=tool_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    partial.write_bytes((tmp_path / "whole" / "checkpoint_last.pt").read_bytes()[: 64 * 1024])
     again = subprocess.run(
         command, cwd=REPO, env=tool_env(), capture_output=True, text=True, timeout=600
     )
     assert again.returncode == 0, again.stderr[-3000:]
-    assert f"removed {partial[0]} (0.1 MiB), a checkpoint an earlier run did not finish" in (
+    assert f"removed {partial} (0.1 MiB), a checkpoint an earlier run did not finish" in (
         again.stderr
     )
     assert not list(save_dir.glob("*.tmp")) and num_updates(save_dir / "checkpoint_last.pt") == 10

@@ -13,8 +13,10 @@ with what it answers, in docs/fairseq_notes.md).
 - **Debug logging switched on by ``import fairseq``** (a wav2vec module calls
   ``logging.basicConfig(level=DEBUG)``). The root level goes back to ``$LOGLEVEL``
   (default INFO), unless the program asked for DEBUG before.
-- **One-line errors**: a :class:`~tpp_plugin.errors.UserError` that reaches the top of a
-  command is printed as ``<command>: error: <message>``, without a traceback.
+- **One-line errors**: a :class:`~tpp_plugin.errors.UserError`, or a write the disk
+  refused (full, over quota, read-only), that reaches the top of a command is printed as
+  ``<command>: error: <message>``, without a traceback; a checkpoint fairseq left
+  half-written is removed.
 """
 
 import argparse

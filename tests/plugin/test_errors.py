@@ -1,0 +1,83 @@
+"""One line, not a traceback, for a write the disk refuses (issue 49.5), whichever error
+the writer raised on top of it; other errors keep their traceback."""
+
+import errno
+import subprocess
+import sys
+from pathlib import Path
+
+from tpp_plugin import errors
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def raised(function, *args):
+    try:
+        function(*args)
+    except BaseException as error:  # noqa: BLE001 - the error is what the test looks at
+        return error
+    raise AssertionError("nothing was raised")
+
+
+def torch_persistent_save(obj, filename):
+    """Named as fairseq's writer is: a disk error raised inside it names its checkpoint."""
+    with open(filename + ".tmp", "wb") as handle:
+        handle.write(b"PK")
+    try:
+        raise OSError(errno.ENOSPC, "No space left on device")
+    except OSError:
+        raise RuntimeError("[enforce fail at inline_container.cc:672] unexpected pos")
+
+
+def test_a_full_disk_under_another_error_names_the_checkpoint_and_removes_its_partial_file(
+    tmp_path,
+):
+    checkpoint = str(tmp_path / "checkpoint_3_300.pt")
+    error = raised(torch_persistent_save, {}, checkpoint)
+    assert errors.disk_error(error) == (
+        f"No space left on device writing {checkpoint} (its partial checkpoint_3_300.pt.tmp "
+        "removed); free space and run the same command again"
+    )
+    assert not Path(checkpoint + ".tmp").exists()
+
+
+def test_a_read_only_folder_says_so():
+    def write():
+        raise OSError(errno.EROFS, "Read-only file system", "/results/bleu.txt")
+
+    assert errors.disk_error(raised(write)) == (
+        "Read-only file system writing /results/bleu.txt; make the folder writable or write "
+        "elsewhere and run the same command again"
+    )
+
+
+def test_other_errors_are_not_disk_errors():
+    assert errors.disk_error(raised(open, "/nonexistent/folder/file")) is None
+    assert errors.disk_error(raised(int, "x")) is None
+
+
+def test_the_hook_prints_one_line_for_a_disk_error_and_a_traceback_for_others():
+    code = (
+        "import errno, sys; from tpp_plugin import errors; errors.install_excepthook(); "
+        "sys.argv[0] = 'probe'; raise {}"
+    )
+    full = subprocess.run(
+        [sys.executable, "-c", code.format("OSError(errno.EDQUOT, 'Disk quota exceeded')")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert full.returncode == 1
+    assert full.stderr.splitlines()[-1] == (
+        "probe: error: Disk quota exceeded; free space and run the same command again"
+    )
+    assert "Traceback" not in full.stderr
+    other = subprocess.run(
+        [sys.executable, "-c", code.format("KeyError('x')")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert other.returncode == 1 and "Traceback" in other.stderr and "KeyError" in other.stderr
