@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from tpp_tools.train import OPTIMIZER  # the training recipe's optimiser
+from tpp_tools.train import fairseq_arguments  # the training recipe's command line
 
 REPO = Path(__file__).resolve().parent.parent
 #: the plugin of this checkout, loaded as fairseq's ``--user-dir`` loads it: a benchmark
@@ -146,58 +146,36 @@ def synthetic_data(folder: Path) -> Path:
 
 
 def command_line(name, size, args):
-    """fairseq-train's arguments for one model (everything but --arch and the model's
-    own options is the same for all models)."""
+    """fairseq-train's arguments for one model, by the training recipe's builder
+    (everything but the model's own options is the same for all models)."""
     heads, ffn = SIZES[size]
-    dims = []
-    for side in ("encoder", "decoder"):
-        dims += [
-            f"--{side}-embed-dim",
-            str(size),
-            f"--{side}-ffn-embed-dim",
-            str(ffn),
-            f"--{side}-attention-heads",
-            str(heads),
-            f"--{side}-layers",
-            str(args.layers),
-        ]
-    precision = {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}[args.dtype]
-    return [
-        str(args.data),
-        "--user-dir",
-        str(PLUGIN),
-        *MODELS[name],
-        *dims,
-        "--dropout",
-        "0.1",
-        "--attention-dropout",
-        "0.1",
-        "--activation-dropout",
-        "0.1",
-        "--share-all-embeddings",
-        "--task",
-        "translation",
-        "--criterion",
-        "label_smoothed_cross_entropy",
-        "--label-smoothing",
-        "0.1",
-        *OPTIMIZER,
-        "--lr",
-        "5e-4",
-        "--warmup-updates",
-        "4000",
-        "--max-tokens",
-        str(args.max_tokens),
-        "--seed",
-        "1",
-        "--num-workers",
-        "0",
-        "--no-save",
-        "--disable-validation",
-        "--no-progress-bar",
-        *(["--cpu"] if args.device == "cpu" else []),
-        *precision,
-    ]
+    sides = ("encoder", "decoder")
+    options = {
+        "user_dir": PLUGIN,
+        **{f"{side}_embed_dim": size for side in sides},
+        **{f"{side}_ffn_embed_dim": ffn for side in sides},
+        **{f"{side}_attention_heads": heads for side in sides},
+        **{f"{side}_layers": args.layers for side in sides},
+        "dropout": 0.1,
+        "attention_dropout": 0.1,
+        "activation_dropout": 0.1,
+        "share_all_embeddings": True,
+        "task": "translation",
+        "criterion": "label_smoothed_cross_entropy",
+        "label_smoothing": 0.1,
+        "lr": "5e-4",
+        "warmup_updates": 4000,
+        "max_tokens": args.max_tokens,
+        "seed": 1,
+        "num_workers": 0,
+        "no_save": True,
+        "disable_validation": True,
+        "no_progress_bar": True,
+        "cpu": args.device == "cpu",
+        "fp16": args.dtype == "fp16",
+        "bf16": args.dtype == "bf16",
+    }
+    return fairseq_arguments(args.data, options, MODELS[name])
 
 
 def setup(name, size, args):

@@ -108,10 +108,6 @@ def build_parser(root):
     return parser
 
 
-def has_content(path):
-    return path.is_file() and path.stat().st_size > 0
-
-
 SAMPLE_FILES = [f"{split}.{lang}" for lang in ("en", "de") for split in ("train", "valid", "test")]
 
 
@@ -140,19 +136,6 @@ def write_atomically(path, text):
     os.replace(tmp, path)
 
 
-def trained_updates(checkpoint):
-    """Updates a checkpoint_last.pt has seen (0 if there is none, or it cannot be read:
-    scripts/train.sh then recovers the newest readable one)."""
-    if not has_content(checkpoint):
-        return 0
-    from .checkpoint_files import CheckpointError, load_checkpoint, num_updates
-
-    try:
-        return num_updates(load_checkpoint(checkpoint, mmap=True)) or 0
-    except CheckpointError:
-        return 0
-
-
 def check(status, what):
     if status != 0:
         raise DemoError(f"{what} failed (exit status {status})", status)
@@ -160,6 +143,8 @@ def check(status, what):
 
 def run_demo(args, root):
     from . import average, embedding_similarity, evaluate, plot_attention, plot_training
+    from .recover import finished_updates
+    from .train import option_words
     from tpp_pipeline import pipeline
     from tpp_pipeline.errors import DataError
     from tpp_pipeline.steps import StepLedger, file_identity
@@ -259,48 +244,34 @@ def run_demo(args, root):
     )
     ckpt = out / "checkpoints"
     ckpt.mkdir(parents=True, exist_ok=True)
-    done = trained_updates(ckpt / "checkpoint_last.pt")
-    if done >= args.max_update:
+    done = finished_updates(ckpt, args.max_update)
+    if done is not None:
         print(f"reusing {ckpt} (trained for {done} updates)", flush=True)
     else:
         interval = str(max(args.max_update // 6, 1))
-        command = [
-            "bash",
-            str(root / "scripts" / "train.sh"),
-            "--preset",
-            "cpu",
-            "--data",
-            str(data),
-            "--save-dir",
-            str(ckpt),
-            "--cpu",
-            "--max-update",
-            str(args.max_update),
-            "--update-freq",
-            "1",
-            "--max-tokens",
-            os.environ.get("DEMO_MAX_TOKENS", "4096"),
-            "--warmup-updates",
-            interval,
-            "--save-interval-updates",
-            str(save_every),
-            "--keep-interval-updates",
-            str(args.average),
-            "--log-interval",
-            "25",
-            "--",
-            "--dropout",
-            "0.2",
-            "--log-format",
-            "json",
-            "--log-file",
-            str(ckpt / "train.log"),
-            "--no-progress-bar",
-            "--num-workers",
-            "0",
-            "--validate-interval-updates",
-            interval,
-        ]
+        recipe = {
+            "preset": "cpu",
+            "data": data,
+            "save_dir": ckpt,
+            "cpu": True,
+            "max_update": args.max_update,
+            "update_freq": 1,
+            "max_tokens": os.environ.get("DEMO_MAX_TOKENS", "4096"),
+            "warmup_updates": interval,
+            "save_interval_updates": save_every,
+            "keep_interval_updates": args.average,
+            "log_format": "json",
+            "log_interval": 25,
+            "log_file": ckpt / "train.log",
+        }
+        fairseq = {
+            "dropout": 0.2,
+            "no_progress_bar": True,
+            "num_workers": 0,
+            "validate_interval_updates": interval,
+        }
+        train_sh = str(root / "scripts" / "train.sh")
+        command = ["bash", train_sh, *option_words(recipe), "--", *option_words(fairseq)]
         sys.stdout.flush()
         check(subprocess.run(command, env=env).returncode, "training")
 

@@ -30,7 +30,6 @@ fairseq-generate failed.
 """
 
 import argparse
-import importlib.util
 import os
 import re
 import shutil
@@ -41,6 +40,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from .user_dir import PluginNotFound, plugin_dir
 
 PROG = "tpp-evaluate"
 TEMP_PREFIX = ".evaluate-"
@@ -263,15 +264,6 @@ def check_checkpoint(path, data, source_lang, target_lang):
     return model_max_positions(state)
 
 
-def plugin_dir():
-    """The folder of the installed ``tpp_plugin`` package (found, not imported: importing
-    it imports fairseq), for fairseq-generate's ``--user-dir``."""
-    spec = importlib.util.find_spec("tpp_plugin")
-    if spec is None or not spec.submodule_search_locations:
-        raise EvaluationError("the tpp_plugin package is not installed: pass --user-dir")
-    return Path(list(spec.submodule_search_locations)[0])
-
-
 # --------------------------------------------------------------------------- generate output
 
 
@@ -421,7 +413,10 @@ def evaluate(
     ``out`` is left as it was.
     """
     data, checkpoint, reference, out = Path(data), Path(checkpoint), Path(reference), Path(out)
-    user_dir = Path(user_dir) if user_dir else plugin_dir()
+    try:
+        user_dir = Path(user_dir) if user_dir else plugin_dir()
+    except PluginNotFound as error:
+        raise EvaluationError(str(error)) from None
     for name, value in (("--beam", beam), ("--max-tokens", max_tokens)):
         if not (isinstance(value, int) and value >= 1):
             raise EvaluationError(f"{name} must be a whole number of at least 1, not {value}")

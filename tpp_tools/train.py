@@ -1,8 +1,8 @@
 """Train Transformer++ with fairseq-train: the training recipe, written once.
 
 ``tpp-train`` (and ``scripts/train.sh``, which runs it) turns a preset and overrides into
-a fairseq-train command line and runs it; the study (``tpp-study``) and the benchmarks
-take their optimiser and schedule from :data:`OPTIMIZER` here.
+a fairseq-train command line and runs it; the study (``tpp-study``) and the demo train
+through it, and the benchmarks build their options with :func:`fairseq_arguments`.
 
 The recipe (Thapak & Hore 2020, IV, which follows "Attention Is All You Need"): Adam
 with betas (0.9, 0.98) and the Transformer's learning-rate schedule, fairseq's
@@ -31,32 +31,28 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import List, Mapping, Sequence
+
+from .user_dir import PluginNotFound, plugin_dir
 
 PROG = "tpp-train"
 
 #: the optimiser and schedule of every training of the project (the peak, the warm-up
 #: and the batch come from the preset or the caller)
-OPTIMIZER = [
-    "--optimizer",
-    "adam",
-    "--adam-betas",
-    "(0.9, 0.98)",
-    "--adam-eps",
-    "1e-8",
-    "--clip-norm",
-    "0.0",
-    "--weight-decay",
-    "0.0",
-    "--lr-scheduler",
-    "inverse_sqrt",
-    "--warmup-init-lr",
-    "1e-07",
-]
+OPTIMIZER = {
+    "optimizer": "adam",
+    "adam_betas": "(0.9, 0.98)",
+    "adam_eps": "1e-8",
+    "clip_norm": "0.0",
+    "weight_decay": "0.0",
+    "lr_scheduler": "inverse_sqrt",
+    "warmup_init_lr": "1e-07",
+}
 
 #: every epoch's batches grouped anew from the seed and the epoch, so that a run resumed
 #: in a later epoch trains on the batches an uninterrupted run would (fairseq otherwise
 #: groups them once, with the seed of the epoch the process starts in)
-RESUMABLE = ["--update-epoch-batch-itr", "True"]
+RESUMABLE = {"update_epoch_batch_itr": "True"}
 
 #: preset -> (arch, peak lr, default data folder under the project)
 PRESETS = {
@@ -79,8 +75,24 @@ SETTINGS = {
     "save_interval_updates": ("SAVE_INTERVAL_UPDATES", "1000"),
     "keep_interval_updates": ("KEEP_INTERVAL_UPDATES", "10"),
     "seed": ("SEED", "1"),
+    "log_format": ("LOG_FORMAT", "simple"),
     "log_interval": ("LOG_INTERVAL", "100"),
 }
+
+#: every environment variable tpp-train reads (a program that runs it with options of its
+#: own removes them, so that none of a user's leaks in)
+VARIABLES = (
+    "PRESET",
+    "DATA_BIN",
+    "SAVE_DIR",
+    "ARCH",
+    "USER_DIR",
+    "LR",
+    "LOG_FILE",
+    "CPU",
+    "FP16",
+    *(variable for variable, _ in SETTINGS.values()),
+)
 PRECISIONS = (
     "--fp16",
     "--memory-efficient-fp16",
@@ -166,7 +178,8 @@ def parse_args(argv):
     p.add_argument(
         "--no-lock",
         action="store_true",
-        help="do not take the save dir's lock (a job holding it for its tasks)",
+        help="do not take the save dir's lock: the caller holds it for this training (a "
+        "study, a job for its tasks)",
     )
     p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     args = p.parse_args(argv)
@@ -189,6 +202,29 @@ def fairseq_train_program() -> str:
     return str(beside) if beside.exists() else "fairseq-train"
 
 
+def option_words(options: Mapping[str, object]) -> List[str]:
+    """``--name value`` for each of ``options`` (``_`` in a name is ``-``): True stands for
+    the flag alone, None or False for no option."""
+    words = []
+    for name, value in options.items():
+        if value is None or value is False:
+            continue
+        words.append("--" + name.replace("_", "-"))
+        if value is not True:
+            words.append(str(value))
+    return words
+
+
+def fairseq_arguments(data, options: Mapping[str, object], extra: Sequence = ()) -> List[str]:
+    """fairseq-train's arguments for a training of the project, built here only: the data
+    folder, ``options``, the recipe's optimiser, schedule and epoch batches where
+    ``options`` do not replace them, and ``extra`` as given (fairseq keeps the last of a
+    repeated option)."""
+    recipe = {**OPTIMIZER, **RESUMABLE}
+    options = {**options, **{name: v for name, v in recipe.items() if name not in options}}
+    return [str(data), *option_words(options), *map(str, extra)]
+
+
 def fairseq_command(args):
     """The fairseq-train command line of ``args`` (checked)."""
     arch, lr, data = PRESETS[args.preset]
@@ -199,13 +235,55 @@ def fairseq_command(args):
     args.save_dir = args.save_dir or str(root / "checkpoints" / args.preset)
     args.log_file = args.log_file or str(Path(args.save_dir) / "train.log")
     if args.user_dir is None:
-        from .evaluate import plugin_dir
-
-        args.user_dir = str(plugin_dir())
+        try:
+            args.user_dir = str(plugin_dir())
+        except PluginNotFound as error:
+            raise TrainError(str(error)) from None
     given = dict(zip(args.extra, args.extra[1:]))  # options after --: fairseq keeps the last
     for option in ("--max-update", "--max-tokens", "--update-freq", "--lr", "--warmup-updates"):
         if option in args.extra:
             setattr(args, option[2:].replace("-", "_"), given.get(option, ""))
+    check_settings(args)
+    asked = next((opt for opt in args.extra if opt in PRECISIONS), None)
+    device = None
+    if args.cpu:
+        if args.fp16 == "1":
+            raise TrainError("--fp16 needs a GPU (drop --cpu or --fp16)")
+        device = "cpu"
+    elif asked is not None:  # fairseq's to take: --fp16 is not added next to it
+        if args.fp16 == "1" and asked != "--fp16":
+            raise TrainError(f"--fp16 and {asked} (after --) ask for two precisions: keep one")
+    elif args.fp16 == "1" or (args.fp16 == "auto" and gpu_visible()):
+        device = "fp16"
+    options = {
+        "user_dir": args.user_dir,
+        "task": args.task,
+        "arch": args.arch,
+        "criterion": args.criterion,
+        "label_smoothing": args.label_smoothing,
+        **OPTIMIZER,
+        "lr": args.lr,
+        "warmup_updates": args.warmup_updates,
+        "max_tokens": args.max_tokens,
+        "update_freq": args.update_freq,
+        "max_update": args.max_update,
+        "save_dir": args.save_dir,
+        "save_interval_updates": args.save_interval_updates,
+        "keep_interval_updates": args.keep_interval_updates,
+        "no_epoch_checkpoints": True,
+        "seed": args.seed,
+        "log_format": args.log_format,
+        "log_interval": args.log_interval,
+        "log_file": args.log_file,
+        "cpu": device == "cpu",
+        "fp16": device == "fp16",
+    }
+    program = os.environ.get("FAIRSEQ_TRAIN") or fairseq_train_program()
+    return [program, *fairseq_arguments(args.data, options, args.extra)]
+
+
+def check_settings(args) -> None:
+    """Refuse a setting fairseq would take and train badly with, or fail on late."""
     if not args.max_update.isdigit() or int(args.max_update) < 1:
         raise TrainError(
             f"--max-update must be a positive number of updates, not '{args.max_update}' "
@@ -229,60 +307,6 @@ def fairseq_command(args):
         smoothing = -1.0
     if not 0 <= smoothing < 1:
         raise TrainError(f"--label-smoothing must be in [0, 1), not '{args.label_smoothing}'")
-    asked = next((opt for opt in args.extra if opt in PRECISIONS), None)
-    device = []
-    if args.cpu:
-        if args.fp16 == "1":
-            raise TrainError("--fp16 needs a GPU (drop --cpu or --fp16)")
-        device = ["--cpu"]
-    elif asked is not None:  # fairseq's to take: --fp16 is not added next to it
-        if args.fp16 == "1" and asked != "--fp16":
-            raise TrainError(f"--fp16 and {asked} (after --) ask for two precisions: keep one")
-    elif args.fp16 == "1" or (args.fp16 == "auto" and gpu_visible()):
-        device = ["--fp16"]
-    return [
-        os.environ.get("FAIRSEQ_TRAIN") or fairseq_train_program(),
-        args.data,
-        "--user-dir",
-        args.user_dir,
-        "--task",
-        args.task,
-        "--arch",
-        args.arch,
-        "--criterion",
-        args.criterion,
-        "--label-smoothing",
-        args.label_smoothing,
-        *OPTIMIZER,
-        "--lr",
-        args.lr,
-        "--warmup-updates",
-        args.warmup_updates,
-        "--max-tokens",
-        args.max_tokens,
-        "--update-freq",
-        args.update_freq,
-        "--max-update",
-        args.max_update,
-        "--save-dir",
-        args.save_dir,
-        "--save-interval-updates",
-        args.save_interval_updates,
-        "--keep-interval-updates",
-        args.keep_interval_updates,
-        "--no-epoch-checkpoints",
-        "--seed",
-        args.seed,
-        "--log-format",
-        "simple",
-        "--log-interval",
-        args.log_interval,
-        "--log-file",
-        args.log_file,
-        *RESUMABLE,
-        *device,
-        *args.extra,
-    ]
 
 
 #: seconds a killed trainer's data loader processes may hold its lock: they inherit it
@@ -424,8 +448,9 @@ def prepare(args, argv, cmd):
     half-written checkpoints removed, ``checkpoint_last.pt`` recovered. None to train,
     else the exit status (3: finished, with ``--recover-only``)."""
     save_dir = Path(args.save_dir)
-    if not args.no_lock and not follows_rank_0():
-        take_lock(save_dir, [PROG, *argv])
+    if not follows_rank_0():
+        if not args.no_lock:  # (with --no-lock, the caller holds it)
+            take_lock(save_dir, [PROG, *argv])
         remove_partial_checkpoints(save_dir)
     if args.no_recover:
         return 0 if args.recover_only else None

@@ -6,9 +6,22 @@ The folder is found, not imported (importing the plugin imports fairseq), so thi
 instant; it is the same folder the ``tpp-...`` commands pass to fairseq themselves."""
 
 import argparse
+import importlib.util
 import sys
+from pathlib import Path
 
-from .evaluate import EvaluationError, plugin_dir
+
+class PluginNotFound(LookupError):
+    """This Python cannot find the ``tpp_plugin`` package."""
+
+
+def plugin_dir() -> Path:
+    """The folder of the installed ``tpp_plugin`` package (found, not imported: importing
+    it imports fairseq), for fairseq's ``--user-dir``."""
+    spec = importlib.util.find_spec("tpp_plugin")
+    if spec is None or not spec.submodule_search_locations:
+        raise PluginNotFound("the tpp_plugin package is not installed: pass --user-dir")
+    return Path(list(spec.submodule_search_locations)[0])
 
 
 def main(argv=None):
@@ -17,7 +30,7 @@ def main(argv=None):
     )
     try:
         print(plugin_dir())
-    except EvaluationError as error:
+    except PluginNotFound as error:
         print(f"tpp-user-dir: error: {error}", file=sys.stderr)
         return 1
     return 0

@@ -1,6 +1,7 @@
 """scripts/train.sh: the paper's recipe on the command line, resuming a killed run, and
 resuming after a torn checkpoint_last.pt; its log plots as it is."""
 
+import argparse
 import os
 import re
 import shlex
@@ -78,6 +79,34 @@ def test_paper_recipe_defaults_and_overrides():
         text=True,
     )
     assert bad.returncode != 0 and "--no-such-option" in bad.stderr
+
+
+def test_one_builder_makes_every_fairseq_train_command_line():
+    """Issue 48.2: tpp-train, the study (through tpp-train) and the benchmarks build
+    fairseq-train's arguments with one function: the recipe's optimiser, schedule and
+    epoch batches unless the caller's options replace them, the caller's extra last."""
+    from benchmarks import harness
+    from tpp_tools import train
+
+    assert train.option_words(
+        {"arch": "transformer", "no_save": True, "cpu": False, "fp16": None, "tag": ""}
+    ) == ["--arch", "transformer", "--no-save", "--tag", ""]
+    words = train.fairseq_arguments("d", {"lr": 1e-3, "adam_eps": "1e-6"}, ["--seed", 3])
+    assert words[:5] == ["d", "--lr", "0.001", "--adam-eps", "1e-6"]
+    assert option(words, "--optimizer") == "adam" and words.count("--adam-eps") == 1
+    assert option(words, "--update-epoch-batch-itr") == "True" and words[-2:] == ["--seed", "3"]
+    optimizer = train.option_words(train.OPTIMIZER)
+    for command in (
+        train.fairseq_command(train.parse_args(["--preset", "tiny", "--data", "d", "--cpu"])),
+        harness.command_line(
+            "tpp",
+            128,
+            argparse.Namespace(data="d", layers=2, max_tokens=512, device="cpu", dtype="fp32"),
+        ),
+    ):
+        start = command.index("--optimizer")
+        assert command[start : start + len(optimizer)] == optimizer
+        assert option(command, "--update-epoch-batch-itr") == "True"
 
 
 def test_fp16_is_added_on_a_gpu_only_where_no_other_precision_is_asked_for(tmp_path):

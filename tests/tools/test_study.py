@@ -150,7 +150,7 @@ def test_dry_run_plans_every_variant_and_seed(tmp_path):
         "transformer-s2",
         "hybrid+tags-s2",
     ], shown.stdout
-    commands = [shlex.split(line) for line in lines if line.strip().startswith("fairseq-train")]
+    commands = [shlex.split(line) for line in lines if line.strip().startswith("tpp-train")]
     assert len(commands) == 4
     first, last = commands[0], commands[-1]
     assert first[first.index("--arch") + 1] == "transformer"
@@ -586,6 +586,62 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
     assert not any(name in planned for name in runs)
 
 
+def test_a_run_trains_through_tpp_train_which_repairs_and_resumes_it(tmp_path):
+    """Issue 48.2: the study trains through tpp-train, the project's one training command,
+    which the record quotes. A run stopped with a torn checkpoint_last.pt and a checkpoint
+    half-written (as a kill leaves them) goes on from its newest whole checkpoint, the
+    partial file removed, and no tpp-train variable of the user's environment reaches it."""
+    import subprocess
+
+    from support import tool_env
+    from tpp_tools.checkpoint_files import load_checkpoint, num_updates
+    from tpp_tools.study.commands import json_records
+
+    data = binarize_tagged(tmp_path / "text", tmp_path / "data-bin", n_train=120)
+    command = [
+        "tpp-study",
+        *("--config", "cpu", "--data", data, "--out", tmp_path / "study"),
+        *("--test-reference", tmp_path / "text" / "test.tgt", "--device", "cpu"),
+        *("--variants", "transformer", "--seeds", "1,2", "--only", "transformer-s1"),
+        "--max-update",
+        "6",
+        *("--embed-dim", "32", "--ffn-dim", "64", "--heads", "4", "--layers", "2"),
+        *("--max-tokens", "256", "--warmup-updates", "2", "--keep-checkpoints"),
+    ]
+    run(command, timeout=600)
+    folder = next((tmp_path / "study" / "runs").glob("transformer-s1-*"))
+    record = _record(folder)
+    assert record["train_command"][0] == "tpp-train" and "--no-lock" in record["train_command"]
+    ckpt = folder / "checkpoints"
+    assert num_updates(load_checkpoint(ckpt / "checkpoint_last.pt")) == 6
+    # stopped after update 6 was being saved: the run is not finished, its last checkpoint torn
+    for name in ("record.json.gz", "train.done", "checkpoint_avg.pt"):
+        (folder / name).unlink()
+    shutil.rmtree(folder / "eval")
+    sixth, fifth = (next(ckpt.glob(f"checkpoint_*_{n}.pt")) for n in (6, 5))
+    for path in (sixth, ckpt / "checkpoint_best.pt"):  # fairseq copies the new one to both
+        path.unlink()
+    whole = fifth.read_bytes()
+    (ckpt / "checkpoint_last.pt").write_bytes(whole[: len(whole) // 2])
+    partial = sixth.with_name(sixth.name + ".tmp")
+    partial.write_bytes(whole[: 64 * 1024])
+    env = dict(tool_env(), PRESET="nonsense", LR="-1", MAX_TOKENS="0", SAVE_DIR=str(tmp_path))
+    again = subprocess.run(
+        [str(c) for c in command], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    log = (folder / "run.log").read_text()
+    assert f"removed {partial} (0.1 MiB), a checkpoint an earlier run did not finish" in log
+    assert fifth.name in log and not partial.exists()
+    # update 6 trained once more (from the fifth), and no further
+    updates = [
+        int(r["num_updates"]) for r in json_records(folder / "train.log") if "num_updates" in r
+    ]
+    assert updates.count(6) == 2 and max(updates) == 6, updates
+    assert num_updates(load_checkpoint(ckpt / "checkpoint_last.pt")) == 6
+    assert (folder / "record.json.gz").exists() and not list(tmp_path.glob("*.pt"))
+
+
 def test_prepared_data_is_identified_by_content_not_by_file_dates(tmp_path):
     """A corpus unpacked or copied again (new modification times, other folder) is the
     same data, so its prepared folder and the runs on it are reused; other content is not."""
@@ -720,7 +776,7 @@ def test_tag_loss_options_from_the_command_line(tmp_path):
     commands = [
         shlex.split(line)
         for line in shown.stdout.splitlines()
-        if line.strip().startswith("fairseq-train")
+        if line.strip().startswith("tpp-train")
     ]
     assert len(commands) == 4, shown.stdout
     for cmd in commands:

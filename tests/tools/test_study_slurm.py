@@ -83,6 +83,8 @@ def test_wmt14_big_is_the_big_preset_trained_by_the_recipe(monkeypatch):
         variants=["hybrid+tags"], seeds=[1, 2], extra=[], device="cuda", out=Path("out")
     )
     ours = study.plan_runs(args, cfg, Path("data"))[0].train_cmd
+    assert ours[0] == "tpp-train"
+    ours = train.fairseq_command(train.parse_args(ours[1:]))  # the fairseq-train it runs
 
     def value(cmd, option):
         return cmd[len(cmd) - 1 - cmd[::-1].index(option) + 1]  # fairseq keeps the last
@@ -98,8 +100,9 @@ def test_wmt14_big_is_the_big_preset_trained_by_the_recipe(monkeypatch):
         "--keep-interval-updates",
     ):
         assert float(value(ours, option)) == float(value(recipe, option)), option
-    start = ours.index(train.OPTIMIZER[0])
-    assert ours[start : start + len(train.OPTIMIZER)] == train.OPTIMIZER
+    optimizer = train.option_words(train.OPTIMIZER)
+    start = ours.index(optimizer[0])
+    assert ours[start : start + len(optimizer)] == optimizer
     assert value(ours, "--distributed-world-size") == "4" and "--fp16" in ours
     assert "--share-decoder-input-output-embed" in ours and "--share-all-embeddings" not in ours
     assert value(ours, "--update-epoch-batch-itr") == "True"
@@ -159,7 +162,7 @@ def test_dry_run_plans_the_paper_scale_jobs_without_a_cluster(tmp_path):
     assert planned == [
         f"{v}-s{s}" for s in (1, 2, 3) for v in ("transformer", "hybrid", "hybrid+tags")
     ]
-    commands = [shlex.split(line) for line in lines if line.strip().startswith("fairseq-train")]
+    commands = [shlex.split(line) for line in lines if line.strip().startswith("tpp-train")]
     assert len(commands) == 9
     for cmd in commands:
         assert cmd[cmd.index("--distributed-world-size") + 1] == "4"

@@ -321,6 +321,9 @@ def main(argv=None) -> int:
         args.device = "cuda" if args.launcher == "slurm" or torch.cuda.is_available() else "cpu"
     if args.device == "cpu" and cfg.dtype != "fp32" and args.dtype is None:
         cfg.dtype = "fp32"
+    if args.device == "cpu" and cfg.dtype == "fp16":
+        print(f"{PROG}: error: --dtype fp16 needs a GPU (here --device cpu)", file=sys.stderr)
+        return 2
     for name in ("parallel", "threads"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             print(

@@ -4,7 +4,7 @@ the tag-loss settings a study may change."""
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from ..train import PRESETS, RESUMABLE, SETTINGS
+from ..train import PRESETS, RESUMABLE, SETTINGS, option_words
 
 PROG = "tpp-study"
 
@@ -262,7 +262,7 @@ CONFIGS = {
         average=int(recipe("keep_interval_updates")),
         dtype="fp16",
         bpe_merges=40000,
-        extra=list(RESUMABLE),
+        extra=option_words(RESUMABLE),
     ),
 }
 

@@ -348,8 +348,8 @@ def write_report(
         command,
         "```",
         "",
-        "Each run's fairseq-train command (the first seed of each variant; the others differ in --seed "
-        "and folder):",
+        "Each run's training command (the first seed of each variant; the others differ in --seed "
+        "and folder; `tpp-train --dry-run` prints the fairseq-train command it runs):",
         "",
     ]
     for variant, vruns in by_variant.items():

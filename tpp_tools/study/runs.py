@@ -12,8 +12,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from ..evaluate import plugin_dir
-from ..train import OPTIMIZER
+from ..recover import finished_updates
+from ..train import VARIABLES as TRAIN_VARIABLES
+from ..train import option_words
+from ..user_dir import plugin_dir
 from .commands import CHILDREN, RunLock, StepTimeout, json_records, log, run_command
 from .config import TAG_FIELDS, VARIANTS, Config, StudyError
 from .data import fingerprint, split_size
@@ -46,112 +48,84 @@ def intervals(cfg: Config):
     return save, valid
 
 
+#: the study's runs group their batches once per process, fairseq's default (tpp-train
+#: regroups them every epoch): the runs were made so, and a run's identity names what it
+#: computes; a configuration may say otherwise in its ``extra`` (``wmt14-big`` does)
+GROUPED_ONCE = {"update_epoch_batch_itr": "False"}
+
+
 def train_command(
     variant: str, seed: int, cfg: Config, data: Path, folder: Path, device: str, extra: List[str]
 ) -> List[str]:
+    """The run's training: ``tpp-train`` (the project's one fairseq-train command line, which
+    also resumes, recovers a torn checkpoint and finds a run finished) with the run's
+    settings, and after ``--`` the model's and the study's own fairseq options."""
     v = VARIANTS[variant]
     save, valid = intervals(cfg)
-    dims = []
-    for side in ("encoder", "decoder"):
-        dims += [
-            f"--{side}-embed-dim",
-            cfg.embed_dim,
-            f"--{side}-ffn-embed-dim",
-            cfg.ffn_dim,
-            f"--{side}-attention-heads",
-            cfg.heads,
-            f"--{side}-layers",
-            cfg.layers,
-        ]
-    precision = {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}[cfg.dtype]
-    scaling = (
-        ["--conv-head-scaling", cfg.conv_head_scaling]
-        if v["conv"] and cfg.conv_head_scaling != "none"
-        else []
-    )
-    normalize = {"post": [], "pre": ["--encoder-normalize-before", "--decoder-normalize-before"]}[
-        cfg.layer_norm
-    ]
-    shared = {"all": "--share-all-embeddings", "decoder": "--share-decoder-input-output-embed"}[
-        cfg.shared_embeddings
-    ]
-    tags = []
-    if v.get("tags"):
-        for name, default in TAG_FIELDS.items():
-            if getattr(cfg, name) != default:
-                tags += ["--" + name.replace("_", "-"), getattr(cfg, name)]
-    cmd = [
-        "fairseq-train",
-        data,
-        "--user-dir",
-        plugin_dir(),
-        "--arch",
-        v["arch"],
-        *v["model"],
-        *scaling,
-        *dims,
-        *normalize,
-        shared,
-        "--dropout",
-        cfg.dropout,
-        "--attention-dropout",
-        cfg.attention_dropout,
-        "--activation-dropout",
-        cfg.activation_dropout,
-        "--task",
-        v["task"],
-        "--criterion",
-        v["criterion"],
-        "--label-smoothing",
-        cfg.label_smoothing,
-        *tags,
-        *OPTIMIZER,
-        "--lr",
-        cfg.lr,
-        "--warmup-updates",
-        cfg.warmup_updates,
-        "--max-tokens",
-        cfg.max_tokens,
-        "--update-freq",
-        cfg.update_freq,
-        "--max-update",
-        cfg.max_update,
-        "--seed",
-        seed,
-        *precision,
-        "--save-dir",
-        folder / "checkpoints",
-        "--save-interval-updates",
-        save,
-        "--keep-interval-updates",
-        cfg.average,
-        "--no-epoch-checkpoints",
-        "--save-interval",
-        1000000,
-        "--validate-interval-updates",
-        valid,
-        "--validate-interval",
-        1000000,
-        "--log-format",
-        "json",
-        "--log-file",
-        folder / "train.log",
-        "--log-interval",
-        max(1, valid // 4),
-        "--no-progress-bar",
-        "--num-workers",
-        1 if device == "cuda" else 0,
+    recipe = {
+        # the study holds the run folder's lock for each of the run's commands (a SLURM
+        # job the save dir's too): tpp-train takes none of its own
+        "no_lock": True,
+        "data": data,
+        "save_dir": folder / "checkpoints",
+        "user_dir": plugin_dir(),
+        "arch": v["arch"],
+        "task": v["task"],
+        "criterion": v["criterion"],
+        "label_smoothing": cfg.label_smoothing,
+        "lr": cfg.lr,
+        "warmup_updates": cfg.warmup_updates,
+        "max_tokens": cfg.max_tokens,
+        "update_freq": cfg.update_freq,
+        "max_update": cfg.max_update,
+        "seed": seed,
+        "save_interval_updates": save,
+        "keep_interval_updates": cfg.average,
+        "log_format": "json",
+        "log_interval": max(1, valid // 4),
+        "log_file": folder / "train.log",
+        "cpu": device == "cpu",
+        "fp16": cfg.dtype == "fp16",
+        "no_fp16": cfg.dtype != "fp16",
+    }
+    sides = ("encoder", "decoder")
+    model = {
+        **{f"{side}_embed_dim": cfg.embed_dim for side in sides},
+        **{f"{side}_ffn_embed_dim": cfg.ffn_dim for side in sides},
+        **{f"{side}_attention_heads": cfg.heads for side in sides},
+        **{f"{side}_layers": cfg.layers for side in sides},
+        "conv_head_scaling": (
+            cfg.conv_head_scaling if v["conv"] and cfg.conv_head_scaling != "none" else None
+        ),
+        **{f"{side}_normalize_before": cfg.layer_norm == "pre" for side in sides},
+        "share_all_embeddings": cfg.shared_embeddings == "all",
+        "share_decoder_input_output_embed": cfg.shared_embeddings == "decoder",
+        "dropout": cfg.dropout,
+        "attention_dropout": cfg.attention_dropout,
+        "activation_dropout": cfg.activation_dropout,
+        **{
+            name: getattr(cfg, name)
+            for name, default in TAG_FIELDS.items()
+            if v.get("tags") and getattr(cfg, name) != default
+        },
+        "bf16": cfg.dtype == "bf16",
+    }
+    schedule = {
+        "save_interval": 1000000,
+        "validate_interval_updates": valid,
+        "validate_interval": 1000000,
+        "no_progress_bar": True,
+        "num_workers": 1 if device == "cuda" else 0,
         # cfg.gpus devices per run (the runs go in parallel, each on its own GPUs where there
         # are several: gpu_slots): fairseq's default is every GPU it sees, data-parallel,
         # which would multiply the batch and make the parallel runs share one rendezvous port
-        "--distributed-world-size",
-        cfg.gpus,
-        "--skip-invalid-size-inputs-valid-test",
-        *(["--cpu"] if device == "cpu" else []),
-        *cfg.extra,
-        *extra,
-    ]
-    return [str(c) for c in cmd]
+        "distributed_world_size": cfg.gpus,
+        "skip_invalid_size_inputs_valid_test": True,
+    }
+    if "--update-epoch-batch-itr" not in [*cfg.extra, *extra]:
+        schedule.update(GROUPED_ONCE)
+    words = option_words(recipe) + ["--", *v["model"], *option_words({**model, **schedule})]
+    return ["tpp-train", *(str(word) for word in words), *cfg.extra, *extra]
 
 
 def plan_runs(args, cfg: Config, data: Path) -> List[Run]:
@@ -199,19 +173,6 @@ def trained_updates(run: Run) -> int:
     if done.exists():
         return int(done.read_text().split()[0])
     return 0
-
-
-def checkpoint_updates(run: Run) -> int:
-    """Updates checkpoint_last.pt has seen (0 without a readable one)."""
-    from ..checkpoint_files import CheckpointError, load_checkpoint, num_updates
-
-    path = run.folder / "checkpoints" / "checkpoint_last.pt"
-    if not path.exists():
-        return 0
-    try:
-        return num_updates(load_checkpoint(path, mmap=True)) or 0
-    except CheckpointError:
-        return 0
 
 
 def run_state(run: Run) -> str:
@@ -336,31 +297,22 @@ def _steps(run: Run, cfg: Config, paths, args, env_extra: Dict[str, str], lock) 
     if args.device == "cpu" or args.launcher == "local":  # (a cluster's job: its own CPUs)
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
     out_log = run.folder / "run.log"
-    if trained_updates(run) < cfg.max_update and checkpoint_updates(run) >= cfg.max_update:
+    finished = finished_updates(run.folder / "checkpoints", cfg.max_update)
+    if trained_updates(run) < cfg.max_update and finished is not None:
         # trained to the end, stopped before it was marked so: finished means finished
-        # (fairseq-train started again would train one update more and overwrite checkpoints)
-        (run.folder / "train.done").write_text(
-            f"{checkpoint_updates(run)} updates, nan s (found finished)\n"
-        )
+        (run.folder / "train.done").write_text(f"{finished} updates, nan s (found finished)\n")
     if trained_updates(run) < cfg.max_update:
         log(f"{run.name}: training ({cfg.max_update} updates) in {run.folder}")
         started = time.time()
-        if (run.folder / "checkpoints" / "checkpoint_last.pt").exists():
-            # an interrupted run resumes; a torn checkpoint_last.pt is set aside first
-            run_command(
-                [
-                    sys.executable,
-                    "-m",
-                    "tpp_tools.recover",
-                    "--save-dir",
-                    run.folder / "checkpoints",
-                ],
-                out_log,
-                env=env,
-                lock=lock,
-            )
+        # tpp-train of this Python, with the run's options only (none from the environment):
+        # an interrupted run resumes, a torn checkpoint_last.pt set aside first
+        train_env = {k: v for k, v in env.items() if k not in TRAIN_VARIABLES}
         run_command(
-            run.train_cmd, out_log, env=env, lock=lock, progress=lambda: training_progress(run, cfg)
+            [sys.executable, "-m", "tpp_tools.train", *run.train_cmd[1:]],
+            out_log,
+            env=train_env,
+            lock=lock,
+            progress=lambda: training_progress(run, cfg),
         )
         updates = last_checkpoint_updates(run)
         if updates < cfg.max_update:
