@@ -94,6 +94,30 @@ def test_run_identity_changes_with_the_run_version_only(tmp_path, monkeypatch, v
         assert all(r.folder.parent == tmp_path / "out" / "runs" for r in runs)
 
 
+#: the configuration's fields when the runs of RUN_FOLDERS_V1 were made
+FIRST_FIELDS = {
+    *("embed_dim", "ffn_dim", "heads", "layers", "max_update", "max_tokens", "update_freq"),
+    *("lr", "warmup_updates", "dropout", "attention_dropout", "activation_dropout"),
+    *("label_smoothing", "average", "save_interval_updates", "validate_interval_updates"),
+    *("dtype", "bpe_merges", "max_len", "extra"),
+}
+
+
+def test_every_field_added_since_the_first_runs_has_its_legacy_default():
+    """Issue 48.4: a field added to the configuration keeps the identity of the runs made
+    before it only through LEGACY_DEFAULTS, the value they all had; the table holds every
+    such field, and a field at its legacy value is not part of any run's identity."""
+    from dataclasses import fields, replace
+
+    from tpp_tools.study.config import LEGACY_DEFAULTS, identity_config
+
+    names = {f.name for f in fields(study.Config)}
+    assert names == FIRST_FIELDS | set(LEGACY_DEFAULTS) and not FIRST_FIELDS & set(LEGACY_DEFAULTS)
+    at_legacy = replace(study.CONFIGS["gpu"], **LEGACY_DEFAULTS)
+    for variant in study.VARIANTS:
+        assert set(identity_config(at_legacy, variant)) == FIRST_FIELDS, variant
+
+
 def dry_run(tmp_path, variants, *options):
     """``tpp-study --dry-run`` of ``variants`` (seeds 1 and 2, the CPU) on a tiny tagged
     data folder, with ``options``; its output and the study folder."""

@@ -1,7 +1,7 @@
 """The study's variants (a)-(d), its configurations (model size, budget, schedule) and
 the tag-loss settings a study may change."""
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import List, Optional
 
 from ..train import PRESETS, RESUMABLE, SETTINGS, option_words
@@ -102,6 +102,31 @@ class Config:
 
 #: the fields of Config that only the variants with tag losses read, and their defaults
 TAG_FIELDS = {"encoder_tag_layers": "", "tag_loss_weights": "", "tag_loss_decay_updates": 0}
+
+#: the fields added to Config after runs had been made, each with the value every run had
+#: before it: a field at that value is left out of a run's identity, so that those runs
+#: keep theirs (a new field goes here, or it changes every run's identity)
+LEGACY_DEFAULTS = {
+    "conv_head_scaling": "none",
+    "gpus": 1,
+    "shared_embeddings": "all",
+    **TAG_FIELDS,
+    "layer_norm": "post",
+}
+
+
+def identity_config(cfg: Config, variant: str) -> dict:
+    """The configuration as it is part of a run's identity: without the fields at their
+    :data:`LEGACY_DEFAULTS` and those the variant does not read (the conv heads' scale
+    without conv heads, the tag losses without tags)."""
+    unread = set() if VARIANTS[variant]["conv"] else {"conv_head_scaling"}
+    if not VARIANTS[variant].get("tags"):
+        unread |= set(TAG_FIELDS)
+    return {
+        name: value
+        for name, value in asdict(cfg).items()
+        if name not in unread and not (name in LEGACY_DEFAULTS and value == LEGACY_DEFAULTS[name])
+    }
 
 
 def tag_settings(cfg: Config) -> str:

@@ -8,7 +8,7 @@ import queue
 import shlex
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -17,7 +17,7 @@ from ..train import VARIABLES as TRAIN_VARIABLES
 from ..train import option_words
 from ..user_dir import plugin_dir
 from .commands import CHILDREN, RunLock, StepTimeout, json_records, log, run_command
-from .config import TAG_FIELDS, VARIANTS, Config, StudyError
+from .config import TAG_FIELDS, VARIANTS, Config, StudyError, identity_config
 from .data import fingerprint, split_size
 from .records import load_record, validation_curve, write_record
 
@@ -137,20 +137,10 @@ def plan_runs(args, cfg: Config, data: Path) -> List[Run]:
     # variant's first seed, which a report can compare
     for seed in args.seeds:
         for variant in args.variants:
-            config = asdict(cfg)
-            if config["conv_head_scaling"] == "none" or not VARIANTS[variant]["conv"]:
-                # no effect on this run: its identity (and reuse) does not depend on it
-                del config["conv_head_scaling"]
-            for name, default in TAG_FIELDS.items():
-                if config[name] == default or not VARIANTS[variant].get("tags"):
-                    del config[name]  # the paper's tag losses, or none: the identity as before
-            for name, before in (("gpus", 1), ("shared_embeddings", "all"), ("layer_norm", "post")):
-                if config[name] == before:  # as every run was before the field: the same identity
-                    del config[name]
             spec = {
                 "variant": variant,
                 "seed": seed,
-                "config": config,
+                "config": identity_config(cfg, variant),
                 "data": data_id,
                 "extra": args.extra,
                 "device": args.device,
