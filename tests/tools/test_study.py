@@ -77,6 +77,8 @@ def data_folder(folder):
 
 @pytest.mark.parametrize("version, folders", [(1, RUN_FOLDERS_V1), (2, RUN_FOLDERS)])
 def test_run_identity_changes_with_the_run_version_only(tmp_path, monkeypatch, version, folders):
+    from dataclasses import replace
+
     assert study.RUN_VERSION == 2
     monkeypatch.setattr(study.runs, "RUN_VERSION", version)
     data = data_folder(tmp_path / "data")
@@ -89,7 +91,10 @@ def test_run_identity_changes_with_the_run_version_only(tmp_path, monkeypatch, v
             device=device,
             out=tmp_path / "out",
         )
-        runs = study.plan_runs(args, study.CONFIGS[config], data)
+        # the configurations' defaults when these runs were made (cpu: peak 2e-3, and the
+        # paper's unscaled heads in both)
+        made = dict(conv_head_scaling="none", **({"lr": 2e-3} if config == "cpu" else {}))
+        runs = study.plan_runs(args, replace(study.CONFIGS[config], **made), data)
         assert sorted(r.folder.name for r in runs) == sorted(folders[config]), config
         assert all(r.folder.parent == tmp_path / "out" / "runs" for r in runs)
 
@@ -697,10 +702,8 @@ def test_conv_head_scaling_makes_new_runs_of_the_hybrid_variants_only(tmp_path):
     args = argparse.Namespace(
         variants=list(study.VARIANTS), seeds=[1, 2], extra=[], device="cpu", out=tmp_path / "out"
     )
-    paper = study.plan_runs(args, study.CONFIGS["cpu"], data)
-    scaled = study.plan_runs(
-        args, replace(study.CONFIGS["cpu"], conv_head_scaling="inv-sqrt-head-dim"), data
-    )
+    paper = study.plan_runs(args, replace(study.CONFIGS["cpu"], conv_head_scaling="none"), data)
+    scaled = study.plan_runs(args, study.CONFIGS["cpu"], data)  # the configuration's default
     for before, after in zip(paper, scaled):
         unaffected = before.variant in ("transformer", "control")
         assert (before.folder == after.folder) == unaffected, before.variant
@@ -708,6 +711,29 @@ def test_conv_head_scaling_makes_new_runs_of_the_hybrid_variants_only(tmp_path):
         if not unaffected:
             flag = after.train_cmd.index("--conv-head-scaling")
             assert after.train_cmd[flag + 1] == "inv-sqrt-head-dim"
+
+
+def test_the_configurations_default_to_the_settings_of_their_published_results():
+    """Issue 48.4: `--config cpu` alone trains with the settings of results_cpu.md's
+    tables 2 and 3 (the ones the hybrid heads learn with), and the GPU configurations
+    with the scale of results_base.md's runs; the published commands, which name them,
+    keep their runs' identities."""
+    import re
+
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    for page, config in (("results_cpu.md", "cpu"), ("results_base.md", "gpu")):
+        commands = re.findall(
+            r"tpp-study --config (\S+)(.*?)\n```", (docs / page).read_text(), re.S
+        )
+        # (but table 1's, which names the settings the hybrid heads did not learn with)
+        published = [f for name, f in commands if name == config and "scaling none" not in f]
+        assert published, page
+        cfg = study.CONFIGS[config]
+        for flags in published:
+            given = dict(re.findall(r"--(lr|conv-head-scaling) (\S+)", flags))
+            assert given.get("conv-head-scaling", cfg.conv_head_scaling) == cfg.conv_head_scaling
+            assert float(given.get("lr", cfg.lr)) == cfg.lr, (page, flags)
+    assert study.CONFIGS["gpu-short"].conv_head_scaling == "inv-sqrt-head-dim"
 
 
 def test_gpu_short_trains_pre_ln_layers_and_layer_norm_post_is_the_default(tmp_path):

@@ -136,8 +136,8 @@ def parse_args(argv=None):
         "--conv-head-scaling",
         choices=["none", "inv-sqrt-head-dim"],
         dest="conv_head_scaling",
-        help="the hybrid variants' --conv-head-scaling (default none: the paper's; "
-        "see docs/results_cpu.md)",
+        help="the hybrid variants' --conv-head-scaling (default: inv-sqrt-head-dim, and "
+        "none, the paper's, in wmt14-big; see docs/results_cpu.md)",
     )
     over.add_argument(
         "--layer-norm",
