@@ -38,20 +38,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
-from .commands import CHILDREN, log
+from .commands import CHILDREN, json_records, log
 from .config import CONFIGS, PROG, VARIANTS, Config, StudyError, check_config, check_tag_settings
 from .data import prepare_data
-from .commands import json_records
 from .records import (
     RECORD,
-    finished,
     import_records,
-    load_record,
-    pack_records,
     read_record,
     validation_curve,
 )
-from .report import write_report
+from .plan import plan_or_report, report_finished, select_runs
 from .runs import (
     eta_text,
     execute,
@@ -60,7 +56,6 @@ from .runs import (
     plan_runs,
     run_state,
     training_eta,
-    trained_updates,
     visible_gpus,
 )
 
@@ -282,7 +277,22 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
+    """tpp-study; a :class:`StudyError` (or the data pipeline's error) is one line,
+    ``tpp-study: error: ...``, and its exit status."""
+    from tpp_pipeline.errors import DataError
+
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(argv)
+    except StudyError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return err.status
+    except DataError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _main(argv) -> int:
     args = parse_args(argv)
     cfg = CONFIGS[args.config]
     cfg = Config(
@@ -297,10 +307,7 @@ def main(argv=None) -> int:
         }
     )
     if cfg.dtype not in ("fp32", "fp16", "bf16"):
-        print(
-            f"{PROG}: error: --dtype must be fp32, fp16 or bf16, not {cfg.dtype!r}", file=sys.stderr
-        )
-        return 2
+        raise StudyError(f"--dtype must be fp32, fp16 or bf16, not {cfg.dtype!r}")
     problem = check_config(cfg) or check_tag_settings(cfg)
     if args.source_lang and args.source_lang == args.target_lang:
         problem = (
@@ -313,8 +320,7 @@ def main(argv=None) -> int:
                 or f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}"
             )
     if problem:
-        print(f"{PROG}: error: {problem}", file=sys.stderr)
-        return 2
+        raise StudyError(problem)
     import torch
 
     if args.device is None:  # a cluster's runs go to its GPU nodes, whatever this machine has
@@ -322,15 +328,10 @@ def main(argv=None) -> int:
     if args.device == "cpu" and cfg.dtype != "fp32" and args.dtype is None:
         cfg.dtype = "fp32"
     if args.device == "cpu" and cfg.dtype == "fp16":
-        print(f"{PROG}: error: --dtype fp16 needs a GPU (here --device cpu)", file=sys.stderr)
-        return 2
+        raise StudyError("--dtype fp16 needs a GPU (here --device cpu)")
     for name in ("parallel", "threads"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
-            print(
-                f"{PROG}: error: --{name} must be at least 1, not {getattr(args, name)}",
-                file=sys.stderr,
-            )
-            return 2
+            raise StudyError(f"--{name} must be at least 1, not {getattr(args, name)}")
     args.parallel, args.threads = runs_and_threads(
         args.device, args.parallel, args.threads, os.cpu_count() or 1
     )
@@ -338,17 +339,14 @@ def main(argv=None) -> int:
 
     problem = slurm.check_options(args, cfg)
     if problem:
-        print(f"{PROG}: error: {problem}", file=sys.stderr)
-        return 2
+        raise StudyError(problem)
     if args.launcher == "local":  # (a cluster's jobs: check_options named their device)
         if args.device == "cuda" and not torch.cuda.is_available():
             if not (args.dry_run or args.report_only or args.status):
-                print(
-                    f"{PROG}: error: --device cuda: torch {torch.__version__} sees no CUDA GPU on this machine "
-                    "(--dry-run plans a GPU study anywhere, --report-only and --status report on one)",
-                    file=sys.stderr,
+                raise StudyError(
+                    f"--device cuda: torch {torch.__version__} sees no CUDA GPU on this machine "
+                    "(--dry-run plans a GPU study anywhere, --report-only and --status report on one)"
                 )
-                return 2
             args.device_name = "a CUDA GPU (planned on a machine without one)"
         else:
             args.device_name = (
@@ -360,19 +358,14 @@ def main(argv=None) -> int:
     if args.step_timeout is None:
         args.step_timeout = 1800.0 if args.device == "cuda" else 7200.0
     elif args.step_timeout <= 0:
-        print(
-            f"{PROG}: error: --step-timeout must be positive, not {args.step_timeout:g}",
-            file=sys.stderr,
-        )
-        return 2
+        raise StudyError(f"--step-timeout must be positive, not {args.step_timeout:g}")
     from tpp_pipeline.errors import DataError
     from tpp_pipeline.textio import ensure_writable_dir
 
     try:
         ensure_writable_dir(args.out, "study folder (--out)")
     except DataError as err:
-        print(f"{PROG}: error: {args.out}: {err}", file=sys.stderr)
-        return 2
+        raise StudyError(f"{args.out}: {err}") from None
     command = f"{PROG} " + " ".join(shlex.quote(a) for a in argv)
     if args.status:
         return show_status(args, cfg)
@@ -394,18 +387,14 @@ def main(argv=None) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, stop)
-    try:
-        with work_dir_lock(args.out, user="tpp-study", folder="study folder"):
-            try:
-                return (slurm.submit if args.launcher == "slurm" else study)(args, cfg, command)
-            finally:  # told to stop: the lock goes once the commands have ended
-                if CHILDREN.stopping.is_set():
-                    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                        signal.signal(signum, signal.SIG_IGN)
-                    CHILDREN.stop()
-    except DataError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 2
+    with work_dir_lock(args.out, user="tpp-study", folder="study folder"):
+        try:
+            return (slurm.submit if args.launcher == "slurm" else study)(args, cfg, command)
+        finally:  # told to stop: the lock goes once the commands have ended
+            if CHILDREN.stopping.is_set():
+                for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                    signal.signal(signum, signal.SIG_IGN)
+                CHILDREN.stop()
 
 
 def runs_and_threads(device: str, parallel, threads, cores: int):
@@ -419,50 +408,10 @@ def runs_and_threads(device: str, parallel, threads, cores: int):
     return parallel or max(1, cores // threads), threads
 
 
-def select_runs(args, runs):
-    """The runs to run: all, or those ``--only`` names."""
-    if args.only is None:
-        return runs
-    names = {run.name for run in runs}
-    unknown = [name for name in args.only if name not in names]
-    if unknown:
-        raise StudyError(
-            f"--only: {', '.join(unknown)} not among this study's runs ({', '.join(sorted(names))})"
-        )
-    return [run for run in runs if run.name in args.only]
-
-
-def report_finished(args, cfg: Config, paths, runs, command: str, started: float):
-    """The report of the finished runs among ``runs`` (the rest listed as missing) and
-    the archive of their records (``--pack``). Returns (report path or None, finished)."""
-    records = {}
-    for run in runs:
-        record = load_record(run, paths["reference"])
-        if record is not None:
-            records[run.name] = record
-    done = [run for run in runs if run.name in records]
-    missing = [run for run in runs if run.name not in records]
-    if args.pack:
-        size = pack_records(done, args.pack, args.out)
-        log(
-            f"records of {len(done)} finished run(s) packed into {args.pack} ({size / 2**20:.1f} MiB)"
-        )
-    if missing:
-        log(f"not finished ({len(missing)} of {len(runs)}): {', '.join(r.name for r in missing)}")
-    if not any(run.variant == args.variants[0] for run in done):
-        return None, done
-    report = write_report(args, cfg, paths, done, records, command, time.time() - started, missing)
-    return report, done
-
-
 def show_status(args, cfg: Config) -> int:
     """--status: one line per planned run (writes nothing, takes no lock)."""
-    try:
-        paths = prepare_data(args, cfg, plan_only=True)
-        runs = select_runs(args, plan_runs(args, cfg, paths["data"]))
-    except StudyError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 2
+    paths = prepare_data(args, cfg, plan_only=True)
+    runs = select_runs(args, plan_runs(args, cfg, paths["data"]))
     if not paths["prepared"]:
         print(f"the data folder {paths['data']} is not prepared yet: no run has started")
     print(f"| run | state | updates of {cfg.max_update} | last valid NLL | training ETA | folder |")
@@ -484,85 +433,21 @@ def show_status(args, cfg: Config) -> int:
     return 0
 
 
-def plan_or_report(args, cfg: Config, command: str) -> int:
-    """--dry-run (carves and prepares nothing) and --report-only."""
-    started = time.time()
-    try:
-        paths = prepare_data(args, cfg, plan_only=True)
-        runs = plan_runs(args, cfg, paths["data"])
-        select_runs(args, runs)
-    except StudyError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 2
-    if args.dry_run:
-        if not paths["prepared"]:
-            print(
-                f"(the data folder {paths['data']} is not prepared yet: the study will carve and prepare it "
-                "first; the runs' ids follow from its dictionaries)"
-            )
-        for run in select_runs(args, runs):
-            if paths["prepared"] and finished(run, paths["reference"]):
-                state = "done"
-            else:
-                state = "trained" if trained_updates(run) >= cfg.max_update else "to train"
-            print(
-                f"{run.name} [{state}] {run.folder}\n  "
-                + " ".join(shlex.quote(c) for c in run.train_cmd)
-            )
-        return 0
-    if not paths["prepared"]:
-        print(
-            f"{PROG}: error: --report-only: the data folder {paths['data']} is not prepared: no run has "
-            "finished",
-            file=sys.stderr,
-        )
-        return 1
-    try:
-        if args.records:
-            import_records(args.records, runs, paths["reference"])
-        report, done = report_finished(args, cfg, paths, runs, command, started)
-    except StudyError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 2
-    if report is None:
-        print(
-            f"{PROG}: error: --report-only: no run of the baseline {args.variants[0]} has finished in "
-            f"{args.out / 'runs'}",
-            file=sys.stderr,
-        )
-        return 1
-    log(f"report of {len(done)} finished run(s) of {len(runs)}: {report}")
-    print(report.read_text())
-    return 0
-
-
 def study(args, cfg: Config, command: str) -> int:
     """Prepare, train, average, translate and report (the lock of ``args.out`` held)."""
     started = time.time()
     try:
         paths = prepare_data(args, cfg)
-    except StudyError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 2
     except RuntimeError as err:  # the data pipeline failed: its log's last lines
-        print(f"{PROG}: error: preparing the data: {err}", file=sys.stderr)
-        return 1
+        raise StudyError(f"preparing the data: {err}", status=1) from None
     runs = plan_runs(args, cfg, paths["data"])
-    try:
-        if args.records:
-            import_records(args.records, runs, paths["reference"])
-        todo = select_runs(args, runs)
-    except StudyError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 2
+    if args.records:
+        import_records(args.records, runs, paths["reference"])
+    todo = select_runs(args, runs)
     where = args.device_name
     if args.device == "cuda":
         gpus = visible_gpus()
-        try:
-            args.gpu_slots = gpu_slots(args.parallel, gpus, cfg.gpus)
-        except StudyError as err:
-            print(f"{PROG}: error: {err}", file=sys.stderr)
-            return 2
+        args.gpu_slots = gpu_slots(args.parallel, gpus, cfg.gpus)
         where += f" ({len(gpus)} visible: each run on {cfg.gpus} of {', '.join(gpus)})"
     log(
         f"{len(todo)} runs"
@@ -586,19 +471,13 @@ def study(args, cfg: Config, command: str) -> int:
                 log(f"{run.name}: FAILED: {err}")
     finally:  # told to stop: the runs not started are not started
         pool.shutdown(wait=True, cancel_futures=True)
-    try:
-        report, done = report_finished(args, cfg, paths, runs, command, started)
-    except StudyError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 2
+    report, done = report_finished(args, cfg, paths, runs, command, started)
     if failures:
-        print(
-            f"{PROG}: error: {len(failures)} run(s) failed; re-run the same command to resume:",
-            file=sys.stderr,
+        raise StudyError(
+            f"{len(failures)} run(s) failed; re-run the same command to resume:\n"
+            + "\n".join(f"  {run.name}: {str(err).splitlines()[0]}" for run, err in failures),
+            status=1,
         )
-        for run, err in failures:
-            print(f"  {run.name}: {str(err).splitlines()[0]}", file=sys.stderr)
-        return 1
     if report is None:
         log(f"no report: no run of the baseline {args.variants[0]} has finished yet")
         return 0

@@ -299,4 +299,9 @@ CONFIGS = {
 
 
 class StudyError(Exception):
-    """Bad input: the message says what and where."""
+    """What stops the study, said in one line (what and where); ``status`` is its exit
+    status: 2 for bad input (the default), 1 for a study that cannot go on."""
+
+    def __init__(self, message: str, status: int = 2):
+        super().__init__(message)
+        self.status = status

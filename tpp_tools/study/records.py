@@ -88,12 +88,37 @@ def validation_curve(records: List[dict]) -> List[dict]:
     return [curve[u] for u in sorted(curve)]
 
 
+def read_scores(path: Path) -> dict:
+    scores = {}
+    for line in path.read_text().splitlines():
+        key, _, value = line.partition(": ")
+        scores[key] = value
+    return scores
+
+
+def parameter_count(run) -> int:
+    """The averaged model's parameters, without the tag heads (which translation does not use)."""
+    import torch
+
+    from tpp_plugin.compat import allow_fairseq_checkpoints
+
+    allow_fairseq_checkpoints()
+
+    state = torch.load(run.folder / "checkpoint_avg.pt", map_location="cpu", weights_only=True)
+    return sum(
+        t.numel()
+        for k, t in state["model"].items()
+        if hasattr(t, "numel")
+        and "tag_heads" not in k
+        and "_float_tensor" not in k
+        and "version" not in k
+    )
+
+
 def write_record(run, reference: Path, device: str) -> dict:
     """The record of ``run``, evaluated in its folder (``eval/``, ``train.log``,
     ``checkpoint_avg.pt``), written atomically."""
     import sacrebleu
-
-    from .report import parameter_count, read_scores
 
     hyp_path = run.folder / "eval" / "hyp.detok"
     hyps = hyp_path.read_text(encoding="utf-8").splitlines()

@@ -18,14 +18,6 @@ from .records import validation_curve
 from .runs import Run
 
 
-def read_scores(path: Path) -> dict:
-    scores = {}
-    for line in path.read_text().splitlines():
-        key, _, value = line.partition(": ")
-        scores[key] = value
-    return scores
-
-
 def t_interval(values: List[float]) -> float:
     """Half-width of the 95% confidence interval of the mean over seeds (Student's t)."""
     n = len(values)
@@ -209,24 +201,6 @@ def analysis_section(by_variant, facts, paths) -> List[str]:
         )
         lines += [f"{VARIANTS[variant]['label']}, seed {best.seed}:", "", "```", body, "```", ""]
     return lines
-
-
-def parameter_count(run: Run) -> int:
-    import torch
-
-    from tpp_plugin.compat import allow_fairseq_checkpoints
-
-    allow_fairseq_checkpoints()
-
-    state = torch.load(run.folder / "checkpoint_avg.pt", map_location="cpu", weights_only=True)
-    return sum(
-        t.numel()
-        for k, t in state["model"].items()
-        if hasattr(t, "numel")
-        and "tag_heads" not in k
-        and "_float_tensor" not in k
-        and "version" not in k
-    )
 
 
 def write_report(

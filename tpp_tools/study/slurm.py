@@ -32,6 +32,7 @@ from .commands import CHILDREN, log
 from .config import PROG, Config, StudyError
 from .data import prepare_data
 from .records import finished
+from .plan import plan_or_report, select_runs
 from .runs import Run, execute, plan_runs
 
 #: how often one run's job may be put back in the queue at its time limit (preemptions
@@ -216,9 +217,6 @@ def sbatch_script(args, cfg: Config, run_name: str) -> str:
 def dry_run(args, cfg: Config) -> int:
     """--dry-run's SLURM part: the first run's sbatch script, the partition checked where
     SLURM's commands are at hand, the jobs in words."""
-    from .cli import select_runs
-    from .data import prepare_data
-
     runs = select_runs(args, plan_runs(args, cfg, prepare_data(args, cfg, plan_only=True)["data"]))
     print(f"The sbatch script of {runs[0].name}'s job (the others differ in their name):\n")
     print(sbatch_script(args, cfg, runs[0].name))
@@ -232,12 +230,10 @@ def dry_run(args, cfg: Config) -> int:
     elif args.partition:
         partitions = [p.rstrip("*") for p in listed.stdout.split()]
         if args.partition not in partitions:
-            print(
-                f"{PROG}: error: --partition {args.partition}: no such partition on this cluster "
-                f"(it has {', '.join(partitions)})",
-                file=sys.stderr,
+            raise StudyError(
+                f"--partition {args.partition}: no such partition on this cluster "
+                f"(it has {', '.join(partitions)})"
             )
-            return 2
     print(describe(args, cfg))
     return 0
 
@@ -422,9 +418,11 @@ class ReportJob:
     def __call__(self) -> str:
         args = self.args
         args.dry_run, args.report_only = False, True
-        from .cli import plan_or_report
-
-        status = plan_or_report(args, self.cfg, self.command)
+        try:
+            status = plan_or_report(args, self.cfg, self.command)
+        except StudyError as err:
+            log(f"no report: {err}")
+            status = err.status
         paths = prepare_data(args, self.cfg, plan_only=True)
         runs = plan_runs(args, self.cfg, paths["data"])
         missing = [
@@ -461,17 +459,12 @@ def submit(args, cfg: Config, command: str) -> int:
     them (the study folder's lock held)."""
     problem = cluster_problem(args)
     if problem:
-        print(f"{PROG}: error: {problem}", file=sys.stderr)
-        return 2
-    try:
-        paths = prepare_data(args, cfg)
-        runs = plan_runs(args, cfg, paths["data"])
-        (args.out / "slurm").mkdir(parents=True, exist_ok=True)
-        record = load_jobs(args.out)
-        queued = queue_states([job["job"] for job in record["runs"].values()])
-    except StudyError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 2
+        raise StudyError(problem)
+    paths = prepare_data(args, cfg)
+    runs = plan_runs(args, cfg, paths["data"])
+    (args.out / "slurm").mkdir(parents=True, exist_ok=True)
+    record = load_jobs(args.out)
+    queued = queue_states([job["job"] for job in record["runs"].values()])
     import submitit
 
     params = resources(args, cfg)
@@ -497,12 +490,11 @@ def submit(args, cfg: Config, command: str) -> int:
         try:
             job = run_executor.submit(RunJob(run, cfg, paths, args, command))
         except submitit.core.utils.FailedJobError as err:
-            print(
-                f"{PROG}: error: sbatch refused the job of {run.name}: {str(err).strip()}\n"
+            raise StudyError(
+                f"sbatch refused the job of {run.name}: {str(err).strip()}\n"
                 f"The jobs submitted so far are in {jobs_file(args.out)}; " + resume_hint(command),
-                file=sys.stderr,
-            )
-            return 1
+                status=1,
+            ) from None
         record["runs"][run.folder.name] = {
             "run": run.name,
             "job": job.job_id,
@@ -522,13 +514,12 @@ def submit(args, cfg: Config, command: str) -> int:
     try:
         report = executor(args, report_params).submit(ReportJob(cfg, args, command))
     except submitit.core.utils.FailedJobError as err:
-        print(
-            f"{PROG}: error: sbatch refused the report job: {str(err).strip()}\n"
+        raise StudyError(
+            f"sbatch refused the report job: {str(err).strip()}\n"
             f"(the runs' jobs are in {jobs_file(args.out)}; {PROG} ... --report-only writes the report at any "
             "time)",
-            file=sys.stderr,
-        )
-        return 1
+            status=1,
+        ) from None
     record["report"] = {"job": report.job_id, "log": str(report.paths.stdout), "after": waiting_on}
     save_jobs(args.out, record)
     log(

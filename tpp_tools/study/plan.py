@@ -1,0 +1,90 @@
+"""What a study plans and reports without training: the runs ``--only`` selects, the
+report of the finished runs, and ``--dry-run`` and ``--report-only`` (also the SLURM
+report job's)."""
+
+import shlex
+import time
+
+from .commands import log
+from .config import Config, StudyError
+from .data import prepare_data
+from .records import finished, import_records, load_record, pack_records
+from .report import write_report
+from .runs import plan_runs, trained_updates
+
+
+def select_runs(args, runs):
+    """The runs to run: all, or those ``--only`` names."""
+    if args.only is None:
+        return runs
+    names = {run.name for run in runs}
+    unknown = [name for name in args.only if name not in names]
+    if unknown:
+        raise StudyError(
+            f"--only: {', '.join(unknown)} not among this study's runs ({', '.join(sorted(names))})"
+        )
+    return [run for run in runs if run.name in args.only]
+
+
+def report_finished(args, cfg: Config, paths, runs, command: str, started: float):
+    """The report of the finished runs among ``runs`` (the rest listed as missing) and
+    the archive of their records (``--pack``). Returns (report path or None, finished)."""
+    records = {}
+    for run in runs:
+        record = load_record(run, paths["reference"])
+        if record is not None:
+            records[run.name] = record
+    done = [run for run in runs if run.name in records]
+    missing = [run for run in runs if run.name not in records]
+    if args.pack:
+        size = pack_records(done, args.pack, args.out)
+        log(
+            f"records of {len(done)} finished run(s) packed into {args.pack} ({size / 2**20:.1f} MiB)"
+        )
+    if missing:
+        log(f"not finished ({len(missing)} of {len(runs)}): {', '.join(r.name for r in missing)}")
+    if not any(run.variant == args.variants[0] for run in done):
+        return None, done
+    report = write_report(args, cfg, paths, done, records, command, time.time() - started, missing)
+    return report, done
+
+
+def plan_or_report(args, cfg: Config, command: str) -> int:
+    """--dry-run (carves and prepares nothing) and --report-only."""
+    started = time.time()
+    paths = prepare_data(args, cfg, plan_only=True)
+    runs = plan_runs(args, cfg, paths["data"])
+    select_runs(args, runs)
+    if args.dry_run:
+        if not paths["prepared"]:
+            print(
+                f"(the data folder {paths['data']} is not prepared yet: the study will carve and prepare it "
+                "first; the runs' ids follow from its dictionaries)"
+            )
+        for run in select_runs(args, runs):
+            if paths["prepared"] and finished(run, paths["reference"]):
+                state = "done"
+            else:
+                state = "trained" if trained_updates(run) >= cfg.max_update else "to train"
+            print(
+                f"{run.name} [{state}] {run.folder}\n  "
+                + " ".join(shlex.quote(c) for c in run.train_cmd)
+            )
+        return 0
+    if not paths["prepared"]:
+        raise StudyError(
+            f"--report-only: the data folder {paths['data']} is not prepared: no run has finished",
+            status=1,
+        )
+    if args.records:
+        import_records(args.records, runs, paths["reference"])
+    report, done = report_finished(args, cfg, paths, runs, command, started)
+    if report is None:
+        raise StudyError(
+            f"--report-only: no run of the baseline {args.variants[0]} has finished in "
+            f"{args.out / 'runs'}",
+            status=1,
+        )
+    log(f"report of {len(done)} finished run(s) of {len(runs)}: {report}")
+    print(report.read_text())
+    return 0
