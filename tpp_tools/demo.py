@@ -31,8 +31,9 @@ import time
 from contextlib import redirect_stdout
 from pathlib import Path
 
+from .train import option_words
+
 PROG = "tpp-demo"
-STAGES = 6
 # what the user knows a step setting by, for the ledger's messages about changed settings
 OPTION_NAMES = {
     "sample": "--sample",
@@ -141,128 +142,121 @@ def check(status, what):
         raise DemoError(f"{what} failed (exit status {status})", status)
 
 
-def run_demo(args, root):
-    from . import average, embedding_similarity, evaluate, plot_attention, plot_training
-    from .recover import finished_updates
-    from .train import option_words
-    from tpp_pipeline import pipeline
-    from tpp_pipeline.errors import DataError
-    from tpp_pipeline.steps import StepLedger, file_identity
+class Demo:
+    """The demo's folders and the step ledger that skips what is done; one method per
+    stage (:data:`STAGES`)."""
 
-    env = dict(os.environ)
-    # this environment's commands first: fairseq-train and tpp-recover-checkpoint
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    if shutil.which("fairseq-train", path=env["PATH"]) is None:
-        raise DemoError(
-            "fairseq-train not on PATH: run 'make demo' (it sets up the " "environment)", 2
-        )
-    save_every = args.save_every or max(args.max_update // 10, 1)
-    if args.force and args.out.exists():
-        shutil.rmtree(args.out)
-    args.out.mkdir(parents=True, exist_ok=True)
-    out = args.out.resolve()
-    started = time.monotonic()
-    pipeline.setup_logging()  # the ledger's messages, as the data pipeline's
-    # the stages after training read only files the demo made: one done from other files
-    # or options is redone (with the stages after it), never refused
-    ledger = StepLedger(str(out), force=True, names=OPTION_NAMES)
+    def __init__(self, args, root):
+        from tpp_pipeline import pipeline
+        from tpp_pipeline.steps import StepLedger
 
-    def run_step(name, settings, outputs, action, upstream=""):
+        self.args, self.root = args, root
+        self.env = dict(os.environ)
+        # this environment's commands first: fairseq-train and tpp-recover-checkpoint
+        self.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{self.env.get('PATH', '')}"
+        if shutil.which("fairseq-train", path=self.env["PATH"]) is None:
+            raise DemoError(
+                "fairseq-train not on PATH: run 'make demo' (it sets up the environment)", 2
+            )
+        if args.force and args.out.exists():
+            shutil.rmtree(args.out)
+        args.out.mkdir(parents=True, exist_ok=True)
+        self.out = out = args.out.resolve()
+        self.started = time.monotonic()
+        pipeline.setup_logging()  # the ledger's messages, as the data pipeline's
+        # the stages after training read only files the demo made: one done from other
+        # files or options is redone (with the stages after it), never refused
+        self.ledger = StepLedger(str(out), force=True, names=OPTION_NAMES)
+        self.cutting = args.train_lines is not None or args.heldout_lines is not None
+        self.sample = out / "sample" if self.cutting else args.sample
+        self.data = out / "data-bin" / "sample_en_de"
+        self.ckpt = out / "checkpoints"
+        self.avg = self.ckpt / "checkpoint_avg.pt"
+        self.eval_dir = out / "eval"
+        self.plots = out / "plots"
+        self.attention = out / "attention"
+        self.averaged = ""  # the averaging step's stamp, for the steps that read its output
+
+    def step(self, name, settings, outputs, action, upstream=""):
         """``action`` as the ledger's step ``name``; its stamp, for the steps reading its
         outputs."""
-        return ledger.run(name, settings, [str(p) for p in outputs], action, upstream)
+        return self.ledger.run(name, settings, [str(p) for p in outputs], action, upstream)
 
-    def stage(number, title):
-        print(
-            f"\n=== [{number}/{STAGES}] {title} ({time.monotonic() - started:.0f}s elapsed)",
-            flush=True,
-        )
+    def prepare(self):
+        from tpp_pipeline import pipeline
 
-    # ------------------------------------------------------------------------ 1. data
-    cutting = args.train_lines is not None or args.heldout_lines is not None
-    sample = out / "sample" if cutting else args.sample
-    stage(1, f"prepare, tag (spaCy), BPE and binarize {sample}")
-    if cutting:
-        # another cut under the same --out would mix with the data and training of the
-        # first: refused (the ledger not forced), as the data pipeline refuses new inputs
+        if self.cutting:
+            self.cut_sample()
+        options = {
+            "trainpref": self.sample / "train",
+            "validpref": self.sample / "valid",
+            "testpref": self.sample / "test",
+            "name": "sample_en_de",
+            "work_dir": self.out / "work",
+            "data_bin": self.out / "data-bin",
+            "bpe_merges": os.environ.get("DEMO_BPE_MERGES", "8000"),
+            "workers": os.cpu_count() or 1,
+        }
+        check(pipeline.main(["-s", "en", "-t", "de", *option_words(options)]), "the data pipeline")
+
+    def cut_sample(self):
+        """The cut-down sample; another cut under the same --out would mix with the data
+        and training of the first: refused (the ledger not forced), as the data pipeline
+        refuses new inputs."""
+        from tpp_pipeline.errors import DataError
+        from tpp_pipeline.steps import StepLedger, file_identity
+
+        args = self.args
         settings = {
             "sample": [file_identity(args.sample / name) for name in SAMPLE_FILES],
             "train_lines": args.train_lines,
             "heldout_lines": args.heldout_lines,
         }
-        kept = StepLedger(str(out), names=OPTION_NAMES)
+        kept = StepLedger(str(self.out), names=OPTION_NAMES)
         try:
             kept.run(
                 "sample",
                 settings,
-                [str(sample / name) for name in SAMPLE_FILES],
-                lambda: cut_down_sample(args.sample, sample, args.train_lines, args.heldout_lines),
+                [str(self.sample / name) for name in SAMPLE_FILES],
+                lambda: cut_down_sample(
+                    args.sample, self.sample, args.train_lines, args.heldout_lines
+                ),
             )
         except DataError:
             if kept.saved("sample") is None:
                 raise
             changes = "; ".join(kept.changes(kept.saved("sample"), settings, ""))
             raise DemoError(
-                f"{out} was made from another sample ({changes}): pass --force to start "
+                f"{self.out} was made from another sample ({changes}): pass --force to start "
                 "again from scratch, or use another --out",
                 2,
             ) from None
-    check(
-        pipeline.main(
-            [
-                "-s",
-                "en",
-                "-t",
-                "de",
-                "--trainpref",
-                str(sample / "train"),
-                "--validpref",
-                str(sample / "valid"),
-                "--testpref",
-                str(sample / "test"),
-                "--name",
-                "sample_en_de",
-                "--work-dir",
-                str(out / "work"),
-                "--data-bin",
-                str(out / "data-bin"),
-                "--bpe-merges",
-                os.environ.get("DEMO_BPE_MERGES", "8000"),
-                "--workers",
-                str(os.cpu_count() or 1),
-            ]
-        ),
-        "the data pipeline",
-    )
-    data = out / "data-bin" / "sample_en_de"
 
-    # ------------------------------------------------------------------------ 2. train
-    stage(
-        2,
-        "train transformer_pp_cpu (d=256, 3+3 layers) with POS/NER losses for "
-        f"{args.max_update} updates",
-    )
-    ckpt = out / "checkpoints"
-    ckpt.mkdir(parents=True, exist_ok=True)
-    done = finished_updates(ckpt, args.max_update)
-    if done is not None:
-        print(f"reusing {ckpt} (trained for {done} updates)", flush=True)
-    else:
-        interval = str(max(args.max_update // 6, 1))
+    def train(self):
+        """scripts/train.sh (the training recipe), unless the run is finished."""
+        from .recover import finished_updates
+
+        args = self.args
+        self.ckpt.mkdir(parents=True, exist_ok=True)
+        done = finished_updates(self.ckpt, args.max_update)
+        if done is not None:
+            print(f"reusing {self.ckpt} (trained for {done} updates)", flush=True)
+            return
+        interval = max(args.max_update // 6, 1)
         recipe = {
             "preset": "cpu",
-            "data": data,
-            "save_dir": ckpt,
+            "data": self.data,
+            "save_dir": self.ckpt,
             "cpu": True,
             "max_update": args.max_update,
             "update_freq": 1,
             "max_tokens": os.environ.get("DEMO_MAX_TOKENS", "4096"),
             "warmup_updates": interval,
-            "save_interval_updates": save_every,
+            "save_interval_updates": args.save_every or max(args.max_update // 10, 1),
             "keep_interval_updates": args.average,
             "log_format": "json",
             "log_interval": 25,
-            "log_file": ckpt / "train.log",
+            "log_file": self.ckpt / "train.log",
         }
         fairseq = {
             "dropout": 0.2,
@@ -270,128 +264,151 @@ def run_demo(args, root):
             "num_workers": 0,
             "validate_interval_updates": interval,
         }
-        train_sh = str(root / "scripts" / "train.sh")
+        train_sh = str(self.root / "scripts" / "train.sh")
         command = ["bash", train_sh, *option_words(recipe), "--", *option_words(fairseq)]
         sys.stdout.flush()
-        check(subprocess.run(command, env=env).returncode, "training")
+        check(subprocess.run(command, env=self.env).returncode, "training")
 
-    # ------------------------------------------------------------------------ 3. average
-    stage(3, f"average the last {args.average} checkpoints")
-    avg = ckpt / "checkpoint_avg.pt"
+    def average(self):
+        from tpp_pipeline.steps import file_identity
 
-    def average_checkpoints():
-        # fairseq writes no checkpoint_<epoch>_<update>.pt when an interval ends an
-        # epoch, so there may be fewer than asked for: average those there are
-        found = len(list(ckpt.glob("checkpoint_*_*.pt")))
-        if found == 0:
-            raise DemoError(f"no checkpoint_<epoch>_<update>.pt in {ckpt} to average")
-        check(
-            average.main(
-                [
-                    "--inputs",
-                    str(ckpt),
-                    "--num-update-checkpoints",
-                    str(min(found, args.average)),
-                    "--output",
-                    str(avg),
-                    "--force",
-                ]
-            ),
-            "averaging",
+        from . import average
+
+        args = self.args
+
+        def average_checkpoints():
+            # fairseq writes no checkpoint_<epoch>_<update>.pt when an interval ends an
+            # epoch, so there may be fewer than asked for: average those there are
+            found = len(list(self.ckpt.glob("checkpoint_*_*.pt")))
+            if found == 0:
+                raise DemoError(f"no checkpoint_<epoch>_<update>.pt in {self.ckpt} to average")
+            options = {
+                "inputs": self.ckpt,
+                "num_update_checkpoints": min(found, args.average),
+                "output": self.avg,
+                "force": True,
+            }
+            check(average.main(option_words(options)), "averaging")
+
+        self.averaged = self.step(
+            "average",
+            {
+                "checkpoint": file_identity(self.ckpt / "checkpoint_last.pt"),
+                "average": args.average,
+            },
+            [self.avg],
+            average_checkpoints,
         )
 
-    averaged = run_step(
-        "average",
-        {"checkpoint": file_identity(ckpt / "checkpoint_last.pt"), "average": args.average},
-        [avg],
-        average_checkpoints,
-    )
+    def evaluate(self):
+        from tpp_pipeline.steps import file_identity
 
-    # ------------------------------------------------------------------------ 4. evaluate
-    stage(4, "translate the test set (beam 5, length penalty 0.5) and score it")
-    eval_dir = out / "eval"
-    bleu = eval_dir / "bleu.txt"
-    run_step(
-        "evaluate",
-        {"checkpoint": file_identity(avg), "reference": file_identity(sample / "test.de")},
-        [bleu, eval_dir / "generate-test.txt"],
-        lambda: check(
-            evaluate.main(
-                [
-                    "--data",
-                    str(data),
-                    "--checkpoint",
-                    str(avg),
-                    "--reference",
-                    str(sample / "test.de"),
-                    "--out",
-                    str(eval_dir),
-                    "--cpu",
-                    "--force",
-                ]
-            ),
-            "evaluation",
-        ),
-        averaged,
-    )
+        from . import evaluate
 
-    # ------------------------------------------------------------------------ 5. plots
-    stage(5, "training curves")
-    plots = out / "plots"
-    run_step(
-        "plots",
-        {"log": file_identity(ckpt / "train.log")},
-        [plots],
-        lambda: check(
-            plot_training.main(
-                ["--log", str(ckpt / "train.log"), "--out-dir", str(plots), "--force"]
-            ),
-            "plotting the training curves",
-        ),
-    )
-
-    # ------------------------------------------------------------------------ 6. attention
-    stage(6, "attention maps and the paper's fire/mountain similarity")
-    sentence = os.environ.get("DEMO_SENTENCE", "There is a fire in the mountain.")
-    codes = out / "work" / "bpe" / "codes"
-    model = ["--path", str(avg), "--data", str(data), "--bpe-codes", str(codes)]
-    attention = out / "attention"
-    run_step(
-        "attention",
-        {
-            "checkpoint": file_identity(avg),
-            "bpe_codes": file_identity(codes),
-            "sentence": sentence,
-        },
-        [attention],
-        lambda: check(
-            plot_attention.main(
-                [*model, "--sentence", sentence, "--out-dir", str(attention), "--force"]
-            ),
-            "drawing the attention maps",
-        ),
-        averaged,
-    )
-    printed = io.StringIO()
-    with redirect_stdout(printed):
-        status = embedding_similarity.main(
-            [*model, "--sentence", sentence, "--words", "fire", "mountain"]
+        reference = self.sample / "test.de"
+        options = {
+            "data": self.data,
+            "checkpoint": self.avg,
+            "reference": reference,
+            "out": self.eval_dir,
+            "cpu": True,
+            "force": True,
+        }
+        self.step(
+            "evaluate",
+            {"checkpoint": file_identity(self.avg), "reference": file_identity(reference)},
+            [self.eval_dir / "bleu.txt", self.eval_dir / "generate-test.txt"],
+            lambda: check(evaluate.main(option_words(options)), "evaluation"),
+            self.averaged,
         )
-    print(printed.getvalue(), end="", flush=True)
-    write_atomically(out / "fire_mountain.txt", printed.getvalue())
-    if status != 0:
-        print("(similarity: the words are not single tokens of this model's vocabulary)")
 
-    print(f"\n=== done in {time.monotonic() - started:.0f}s")
-    print(
-        f"  data:            {data}\n"
-        f"  checkpoints:     {ckpt}   (averaged: {avg})\n"
-        f"  translations:    {eval_dir / 'generate-test.txt'}\n"
-        f"  scores:          {bleu}\n"
-        f"  training curves: {plots}\n"
-        f"  attention maps:  {attention}\n"
-    )
-    print(bleu.read_text(encoding="utf-8"), end="", flush=True)
+    def plot_training(self):
+        from tpp_pipeline.steps import file_identity
+
+        from . import plot_training
+
+        log = self.ckpt / "train.log"
+        options = {"log": log, "out_dir": self.plots, "force": True}
+        self.step(
+            "plots",
+            {"log": file_identity(log)},
+            [self.plots],
+            lambda: check(
+                plot_training.main(option_words(options)), "plotting the training curves"
+            ),
+        )
+
+    def attention_and_similarity(self):
+        from tpp_pipeline.steps import file_identity
+
+        from . import embedding_similarity, plot_attention
+
+        sentence = os.environ.get("DEMO_SENTENCE", "There is a fire in the mountain.")
+        codes = self.out / "work" / "bpe" / "codes"
+        model = {"path": self.avg, "data": self.data, "bpe_codes": codes, "sentence": sentence}
+        maps = {**model, "out_dir": self.attention, "force": True}
+        self.step(
+            "attention",
+            {
+                "checkpoint": file_identity(self.avg),
+                "bpe_codes": file_identity(codes),
+                "sentence": sentence,
+            },
+            [self.attention],
+            lambda: check(plot_attention.main(option_words(maps)), "drawing the attention maps"),
+            self.averaged,
+        )
+        printed = io.StringIO()
+        with redirect_stdout(printed):
+            status = embedding_similarity.main(
+                option_words(model) + ["--words", "fire", "mountain"]
+            )
+        print(printed.getvalue(), end="", flush=True)
+        write_atomically(self.out / "fire_mountain.txt", printed.getvalue())
+        if status != 0:
+            print("(similarity: the words are not single tokens of this model's vocabulary)")
+
+    def summary(self):
+        print(f"\n=== done in {time.monotonic() - self.started:.0f}s")
+        print(
+            f"  data:            {self.data}\n"
+            f"  checkpoints:     {self.ckpt}   (averaged: {self.avg})\n"
+            f"  translations:    {self.eval_dir / 'generate-test.txt'}\n"
+            f"  scores:          {self.eval_dir / 'bleu.txt'}\n"
+            f"  training curves: {self.plots}\n"
+            f"  attention maps:  {self.attention}\n"
+        )
+        print((self.eval_dir / "bleu.txt").read_text(encoding="utf-8"), end="", flush=True)
+
+
+#: the demo's stages in order: what each says it does, and the method that does it
+STAGES = (
+    (lambda demo: f"prepare, tag (spaCy), BPE and binarize {demo.sample}", Demo.prepare),
+    (
+        lambda demo: "train transformer_pp_cpu (d=256, 3+3 layers) with POS/NER losses for "
+        f"{demo.args.max_update} updates",
+        Demo.train,
+    ),
+    (lambda demo: f"average the last {demo.args.average} checkpoints", Demo.average),
+    (
+        lambda demo: "translate the test set (beam 5, length penalty 0.5) and score it",
+        Demo.evaluate,
+    ),
+    (lambda demo: "training curves", Demo.plot_training),
+    (
+        lambda demo: "attention maps and the paper's fire/mountain similarity",
+        Demo.attention_and_similarity,
+    ),
+)
+
+
+def run_demo(args, root):
+    demo = Demo(args, root)
+    for number, (title, stage) in enumerate(STAGES, 1):
+        elapsed = time.monotonic() - demo.started
+        print(f"\n=== [{number}/{len(STAGES)}] {title(demo)} ({elapsed:.0f}s elapsed)", flush=True)
+        stage(demo)
+    demo.summary()
 
 
 def main(argv=None):
