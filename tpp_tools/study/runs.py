@@ -286,78 +286,74 @@ def _steps(run: Run, cfg: Config, paths, args, env_extra: Dict[str, str], lock) 
     env["PYTHONWARNINGS"] = "ignore"
     if args.device == "cpu" or args.launcher == "local":  # (a cluster's job: its own CPUs)
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
-    out_log = run.folder / "run.log"
+    _train(run, cfg, env, lock)
+    if not (run.folder / "checkpoint_avg.pt").exists():
+        _average(run, cfg, args, env, lock)
+    _translate(run, cfg, paths, args, env, lock)
+    write_record(run, paths["reference"], args.device_name)
+    if not args.keep_checkpoints:  # the averaged model is what the study keeps
+        ckpt = run.folder / "checkpoints"
+        for path in list(ckpt.glob("checkpoint_*_*.pt")) + [ckpt / "checkpoint_best.pt"]:
+            path.unlink(missing_ok=True)
+
+
+def _train(run: Run, cfg: Config, env, lock) -> None:
+    """Train the run through tpp-train (or resume it) unless it is finished; mark it
+    finished (``train.done``)."""
     finished = finished_updates(run.folder / "checkpoints", cfg.max_update)
     if trained_updates(run) < cfg.max_update and finished is not None:
         # trained to the end, stopped before it was marked so: finished means finished
         (run.folder / "train.done").write_text(f"{finished} updates, nan s (found finished)\n")
-    if trained_updates(run) < cfg.max_update:
-        log(f"{run.name}: training ({cfg.max_update} updates) in {run.folder}")
-        started = time.time()
-        # tpp-train of this Python, with the run's options only (none from the environment):
-        # an interrupted run resumes, a torn checkpoint_last.pt set aside first
-        train_env = {k: v for k, v in env.items() if k not in TRAIN_VARIABLES}
-        run_command(
-            [sys.executable, "-m", "tpp_tools.train", *run.train_cmd[1:]],
-            out_log,
-            env=train_env,
-            lock=lock,
-            progress=lambda: training_progress(run, cfg),
+    if trained_updates(run) >= cfg.max_update:
+        return
+    log(f"{run.name}: training ({cfg.max_update} updates) in {run.folder}")
+    started = time.time()
+    # tpp-train of this Python, with the run's options only (none from the environment):
+    # an interrupted run resumes, a torn checkpoint_last.pt set aside first
+    run_command(
+        [sys.executable, "-m", "tpp_tools.train", *run.train_cmd[1:]],
+        run.folder / "run.log",
+        env={k: v for k, v in env.items() if k not in TRAIN_VARIABLES},
+        lock=lock,
+        progress=lambda: training_progress(run, cfg),
+    )
+    updates = last_checkpoint_updates(run)
+    if updates < cfg.max_update:
+        raise RuntimeError(
+            f"{run.name}: fairseq-train stopped at update {updates} of {cfg.max_update}"
         )
-        updates = last_checkpoint_updates(run)
-        if updates < cfg.max_update:
-            raise RuntimeError(
-                f"{run.name}: fairseq-train stopped at update {updates} of {cfg.max_update}"
-            )
-        (run.folder / "train.done").write_text(
-            f"{updates} updates, {time.time() - started:.0f} s\n"
-        )
-        log(f"{run.name}: trained ({updates} updates) in {time.time() - started:.0f} s")
+    (run.folder / "train.done").write_text(f"{updates} updates, {time.time() - started:.0f} s\n")
+    log(f"{run.name}: trained ({updates} updates) in {time.time() - started:.0f} s")
+
+
+def _average(run: Run, cfg: Config, args, env, lock) -> None:
+    """Average the run's last ``cfg.average`` interval checkpoints (fewer if there are)."""
     ckpt = run.folder / "checkpoints"
-    avg = run.folder / "checkpoint_avg.pt"
-    if not avg.exists():
-        interval = sorted(ckpt.glob("checkpoint_*_*.pt"))
-        n = min(cfg.average, len(interval))
-        log(f"{run.name}: averaging the last {n} checkpoints")
-        _step(
-            run,
-            "averaging",
-            [
-                sys.executable,
-                "-m",
-                "tpp_tools.average",
-                "--inputs",
-                ckpt,
-                "--num-update-checkpoints",
-                n,
-                "--output",
-                avg,
-            ],
-            out_log,
-            env,
-            args.step_timeout,
-            lock,
-        )
+    n = min(cfg.average, len(list(ckpt.glob("checkpoint_*_*.pt"))))
+    log(f"{run.name}: averaging the last {n} checkpoints")
+    options = {
+        "inputs": ckpt,
+        "num_update_checkpoints": n,
+        "output": run.folder / "checkpoint_avg.pt",
+    }
+    cmd = [sys.executable, "-m", "tpp_tools.average", *option_words(options)]
+    _step(run, "averaging", cmd, run.folder / "run.log", env, args.step_timeout, lock)
+
+
+def _translate(run: Run, cfg: Config, paths, args, env, lock) -> None:
+    """Translate the test set with the averaged model and score it (tpp-evaluate)."""
     log(f"{run.name}: translating the test set")
-    cmd = [
-        sys.executable,
-        "-m",
-        "tpp_tools.evaluate",
-        "--data",
-        paths["data"],
-        "--checkpoint",
-        avg,
-        "--reference",
-        paths["reference"],
-        "--out",
-        run.folder / "eval",
-        "--force",
-        "--max-tokens",
-        args.gen_max_tokens,
-    ]
-    if args.device == "cpu":
-        cmd.append("--cpu")
-    elif cfg.dtype == "fp16":
+    options = {
+        "data": paths["data"],
+        "checkpoint": run.folder / "checkpoint_avg.pt",
+        "reference": paths["reference"],
+        "out": run.folder / "eval",
+        "force": True,
+        "max_tokens": args.gen_max_tokens,
+        "cpu": args.device == "cpu",
+    }
+    cmd = [sys.executable, "-m", "tpp_tools.evaluate", *option_words(options)]
+    if args.device != "cpu" and cfg.dtype == "fp16":
         # float16 decoding for a model trained in float16 only: fairseq-generate 0.12 has
         # no bfloat16 inference, and a model trained in float32 or bfloat16 need not keep
         # its activations within float16's range (those decode in float32)
@@ -368,17 +364,13 @@ def _steps(run: Run, cfg: Config, paths, args, env_extra: Dict[str, str], lock) 
         run,
         "translating",
         cmd,
-        out_log,
+        run.folder / "run.log",
         env,
         args.step_timeout,
         lock,
         progress=lambda: translation_progress(run, sentences),
     )
     log(f"{run.name}: translated and scored in {time.time() - started:.0f} s")
-    write_record(run, paths["reference"], args.device_name)
-    if not args.keep_checkpoints:  # the averaged model is what the study keeps
-        for path in list(ckpt.glob("checkpoint_*_*.pt")) + [ckpt / "checkpoint_best.pt"]:
-            path.unlink(missing_ok=True)
 
 
 def training_progress(run: Run, cfg: Config) -> None:
