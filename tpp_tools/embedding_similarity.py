@@ -15,7 +15,8 @@ hybrid self-attention this prints the cosine similarity of the two words in
   heads, concatenated (before the output projection W^O);
 * the convolution heads' local representation: LocalConv(S), the paper's equation 2
   (pointwise projection, then the causal, dilated, softmax-normalised depthwise
-  convolution), before it is combined with the context Query;
+  convolution; with ``--conv-head-scaling``, times a constant, which a cosine does not
+  see), before it is combined with the context Query;
 * for reference, the layer's output.
 
 A word split into several BPE pieces is represented by the mean of its pieces.

@@ -117,10 +117,6 @@ class HybridMultiheadAttention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
         self.output_scaling = output_scaling
-        #: the factor on ``LocalConv ⊙ Query`` (1.0: the paper's unscaled product)
-        self.conv_output_scale = (
-            self.head_dim**-0.5 if output_scaling == "inv-sqrt-head-dim" else 1.0
-        )
         self.conv_heads = conv_heads
         self.dot_heads = num_heads - conv_heads
         self.causal = causal
@@ -158,12 +154,20 @@ class HybridMultiheadAttention(nn.Module):
             weight_dropout=conv_weight_dropout,
             centered=centered_conv,
             impl=conv_heads_impl,
+            # the factor on LocalConv ⊙ Query (1.0: the paper's unscaled product), LocalConv's
+            output_scale=self.head_dim**-0.5 if output_scaling == "inv-sqrt-head-dim" else 1.0,
         )
         self.context_query = ContextQuery(
             conv_heads, self.head_dim, causal=causal, temperature=query_temperature
         )
         self.out_proj = nn.Linear(embed_dim, embed_dim)
         self.reset_parameters()
+
+    @property
+    def conv_output_scale(self) -> float:
+        """The factor on ``LocalConv ⊙ Query`` (1.0: the paper's unscaled product), which
+        LocalConv applies."""
+        return self.local_conv.output_scale
 
     def projection(self, name: str) -> Tuple[Tensor, Tensor]:
         """The weight (``width x d``) and bias of one slice of ``in_proj`` (views)."""
@@ -235,14 +239,8 @@ class HybridMultiheadAttention(nn.Module):
         if need_head_weights:
             need_weights = True
         tgt_len, bsz, embed_dim = query.shape
-        if (
-            incremental_state is not None
-            and tgt_len == 1
-            and not need_weights
-            and attn_mask is None
-            and key_padding_mask is None
-            and not self.training
-            and not torch.is_grad_enabled()
+        if self._one_search_step(
+            tgt_len, incremental_state, need_weights, attn_mask, key_padding_mask
         ):
             return self._decode_step(query, incremental_state), None
         assert embed_dim == self.embed_dim, f"expected width {self.embed_dim}, got {embed_dim}"
@@ -270,7 +268,7 @@ class HybridMultiheadAttention(nn.Module):
         # padding mask of the new positions only (the cached ones are already folded in)
         new_padding = key_padding_mask[:, -tgt_len:] if key_padding_mask is not None else None
         local, context = self._conv_heads(proj, new_padding, incremental_state)
-        heads.append(local * context)  # LocalConv comes out scaled (see _conv_heads)
+        heads.append(local * context)  # LocalConv comes out scaled (output_scale)
         attn = self.out_proj(torch.cat(heads, dim=-1) if len(heads) > 1 else heads[0])
 
         weights: Optional[Tensor] = None
@@ -280,12 +278,27 @@ class HybridMultiheadAttention(nn.Module):
                 weights = weights.mean(dim=0)
         return attn, weights
 
+    def _one_search_step(
+        self, tgt_len, incremental_state, need_weights, attn_mask, key_padding_mask
+    ) -> bool:
+        """Whether this call is one position of a search and asks for nothing but the
+        output (no weights, masks or gradients): :meth:`_decode_step` takes it, the rest
+        of :meth:`forward` everything else."""
+        return (
+            incremental_state is not None
+            and tgt_len == 1
+            and not (need_weights or self.training or torch.is_grad_enabled())
+            and attn_mask is None
+            and key_padding_mask is None
+        )
+
     def head_outputs(
         self, x: Tensor, key_padding_mask: Optional[Tensor] = None
     ) -> Dict[str, Optional[Tensor]]:
         """The heads' outputs before ``W^O``, for analysis (no incremental state): ``dot``
         (``T x B x Ha·dh``, None without dot-product heads), ``local`` (LocalConv,
-        ``T x B x Hc·dh``, the paper's equation 2) and ``conv`` (``local ⊙ Query``)."""
+        ``T x B x Hc·dh``, the paper's equation 2 times the output scale, if any) and
+        ``conv`` (``local ⊙ Query``)."""
         if key_padding_mask is not None:
             key_padding_mask = key_padding_mask.to(torch.bool)
         proj = self._project(x)
@@ -295,12 +308,7 @@ class HybridMultiheadAttention(nn.Module):
                 proj["q"], proj["k"], proj["v"], key_padding_mask, None, None, False
             )
         local, context = self._conv_heads(proj, key_padding_mask, None)
-        conv = local * context
-        if self.conv_output_scale != 1.0:
-            local = self.local_conv(
-                proj["local"], key_padding_mask
-            )  # the paper's LocalConv, unscaled
-        return {"dot": dot, "local": local, "conv": conv}
+        return {"dot": dot, "local": local, "conv": local * context}
 
     def _decode_step(
         self, x: Tensor, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]
@@ -374,7 +382,7 @@ class HybridMultiheadAttention(nn.Module):
                 state,
                 conv.dilation,
                 self.context_query.temperature,
-                self.conv_output_scale,
+                conv.output_scale,
                 out=out,
                 check=False,
             )
@@ -389,10 +397,8 @@ class HybridMultiheadAttention(nn.Module):
 
     def _conv_output(self, local: Tensor, context: Tensor, out: Tensor) -> Tensor:
         """A decoding step's conv-head output, written into ``out``: LocalConv's float32
-        step times the output scale, times the Query, cast to ``out``'s dtype once as it
-        is written (as the Triton step does)."""
-        if self.conv_output_scale != 1.0:
-            local = local * self.conv_output_scale
+        step (the output scale applied) times the Query, cast to ``out``'s dtype once as
+        it is written (as the Triton step does)."""
         return torch.mul(local, context, out=out)
 
     def _project(self, x: Tensor) -> Dict[str, Tensor]:
@@ -407,13 +413,10 @@ class HybridMultiheadAttention(nn.Module):
         padding_mask: Optional[Tensor],
         incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]],
     ) -> Tuple[Tensor, Tensor]:
-        """LocalConv (``T x B x Hc·dh``) times the output scale, and the Query (``T x B x
-        Hc·dh``, or ``1 x B x Hc·dh`` in the encoder, broadcasting over time) of the conv
-        heads. The scale is folded into LocalConv's float32 kernel: in half precision the
-        product ``local ⊙ context`` could overflow before being scaled."""
-        local = self.local_conv(
-            proj["local"], padding_mask, incremental_state, scale=self.conv_output_scale
-        )
+        """LocalConv (``T x B x Hc·dh``, the output scale applied in its float32 kernel)
+        and the Query (``T x B x Hc·dh``, or ``1 x B x Hc·dh`` in the encoder, broadcasting
+        over time) of the conv heads."""
+        local = self.local_conv(proj["local"], padding_mask, incremental_state)
         context = self.context_query(proj["score"], proj["value"], padding_mask, incremental_state)
         return local, context
 

@@ -157,6 +157,9 @@ class LocalConv(nn.Module):
             (:class:`~tpp_plugin.modules.conv_heads_triton.TritonDilatedDepthwiseConv`
             for CUDA tensors, the taps elsewhere) or ``"auto"`` (Triton's where it is
             installed, for CUDA tensors).
+        output_scale: a factor on every output (the attention's conv-head scale), folded
+            into the float32 kernel: applied before anything is rounded to half
+            precision, where the unscaled conv-head product might overflow.
     """
 
     def __init__(
@@ -167,6 +170,7 @@ class LocalConv(nn.Module):
         weight_dropout: float = 0.0,
         centered: bool = False,
         impl: str = "auto",
+        output_scale: float = 1.0,
     ):
         super().__init__()
         if impl not in conv_heads_triton.IMPLS:
@@ -181,6 +185,7 @@ class LocalConv(nn.Module):
         self.kernel_size = kernel_size
         self.dilation = dilation
         self.impl = impl
+        self.output_scale = output_scale
         #: positions ahead of ``t`` that output ``t`` sees: 0 (causal, the paper's) or,
         #: ``centered``, ``⌊(F-1)/2⌋·δ`` (taps ``t-⌈(F-1)/2⌉δ .. t+⌊(F-1)/2⌋δ``; encoder only)
         self.lookahead = ((kernel_size - 1) // 2) * dilation if centered else 0
@@ -226,7 +231,7 @@ class LocalConv(nn.Module):
         kernel to match, once per search (a search has its own incremental state, and no
         weight changes during one)."""
         if self.receptive_field == 0:
-            return u * self.normalized_kernel()[0]
+            return self._scaled(u * self.normalized_kernel()[0])
         ring, head = self.ring(u, incremental_state)
         ring[head] = u
         # the taps are the rows j·δ + head mod δ (j < F): every δ-th row, all of them if δ = 1
@@ -236,7 +241,10 @@ class LocalConv(nn.Module):
         kernel = self.rotated_kernels(incremental_state)[
             head // self.dilation
         ]  # F x 1 x C, in the taps' order
-        return (taps * kernel).sum(dim=0)  # B x C, float32
+        return self._scaled((taps * kernel).sum(dim=0))  # B x C, float32
+
+    def _scaled(self, out: Tensor) -> Tensor:
+        return out * self.output_scale if self.output_scale != 1.0 else out
 
     def ring(
         self, u: Tensor, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]
@@ -281,7 +289,6 @@ class LocalConv(nn.Module):
         u: Tensor,
         padding_mask: Optional[Tensor] = None,
         incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
-        scale: float = 1.0,
     ) -> Tensor:
         """
         Args:
@@ -289,9 +296,6 @@ class LocalConv(nn.Module):
             padding_mask: ``B x T``, True at padding positions (they contribute zero).
             incremental_state: fairseq's incremental state; when given, ``u`` holds the
                 new positions only, decoded one after another by :meth:`step`.
-            scale: a factor on the output, folded into the float32 kernel (the
-                attention's conv-head scale: applied before anything is rounded to
-                half precision, where the unscaled product might overflow).
 
         Returns:
             ``T x B x C``
@@ -306,11 +310,10 @@ class LocalConv(nn.Module):
                 )
             u = _masked(u, padding)  # padding enters the buffer as zeros
             steps = [self.step(row, incremental_state) for row in u]  # T x (B x C), float32
-            out = torch.stack(steps)  # T x B x C
-            return (out * scale if scale != 1.0 else out).to(u.dtype)
+            return torch.stack(steps).to(u.dtype)  # T x B x C
         kernel = self.normalized_kernel()
-        if scale != 1.0:
-            kernel = kernel * scale
+        if self.output_scale != 1.0:
+            kernel = kernel * self.output_scale
         return self._convolution(u).apply(
             u, kernel, self.dilation, u.size(0), self.lookahead, padding
         )
@@ -351,4 +354,5 @@ class LocalConv(nn.Module):
         return (
             f"{self.channels}, kernel_size={self.kernel_size}, dilation={self.dilation}, "
             f"lookahead={self.lookahead}, weight_dropout={self.weight_dropout_module.p}, impl={self.impl}"
+            + (f", output_scale={self.output_scale:.4g}" if self.output_scale != 1.0 else "")
         )
