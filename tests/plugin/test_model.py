@@ -380,3 +380,27 @@ def test_only_the_cpu_preset_scales_the_conv_heads():
         assert args.conv_head_scaling == expected, arch
     model = build_model("transformer_pp_cpu", encoder_tag_layers="")
     assert model.encoder.layers[0].self_attn.conv_output_scale == (256 // 4) ** -0.5
+
+
+@pytest.mark.parametrize("left_pad_target", [False, True])
+def test_the_decoders_attention_is_built_for_the_side_the_task_pads_targets_on(left_pad_target):
+    """fairseq pads targets on the right, where a causal attention needs no padding mask;
+    a task that pads them on the left gets a decoder built to apply it (at construction:
+    nothing walks the model afterwards), whatever the saved configuration says."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    from tpp_plugin.models.transformer_pp import TransformerPPModel
+
+    args = argparse.Namespace(left_pad_target=not left_pad_target)  # as saved: overridden
+    ARCH_CONFIG_REGISTRY["transformer_pp_tiny"](args)
+    task = FakeTask(make_dictionary())
+    task.cfg = argparse.Namespace(left_pad_target=left_pad_target)
+    model = TransformerPPModel.build_model(args, task)
+    decoder = [m for m in model.decoder.modules() if isinstance(m, HybridMultiheadAttention)]
+    encoder = [m for m in model.encoder.modules() if isinstance(m, HybridMultiheadAttention)]
+    assert decoder and all(m.right_padded == (not left_pad_target) for m in decoder)
+    assert encoder and not any(m.right_padded for m in encoder)
+    # a model built without a task's word (fairseq's default): padded on the right
+    assert all(
+        m.right_padded for m in build_model().decoder.modules() if hasattr(m, "right_padded")
+    )

@@ -104,6 +104,8 @@ class ConvHeadsConfig:
         self.conv_heads_impl = (
             getattr(args, "conv_heads_impl", None) or "auto"
         )  # None: an older checkpoint
+        #: the task's (TransformerPPModel.build_model files it in the model's configuration)
+        self.right_padded_targets = not getattr(args, "left_pad_target", False)
         opt = f"{side}-conv"
         if self.heads < 1 or self.embed_dim % self.heads != 0:
             raise ValueError(
@@ -150,9 +152,8 @@ class ConvHeadsConfig:
             output_scaling=self.output_scaling,
             query_temperature=self.query_temperature,
             conv_heads_impl=self.conv_heads_impl,
-            # fairseq pads targets on the right (TransformerPPModel.build_model switches
-            # this off for a task that pads them on the left)
-            right_padded=causal,
+            # fairseq pads targets on the right, unless the task says otherwise
+            right_padded=causal and self.right_padded_targets,
         )
 
 

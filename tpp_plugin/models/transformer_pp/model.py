@@ -26,7 +26,7 @@ from fairseq.models.transformer import (
 )
 from torch import Tensor
 
-from ...modules import HybridMultiheadAttention, TagHeads
+from ...modules import TagHeads
 from . import config as options
 from ...options import format_named, parse_named
 from .config import ConvHeadsConfig, tag_layers_of
@@ -134,14 +134,11 @@ class TransformerPPModel(TransformerModel):
         ConvHeadsConfig(args, "decoder")
         tag_layers = tag_layers_of(args)
         args.encoder_tag_classes = format_named(cls.resolve_tag_classes(args, task, tag_layers))
-        model = super().build_model(args, task)
+        # the side this task pads targets on (the decoder's attention is built for it),
+        # whatever the configuration a checkpoint was saved with says
         task_cfg = getattr(task, "cfg", None) or getattr(task, "args", None)
-        if getattr(task_cfg, "left_pad_target", False):
-            # targets padded on the left: the causal attention must apply the padding mask
-            for module in model.decoder.modules():
-                if isinstance(module, HybridMultiheadAttention):
-                    module.right_padded = False
-        return model
+        args.left_pad_target = bool(getattr(task_cfg, "left_pad_target", False))
+        return super().build_model(args, task)
 
     @staticmethod
     def resolve_tag_classes(args, task, tag_layers: Dict[str, int]) -> Dict[str, int]:
