@@ -64,9 +64,13 @@ def disk_error(value):
     if checkpoint is not None:
         target = target or checkpoint
         partial = checkpoint + ".tmp"
-        if os.path.isfile(partial):
+        try:
             os.remove(partial)
             removed = f" (its partial {os.path.basename(partial)} removed)"
+        except FileNotFoundError:
+            pass
+        except OSError as error:  # (a read-only folder, say): said, not raised in the hook
+            removed = f" (its partial {os.path.basename(partial)} left: {error.strerror})"
     where = f" writing {target}" if target else ""
     return (
         f"{os.strerror(refused.errno)}{where}{removed}; {DISK_ERRORS[refused.errno]} and run "

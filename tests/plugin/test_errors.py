@@ -41,6 +41,21 @@ def test_a_full_disk_under_another_error_names_the_checkpoint_and_removes_its_pa
     assert not Path(checkpoint + ".tmp").exists()
 
 
+def test_a_partial_file_that_cannot_be_removed_is_named_not_raised(tmp_path):
+    """The hook must not fail itself: a partial checkpoint it cannot remove (here a
+    folder stands at its name) is said to be left."""
+
+    def torch_persistent_save(obj, filename):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    checkpoint = str(tmp_path / "checkpoint_last.pt")
+    Path(checkpoint + ".tmp").mkdir()
+    assert errors.disk_error(raised(torch_persistent_save, {}, checkpoint)) == (
+        f"No space left on device writing {checkpoint} (its partial checkpoint_last.pt.tmp "
+        "left: Is a directory); free space and run the same command again"
+    )
+
+
 def test_a_read_only_folder_says_so():
     def write():
         raise OSError(errno.EROFS, "Read-only file system", "/results/bleu.txt")
@@ -56,28 +71,23 @@ def test_other_errors_are_not_disk_errors():
     assert errors.disk_error(raised(int, "x")) is None
 
 
-def test_the_hook_prints_one_line_for_a_disk_error_and_a_traceback_for_others():
+def raised_at_the_top(error: str):
+    """A process with the plugin's hook installed that raises ``error`` (an expression)."""
     code = (
         "import errno, sys; from tpp_plugin import errors; errors.install_excepthook(); "
-        "sys.argv[0] = 'probe'; raise {}"
+        f"sys.argv[0] = 'probe'; raise {error}"
     )
-    full = subprocess.run(
-        [sys.executable, "-c", code.format("OSError(errno.EDQUOT, 'Disk quota exceeded')")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
+
+
+def test_the_hook_prints_one_line_for_a_disk_error_and_a_traceback_for_others():
+    full = raised_at_the_top("OSError(errno.EDQUOT, 'Disk quota exceeded')")
     assert full.returncode == 1
     assert full.stderr.splitlines()[-1] == (
         "probe: error: Disk quota exceeded; free space and run the same command again"
     )
     assert "Traceback" not in full.stderr
-    other = subprocess.run(
-        [sys.executable, "-c", code.format("KeyError('x')")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    other = raised_at_the_top("KeyError('x')")
     assert other.returncode == 1 and "Traceback" in other.stderr and "KeyError" in other.stderr
