@@ -11,7 +11,8 @@ Models (same width, heads, FFN, layers, dropouts, shared embeddings, data, batch
                    whose ratio must come out at 1.0× (within the printed spread);
 * ``transformer-b`` ``transformer`` again under another name: the harness's own control
                    (a default on GPUs, where ``tpp-conv0``'s attention kernels differ);
-* ``tpp-taps``, ``tpp-triton``: ``tpp`` with ``--conv-heads-impl taps`` or ``triton``;
+* ``tpp-taps``, ``tpp-triton``, ``tpp-fused``: ``tpp`` with ``--conv-heads-impl taps``,
+  ``triton`` or ``fused``;
   ``transformer-split``, ``tpp-split``: with ``--fp16-no-flatten-grads`` (``--bf16``'s
   float32 master copy one tensor per parameter, as fairseq keeps it). Ask with ``--models``.
 

@@ -46,6 +46,14 @@ MODELS = {
         "--conv-heads-impl",
         "triton",
     ],
+    "tpp-fused": [
+        "--arch",
+        "transformer_pp",
+        "--encoder-tag-layers",
+        "",
+        "--conv-heads-impl",
+        "fused",
+    ],
     "tpp-taps": [
         "--arch",
         "transformer_pp",

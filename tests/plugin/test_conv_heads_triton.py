@@ -206,7 +206,16 @@ def test_local_conv_uses_triton_only_where_asked_and_possible(monkeypatch):
         LocalConv(8, 3, impl="cuda")
 
 
-def test_option_reaches_every_conv_head_and_changes_no_output():
+@pytest.mark.parametrize("impl", ["triton", "fused"])
+def test_option_reaches_every_conv_head_and_changes_no_output(impl, monkeypatch):
+    """``fused``: also the Query and its product with LocalConv, in every layer."""
+    from tpp_plugin.modules import query_triton
+
+    products = []
+    original = query_triton.query_product
+    monkeypatch.setattr(
+        query_triton, "query_product", lambda *a: products.append(a[5]) or original(*a)
+    )
     torch.manual_seed(0)
     d = make_dictionary(30)
     taps = build_model(
@@ -219,14 +228,14 @@ def test_option_reaches_every_conv_head_and_changes_no_output():
         dictionary=d,
         encoder_conv_dilations="1,2",
         decoder_conv_dilations="2,1",
-        conv_heads_impl="triton",
+        conv_heads_impl=impl,
     )
     fused.load_state_dict(taps.state_dict())  # same parameters: the option is not one
     taps, fused = taps.to(DEVICE), fused.to(DEVICE)
     convs = [m for m in fused.modules() if isinstance(m, LocalConv)]
-    assert len(convs) == 4 and all(m.impl == "triton" for m in convs)
+    assert len(convs) == 4 and all(m.impl == impl for m in convs)
     attentions = [m for m in fused.modules() if isinstance(m, HybridMultiheadAttention)]
-    assert len(attentions) == 4 and all(m.conv_heads_impl == "triton" for m in attentions)
+    assert len(attentions) == 4 and all(m.conv_heads_impl == impl for m in attentions)
     assert all(m.impl == "taps" for m in taps.modules() if isinstance(m, LocalConv))
     src = random_tokens(d, 3, 9).to(DEVICE)
     src[1, :2] = d.pad()  # left-padded source: LocalConv's padding mask
@@ -241,6 +250,8 @@ def test_option_reaches_every_conv_head_and_changes_no_output():
             (out, {n: p.grad for n, p in model.named_parameters() if p.grad is not None})
         )
     (out_taps, grads_taps), (out_fused, grads_fused) = outputs
+    # causal: two encoder layers (False), then two decoder layers (True)
+    assert products == ([False, False, True, True] if impl == "fused" else [])
     assert (out_fused - out_taps).abs().max() < 1e-5
     assert grads_fused.keys() == grads_taps.keys()
     for name, g in grads_taps.items():
@@ -484,6 +495,20 @@ for dtype in ("bf16", "fp16", "fp32"):
             signature.update({name: "constexpr" for name in fixed})
             binary = triton.compile(ASTSource(kernel, signature, constexprs=fixed), target=GPUTarget("cuda", 90, 32))
             print(kernel.fn.__name__, dtype, len(binary.asm["cubin"]))
+    # the Query times LocalConv (--conv-heads-impl fused), encoder and decoder, with and
+    # without a padding mask (a bool tensor; without one, the scores stand in for it)
+    from tpp_plugin.modules import query_triton as qt
+    for kernel in (qt.query_product_kernel, qt.query_product_grad_kernel):
+        names = inspect.signature(kernel.fn).parameters
+        for causal in (False, True):
+            for has_pad in (False, True):
+                signature = {name: "*" + dtype if name.endswith("_ptr") else "i32" for name in names}
+                signature.update(lse_ptr="*fp32", c_ptr="*fp32", temperature="fp32")
+                signature["pad_ptr"] = "*i1" if has_pad else "*" + dtype
+                fixed = dict(CAUSAL=causal, HAS_PAD=has_pad, ACC=tl.float32, BLOCK_T=qt.BLOCK_T, BLOCK_D=64)
+                signature = {name: "constexpr" if name in fixed else t for name, t in signature.items() if name in names}
+                binary = triton.compile(ASTSource(kernel, signature, constexprs=fixed), target=GPUTarget("cuda", 90, 32))
+                print(kernel.fn.__name__, dtype, len(binary.asm["cubin"]))
 """
 
 
@@ -491,7 +516,8 @@ def test_kernels_compile_to_hopper_machine_code():
     """The interpreter is lax about types; Triton's compiler is not. Every kernel, in
     every training dtype and with the argument types it gets at run time (the
     convolution's kernel in float32 also for half-precision input), compiled ahead of
-    time for an H100 (sm_90) by Triton's own compiler and ptxas, which need no GPU."""
+    time for an H100 (sm_90) by Triton's own compiler and ptxas, which need no GPU; the
+    fused Query's two kernels in every variant they are launched in."""
     import os
     import subprocess
     import sys
@@ -514,7 +540,7 @@ def test_kernels_compile_to_hopper_machine_code():
         for name, dtype, size in zip(lines[::3], lines[1::3], lines[2::3])
         if int(size) > 0
     ]
-    assert len(compiled) == 24, proc.stdout
+    assert len(compiled) == 24 + 24, proc.stdout
 
 
 COUNT_COMPILATIONS = r"""

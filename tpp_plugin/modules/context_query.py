@@ -284,8 +284,9 @@ class ContextQuery(nn.Module):
         self.temperature = float(temperature)
 
     def _logits(self, scores: Tensor) -> Tensor:
-        """The scores in float32, divided by the temperature (exactly as given at 1)."""
-        scores = scores.float()
+        """The scores in float32 (float64 kept), divided by the temperature (exactly as
+        given at 1)."""
+        scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
         return scores if self.temperature == 1.0 else scores / self.temperature
 
     def forward(

@@ -39,9 +39,13 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 #: the implementations of the conv heads (``--conv-heads-impl``): ``auto`` is these
-#: kernels for CUDA tensors where Triton is installed, the taps elsewhere
-IMPLS = ("auto", "taps", "triton")
-MISSING = "--conv-heads-impl triton needs Triton (pip install triton); --conv-heads-impl taps runs without it"
+#: kernels for CUDA tensors where Triton is installed, the taps elsewhere; ``fused`` is
+#: these kernels and, for training, the Query and its product with LocalConv as two more
+#: (:mod:`~tpp_plugin.modules.query_triton`)
+IMPLS = ("auto", "taps", "triton", "fused")
+MISSING = (
+    "--conv-heads-impl {} needs Triton (pip install triton); --conv-heads-impl taps runs without it"
+)
 
 #: rows (``(t, b)`` pairs) and channels per program: 8 elements per thread of 4 warps, a
 #: tile whose register use stays moderate on sm_90 (twice the rows nearly doubles it).
@@ -74,15 +78,15 @@ def usable_on(t: Tensor) -> bool:
 
 
 def runs(impl: str, t: Tensor) -> bool:
-    """Whether implementation ``impl`` runs these kernels on ``t``: ``"triton"`` on a
-    tensor they can run on (an error if Triton is not installed), ``"auto"`` on a CUDA
-    tensor where Triton is installed."""
+    """Whether implementation ``impl`` runs these kernels on ``t``: ``"triton"`` and
+    ``"fused"`` on a tensor they can run on (an error if Triton is not installed),
+    ``"auto"`` on a CUDA tensor where Triton is installed."""
     if impl == "auto":
         return t.is_cuda and usable_on(t) and available()
-    if impl != "triton" or not usable_on(t):
+    if impl not in ("triton", "fused") or not usable_on(t):
         return False
     if not available():
-        raise RuntimeError(MISSING)
+        raise RuntimeError(MISSING.format(impl))
     return True
 
 

@@ -78,10 +78,11 @@ class HybridMultiheadAttention(nn.Module):
         output_scaling: ``"none"`` (the paper) or ``"inv-sqrt-head-dim"``: the conv
             heads' output ``LocalConv ⊙ Query`` multiplied by ``1/√d_h``.
         query_temperature: the Query's pooling temperature (1: the paper).
-        conv_heads_impl: ``"auto"``, ``"taps"`` or ``"triton"``: on CUDA tensors,
-            LocalConv's convolution and the conv heads' decoding step as Triton kernels
-            (:mod:`~tpp_plugin.modules.conv_heads_triton`; ``"auto"``: where Triton is
-            installed).
+        conv_heads_impl: ``"auto"``, ``"taps"``, ``"triton"`` or ``"fused"``: on CUDA
+            tensors, LocalConv's convolution and the conv heads' decoding step as Triton
+            kernels (:mod:`~tpp_plugin.modules.conv_heads_triton`; ``"auto"``: where
+            Triton is installed); ``"fused"`` also the Query and its product with
+            LocalConv in training (:mod:`~tpp_plugin.modules.query_triton`).
     """
 
     def __init__(
@@ -267,8 +268,7 @@ class HybridMultiheadAttention(nn.Module):
             heads.append(dot)
         # padding mask of the new positions only (the cached ones are already folded in)
         new_padding = key_padding_mask[:, -tgt_len:] if key_padding_mask is not None else None
-        local, context = self._conv_heads(proj, new_padding, incremental_state)
-        heads.append(local * context)  # LocalConv comes out scaled (output_scale)
+        heads.append(self._conv_product(proj, new_padding, incremental_state))
         attn = self.out_proj(torch.cat(heads, dim=-1) if len(heads) > 1 else heads[0])
 
         weights: Optional[Tensor] = None
@@ -419,6 +419,37 @@ class HybridMultiheadAttention(nn.Module):
         local = self.local_conv(proj["local"], padding_mask, incremental_state)
         context = self.context_query(proj["score"], proj["value"], padding_mask, incremental_state)
         return local, context
+
+    def _conv_product(
+        self,
+        proj: Dict[str, Tensor],
+        padding_mask: Optional[Tensor],
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]],
+    ) -> Tensor:
+        """The conv heads' output ``LocalConv ⊙ Query`` (``T x B x Hc·dh``); for a whole
+        sequence with ``--conv-heads-impl fused``, the Query and the product as one Triton
+        function after LocalConv's (:mod:`~tpp_plugin.modules.query_triton`)."""
+        u = proj["local"]
+        if (
+            incremental_state is None
+            and self.conv_heads_impl == "fused"
+            and conv_heads_triton.runs("fused", u)
+        ):
+            from .query_triton import query_product
+
+            query = self.context_query
+            local = self.local_conv(u, padding_mask, None)
+            return query_product(
+                local,
+                proj["score"],
+                proj["value"],
+                padding_mask,
+                query.num_heads,
+                query.causal,
+                query.temperature,
+            )
+        local, context = self._conv_heads(proj, padding_mask, incremental_state)
+        return local * context  # LocalConv comes out scaled (output_scale)
 
     def _dot_product_heads(
         self,

@@ -72,9 +72,10 @@ def add_args(parser) -> None:
     parser.add_argument('--conv-heads-impl', choices=CONV_HEADS_IMPLS, metavar='IMPL',
                         help="how the conv heads run on a GPU: 'triton' (Triton kernels: "
                              "LocalConv in one launch forward and two backward, a decoding step of "
-                             "the conv heads in one), 'taps' (PyTorch operations, one per LocalConv "
-                             "tap) or 'auto' (default: 'triton' where Triton is installed); the CPU "
-                             "always uses 'taps'")
+                             "the conv heads in one), 'fused' ('triton', and in training the Query "
+                             "times LocalConv in one launch forward and one backward), 'taps' "
+                             "(PyTorch operations, one per LocalConv tap) or 'auto' (default: "
+                             "'triton' where Triton is installed); the CPU always uses 'taps'")
     parser.add_argument('--encoder-tag-layers', type=str, metavar='TAG:LAYER,...',
                         help='token classifiers on the base encoders: tag kind and the '
                              '(1-based) encoder layer it reads, e.g. "pos:1,ner:2"; '

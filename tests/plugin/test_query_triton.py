@@ -1,0 +1,206 @@
+"""The Query times LocalConv as two Triton kernels (``--conv-heads-impl fused``): the same
+function and gradients as the explicit softmax in float64, as accurate as the PyTorch
+operations in float32 and half precision, every output element written, and the hybrid
+attention equal to its PyTorch path. On a CUDA GPU where there is one, otherwise through
+Triton's interpreter (tests/conftest.py sets ``TRITON_INTERPRET=1`` without a GPU)."""
+
+import pytest
+import torch
+
+from tpp_plugin.modules import ContextQuery, HybridMultiheadAttention, conv_heads_triton
+
+pytest.importorskip("triton", reason="Triton is installed with the test requirements on Linux")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and not conv_heads_triton.interpreting():
+    pytest.skip(
+        "no GPU, and TRITON_INTERPRET is not set (tests/conftest.py sets it)",
+        allow_module_level=True,
+    )
+
+from tpp_plugin.modules.query_triton import BLOCK_T, query_product  # noqa: E402
+
+
+def explicit(local, scores, values, padding, heads, causal, temperature):
+    """``local ⊙ q`` with every softmax written out as a ``T x T`` matrix."""
+    length, bsz, channels = values.shape
+    s = scores.permute(1, 2, 0) / temperature  # B x H x T
+    if padding is not None:
+        s = s.masked_fill(padding[:, None, :], -1e9)
+    logits = s.unsqueeze(-2).expand(-1, -1, length, -1)  # B x H x t x τ
+    if causal:
+        future = torch.ones(length, length, dtype=torch.bool, device=s.device).triu(1)
+        logits = logits.masked_fill(future, float("-inf"))
+    values = values.reshape(length, bsz, heads, -1).permute(1, 2, 0, 3)  # B x H x T x dh
+    q = torch.softmax(logits, -1) @ values  # B x H x T x dh
+    return local * q.permute(2, 0, 1, 3).reshape(length, bsz, channels)
+
+
+def inputs(length, padded, dtype, bsz=3, heads=2, head_dim=8, seed=0):
+    """Random ``local``, ``scores``, ``values`` (sharing a mean of 5, as after a projection
+    can), a padding mask (``left``: up to half of a sentence, the source side; ``right``)
+    and the output's gradient, which is 0 where a decoder row's prefix is padding only."""
+    gen = torch.Generator().manual_seed(seed)
+    channels = heads * head_dim
+
+    def rand(*shape, scale=1.0, shift=0.0):
+        return (shift + scale * torch.randn(*shape, generator=gen, dtype=torch.float64)).to(DEVICE)
+
+    local = rand(length, bsz, channels)
+    scores = rand(length, bsz, heads, scale=3.0)
+    values = rand(length, bsz, channels, shift=5.0)
+    padding = None
+    if padded:
+        lengths = torch.tensor([length, max(1, length - length // 2), max(1, length - 1)])
+        positions = torch.arange(length)
+        if padded == "left":
+            padding = positions[None, :] < (length - lengths)[:, None]
+        else:
+            padding = positions[None, :] >= lengths[:, None]
+        padding = padding.to(DEVICE)
+    grad = rand(length, bsz, channels)
+    if padding is not None:
+        # a decoder row that pools padding only is never used: no gradient reaches it
+        grad = grad * (~padding.t().cumprod(0).bool()).unsqueeze(-1)
+    cast = [t.to(dtype).requires_grad_() for t in (local, scores, values)]
+    exact = [t.requires_grad_() for t in (local, scores, values)]
+    return cast, exact, padding, grad
+
+
+def outputs_and_grads(fn, tensors, padding, grad, causal, temperature, heads=2):
+    out = fn(*tensors, padding, heads, causal, temperature)
+    return [out, *torch.autograd.grad(out, tensors, grad.to(out.dtype))]
+
+
+def errors(got, expected, rows):
+    """Relative errors (norms) of the output and the three gradients; the output and
+    ``local``'s gradient on the rows in use only."""
+    pairs = [
+        (g[rows] if i < 2 else g, e[rows] if i < 2 else e)
+        for i, (g, e) in enumerate(zip(got, expected))
+    ]
+    return [((g.double() - e).norm() / e.norm().clamp_min(1e-300)).item() for g, e in pairs]
+
+
+def used_rows(padding, causal, length, bsz=3):
+    """Rows whose output is used: all but a decoder's rows that pool padding only."""
+    if padding is None or not causal:
+        return torch.ones(length, bsz, dtype=torch.bool, device=DEVICE)
+    return ~padding.t().cumprod(0).bool()
+
+
+# lengths around the kernels' blocks of BLOCK_T rows, one position, and several blocks
+LENGTHS = [1, 2, BLOCK_T - 1, BLOCK_T, BLOCK_T + 1, 2 * BLOCK_T + 1, 300]
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("padded", [None, "left", "right"])
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+def test_equals_the_explicit_softmax_in_float64(length, padded, causal):
+    _, exact, padding, grad = inputs(length, padded, torch.float64)
+    detached = [t.detach().clone().requires_grad_() for t in exact]
+    got = outputs_and_grads(query_product, detached, padding, grad, causal, 0.75)
+    expected = outputs_and_grads(explicit, exact, padding, grad, causal, 0.75)
+    rows = used_rows(padding, causal, length)
+    for name, error in zip(("output", "local", "scores", "values"), errors(got, expected, rows)):
+        assert error < 1e-12, (name, error)
+    if padding is not None:  # padding positions get no gradient
+        pad = padding.t()
+        assert (got[2][pad] == 0).all() and (got[3][pad] == 0).all()
+
+
+def pytorch_path(local, scores, values, padding, heads, causal, temperature):
+    """The PyTorch operations the kernels replace (ContextQuery's pooling, then the product)."""
+    query = ContextQuery(heads, values.size(-1) // heads, causal, temperature)
+    return local * query(scores, values, padding)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+def test_as_accurate_as_the_pytorch_operations(dtype, causal):
+    """Against float64, in each training dtype: no error more than twice the PyTorch
+    path's (both compute in float32, by other formulas: a scan where it multiplies
+    blocks of weights)."""
+    length = 2 * BLOCK_T + 7
+    cast, exact, padding, grad = inputs(length, "left" if causal else "right", dtype)
+    expected = outputs_and_grads(explicit, exact, padding, grad, causal, 1.0)
+    rows = used_rows(padding, causal, length)
+    kernel = errors(
+        outputs_and_grads(query_product, cast, padding, grad, causal, 1.0), expected, rows
+    )
+    again = [t.detach().clone().requires_grad_() for t in cast]
+    torch_ = errors(
+        outputs_and_grads(pytorch_path, again, padding, grad, causal, 1.0), expected, rows
+    )
+    for name, k, t in zip(("output", "local", "scores", "values"), kernel, torch_):
+        assert k <= 2 * t + 1e-7, (name, k, t)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+def test_every_output_element_is_written(causal):
+    """With uninitialised memory filled with NaN (PyTorch's deterministic mode), every
+    element of the output and of the gradients comes out finite: the kernels wrote it."""
+    cast, _, padding, grad = inputs(BLOCK_T + 5, "left", torch.float32)
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert torch.empty(4, device=DEVICE).isnan().all()  # the poison is on
+        got = outputs_and_grads(query_product, cast, padding, grad, causal, 1.0)
+    finally:
+        torch.use_deterministic_algorithms(was)
+    for t in got:
+        assert t.isfinite().all()
+
+
+def test_inputs_of_any_row_stride_and_expanded_gradients():
+    """Slices of one projection (the layer's case: rows 40 wide) and a gradient that is one
+    value expanded (``out.sum().backward()``), whose strides are 0."""
+    torch.manual_seed(0)
+    proj = torch.randn(20, 3, 40, dtype=torch.float64, device=DEVICE)
+    for causal in (False, True):
+        grads = []
+        for fn in (query_product, explicit):
+            leaf = proj.clone().requires_grad_()
+            local, values, scores = leaf[..., :16], leaf[..., 16:32], leaf[..., 32:34]
+            out = fn(local, scores, values, None, 2, causal, 1.0)
+            out.sum().backward()
+            grads.append((out, leaf.grad))
+        (out, grad), (want_out, want_grad) = grads
+        assert (out - want_out).abs().max() < 1e-12
+        assert (grad - want_grad).abs().max() < 1e-11
+        assert grad[..., 34:].abs().max() == 0  # nothing written outside the slices
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+@pytest.mark.parametrize("length", [1, 40])
+def test_hybrid_attention_fused_equals_its_pytorch_path(causal, length):
+    """The layer with ``conv_heads_impl="fused"`` against ``"taps"`` in float64: output and
+    every parameter's gradient, with padding (left in the encoder, right in the decoder,
+    where the layer drops the mask), a temperature and the output scale."""
+    torch.manual_seed(0)
+    options = dict(
+        kernel_size=5,
+        dilation=2,
+        causal=causal,
+        right_padded=causal,
+        output_scaling="inv-sqrt-head-dim",
+        query_temperature=0.5,
+    )
+    taps = HybridMultiheadAttention(32, 4, 2, conv_heads_impl="taps", **options).double()
+    fused = HybridMultiheadAttention(32, 4, 2, conv_heads_impl="fused", **options).double()
+    fused.load_state_dict(taps.state_dict())
+    x = torch.randn(length, 3, 32, dtype=torch.float64)
+    padding = torch.zeros(3, length, dtype=torch.bool)
+    padding[1, slice(-2, None) if causal else slice(0, 2)] = length > 2
+    results = []
+    for layer in (taps, fused):
+        layer.to(DEVICE)
+        out, _ = layer(
+            x.to(DEVICE), None, None, key_padding_mask=padding.to(DEVICE), need_weights=False
+        )
+        out = out * ~padding.t().unsqueeze(-1).to(DEVICE)
+        out.square().sum().backward()
+        results.append((out, {n: p.grad for n, p in layer.named_parameters()}))
+    (out_taps, grads_taps), (out_fused, grads_fused) = results
+    assert (out_fused - out_taps).abs().max() < 1e-12
+    for name, g in grads_taps.items():
+        assert (grads_fused[name] - g).abs().max() <= 1e-11 * (1 + g.abs().max()), name

@@ -1,0 +1,444 @@
+"""The Query and its product with LocalConv as Triton kernels, for training
+(``--conv-heads-impl fused``): one launch forward, one backward, per layer.
+
+Forward, one program per (sentence, conv head), over time in blocks of ``BLOCK_T`` rows:
+the scores divided by the temperature and masked at padding, the pooling of
+:class:`~tpp_plugin.modules.context_query.PooledQuery` (encoder: one softmax over the
+sentence; decoder: the prefix softmax as one ``tl.associative_scan`` of ``(L, q)`` pairs
+under :func:`~tpp_plugin.modules.context_query.merge_spans`' merge, carried from block to
+block), and ``out_t = local_t ⊙ q_t`` (``local``: LocalConv's output, already scaled),
+in float32, cast once as it is written. Kept for the backward pass: the inputs as given
+and ``L`` (the decoder's ``B x H x T`` log-normalisers; the encoder's ``(L, q)``,
+``B x H x (1 + d_h)``), all float32 kept being of the scores' size or smaller.
+
+Backward, one program per (sentence, head), with ``γ_t = ∂out_t ⊙ local_t`` the query's
+gradient: ``∂local_t = ∂out_t ⊙ q_t`` and PooledQuery's gradients. In the decoder ``q_t`` is
+computed again by the same scan (centred on the values' mean, ``c_t = -γ_t · (q_t - μ)``
+kept in a scratch row), and ``Aᵀ`` is applied by one reversed scan of the linear recurrence
+
+.. math::
+
+    R_t = x_t + e^{L_t - L_{t+1}} R_{t+1}, \\qquad
+    (A^\\top x)_\\tau = e^{s_\\tau - L_\\tau} R_\\tau
+
+whose factors are at most 1 (``L`` only grows along the sequence): no ``T x T`` or blocked
+matrix, no float32 tensor of the model's width.
+"""
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from .conv_heads_triton import _device_of
+from .context_query import MASKED
+
+#: time rows per block of a program: a ``BLOCK_T x d_h`` float32 tile per operand of the scans
+BLOCK_T = 32
+#: the score of padding positions (:data:`~tpp_plugin.modules.context_query.MASKED`), a kernel constant
+MASKED_SCORE = tl.constexpr(MASKED)
+#: the kernels compute in float32, or in float64 for float64 input
+_ACC = {torch.float32: tl.float32, torch.float64: tl.float64}
+
+
+@triton.jit
+def _merge(l_a, q_a, l_b, q_b):
+    """(log-normaliser, mean) of span ``a`` followed by span ``b``."""
+    top = tl.maximum(l_a, l_b)
+    lse = top + tl.log(tl.exp(l_a - top) + tl.exp(l_b - top))
+    return lse, q_a + tl.exp(l_b - lse) * (q_b - q_a)
+
+
+@triton.jit
+def _affine(a1, x1, a2, x2):
+    """``h -> a2 (a1 h + x1) + x2``: two steps of ``h_i = a_i h_{i-1} + x_i``."""
+    return a1 * a2, a2 * x1 + x2
+
+
+@triton.jit
+def _last_row(x, rows, BLOCK_T: tl.constexpr):
+    """The block's last row of ``x`` (``BLOCK_T x BLOCK_D`` -> ``BLOCK_D``)."""
+    return tl.sum(tl.where((rows == BLOCK_T - 1)[:, None], x, 0.0), axis=0)
+
+
+@triton.jit
+def _last(x, rows, BLOCK_T: tl.constexpr):
+    """The block's last element of ``x`` (``BLOCK_T`` -> a scalar)."""
+    return tl.sum(tl.where(rows == BLOCK_T - 1, x, 0.0), axis=0)
+
+
+@triton.jit
+def _scores(
+    s_ptr,
+    pad_ptr,
+    t,
+    ok,
+    b,
+    h,
+    sst,
+    ssb,
+    spb,
+    spt,
+    temperature,
+    HAS_PAD: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    """The rows' scores in ``ACC`` divided by the temperature; MASKED at padding and past the end."""
+    s = tl.load(s_ptr + t.to(tl.int64) * sst + b * ssb + h, mask=ok, other=0.0).to(ACC)
+    s = s / temperature
+    keep = ok
+    if HAS_PAD:
+        pad = tl.load(pad_ptr + b * spb + t.to(tl.int64) * spt, mask=ok, other=1)
+        keep = keep & (pad == 0)
+    return tl.where(keep, s, MASKED_SCORE), keep
+
+
+@triton.jit
+def _rows(ptr, t, ok, b, c, d_ok, st, sb, ACC: tl.constexpr):
+    """``BLOCK_T x BLOCK_D`` tile in ``ACC`` of a ``T x B x C`` tensor (zeros outside)."""
+    both = ok[:, None] & d_ok[None, :]
+    x = tl.load(ptr + t.to(tl.int64)[:, None] * st + b * sb + c[None, :], mask=both, other=0.0)
+    return x.to(ACC)
+
+
+@triton.jit
+def _store_rows(ptr, x, t, ok, b, c, d_ok, st, sb):
+    both = ok[:, None] & d_ok[None, :]
+    tl.store(
+        ptr + t.to(tl.int64)[:, None] * st + b * sb + c[None, :],
+        x.to(ptr.dtype.element_ty),
+        mask=both,
+    )
+
+
+@triton.jit
+def _prefix(s, v, carry_l, carry_q, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The block's prefix ``(L_t, q_t)`` continuing the carry ``(L, q)`` of the blocks before."""
+    lse = tl.broadcast_to(s[:, None], (BLOCK_T, BLOCK_D))
+    lse, q = tl.associative_scan((lse, v), 0, _merge)
+    return _merge(carry_l[None, :], carry_q[None, :], lse, q)
+
+
+# the integers that change with the batch are passed as they are: specialised (== 1,
+# divisible by 16), each new class would be a compilation
+@triton.jit(do_not_specialize=["length", "bsz"])
+def query_product_kernel(
+    s_ptr,
+    v_ptr,
+    pad_ptr,
+    local_ptr,
+    out_ptr,
+    lse_ptr,
+    length,
+    bsz,
+    heads,
+    head_dim,
+    temperature,
+    sst,
+    ssb,
+    svt,
+    svb,
+    spb,
+    spt,
+    slt,
+    slb,
+    sot,
+    sob,
+    CAUSAL: tl.constexpr,
+    ACC: tl.constexpr,
+    HAS_PAD: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)  # sentence
+    h = tl.program_id(1)  # conv head
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < head_dim
+    c = (h * head_dim + d).to(tl.int64)  # the head's channels
+    rows = tl.arange(0, BLOCK_T)
+    row = b * heads + h  # the head's row of lse
+    carry_l = tl.full((BLOCK_D,), float("-inf"), ACC)
+    carry_q = tl.zeros((BLOCK_D,), ACC)
+    for start in range(0, length, BLOCK_T):
+        t = start + rows
+        ok = t < length
+        s, _ = _scores(s_ptr, pad_ptr, t, ok, b, h, sst, ssb, spb, spt, temperature, HAS_PAD, ACC)
+        v = _rows(v_ptr, t, ok, b, c, d_ok, svt, svb, ACC)
+        if CAUSAL:
+            lse, q = _prefix(s, v, carry_l, carry_q, BLOCK_T, BLOCK_D)
+            tl.store(lse_ptr + row * length + t, tl.max(lse, axis=1), mask=ok)
+            local = _rows(local_ptr, t, ok, b, c, d_ok, slt, slb, ACC)
+            _store_rows(out_ptr, local * q, t, ok, b, c, d_ok, sot, sob)
+            carry_l, carry_q = _last_row(lse, rows, BLOCK_T), _last_row(q, rows, BLOCK_T)
+        else:  # the block's own softmax, merged into the sentence's
+            top = tl.max(s, axis=0)
+            e = tl.exp(s - top)
+            total = tl.sum(e, axis=0)
+            carry_l, carry_q = _merge(
+                carry_l, carry_q, top + tl.log(total), tl.sum(e[:, None] * v, axis=0) / total
+            )
+    if not CAUSAL:  # (L, q) of the sentence, then the product at every position
+        state = lse_ptr + row * (head_dim + 1)
+        tl.store(state, tl.max(carry_l, axis=0))
+        tl.store(state + 1 + d, carry_q, mask=d_ok)
+        for start in range(0, length, BLOCK_T):
+            t = start + rows
+            ok = t < length
+            local = _rows(local_ptr, t, ok, b, c, d_ok, slt, slb, ACC)
+            _store_rows(out_ptr, local * carry_q[None, :], t, ok, b, c, d_ok, sot, sob)
+
+
+@triton.jit(do_not_specialize=["length", "bsz"])
+def query_product_grad_kernel(
+    g_ptr,
+    s_ptr,
+    v_ptr,
+    pad_ptr,
+    local_ptr,
+    lse_ptr,
+    c_ptr,
+    grad_local_ptr,
+    grad_s_ptr,
+    grad_v_ptr,
+    length,
+    bsz,
+    heads,
+    head_dim,
+    temperature,
+    sgt,
+    sgb,
+    sst,
+    ssb,
+    svt,
+    svb,
+    spb,
+    spt,
+    slt,
+    slb,
+    CAUSAL: tl.constexpr,
+    ACC: tl.constexpr,
+    HAS_PAD: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # the gradients are written in the layouts of their inputs, contiguous
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < head_dim
+    channels = heads * head_dim
+    c = (h * head_dim + d).to(tl.int64)
+    rows = tl.arange(0, BLOCK_T)
+    row = b * heads + h
+    if not CAUSAL:
+        state = lse_ptr + row * (head_dim + 1)
+        lse = tl.load(state)
+        q = tl.load(state + 1 + d, mask=d_ok, other=0.0)
+        gamma = tl.zeros((BLOCK_D,), ACC)  # Σ_t ∂out_t ⊙ local_t: the query's gradient
+        for start in range(0, length, BLOCK_T):
+            t = start + rows
+            ok = t < length
+            g = _rows(g_ptr, t, ok, b, c, d_ok, sgt, sgb, ACC)
+            gamma += tl.sum(g * _rows(local_ptr, t, ok, b, c, d_ok, slt, slb, ACC), axis=0)
+            _store_rows(grad_local_ptr, g * q[None, :], t, ok, b, c, d_ok, bsz * channels, channels)
+        for start in range(0, length, BLOCK_T):
+            t = start + rows
+            ok = t < length
+            s, keep = _scores(
+                s_ptr, pad_ptr, t, ok, b, h, sst, ssb, spb, spt, temperature, HAS_PAD, ACC
+            )
+            v = _rows(v_ptr, t, ok, b, c, d_ok, svt, svb, ACC)
+            alpha = tl.where(keep, tl.exp(s - lse), 0.0)
+            grad_s = alpha * tl.sum((v - q[None, :]) * gamma[None, :], axis=1) / temperature
+            tl.store(
+                grad_s_ptr + t.to(tl.int64) * bsz * heads + b * heads + h,
+                grad_s.to(grad_s_ptr.dtype.element_ty),
+                mask=ok,
+            )
+            grad_v = alpha[:, None] * gamma[None, :]
+            _store_rows(grad_v_ptr, grad_v, t, ok, b, c, d_ok, bsz * channels, channels)
+    else:
+        # the values' mean, on which q_t and v_τ are centred (their difference is what counts)
+        mean = tl.zeros((BLOCK_D,), ACC)
+        for start in range(0, length, BLOCK_T):
+            t = start + rows
+            mean += tl.sum(_rows(v_ptr, t, t < length, b, c, d_ok, svt, svb, ACC), axis=0)
+        mean = mean / length
+        # forward in time: q_t again, ∂local_t, and c_t = -γ_t · (q_t - μ) into the scratch row
+        carry_l = tl.full((BLOCK_D,), float("-inf"), ACC)
+        carry_q = tl.zeros((BLOCK_D,), ACC)
+        for start in range(0, length, BLOCK_T):
+            t = start + rows
+            ok = t < length
+            s, _ = _scores(
+                s_ptr, pad_ptr, t, ok, b, h, sst, ssb, spb, spt, temperature, HAS_PAD, ACC
+            )
+            v = _rows(v_ptr, t, ok, b, c, d_ok, svt, svb, ACC)
+            lse, q = _prefix(s, v, carry_l, carry_q, BLOCK_T, BLOCK_D)
+            g = _rows(g_ptr, t, ok, b, c, d_ok, sgt, sgb, ACC)
+            _store_rows(grad_local_ptr, g * q, t, ok, b, c, d_ok, bsz * channels, channels)
+            gamma = g * _rows(local_ptr, t, ok, b, c, d_ok, slt, slb, ACC)
+            # a row whose prefix is padding only pools nothing usable: no gradient from it
+            live = tl.max(lse, axis=1) > MASKED_SCORE / 2
+            cc = -tl.sum(gamma * (q - mean[None, :]), axis=1)
+            tl.store(c_ptr + row * length + t, tl.where(live, cc, 0.0), mask=ok)
+            carry_l, carry_q = _last_row(lse, rows, BLOCK_T), _last_row(q, rows, BLOCK_T)
+        tl.debug_barrier()  # the scratch row, written above, is read below by other threads
+        # backward in time, rows in reverse order: R_t = x_t + e^{L_t - L_{t+1}} R_{t+1}
+        carry_g = tl.zeros((BLOCK_D,), ACC)
+        carry_c = tl.sum(tl.zeros((BLOCK_T,), ACC), axis=0)
+        blocks = tl.cdiv(length, BLOCK_T)
+        for k in range(0, blocks):
+            t = (blocks - k) * BLOCK_T - 1 - rows  # latest first
+            ok = t < length
+            lse = tl.load(lse_ptr + row * length + t, mask=ok, other=0.0)
+            later = t + 1 < length
+            lse_next = tl.load(lse_ptr + row * length + t + 1, mask=later, other=0.0)
+            a = tl.where(later, tl.exp(lse - lse_next), 0.0)  # the factor to the row after
+            live = ok & (lse > MASKED_SCORE / 2)
+            g = _rows(g_ptr, t, ok, b, c, d_ok, sgt, sgb, ACC)
+            gamma = tl.where(
+                live[:, None], g * _rows(local_ptr, t, ok, b, c, d_ok, slt, slb, ACC), 0.0
+            )
+            cc = tl.load(c_ptr + row * length + t, mask=ok, other=0.0)
+            a2 = tl.broadcast_to(a[:, None], (BLOCK_T, BLOCK_D))
+            prod_g, rest_g = tl.associative_scan((a2, gamma), 0, _affine)
+            prod_c, rest_c = tl.associative_scan((a, cc), 0, _affine)
+            r_g = rest_g + prod_g * carry_g[None, :]
+            r_c = rest_c + prod_c * carry_c
+            s, keep = _scores(
+                s_ptr, pad_ptr, t, ok, b, h, sst, ssb, spb, spt, temperature, HAS_PAD, ACC
+            )
+            v = _rows(v_ptr, t, ok, b, c, d_ok, svt, svb, ACC)
+            share = tl.where(keep, tl.exp(s - lse), 0.0)  # e^{s_τ - L_τ}
+            grad_v = share[:, None] * r_g
+            grad_s = tl.sum((v - mean[None, :]) * grad_v, axis=1) + share * r_c
+            tl.store(
+                grad_s_ptr + t.to(tl.int64) * bsz * heads + b * heads + h,
+                (grad_s / temperature).to(grad_s_ptr.dtype.element_ty),
+                mask=ok,
+            )
+            _store_rows(grad_v_ptr, grad_v, t, ok, b, c, d_ok, bsz * channels, channels)
+            carry_g, carry_c = _last_row(r_g, rows, BLOCK_T), _last(r_c, rows, BLOCK_T)
+
+
+class QueryProduct(torch.autograd.Function):
+    """``local ⊙ Query(scores, values)`` (:func:`query_product`) as the two kernels."""
+
+    @staticmethod
+    def forward(
+        ctx,
+        local: Tensor,
+        scores: Tensor,
+        values: Tensor,
+        padding: Optional[Tensor],
+        heads: int,
+        causal: bool,
+        temperature: float,
+    ) -> Tensor:
+        length, bsz, channels = values.shape
+        head_dim = channels // heads
+        out = torch.empty(length, bsz, channels, dtype=values.dtype, device=values.device)
+        width = length if causal else head_dim + 1
+        acc = torch.promote_types(values.dtype, torch.float32)
+        lse = torch.empty(bsz, heads, width, dtype=acc, device=values.device)
+        pad = padding if padding is not None else scores
+        if length:
+            with _device_of(values):
+                query_product_kernel[(bsz, heads)](
+                    scores,
+                    values,
+                    pad,
+                    local,
+                    out,
+                    lse,
+                    length,
+                    bsz,
+                    heads,
+                    head_dim,
+                    float(temperature),
+                    *scores.stride()[:2],
+                    *values.stride()[:2],
+                    *pad.stride()[:2],
+                    *local.stride()[:2],
+                    *out.stride()[:2],
+                    CAUSAL=causal,
+                    ACC=_ACC[lse.dtype],
+                    HAS_PAD=padding is not None,
+                    BLOCK_T=BLOCK_T,
+                    BLOCK_D=triton.next_power_of_2(head_dim),
+                )
+        ctx.save_for_backward(local, scores, values, padding, lse)
+        ctx.heads, ctx.causal, ctx.temperature = heads, causal, float(temperature)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: Tensor):
+        local, scores, values, padding, lse = ctx.saved_tensors
+        grad_out = _channels_inner(grad_out)
+        length, bsz, channels = values.shape
+        heads = ctx.heads
+        head_dim = channels // heads
+        grad_local = torch.empty(length, bsz, channels, dtype=local.dtype, device=local.device)
+        grad_s = torch.empty(length, bsz, heads, dtype=scores.dtype, device=scores.device)
+        grad_v = torch.empty(length, bsz, channels, dtype=values.dtype, device=values.device)
+        scratch = torch.empty(
+            bsz, heads, length if ctx.causal else 1, dtype=lse.dtype, device=values.device
+        )
+        pad = padding if padding is not None else scores
+        if length:
+            with _device_of(values):
+                query_product_grad_kernel[(bsz, heads)](
+                    grad_out,
+                    scores,
+                    values,
+                    pad,
+                    local,
+                    lse,
+                    scratch,
+                    grad_local,
+                    grad_s,
+                    grad_v,
+                    length,
+                    bsz,
+                    heads,
+                    head_dim,
+                    ctx.temperature,
+                    *grad_out.stride()[:2],
+                    *scores.stride()[:2],
+                    *values.stride()[:2],
+                    *pad.stride()[:2],
+                    *local.stride()[:2],
+                    CAUSAL=ctx.causal,
+                    ACC=_ACC[lse.dtype],
+                    HAS_PAD=padding is not None,
+                    BLOCK_T=BLOCK_T,
+                    BLOCK_D=triton.next_power_of_2(head_dim),
+                )
+        return grad_local, grad_s, grad_v, None, None, None, None
+
+
+def query_product(
+    local: Tensor,
+    scores: Tensor,
+    values: Tensor,
+    padding: Optional[Tensor],
+    heads: int,
+    causal: bool,
+    temperature: float = 1.0,
+) -> Tensor:
+    """``local ⊙ q`` for a whole sequence: ``local`` and ``values`` ``T x B x C``,
+    ``scores`` ``T x B x H`` (channels innermost, any row strides: slices of the fused
+    projection), ``padding`` ``B x T`` (True at padding) or None. Returns ``T x B x C`` in
+    the values' dtype; gradients for ``local``, ``scores`` and ``values``."""
+    local, scores, values = (_channels_inner(x) for x in (local, scores, values))
+    return QueryProduct.apply(local, scores, values, padding, heads, causal, temperature)
+
+
+def _channels_inner(x: Tensor) -> Tensor:
+    """``x`` itself where its last axis is contiguous (the kernels' only assumption), else a copy."""
+    return x if x.stride(-1) == 1 else x.contiguous()
