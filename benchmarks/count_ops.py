@@ -230,11 +230,13 @@ def main(argv=None):
                 f"{n} {count(r, 'launches') / base:.2f}x" for n, r in results.items()
             )
             print(f"launches, ratio to transformer: {ratios}")
-        if args.device == "cuda" and any(n in ("tpp", "tpp-triton") for n in args.models):
+        if args.device == "cuda" and any(
+            n in ("tpp", "tpp-triton", "tpp-fused") for n in args.models
+        ):
             print(
                 "(a Triton kernel is no ATen operator: these counts leave out the conv heads' "
                 "Triton launches, one per decoder layer and beam step, three per LocalConv "
-                "and training batch)"
+                "and training batch, and with tpp-fused two more per hybrid layer)"
             )
 
     where = f"d={args.size}, {args.layers}+{args.layers} layers, {args.dtype}, {args.device}"

@@ -4,13 +4,17 @@
 #
 # Usage:
 #   benchmarks/gpu_suite.sh [--force] [--budget SECONDS] [--limit STAGE=SECONDS ...]
-#                           [--pack DIR] DATA OUT [STAGE ...]
+#                           [--stand-in] [--pack DIR] DATA OUT [STAGE ...]
 #
 #   --budget  the seconds the whole suite may take (an allocation's time is counted): no
 #          command runs past it; those left are recorded as not run
 #   --limit   the seconds one stage may take (default: the figure beside it below),
 #          within the budget: a command cut off keeps its output in FILE.partial, and
 #          the stage's commands left are recorded as not run; the next stage runs
+#   --stand-in  the decide stage's commands on the CPU, small (d = 128 and 256, batches of
+#          1,024 tokens, two rounds, the tests only collected): tries the stage's commands and tables on a machine
+#          without a GPU, where tpp-fused runs the PyTorch operations; no figure of
+#          it is a GPU's
 #   --pack DIR  after every stage, DIR receives summary.md, status.txt and
 #          gpu_results.tar.gz (all of OUT): what returns from a machine that sends
 #          back only a few files, even if the suite is stopped midway
@@ -23,6 +27,12 @@
 #   STAGE  any of the stages below (default: all of them, in this order)
 #
 #   tests        90 s  the CUDA tests and the Triton kernels' tests, compiled
+#   decide      420 s  what decides the fused conv heads (docs/gpu.md): the fused Query's
+#                      tests on CUDA; training, bf16, paired (bench_model.py): transformer,
+#                      its twin (the control), tpp, tpp-fused at base size (d = 512, 6+6
+#                      layers, 8,192 tokens) and at d = 1024 (16,384 x 2), with MFU; their
+#                      operators on CUDA; float32 at base. Each table is printed, and
+#                      packed, as its command ends
 #   mixed       300 s  fairseq-train, base size, 150 updates: transformer and
 #                      transformer_pp with the tag losses in float32, --bf16 and --fp16;
 #                      --bf16 with the conv heads as PyTorch operations (transformer_pp,
@@ -46,16 +56,18 @@
 # Python interpreter to use (default: python on PATH).
 set -uo pipefail
 
-ALL_STAGES=(tests mixed speed split generation step cudnn profile memory counts)
-declare -A LIMIT=([tests]=90 [mixed]=300 [speed]=150 [split]=90 [generation]=180 [step]=60
-                  [cudnn]=150 [profile]=150 [memory]=60 [counts]=60)
+ALL_STAGES=(tests decide mixed speed split generation step cudnn profile memory counts)
+declare -A LIMIT=([tests]=90 [decide]=420 [mixed]=300 [speed]=150 [split]=90 [generation]=180
+                  [step]=60 [cudnn]=150 [profile]=150 [memory]=60 [counts]=60)
 FORCE=0
+STAND_IN=0
 BUDGET=0
 PACK=
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 while [[ $# -gt 0 ]]; do
     case $1 in
         --force) FORCE=1; shift ;;
+        --stand-in) STAND_IN=1; shift ;;
         --budget)
             if [[ ! ${2:-} =~ ^[1-9][0-9]*$ ]]; then
                 echo "gpu_suite.sh: --budget takes a whole number of seconds, not '${2:-}'" >&2
@@ -201,6 +213,7 @@ summarize() {  # summarize STAGE: its table, appended to OUT/summary.md and prin
         echo
         case $stage in
         tests) output tests.txt 25 ;;
+        decide) ;;  # each table as its command ends (decided)
         mixed) train_table "${MIXED_RUNS[@]}" ;;
         speed) output speed.md ;;
         generation) output generation_30.md; echo; output generation_100.md ;;
@@ -220,7 +233,21 @@ pack() {  # what a machine that returns few files sends back, after every stage
     tar -czf "$PACK/gpu_results.tar.gz.tmp" -C "$OUT" . && mv -f "$PACK/gpu_results.tar.gz.tmp" "$PACK/gpu_results.tar.gz"
 }
 
+decided() {  # decided FILE: one of the decide stage's tables, printed, appended and packed
+    { echo; echo "### decide: $1"; echo; output "$1"; } | tee -a "$OUT/summary.md"
+    pack
+}
+
 BENCH=("$PY" -m benchmarks.bench_model --data "$DATA" --device cuda --dtype bf16 --sizes 1024)
+# the decide stage: the same commands on a GPU or, --stand-in, small on the CPU
+DEVICE=cuda BASE=512 BASE_TOKENS=8192 BIG=1024 BIG_TOKENS=16384 ROUNDS=8 COLLECT=() STAND=()
+if [[ $STAND_IN -eq 1 ]]; then  # the kernels never in the interpreter: it would take hours
+    DEVICE=cpu BASE=128 BASE_TOKENS=1024 BIG=256 BIG_TOKENS=1024 ROUNDS=2
+    COLLECT=(--collect-only) STAND=(env TRITON_INTERPRET=0)
+fi
+DECIDE=("${STAND[@]}" "$PY" -m benchmarks.bench_model --data "$DATA" --device "$DEVICE" --layers 6 --no-generation
+        --no-memory --warmup 2)
+DECIDE_MODELS=transformer,transformer-b,tpp,tpp-fused
 MODELS=transformer,transformer-b,tpp,tpp-taps
 MIXED_UPDATES=${MIXED_UPDATES:-150}
 # name, model, options: the order is that of what they decide
@@ -260,6 +287,22 @@ for stage in "${STAGES[@]}"; do
     tests)  # the ahead-of-time compile test is for machines without a GPU
         run tests tests.txt "$PY" -m pytest -q -p no:cacheprovider --tb=line -rfE \
             tests/plugin/test_cuda.py tests/plugin/test_conv_heads_triton.py -k "not hopper" ;;
+    decide)
+        run decide decide_tests.txt "$PY" -m pytest -q -p no:cacheprovider --tb=line -rfE "${COLLECT[@]}" \
+            tests/plugin/test_query_triton.py
+        decided decide_tests.txt
+        run decide decide_base.md "${DECIDE[@]}" --dtype bf16 --sizes "$BASE" --max-tokens "$BASE_TOKENS" \
+            --update-freq 1 --rounds "$ROUNDS" --mfu --models "$DECIDE_MODELS" --partial "$OUT/decide_base.md.progress"
+        decided decide_base.md
+        run decide decide_big.md "${DECIDE[@]}" --dtype bf16 --sizes "$BIG" --max-tokens "$BIG_TOKENS" \
+            --update-freq 2 --rounds "$ROUNDS" --mfu --models "$DECIDE_MODELS" --partial "$OUT/decide_big.md.progress"
+        decided decide_big.md
+        run decide decide_counts.md "${STAND[@]}" "$PY" -m benchmarks.count_ops --data "$DATA" --device "$DEVICE" --dtype bf16 \
+            --size "$BIG" --layers 6 --max-tokens "$BIG_TOKENS" --models transformer,tpp,tpp-fused
+        decided decide_counts.md
+        run decide decide_fp32.md "${DECIDE[@]}" --dtype fp32 --sizes "$BASE" --max-tokens "$BASE_TOKENS" --update-freq 1 \
+            --rounds "$((ROUNDS / 2))" --models transformer,tpp,tpp-fused --partial "$OUT/decide_fp32.md.progress"
+        decided decide_fp32.md ;;
     mixed)
         for name in "${MIXED_RUNS[@]}"; do
             # shellcheck disable=SC2086  # the options are words

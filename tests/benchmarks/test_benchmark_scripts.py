@@ -253,6 +253,45 @@ def test_gpu_suite_cudnn_stage_trains_transformer_with_cudnns_attention_kept_on(
     assert "| transformer_bf16_cudnn | 0 |" in summary
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the stage would run for real")
+def test_gpu_suite_decide_stage_stands_in_on_the_cpu(data, tmp_path):
+    """--stand-in: the decide stage's five commands run on the CPU, small, each table
+    printed and packed as its command ends: the fused Query's tests (collected), training
+    at two sizes and in float32 with tpp-fused beside tpp and the control, the operator
+    counts."""
+    out, pack = tmp_path / "results", tmp_path / "pack"
+    res = run(
+        ["benchmarks/gpu_suite.sh", "--stand-in", "--pack", pack, data, out, "decide"],
+        cwd=REPO,
+        check=False,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = [line.split("\t")[:3] for line in (out / "status.txt").read_text().splitlines()]
+    files = [
+        "decide_tests.txt",
+        "decide_base.md",
+        "decide_big.md",
+        "decide_counts.md",
+        "decide_fp32.md",
+    ]
+    assert lines == [["decide", f, "exit 0"] for f in files], lines
+    summary = (pack / "summary.md").read_text()
+    assert summary == (out / "summary.md").read_text()
+    assert "test_query_triton.py" in (out / "decide_tests.txt").read_text()
+    for table, size in (("decide_base.md", 128), ("decide_big.md", 256)):
+        text = (out / table).read_text()
+        assert f"d={size}" in text and "6+6 layers" in text and "bf16" in text, text
+        assert "| tpp-fused |" in text, text
+        assert re.search(r"\| transformer-b \| \d\.\d\d× \(paired", text), "the control's ratio"
+    assert "tpp-fused" in (out / "decide_counts.md").read_text()
+    assert "fp32" in (out / "decide_fp32.md").read_text()
+    # printed as each command ends, before the next one's status line
+    assert res.stdout.index("### decide: decide_base.md") < res.stdout.index(
+        "decide\tdecide_big.md"
+    )
+    assert {p.name for p in pack.iterdir()} == {"summary.md", "status.txt", "gpu_results.tar.gz"}
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the stages would run for real")
 def test_gpu_suite_reports_a_stage_cut_off_by_its_limit_and_packs_few_files(data, tmp_path):
     """--limit: the mixed stage stops at its own limit (its first run cut off, the
