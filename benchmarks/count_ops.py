@@ -236,7 +236,7 @@ def main(argv=None):
             print(
                 "(a Triton kernel is no ATen operator: these counts leave out the conv heads' "
                 "Triton launches, one per decoder layer and beam step, three per LocalConv "
-                "and training batch, and with tpp-fused two more per hybrid layer)"
+                "and training batch, with tpp-fused four per hybrid layer)"
             )
 
     where = f"d={args.size}, {args.layers}+{args.layers} layers, {args.dtype}, {args.device}"

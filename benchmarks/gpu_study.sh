@@ -2,7 +2,7 @@
 # The quality study's share of one short GPU allocation on a node without internet: the
 # runs named by --only trained at once, averaged, translated and scored, their records
 # (no checkpoints) packed into RESULTS, to be merged with earlier allocations' records
-# by `tpp-study --records ... --report-only` on any machine (docs/gpu.md).
+# by `tpp-study --records ... --report-only` on any machine (docs/gpu_commands.md).
 #
 # Usage, from the checkout on the node, with what benchmarks/gpu_prepare.sh made beside it:
 #   benchmarks/gpu_study.sh --budget SECONDS --results DIR --only RUN,... [tpp-study options]

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU checks and benchmarks of docs/gpu.md in one command, the stages in the order
-# of what they decide, each under its own time limit inside one overall budget.
+# The GPU checks and benchmarks of docs/gpu.md in one command (docs/gpu_commands.md), the
+# stages in the order of what they decide, each under its own time limit inside one
+# overall budget.
 #
 # Usage:
 #   benchmarks/gpu_suite.sh [--force] [--budget SECONDS] [--limit STAGE=SECONDS ...]
@@ -27,7 +28,7 @@
 #   STAGE  any of the stages below (default: all of them, in this order)
 #
 #   tests        90 s  the CUDA tests and the Triton kernels' tests, compiled
-#   decide      420 s  what decides the fused conv heads (docs/gpu.md): the fused Query's
+#   decide      420 s  what decides the fused conv heads (docs/gpu_commands.md): their
 #                      tests on CUDA; training, bf16, paired (bench_model.py): transformer,
 #                      its twin (the control), tpp, tpp-fused at base size (d = 512, 6+6
 #                      layers, 8,192 tokens) and at d = 1024 (16,384 x 2), with MFU; their

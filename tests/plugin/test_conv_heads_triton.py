@@ -208,13 +208,13 @@ def test_local_conv_uses_triton_only_where_asked_and_possible(monkeypatch):
 
 @pytest.mark.parametrize("impl", ["triton", "fused"])
 def test_option_reaches_every_conv_head_and_changes_no_output(impl, monkeypatch):
-    """``fused``: also the Query and its product with LocalConv, in every layer."""
+    """``fused``: all of the conv heads as one function in every layer (training)."""
     from tpp_plugin.modules import query_triton
 
     products = []
-    original = query_triton.query_product
+    original = query_triton.conv_heads
     monkeypatch.setattr(
-        query_triton, "query_product", lambda *a: products.append(a[5]) or original(*a)
+        query_triton, "conv_heads", lambda *a: products.append(a[6]) or original(*a)
     )
     torch.manual_seed(0)
     d = make_dictionary(30)
@@ -464,6 +464,7 @@ def test_model_decodes_step_by_step_as_in_parallel_with_the_kernels():
 
 COMPILE_FOR_HOPPER = r"""
 import inspect
+import itertools
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -495,20 +496,20 @@ for dtype in ("bf16", "fp16", "fp32"):
             signature.update({name: "constexpr" for name in fixed})
             binary = triton.compile(ASTSource(kernel, signature, constexprs=fixed), target=GPUTarget("cuda", 90, 32))
             print(kernel.fn.__name__, dtype, len(binary.asm["cubin"]))
-    # the Query times LocalConv (--conv-heads-impl fused), encoder and decoder, with and
+    # the conv heads for training (--conv-heads-impl fused), encoder and decoder, with and
     # without a padding mask (a bool tensor; without one, the scores stand in for it)
     from tpp_plugin.modules import query_triton as qt
+    # (the forward kernel with LocalConv computed in it, from u and a float32 kernel)
     for kernel in (qt.query_product_kernel, qt.query_product_grad_kernel):
         names = inspect.signature(kernel.fn).parameters
-        for causal in (False, True):
-            for has_pad in (False, True):
-                signature = {name: "*" + dtype if name.endswith("_ptr") else "i32" for name in names}
-                signature.update(lse_ptr="*fp32", c_ptr="*fp32", temperature="fp32")
-                signature["pad_ptr"] = "*i1" if has_pad else "*" + dtype
-                fixed = dict(CAUSAL=causal, HAS_PAD=has_pad, ACC=tl.float32, BLOCK_T=qt.BLOCK_T, BLOCK_D=64)
-                signature = {name: "constexpr" if name in fixed else t for name, t in signature.items() if name in names}
-                binary = triton.compile(ASTSource(kernel, signature, constexprs=fixed), target=GPUTarget("cuda", 90, 32))
-                print(kernel.fn.__name__, dtype, len(binary.asm["cubin"]))
+        for causal, has_pad in itertools.product((False, True), (False, True)):
+            signature = {name: "*" + dtype if name.endswith("_ptr") else "i32" for name in names}
+            signature.update(lse_ptr="*fp32", c_ptr="*fp32", k_ptr="*fp32", temperature="fp32")
+            signature["pad_ptr"] = "*i1" if has_pad else "*" + dtype
+            fixed = dict(CAUSAL=causal, HAS_PAD=has_pad, ACC=tl.float32, BLOCK_T=qt.BLOCK_T, BLOCK_D=64)
+            signature = {name: "constexpr" if name in fixed else t for name, t in signature.items() if name in names}
+            binary = triton.compile(ASTSource(kernel, signature, constexprs=fixed), target=GPUTarget("cuda", 90, 32))
+            print(kernel.fn.__name__, dtype, len(binary.asm["cubin"]))
 """
 
 

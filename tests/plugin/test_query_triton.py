@@ -1,7 +1,8 @@
-"""The Query times LocalConv as two Triton kernels (``--conv-heads-impl fused``): the same
-function and gradients as the explicit softmax in float64, as accurate as the PyTorch
-operations in float32 and half precision, every output element written, and the hybrid
-attention equal to its PyTorch path. On a CUDA GPU where there is one, otherwise through
+"""The conv heads as Triton kernels for training (``--conv-heads-impl fused``): the Query
+times LocalConv's output, and LocalConv computed in the same launch, give the same
+function and gradients as the explicit softmax and convolution in float64, as accurate
+as the PyTorch operations in float32 and half precision, every output element written,
+and the hybrid attention equal to its PyTorch path. On a CUDA GPU where there is one, otherwise through
 Triton's interpreter (tests/conftest.py sets ``TRITON_INTERPRET=1`` without a GPU)."""
 
 import pytest
@@ -17,7 +18,8 @@ if DEVICE == "cpu" and not conv_heads_triton.interpreting():
         allow_module_level=True,
     )
 
-from tpp_plugin.modules.query_triton import BLOCK_T, query_product  # noqa: E402
+from tpp_plugin.modules.local_conv import DilatedDepthwiseConv  # noqa: E402
+from tpp_plugin.modules.query_triton import BLOCK_T, conv_heads  # noqa: E402
 
 
 def explicit(local, scores, values, padding, heads, causal, temperature):
@@ -33,6 +35,26 @@ def explicit(local, scores, values, padding, heads, causal, temperature):
     values = values.reshape(length, bsz, heads, -1).permute(1, 2, 0, 3)  # B x H x T x dh
     q = torch.softmax(logits, -1) @ values  # B x H x T x dh
     return local * q.permute(2, 0, 1, 3).reshape(length, bsz, channels)
+
+
+def zero_padding(local, padding):
+    """LocalConv reads padding as zero: with a one-tap kernel, its output there is zero."""
+    return local if padding is None else local.masked_fill(padding.t().unsqueeze(-1), 0.0)
+
+
+def explicit_query(local, scores, values, padding, heads, causal, temperature):
+    """:func:`explicit` with ``local`` as a one-tap LocalConv of ones gives it."""
+    return explicit(
+        zero_padding(local, padding), scores, values, padding, heads, causal, temperature
+    )
+
+
+def query_times(local, scores, values, padding, heads, causal, temperature=1.0):
+    """``local ⊙ q`` through :func:`conv_heads`: LocalConv one tap of ones, the identity
+    (but at padding), so that the Query's part is checked on its own."""
+    acc = torch.promote_types(local.dtype, torch.float32)
+    ones = torch.ones(1, local.size(-1), dtype=acc, device=local.device)
+    return conv_heads(local, ones, scores, values, padding, heads, causal, temperature, 1)
 
 
 def inputs(length, padded, dtype, bsz=3, heads=2, head_dim=8, seed=0):
@@ -98,8 +120,8 @@ LENGTHS = [1, 2, BLOCK_T - 1, BLOCK_T, BLOCK_T + 1, 2 * BLOCK_T + 1, 300]
 def test_equals_the_explicit_softmax_in_float64(length, padded, causal):
     _, exact, padding, grad = inputs(length, padded, torch.float64)
     detached = [t.detach().clone().requires_grad_() for t in exact]
-    got = outputs_and_grads(query_product, detached, padding, grad, causal, 0.75)
-    expected = outputs_and_grads(explicit, exact, padding, grad, causal, 0.75)
+    got = outputs_and_grads(query_times, detached, padding, grad, causal, 0.75)
+    expected = outputs_and_grads(explicit_query, exact, padding, grad, causal, 0.75)
     rows = used_rows(padding, causal, length)
     for name, error in zip(("output", "local", "scores", "values"), errors(got, expected, rows)):
         assert error < 1e-12, (name, error)
@@ -108,10 +130,51 @@ def test_equals_the_explicit_softmax_in_float64(length, padded, causal):
         assert (got[2][pad] == 0).all() and (got[3][pad] == 0).all()
 
 
+# (length, taps, dilation, lookahead): a kernel wider than the sentence, a centred
+# (encoder) one, several blocks
+CONVS = [(1, 3, 1, 0), (7, 15, 2, 0), (BLOCK_T + 1, 5, 2, 0), (40, 5, 1, 2), (70, 3, 1, 0)]
+
+
+@pytest.mark.parametrize(
+    "causal, conv",
+    [(causal, conv) for causal in (False, True) for conv in CONVS if not (causal and conv[3])],
+    ids=lambda c: "T{}-F{}-d{}-a{}".format(*c)
+    if isinstance(c, tuple)
+    else ("decoder" if c else "encoder"),
+)
+@pytest.mark.parametrize("padded", [None, "left", "right"])
+def test_conv_heads_equal_the_convolution_and_softmax_in_float64(causal, conv, padded):
+    """LocalConv in the same launch (:func:`conv_heads`): against the PyTorch convolution
+    (its taps in float64) times the explicit softmax; gradients of ``u``, the kernel,
+    the scores and the values."""
+    length, taps, dilation, lookahead = conv  # (a decoder's LocalConv looks ahead never)
+    _, (u, scores, values), padding, grad = inputs(length, padded, torch.float64, seed=1)
+    kernel = torch.rand(taps, u.size(-1), dtype=torch.float64, device=DEVICE).requires_grad_()
+    rows = padding.t().unsqueeze(-1) if padding is not None else None
+
+    def pytorch(u, kernel, scores, values):
+        local = DilatedDepthwiseConv.apply(u, kernel, dilation, length, lookahead, rows)
+        return explicit(local, scores, values, padding, 2, causal, 0.75)
+
+    def fused(u, kernel, scores, values):
+        return conv_heads(u, kernel, scores, values, padding, 2, causal, 0.75, dilation, lookahead)
+
+    results = []
+    for fn in (pytorch, fused):
+        leaves = [t.detach().clone().requires_grad_() for t in (u, kernel, scores, values)]
+        out = fn(*leaves)
+        results.append([out, *torch.autograd.grad(out, leaves, grad)])
+    used = used_rows(padding, causal, length)
+    expected, got = results
+    assert (got[0] - expected[0])[used].abs().max() <= 1e-12 * expected[0].abs().max()
+    for name, g, e in zip(("u", "kernel", "scores", "values"), got[1:], expected[1:]):
+        assert (g - e).abs().max() <= 1e-12 * (1 + e.abs().max()), name
+
+
 def pytorch_path(local, scores, values, padding, heads, causal, temperature):
     """The PyTorch operations the kernels replace (ContextQuery's pooling, then the product)."""
     query = ContextQuery(heads, values.size(-1) // heads, causal, temperature)
-    return local * query(scores, values, padding)
+    return zero_padding(local, padding) * query(scores, values, padding)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -122,10 +185,10 @@ def test_as_accurate_as_the_pytorch_operations(dtype, causal):
     blocks of weights)."""
     length = 2 * BLOCK_T + 7
     cast, exact, padding, grad = inputs(length, "left" if causal else "right", dtype)
-    expected = outputs_and_grads(explicit, exact, padding, grad, causal, 1.0)
+    expected = outputs_and_grads(explicit_query, exact, padding, grad, causal, 1.0)
     rows = used_rows(padding, causal, length)
     kernel = errors(
-        outputs_and_grads(query_product, cast, padding, grad, causal, 1.0), expected, rows
+        outputs_and_grads(query_times, cast, padding, grad, causal, 1.0), expected, rows
     )
     again = [t.detach().clone().requires_grad_() for t in cast]
     torch_ = errors(
@@ -138,13 +201,18 @@ def test_as_accurate_as_the_pytorch_operations(dtype, causal):
 @pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
 def test_every_output_element_is_written(causal):
     """With uninitialised memory filled with NaN (PyTorch's deterministic mode), every
-    element of the output and of the gradients comes out finite: the kernels wrote it."""
+    element of the output and of the gradients comes out finite: the kernels wrote it
+    (the Query times a given LocalConv output, and LocalConv computed in the launch)."""
     cast, _, padding, grad = inputs(BLOCK_T + 5, "left", torch.float32)
     was = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
         assert torch.empty(4, device=DEVICE).isnan().all()  # the poison is on
-        got = outputs_and_grads(query_product, cast, padding, grad, causal, 1.0)
+        got = outputs_and_grads(query_times, cast, padding, grad, causal, 1.0)
+        u = cast[0].detach().requires_grad_()
+        kernel = torch.rand(5, u.size(-1), device=DEVICE).requires_grad_()
+        out = conv_heads(u, kernel, *cast[1:], padding, 2, causal, 1.0, 2)
+        got += [out, *torch.autograd.grad(out, (u, kernel, *cast[1:]), grad.float())]
     finally:
         torch.use_deterministic_algorithms(was)
     for t in got:
@@ -158,7 +226,7 @@ def test_inputs_of_any_row_stride_and_expanded_gradients():
     proj = torch.randn(20, 3, 40, dtype=torch.float64, device=DEVICE)
     for causal in (False, True):
         grads = []
-        for fn in (query_product, explicit):
+        for fn in (query_times, explicit):
             leaf = proj.clone().requires_grad_()
             local, values, scores = leaf[..., :16], leaf[..., 16:32], leaf[..., 32:34]
             out = fn(local, scores, values, None, 2, causal, 1.0)

@@ -40,7 +40,7 @@ from torch.autograd.function import once_differentiable
 
 #: the implementations of the conv heads (``--conv-heads-impl``): ``auto`` is these
 #: kernels for CUDA tensors where Triton is installed, the taps elsewhere; ``fused`` is
-#: these kernels and, for training, the Query and its product with LocalConv as two more
+#: these kernels and, for training, all of the conv heads in one forward launch
 #: (:mod:`~tpp_plugin.modules.query_triton`)
 IMPLS = ("auto", "taps", "triton", "fused")
 MISSING = (

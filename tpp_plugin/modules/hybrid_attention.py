@@ -81,8 +81,8 @@ class HybridMultiheadAttention(nn.Module):
         conv_heads_impl: ``"auto"``, ``"taps"``, ``"triton"`` or ``"fused"``: on CUDA
             tensors, LocalConv's convolution and the conv heads' decoding step as Triton
             kernels (:mod:`~tpp_plugin.modules.conv_heads_triton`; ``"auto"``: where
-            Triton is installed); ``"fused"`` also the Query and its product with
-            LocalConv in training (:mod:`~tpp_plugin.modules.query_triton`).
+            Triton is installed); ``"fused"`` also all of the conv heads in training
+            (:mod:`~tpp_plugin.modules.query_triton`).
     """
 
     def __init__(
@@ -427,26 +427,28 @@ class HybridMultiheadAttention(nn.Module):
         incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]],
     ) -> Tensor:
         """The conv heads' output ``LocalConv ⊙ Query`` (``T x B x Hc·dh``); for a whole
-        sequence with ``--conv-heads-impl fused``, the Query and the product as one Triton
-        function after LocalConv's (:mod:`~tpp_plugin.modules.query_triton`)."""
+        sequence with ``--conv-heads-impl fused``, all of it as one Triton function
+        (:func:`~tpp_plugin.modules.query_triton.conv_heads`)."""
         u = proj["local"]
         if (
             incremental_state is None
             and self.conv_heads_impl == "fused"
             and conv_heads_triton.runs("fused", u)
         ):
-            from .query_triton import query_product
+            from .query_triton import conv_heads
 
-            query = self.context_query
-            local = self.local_conv(u, padding_mask, None)
-            return query_product(
-                local,
+            conv, query = self.local_conv, self.context_query
+            return conv_heads(
+                u,
+                conv.kernel(),
                 proj["score"],
                 proj["value"],
                 padding_mask,
                 query.num_heads,
                 query.causal,
                 query.temperature,
+                conv.dilation,
+                conv.lookahead,
             )
         local, context = self._conv_heads(proj, padding_mask, incremental_state)
         return local * context  # LocalConv comes out scaled (output_scale)

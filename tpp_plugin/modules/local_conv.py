@@ -311,12 +311,15 @@ class LocalConv(nn.Module):
             u = _masked(u, padding)  # padding enters the buffer as zeros
             steps = [self.step(row, incremental_state) for row in u]  # T x (B x C), float32
             return torch.stack(steps).to(u.dtype)  # T x B x C
-        kernel = self.normalized_kernel()
-        if self.output_scale != 1.0:
-            kernel = kernel * self.output_scale
         return self._convolution(u).apply(
-            u, kernel, self.dilation, u.size(0), self.lookahead, padding
+            u, self.kernel(), self.dilation, u.size(0), self.lookahead, padding
         )
+
+    def kernel(self) -> Tensor:
+        """The kernel the convolution multiplies the taps by: :meth:`normalized_kernel`
+        times the output scale, ``F x C``."""
+        kernel = self.normalized_kernel()
+        return kernel * self.output_scale if self.output_scale != 1.0 else kernel
 
     def _convolution(self, u: Tensor):
         """The autograd function that convolves ``u``: Triton's kernels where asked for

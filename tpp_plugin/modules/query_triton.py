@@ -1,15 +1,18 @@
-"""The Query and its product with LocalConv as Triton kernels, for training
-(``--conv-heads-impl fused``): one launch forward, one backward, per layer.
+"""The conv heads as Triton kernels for training (``--conv-heads-impl fused``):
+``LocalConv(u) ⊙ Query(s, v)`` in one launch forward, three backward, per layer.
 
 Forward, one program per (sentence, conv head), over time in blocks of ``BLOCK_T`` rows:
-the scores divided by the temperature and masked at padding, the pooling of
+LocalConv's taps summed in float32 (the kernel as
+:class:`~tpp_plugin.modules.local_conv.DilatedDepthwiseConv` takes it, output scale
+included) and written, in ``u``'s dtype, for the backward pass; the scores divided by the
+temperature and masked at padding; the pooling of
 :class:`~tpp_plugin.modules.context_query.PooledQuery` (encoder: one softmax over the
 sentence; decoder: the prefix softmax as one ``tl.associative_scan`` of ``(L, q)`` pairs
 under :func:`~tpp_plugin.modules.context_query.merge_spans`' merge, carried from block to
-block), and ``out_t = local_t ⊙ q_t`` (``local``: LocalConv's output, already scaled),
-in float32, cast once as it is written. Kept for the backward pass: the inputs as given
-and ``L`` (the decoder's ``B x H x T`` log-normalisers; the encoder's ``(L, q)``,
-``B x H x (1 + d_h)``), all float32 kept being of the scores' size or smaller.
+block); and ``out_t = local_t ⊙ q_t`` in float32, cast once as it is written. Kept
+besides the inputs: LocalConv's rows and ``L`` (the decoder's ``B x H x T``
+log-normalisers; the encoder's ``(L, q)``, ``B x H x (1 + d_h)``): no float32 tensor
+larger than the scores.
 
 Backward, one program per (sentence, head), with ``γ_t = ∂out_t ⊙ local_t`` the query's
 gradient: ``∂local_t = ∂out_t ⊙ q_t`` and PooledQuery's gradients. In the decoder ``q_t`` is
@@ -22,7 +25,8 @@ kept in a scratch row), and ``Aᵀ`` is applied by one reversed scan of the line
     (A^\\top x)_\\tau = e^{s_\\tau - L_\\tau} R_\\tau
 
 whose factors are at most 1 (``L`` only grows along the sequence): no ``T x T`` or blocked
-matrix, no float32 tensor of the model's width.
+matrix. Then LocalConv's input and kernel gradients from ``∂local`` by its two kernels
+(:mod:`~tpp_plugin.modules.conv_heads_triton`).
 """
 
 from typing import Optional
@@ -33,7 +37,7 @@ import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .conv_heads_triton import _device_of
+from .conv_heads_triton import _device_of, _kernel_grad, _masked, _taps
 from .context_query import MASKED
 
 #: time rows per block of a program: a ``BLOCK_T x d_h`` float32 tile per operand of the scans
@@ -115,6 +119,29 @@ def _store_rows(ptr, x, t, ok, b, c, d_ok, st, sb):
 
 
 @triton.jit
+def _local(
+    u_ptr, k_ptr, pad_ptr, local_ptr, t, ok, b, c, d_ok, length, sut, sub, skf, skc, spb, spt,
+    slt, slb, shift, dilation, taps, HAS_PAD: tl.constexpr, ACC: tl.constexpr,
+):  # fmt: skip
+    """LocalConv's rows, ``Σ_k K_k ⊙ u_{t - shift + k·δ}`` (padding read as zero) summed in
+    ``ACC``, written to ``local`` in its dtype (for the backward pass) and returned as
+    written."""
+    acc = tl.zeros((t.shape[0], c.shape[0]), ACC)
+    for k in range(taps):
+        src = t - shift + k * dilation
+        read = ok & (src >= 0) & (src < length)
+        if HAS_PAD:
+            read = read & (
+                tl.load(pad_ptr + b * spb + src.to(tl.int64) * spt, mask=read, other=1) == 0
+            )
+        x = _rows(u_ptr, src, read, b, c, d_ok, sut, sub, ACC)
+        w = tl.load(k_ptr + k * skf + c * skc, mask=d_ok, other=0.0).to(ACC)
+        acc += x * w[None, :]
+    _store_rows(local_ptr, acc, t, ok, b, c, d_ok, slt, slb)
+    return acc.to(local_ptr.dtype.element_ty).to(ACC)
+
+
+@triton.jit
 def _prefix(s, v, carry_l, carry_q, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
     """The block's prefix ``(L_t, q_t)`` continuing the carry ``(L, q)`` of the blocks before."""
     lse = tl.broadcast_to(s[:, None], (BLOCK_T, BLOCK_D))
@@ -132,6 +159,8 @@ def query_product_kernel(
     local_ptr,
     out_ptr,
     lse_ptr,
+    u_ptr,
+    k_ptr,
     length,
     bsz,
     heads,
@@ -147,6 +176,13 @@ def query_product_kernel(
     slb,
     sot,
     sob,
+    sut,
+    sub,
+    skf,
+    skc,
+    shift,
+    dilation,
+    taps,
     CAUSAL: tl.constexpr,
     ACC: tl.constexpr,
     HAS_PAD: tl.constexpr,
@@ -170,7 +206,10 @@ def query_product_kernel(
         if CAUSAL:
             lse, q = _prefix(s, v, carry_l, carry_q, BLOCK_T, BLOCK_D)
             tl.store(lse_ptr + row * length + t, tl.max(lse, axis=1), mask=ok)
-            local = _rows(local_ptr, t, ok, b, c, d_ok, slt, slb, ACC)
+            local = _local(
+                u_ptr, k_ptr, pad_ptr, local_ptr, t, ok, b, c, d_ok, length, sut, sub, skf, skc,
+                spb, spt, slt, slb, shift, dilation, taps, HAS_PAD, ACC,
+            )  # fmt: skip
             _store_rows(out_ptr, local * q, t, ok, b, c, d_ok, sot, sob)
             carry_l, carry_q = _last_row(lse, rows, BLOCK_T), _last_row(q, rows, BLOCK_T)
         else:  # the block's own softmax, merged into the sentence's
@@ -187,7 +226,10 @@ def query_product_kernel(
         for start in range(0, length, BLOCK_T):
             t = start + rows
             ok = t < length
-            local = _rows(local_ptr, t, ok, b, c, d_ok, slt, slb, ACC)
+            local = _local(
+                u_ptr, k_ptr, pad_ptr, local_ptr, t, ok, b, c, d_ok, length, sut, sub, skf, skc,
+                spb, spt, slt, slb, shift, dilation, taps, HAS_PAD, ACC,
+            )  # fmt: skip
             _store_rows(out_ptr, local * carry_q[None, :], t, ok, b, c, d_ok, sot, sob)
 
 
@@ -325,118 +367,112 @@ def query_product_grad_kernel(
             carry_g, carry_c = _last_row(r_g, rows, BLOCK_T), _last(r_c, rows, BLOCK_T)
 
 
-class QueryProduct(torch.autograd.Function):
-    """``local ⊙ Query(scores, values)`` (:func:`query_product`) as the two kernels."""
+def _forward(u, kernel, scores, values, padding, heads, causal, temperature, shift, dilation):
+    """Launch the forward kernel: ``(out, local, lse)``."""
+    length, bsz, channels = values.shape
+    head_dim = channels // heads
+    out = torch.empty(length, bsz, channels, dtype=values.dtype, device=values.device)
+    local = torch.empty(length, bsz, channels, dtype=u.dtype, device=u.device)
+    width = length if causal else head_dim + 1
+    acc = torch.promote_types(values.dtype, torch.float32)
+    lse = torch.empty(bsz, heads, width, dtype=acc, device=values.device)
+    pad = padding if padding is not None else scores
+    if length:
+        with _device_of(values):
+            query_product_kernel[(bsz, heads)](
+                scores, values, pad, local, out, lse, u, kernel,
+                length, bsz, heads, head_dim, float(temperature),
+                *scores.stride()[:2], *values.stride()[:2], *pad.stride()[:2],
+                *local.stride()[:2], *out.stride()[:2], *u.stride()[:2], *kernel.stride(),
+                shift, dilation, kernel.size(0),
+                CAUSAL=causal, ACC=_ACC[lse.dtype], HAS_PAD=padding is not None,
+                BLOCK_T=BLOCK_T, BLOCK_D=triton.next_power_of_2(head_dim),
+            )  # fmt: skip
+    return out, local, lse
+
+
+def _backward(ctx, grad_out, local, scores, values, padding, lse):
+    """Launch the backward kernel: the gradients of ``local``, ``scores`` and ``values``."""
+    grad_out = _channels_inner(grad_out)
+    length, bsz, channels = values.shape
+    heads = ctx.heads
+    head_dim = channels // heads
+    grad_local = torch.empty(length, bsz, channels, dtype=local.dtype, device=local.device)
+    grad_s = torch.empty(length, bsz, heads, dtype=scores.dtype, device=scores.device)
+    grad_v = torch.empty(length, bsz, channels, dtype=values.dtype, device=values.device)
+    scratch = torch.empty(
+        bsz, heads, length if ctx.causal else 1, dtype=lse.dtype, device=values.device
+    )
+    pad = padding if padding is not None else scores
+    if length:
+        with _device_of(values):
+            query_product_grad_kernel[(bsz, heads)](
+                grad_out, scores, values, pad, local, lse, scratch, grad_local, grad_s, grad_v,
+                length, bsz, heads, head_dim, ctx.temperature,
+                *grad_out.stride()[:2], *scores.stride()[:2], *values.stride()[:2],
+                *pad.stride()[:2], *local.stride()[:2],
+                CAUSAL=ctx.causal, ACC=_ACC[lse.dtype], HAS_PAD=padding is not None,
+                BLOCK_T=BLOCK_T, BLOCK_D=triton.next_power_of_2(head_dim),
+            )  # fmt: skip
+    return grad_local, grad_s, grad_v
+
+
+class ConvHeads(torch.autograd.Function):
+    """``LocalConv(u) ⊙ Query(scores, values)`` (:func:`conv_heads`): forward one launch
+    (LocalConv's rows kept, in ``u``'s dtype, for the backward pass, as the product
+    would keep them); backward the Query's kernel, then LocalConv's two
+    (:class:`~tpp_plugin.modules.conv_heads_triton.TritonDilatedDepthwiseConv`'s)."""
 
     @staticmethod
     def forward(
-        ctx,
-        local: Tensor,
-        scores: Tensor,
-        values: Tensor,
-        padding: Optional[Tensor],
-        heads: int,
-        causal: bool,
-        temperature: float,
-    ) -> Tensor:
-        length, bsz, channels = values.shape
-        head_dim = channels // heads
-        out = torch.empty(length, bsz, channels, dtype=values.dtype, device=values.device)
-        width = length if causal else head_dim + 1
-        acc = torch.promote_types(values.dtype, torch.float32)
-        lse = torch.empty(bsz, heads, width, dtype=acc, device=values.device)
-        pad = padding if padding is not None else scores
-        if length:
-            with _device_of(values):
-                query_product_kernel[(bsz, heads)](
-                    scores,
-                    values,
-                    pad,
-                    local,
-                    out,
-                    lse,
-                    length,
-                    bsz,
-                    heads,
-                    head_dim,
-                    float(temperature),
-                    *scores.stride()[:2],
-                    *values.stride()[:2],
-                    *pad.stride()[:2],
-                    *local.stride()[:2],
-                    *out.stride()[:2],
-                    CAUSAL=causal,
-                    ACC=_ACC[lse.dtype],
-                    HAS_PAD=padding is not None,
-                    BLOCK_T=BLOCK_T,
-                    BLOCK_D=triton.next_power_of_2(head_dim),
-                )
-        ctx.save_for_backward(local, scores, values, padding, lse)
+        ctx, u, kernel, scores, values, padding, heads, causal, temperature, dilation, lookahead
+    ):
+        shift = (kernel.size(0) - 1) * dilation - lookahead  # out[t] reads u[t - shift + k·δ]
+        out, local, lse = _forward(
+            u, kernel, scores, values, padding, heads, causal, temperature, shift, dilation
+        )
+        ctx.save_for_backward(u, kernel, local, scores, values, padding, lse)
         ctx.heads, ctx.causal, ctx.temperature = heads, causal, float(temperature)
+        ctx.shift, ctx.dilation = shift, dilation
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out: Tensor):
-        local, scores, values, padding, lse = ctx.saved_tensors
-        grad_out = _channels_inner(grad_out)
-        length, bsz, channels = values.shape
-        heads = ctx.heads
-        head_dim = channels // heads
-        grad_local = torch.empty(length, bsz, channels, dtype=local.dtype, device=local.device)
-        grad_s = torch.empty(length, bsz, heads, dtype=scores.dtype, device=scores.device)
-        grad_v = torch.empty(length, bsz, channels, dtype=values.dtype, device=values.device)
-        scratch = torch.empty(
-            bsz, heads, length if ctx.causal else 1, dtype=lse.dtype, device=values.device
+        u, kernel, local, scores, values, padding, lse = ctx.saved_tensors
+        grad_local, grad_s, grad_v = _backward(ctx, grad_out, local, scores, values, padding, lse)
+        rows = padding.t().unsqueeze(-1) if padding is not None else None  # T x B x 1
+        # ∂u[j] = Σ_k K[k] ∂local[j + shift - k·δ]: the forward's taps mirrored
+        grad_u = _masked(_taps(grad_local, kernel, u.size(0), -ctx.shift, ctx.dilation), rows)
+        grad_kernel = _kernel_grad(
+            grad_local, _masked(u, rows), kernel.size(0), ctx.shift, -ctx.dilation
         )
-        pad = padding if padding is not None else scores
-        if length:
-            with _device_of(values):
-                query_product_grad_kernel[(bsz, heads)](
-                    grad_out,
-                    scores,
-                    values,
-                    pad,
-                    local,
-                    lse,
-                    scratch,
-                    grad_local,
-                    grad_s,
-                    grad_v,
-                    length,
-                    bsz,
-                    heads,
-                    head_dim,
-                    ctx.temperature,
-                    *grad_out.stride()[:2],
-                    *scores.stride()[:2],
-                    *values.stride()[:2],
-                    *pad.stride()[:2],
-                    *local.stride()[:2],
-                    CAUSAL=ctx.causal,
-                    ACC=_ACC[lse.dtype],
-                    HAS_PAD=padding is not None,
-                    BLOCK_T=BLOCK_T,
-                    BLOCK_D=triton.next_power_of_2(head_dim),
-                )
-        return grad_local, grad_s, grad_v, None, None, None, None
+        grad_kernel = grad_kernel.to(kernel.dtype)
+        return grad_u, grad_kernel, grad_s, grad_v, None, None, None, None, None, None
 
 
-def query_product(
-    local: Tensor,
+def conv_heads(
+    u: Tensor,
+    kernel: Tensor,
     scores: Tensor,
     values: Tensor,
     padding: Optional[Tensor],
     heads: int,
     causal: bool,
-    temperature: float = 1.0,
+    temperature: float,
+    dilation: int,
+    lookahead: int = 0,
 ) -> Tensor:
-    """``local ⊙ q`` for a whole sequence: ``local`` and ``values`` ``T x B x C``,
-    ``scores`` ``T x B x H`` (channels innermost, any row strides: slices of the fused
-    projection), ``padding`` ``B x T`` (True at padding) or None. Returns ``T x B x C`` in
-    the values' dtype; gradients for ``local``, ``scores`` and ``values``."""
-    local, scores, values = (_channels_inner(x) for x in (local, scores, values))
-    return QueryProduct.apply(local, scores, values, padding, heads, causal, temperature)
+    """The conv heads' output ``LocalConv(u) ⊙ q`` for a whole sequence: ``u`` and
+    ``values`` ``T x B x C``, ``kernel`` LocalConv's ``F x C`` (normalised, output scale
+    included: :meth:`~tpp_plugin.modules.LocalConv.kernel`), ``scores`` ``T x B x H``
+    (channels innermost, any row strides: slices of the fused projection), ``padding``
+    ``B x T`` (True at padding) or None. Returns ``T x B x C`` in the values' dtype;
+    gradients for ``u``, ``kernel``, ``scores`` and ``values``."""
+    u, scores, values = (_channels_inner(x) for x in (u, scores, values))
+    return ConvHeads.apply(
+        u, kernel, scores, values, padding, heads, causal, temperature, dilation, lookahead
+    )
 
 
 def _channels_inner(x: Tensor) -> Tensor:

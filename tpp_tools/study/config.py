@@ -199,7 +199,7 @@ def recipe(name: str) -> str:
 
 CONFIGS = {
     # transformer-base size on one GPU, bf16, a few runs per short allocation (their
-    # records merged: docs/gpu.md); pre-LN and 8k BPE, as gpu-short
+    # records merged: docs/gpu_commands.md); pre-LN and 8k BPE, as gpu-short
     "gpu": Config(
         embed_dim=512,
         ffn_dim=2048,
@@ -220,7 +220,7 @@ CONFIGS = {
         conv_head_scaling="inv-sqrt-head-dim",
     ),
     # transformer-base size on one GPU, bf16, sized for a short single-GPU allocation
-    # (all variants x 2 seeds; docs/gpu.md runs the eight at once); pre-LN: post-LN 6+6
+    # (all variants x 2 seeds; docs/gpu_commands.md runs the eight at once); pre-LN: post-LN 6+6
     # layers stayed at the unigram loss for all 600 updates of this schedule (docs/study.md)
     "gpu-short": Config(
         embed_dim=512,

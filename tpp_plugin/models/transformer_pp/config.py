@@ -72,8 +72,8 @@ def add_args(parser) -> None:
     parser.add_argument('--conv-heads-impl', choices=CONV_HEADS_IMPLS, metavar='IMPL',
                         help="how the conv heads run on a GPU: 'triton' (Triton kernels: "
                              "LocalConv in one launch forward and two backward, a decoding step of "
-                             "the conv heads in one), 'fused' ('triton', and in training the Query "
-                             "times LocalConv in one launch forward and one backward), 'taps' "
+                             "the conv heads in one), 'fused' ('triton', and in training the conv "
+                             "heads in one launch forward and three backward), 'taps' "
                              "(PyTorch operations, one per LocalConv tap) or 'auto' (default: "
                              "'triton' where Triton is installed); the CPU always uses 'taps'")
     parser.add_argument('--encoder-tag-layers', type=str, metavar='TAG:LAYER,...',
