@@ -27,10 +27,16 @@ run, and run with ``--device cuda`` for a GPU's own counts.
 
     python -m benchmarks.count_ops --data DIR --size 1024 --dtype bf16
     python -m benchmarks.count_ops --data DIR --size 1024 --dtype bf16 --models transformer,tpp,tpp-taps --device cuda
+    python -m benchmarks.count_ops --size 512 --layers 6 --models transformer,tpp-triton,tpp-fused --triton-launches
+
+``--triton-launches`` makes the CPU's training counts a GPU's for the conv heads' Triton
+kernels: they take their GPU path and each launch is counted, not run.
 """
 
 import argparse
 import collections
+import contextlib
+import os
 from pathlib import Path
 
 from benchmarks import harness
@@ -88,7 +94,16 @@ def parse_args(argv=None):
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--short", type=int, default=10, help="forced output length of the first search")
     p.add_argument("--long", type=int, default=20, help="... and of the second")
+    p.add_argument(
+        "--triton-launches",
+        action="store_true",
+        help="CPU: the conv heads' Triton kernels counted, one launch each, instead of run "
+        "(their outputs are left unwritten): the training counts a GPU would make, without "
+        "one; no beam search",
+    )
     args = p.parse_args(argv)
+    if args.triton_launches and args.device != "cpu":
+        p.error("--triton-launches counts on the CPU (a GPU runs the kernels)")
     harness.check_device(p, args)
     args.models = [m for m in args.models.split(",") if m]
     harness.check_models(p, args)
@@ -172,13 +187,47 @@ def beam_step_counts(name, args, trainer, task, cfg):
     }
 
 
+@contextlib.contextmanager
+def triton_counted(counter):
+    """The conv heads' Triton kernels replaced by stand-ins that count a launch in
+    ``counter``'s current part and compute nothing (CPU tensors take the kernels' path
+    under ``TRITON_INTERPRET=1``)."""
+    from tpp_plugin.modules import conv_heads_triton, query_triton
+
+    class Launch:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                counter.counts[(counter.parts[-1], "Triton")] += 1
+
+            return launch
+
+    saved = os.environ.get("TRITON_INTERPRET"), conv_heads_triton._kernels
+    names = ("query_product_kernel", "query_product_grad_kernel")
+    kernels = {name: getattr(query_triton, name) for name in names}
+    os.environ["TRITON_INTERPRET"] = "1"
+    conv_heads_triton._kernels = lambda interpret: (Launch(), Launch(), Launch())
+    for name in names:
+        setattr(query_triton, name, Launch())
+    try:
+        yield
+    finally:
+        conv_heads_triton._kernels = saved[1]
+        for name, kernel in kernels.items():
+            setattr(query_triton, name, kernel)
+        if saved[0] is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = saved[0]
+
+
 def training_counts(args, trainer, task, cfg):
     """Operators of the criterion's forward and of the backward pass, one batch."""
     model = trainer.model.train()
     batch = harness.fixed_batches(task, cfg, "train", 1, max_tokens=args.max_tokens)[0]
     sample, _ = trainer._prepare_sample(batch)
     counter = Counter()
-    with counter.mode:
+    stand_ins = triton_counted(counter) if args.triton_launches else contextlib.nullcontext()
+    with stand_ins, counter.mode:
         counter.enter("forward")
         loss, _, _ = trainer.criterion(model, sample)
         counter.leave()
@@ -205,7 +254,8 @@ def main(argv=None):
         for name in args.models:
             cfg, task, trainer = harness.build_trainer(name, args.size, args)
             train[name] = training_counts(args, trainer, task, cfg)
-            beam[name] = beam_step_counts(name, args, trainer, task, cfg)
+            if not args.triton_launches:
+                beam[name] = beam_step_counts(name, args, trainer, task, cfg)
             del trainer
     finally:
         if work is not None:
@@ -224,6 +274,9 @@ def main(argv=None):
                 for r in results.values()
             ]
             print(f"{part or 'total':<22}" + "".join(f"{c:>22}" for c in cells))
+        if any(count(r, "Triton") for r in results.values()):
+            cells = [f"{count(r, 'Triton'):>10.1f}" for r in results.values()]
+            print(f"{'Triton launches':<22}" + "".join(f"{c:>22}" for c in cells))
         if "transformer" in results:
             base = count(results["transformer"], "launches")
             ratios = ", ".join(
@@ -240,12 +293,13 @@ def main(argv=None):
             )
 
     where = f"d={args.size}, {args.layers}+{args.layers} layers, {args.dtype}, {args.device}"
-    table(
-        f"operators per beam-search step ({where}; beam {args.beam}, {args.gen_batch} sentences; "
-        f"launches + free)",
-        beam,
-        ["self-attention", "state reordering", "rest"],
-    )
+    if beam:
+        table(
+            f"operators per beam-search step ({where}; beam {args.beam}, {args.gen_batch} "
+            f"sentences; launches + free)",
+            beam,
+            ["self-attention", "state reordering", "rest"],
+        )
     table(
         f"operators per training batch ({where}; --max-tokens {args.max_tokens}; launches + free)",
         train,

@@ -117,6 +117,21 @@ def test_beam_search_problems_worked_out_by_hand(data):
     assert steps == sum(ls[-1] for ls in lengths) and problems == new == len(expected)
 
 
+def test_operator_counts_with_the_triton_kernels_counted_on_the_cpu(data):
+    """``count_ops --triton-launches``: the conv heads take their GPU path and each
+    kernel launch is counted: three per hybrid layer with ``tpp-triton`` (LocalConv's
+    forward and two backward), four with ``tpp-fused`` (the whole conv heads forward,
+    three backward), whose layers issue fewer ATen operators."""
+    out = run_benchmark(
+        "count_ops", "--data", data, "--size", "128", "--layers", "2",
+        "--models", "tpp-triton,tpp-fused", "--triton-launches",
+    ).stdout  # fmt: skip
+    assert "beam-search" not in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.strip()}
+    assert rows["Triton"][2:] == ["12.0", "16.0"], out  # 2 + 2 hybrid layers
+    assert float(rows["total"][5]) < float(rows["total"][1]), out  # launches: fused < triton
+
+
 def test_bad_data_folder_is_named(tmp_path):
     res = run_benchmark("attention_shapes", "--data", tmp_path / "missing", check=False)
     assert res.returncode == 2 and "missing: no such folder" in res.stderr
