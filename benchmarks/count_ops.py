@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How many operators ``transformer_pp`` and fairseq's ``transformer`` run per beam-search
 step and per training step: on a GPU each operator that computes is one kernel launch,
-and where the kernels are small (beam search's steps; see docs/benchmarks.md) the host's
+and where the kernels are small (beam search's steps; see docs/launch_counts.md) the host's
 time per launch, not the arithmetic, sets the speed. A count, not a timing: the same on
 every run and every machine, so it can be compared on a CPU for code meant for a GPU.
 
@@ -28,9 +28,6 @@ run, and run with ``--device cuda`` for a GPU's own counts.
     python -m benchmarks.count_ops --data DIR --size 1024 --dtype bf16
     python -m benchmarks.count_ops --data DIR --size 1024 --dtype bf16 --models transformer,tpp,tpp-taps --device cuda
     python -m benchmarks.count_ops --size 512 --layers 6 --models transformer,tpp-triton,tpp-fused --triton-launches
-
-``--triton-launches`` makes the CPU's training counts a GPU's for the conv heads' Triton
-kernels: they take their GPU path and each launch is counted, not run.
 """
 
 import argparse
