@@ -12,7 +12,8 @@ Models (same width, heads, FFN, layers, dropouts, shared embeddings, data, batch
 * ``transformer-b`` ``transformer`` again under another name: the harness's own control
                    (a default on GPUs, where ``tpp-conv0``'s attention kernels differ);
 * ``tpp-taps``, ``tpp-triton``, ``tpp-fused``: ``tpp`` with ``--conv-heads-impl taps``,
-  ``triton`` or ``fused``;
+  ``triton`` or ``fused``; ``transformer-sync``, ``tpp-fused-sync``: the flat master copy
+  synced by multi-tensor copies (their optimizers only);
   ``transformer-split``, ``tpp-split``: with ``--fp16-no-flatten-grads`` (``--bf16``'s
   float32 master copy one tensor per parameter, as fairseq keeps it). Ask with ``--models``.
 

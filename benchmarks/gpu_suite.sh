@@ -31,9 +31,10 @@
 #   decide      420 s  what decides the fused conv heads (docs/gpu_commands.md): their
 #                      tests on CUDA; training, bf16, paired (bench_model.py): transformer,
 #                      its twin (the control), tpp, tpp-fused at base size (d = 512, 6+6
-#                      layers, 8,192 tokens) and at d = 1024 (16,384 x 2), with MFU; their
-#                      operators on CUDA; float32 at base. Each table is printed, and
-#                      packed, as its command ends
+#                      layers, 8,192 tokens) and at d = 1024 (16,384 x 2), with MFU; the
+#                      master copy synced by multi-tensor copies (transformer-sync,
+#                      tpp-fused-sync) at base; operators on CUDA; float32 at base. Each
+#                      table is printed, and packed, as its command ends
 #   mixed       300 s  fairseq-train, base size, 150 updates: transformer and
 #                      transformer_pp with the tag losses in float32, --bf16 and --fp16;
 #                      --bf16 with the conv heads as PyTorch operations (transformer_pp,
@@ -298,6 +299,10 @@ for stage in "${STAGES[@]}"; do
         run decide decide_big.md "${DECIDE[@]}" --dtype bf16 --sizes "$BIG" --max-tokens "$BIG_TOKENS" \
             --update-freq 2 --rounds "$ROUNDS" --mfu --models "$DECIDE_MODELS" --partial "$OUT/decide_big.md.progress"
         decided decide_big.md
+        run decide decide_sync.md "${DECIDE[@]}" --dtype bf16 --sizes "$BASE" --max-tokens "$BASE_TOKENS" \
+            --update-freq 1 --rounds "$ROUNDS" --models transformer,transformer-b,transformer-sync,tpp-fused,tpp-fused-sync \
+            --partial "$OUT/decide_sync.md.progress"
+        decided decide_sync.md
         run decide decide_counts.md "${STAND[@]}" "$PY" -m benchmarks.count_ops --data "$DATA" --device "$DEVICE" --dtype bf16 \
             --size "$BIG" --layers 6 --max-tokens "$BIG_TOKENS" --models transformer,tpp,tpp-fused
         decided decide_counts.md

@@ -62,6 +62,16 @@ MODELS = {
         "--conv-heads-impl",
         "taps",
     ],
+    # the flat master copy synced by multi-tensor copies (MULTI_TENSOR_SYNC)
+    "transformer-sync": ["--arch", "transformer"],
+    "tpp-fused-sync": [
+        "--arch",
+        "transformer_pp",
+        "--encoder-tag-layers",
+        "",
+        "--conv-heads-impl",
+        "fused",
+    ],
     # --bf16's master copy one tensor per parameter (fairseq's own --bf16), not flat
     "transformer-split": ["--arch", "transformer", "--fp16-no-flatten-grads"],
     "tpp-split": [
@@ -72,6 +82,10 @@ MODELS = {
         "--fp16-no-flatten-grads",
     ],
 }
+
+#: models whose optimizer (only theirs) syncs a flat master copy by multi-tensor copies
+#: (the speed-up multi-tensor-sync of tpp_plugin.compat.speed)
+MULTI_TENSOR_SYNC = {"transformer-sync", "tpp-fused-sync"}
 
 #: the plugin's default speed-ups but cuDNN's attention switch (tpp_plugin.compat.speed.DEFAULT)
 CUDNN_KEPT = "flat-bf16"
@@ -208,7 +222,15 @@ def build_trainer(name, size, args, cfg=None, task=None):
     torch.manual_seed(1)
     model = task.build_model(cfg.model)
     criterion = task.build_criterion(cfg.criterion)
-    return cfg, task, Trainer(cfg, task, model, criterion)
+    trainer = Trainer(cfg, task, model, criterion)
+    if name in MULTI_TENSOR_SYNC:
+        from fairseq.optim.fp16_optimizer import FP16Optimizer
+
+        from tpp_plugin.compat import speed
+
+        if isinstance(trainer.optimizer, FP16Optimizer):  # (built here, not at the first step)
+            speed.multi_tensor_sync(trainer.optimizer)
+    return cfg, task, trainer
 
 
 def fixed_batches(task, cfg, split, count, max_tokens=None, max_sentences=None, seed=1):

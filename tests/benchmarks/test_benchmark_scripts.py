@@ -270,10 +270,10 @@ def test_gpu_suite_cudnn_stage_trains_transformer_with_cudnns_attention_kept_on(
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the stage would run for real")
 def test_gpu_suite_decide_stage_stands_in_on_the_cpu(data, tmp_path):
-    """--stand-in: the decide stage's five commands run on the CPU, small, each table
-    printed and packed as its command ends: the fused Query's tests (collected), training
-    at two sizes and in float32 with tpp-fused beside tpp and the control, the operator
-    counts."""
+    """--stand-in: the decide stage's six commands run on the CPU, small, each table
+    printed and packed as its command ends: the fused conv heads' tests (collected),
+    training at two sizes and in float32 with tpp-fused beside tpp and the control, the
+    multi-tensor sync of the master copy, the operator counts."""
     out, pack = tmp_path / "results", tmp_path / "pack"
     res = run(
         ["benchmarks/gpu_suite.sh", "--stand-in", "--pack", pack, data, out, "decide"],
@@ -286,6 +286,7 @@ def test_gpu_suite_decide_stage_stands_in_on_the_cpu(data, tmp_path):
         "decide_tests.txt",
         "decide_base.md",
         "decide_big.md",
+        "decide_sync.md",
         "decide_counts.md",
         "decide_fp32.md",
     ]
@@ -298,6 +299,7 @@ def test_gpu_suite_decide_stage_stands_in_on_the_cpu(data, tmp_path):
         assert f"d={size}" in text and "6+6 layers" in text and "bf16" in text, text
         assert "| tpp-fused |" in text, text
         assert re.search(r"\| transformer-b \| \d\.\d\d× \(paired", text), "the control's ratio"
+    assert "| transformer-sync |" in (out / "decide_sync.md").read_text()
     assert "tpp-fused" in (out / "decide_counts.md").read_text()
     assert "fp32" in (out / "decide_fp32.md").read_text()
     # printed as each command ends, before the next one's status line

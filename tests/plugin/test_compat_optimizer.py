@@ -210,3 +210,67 @@ def test_states_of_the_same_layout_load_unchanged():
     optimizer = build(module())
     state = {"state": {}, "param_groups": [{"params": [0], "lr": 0.5}]}
     assert speed.match_state_layout(optimizer, state) is state
+
+
+def counted(fn):
+    """The ATen operators ``fn()`` dispatches."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    ops = []
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ops.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return ops
+
+
+def wide_module():
+    """Many small parameter tensors, one of which gets no gradient (unused)."""
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(6, 4)] + [torch.nn.Linear(4, 4) for _ in range(11)]
+    model = torch.nn.Sequential(*layers, torch.nn.LayerNorm(4)).bfloat16()
+    model.register_parameter("unused", torch.nn.Parameter(torch.ones(2, 2).bfloat16()))
+    return model
+
+
+def test_multi_tensor_sync_updates_exactly_as_fairseq_in_a_few_operators():
+    """``multi-tensor-sync``: the same parameters after 20 updates as fairseq's own
+    per-tensor copies (a parameter without a gradient included), with the gradients
+    synced in two operators (one copy, one zeroing for the parameter without one) and
+    the parameters in one, where fairseq takes one or two per tensor. (The flat copy of
+    ``--fp16`` goes through the same two methods.)"""
+    fairseq_model, synced_model = wide_module(), wide_module()
+    fairseq_opt = build(fairseq_model)
+    synced_opt = build(synced_model)
+    speed.multi_tensor_sync(synced_opt)  # this optimizer only
+    assert fairseq_opt.has_flat_params and synced_opt.has_flat_params
+    assert type(fairseq_opt)._sync_fp32_params_to_fp16 is not speed.sync_params
+    train(fairseq_model, fairseq_opt, 20)
+    train(synced_model, synced_opt, 20)
+    for p, q in zip(fairseq_model.parameters(), synced_model.parameters()):
+        assert torch.equal(p, q)
+    tensors = len(list(synced_model.parameters()))
+    for opt, most in ((fairseq_opt, None), (synced_opt, 2)):
+        opt.zero_grad()
+        opt.backward(synced_model(torch.randn(3, 6).bfloat16()).float().sum())
+        grads = counted(opt._sync_fp16_grads_to_fp32)
+        params = counted(opt._sync_fp32_params_to_fp16)
+        if most is None:  # fairseq: a copy per tensor (and zeros for the one without a gradient)
+            assert len(grads) >= tensors and len(params) >= tensors
+        else:
+            assert grads == ["_foreach_copy_", "_foreach_zero_"] and params == ["_foreach_copy_"]
+
+
+def test_multi_tensor_sync_leaves_a_per_parameter_copy_to_fairseq():
+    model = module()
+    optimizer = build(model, "--fp16-no-flatten-grads")
+    speed.multi_tensor_sync(optimizer)
+    reference = module()
+    train(model, optimizer, 5)
+    train(reference, build(reference, "--fp16-no-flatten-grads"), 5)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(p, q)

@@ -1,5 +1,6 @@
 """The speed-ups of tpp_plugin.compat.speed that loading the plugin installs: those
-``TPP_FAIRSEQ_SPEEDUPS`` names, both by default, each checked in a fresh process."""
+``TPP_FAIRSEQ_SPEEDUPS`` names, by default the two a GPU has measured, each checked in a
+fresh process."""
 
 import os
 import subprocess
@@ -18,7 +19,8 @@ import tpp_plugin
 from tpp_plugin.compat import speed
 from fairseq.optim.fp16_optimizer import FP16Optimizer
 installed = {"cudnn-off": not torch.backends.cuda.cudnn_sdp_enabled(),
-             "flat-bf16": FP16Optimizer.load_state_dict is speed.load_state_dict}
+             "flat-bf16": FP16Optimizer.load_state_dict is speed.load_state_dict,
+             "multi-tensor-sync": FP16Optimizer._sync_fp32_params_to_fp16 is speed.sync_params}
 print(before, sorted(k for k, v in installed.items() if v))
 """
 
@@ -27,7 +29,8 @@ print(before, sorted(k for k, v in installed.items() if v))
     "setting, expected",
     [
         (None, ["cudnn-off", "flat-bf16"]),
-        ("all", ["cudnn-off", "flat-bf16"]),
+        ("all", ["cudnn-off", "flat-bf16", "multi-tensor-sync"]),
+        ("flat-bf16,multi-tensor-sync", ["flat-bf16", "multi-tensor-sync"]),
         ("none", []),
         ("flat-bf16", ["flat-bf16"]),
         (" cudnn-off ,", ["cudnn-off"]),

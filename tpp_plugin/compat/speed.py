@@ -9,9 +9,14 @@ one against fairseq's own behaviour (``benchmarks/gpu_suite.sh``; docs/gpu.md).
 - ``flat-bf16``: ``--bf16``'s float32 master copy kept flat on one GPU, as fairseq keeps
   ``--fp16``'s (one tensor for Adam and the gradient norm instead of hundreds). Default;
   checkpoints of either layout resume with the other.
+- ``multi-tensor-sync``: a flat master copy (``--fp16``'s, ``--bf16``'s) synced with the
+  model by multi-tensor copies instead of one copy per parameter tensor, the same values.
+  Not a default until a GPU measures it (``transformer-sync``, ``tpp-fused-sync`` in the
+  benchmarks).
 """
 
 import os
+import types
 
 import torch
 from fairseq import optim
@@ -215,6 +220,65 @@ def _convert_state_layout(optimizer, state_dict):
     return converted
 
 
+_original_sync_grads = FP16Optimizer._sync_fp16_grads_to_fp32
+_original_sync_params = FP16Optimizer._sync_fp32_params_to_fp16
+
+
+def _slices(flat, params):
+    """``flat``'s consecutive slices shaped as ``params`` (views)."""
+    views, offset = [], 0
+    for p in params:
+        views.append(flat[offset : offset + p.numel()].view_as(p))
+        offset += p.numel()
+    return views
+
+
+def _flat_views(self):
+    """Per device of a flat master copy: the half-precision parameters with their slices
+    of the copy, and those that train with their slices of its gradient, in fairseq's
+    order (views; built again only where fairseq has given the copy a new gradient)."""
+    grads = {device: flat.grad for device, flat in self.fp32_params.items()}
+    cached = self.__dict__.get("_flat_views_cache")
+    if cached is not None and all(cached[1].get(d) is g for d, g in grads.items()):
+        return cached[0]
+    views = {}
+    for device, flat in self.fp32_params.items():
+        params = [p for p in self.fp16_params if p.device.index == device]
+        trained = [p for p in params if p.requires_grad]
+        views[device] = (
+            params,
+            _slices(flat.data, params),
+            trained,
+            _slices(flat.grad.data, trained),
+        )
+    self._flat_views_cache = (views, grads)
+    return views
+
+
+def sync_grads(self):
+    """``FP16Optimizer._sync_fp16_grads_to_fp32`` for a flat copy: the gradients in one
+    multi-tensor copy (zeros where a parameter has none), not one copy each."""
+    if not (self._needs_sync and self.has_flat_params):
+        return _original_sync_grads(self)
+    for _, _, trained, slices in _flat_views(self).values():
+        present = [(view, p.grad) for view, p in zip(slices, trained) if p.grad is not None]
+        if present:
+            torch._foreach_copy_([view for view, _ in present], [grad for _, grad in present])
+        missing = [view for view, p in zip(slices, trained) if p.grad is None]
+        if missing:
+            torch._foreach_zero_(missing)
+    self._needs_sync = False
+
+
+def sync_params(self):
+    """``FP16Optimizer._sync_fp32_params_to_fp16`` for a flat copy: one multi-tensor copy."""
+    if not self.has_flat_params:
+        return _original_sync_params(self)
+    with torch.no_grad():  # in place on the parameters, as torch's optimizers write them
+        for params, slices, _, _ in _flat_views(self).values():
+            torch._foreach_copy_(params, slices)
+
+
 def load_state_dict(self, state_dict, optimizer_overrides=None):
     return _original_load_state_dict(
         self, match_state_layout(self, state_dict), optimizer_overrides
@@ -229,6 +293,17 @@ def flat_bf16_master_copy() -> None:
     ``FP16Optimizer`` (idempotent)."""
     FP16Optimizer.build_optimizer = classmethod(build_optimizer)
     FP16Optimizer.load_state_dict = load_state_dict
+
+
+def multi_tensor_sync(target=FP16Optimizer) -> None:
+    """Install :func:`sync_grads` and :func:`sync_params` on fairseq's ``FP16Optimizer``
+    (every optimizer; idempotent) or on one optimizer (``target``, an instance)."""
+    if isinstance(target, type):
+        target._sync_fp16_grads_to_fp32 = sync_grads
+        target._sync_fp32_params_to_fp16 = sync_params
+    else:
+        target._sync_fp16_grads_to_fp32 = types.MethodType(sync_grads, target)
+        target._sync_fp32_params_to_fp16 = types.MethodType(sync_params, target)
 
 
 # --------------------------------------------------------------------------- cuDNN's attention
@@ -252,6 +327,7 @@ def cudnn_attention_off() -> None:
 SPEEDUPS = {
     "cudnn-off": cudnn_attention_off,
     "flat-bf16": flat_bf16_master_copy,
+    "multi-tensor-sync": multi_tensor_sync,
 }
 #: on unless ``TPP_FAIRSEQ_SPEEDUPS`` says otherwise
 DEFAULT = ("cudnn-off", "flat-bf16")
