@@ -153,42 +153,11 @@ def _prefix(s, v, carry_l, carry_q, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr
 # divisible by 16), each new class would be a compilation
 @triton.jit(do_not_specialize=["length", "bsz"])
 def query_product_kernel(
-    s_ptr,
-    v_ptr,
-    pad_ptr,
-    local_ptr,
-    out_ptr,
-    lse_ptr,
-    u_ptr,
-    k_ptr,
-    length,
-    bsz,
-    heads,
-    head_dim,
-    temperature,
-    sst,
-    ssb,
-    svt,
-    svb,
-    spb,
-    spt,
-    slt,
-    slb,
-    sot,
-    sob,
-    sut,
-    sub,
-    skf,
-    skc,
-    shift,
-    dilation,
-    taps,
-    CAUSAL: tl.constexpr,
-    ACC: tl.constexpr,
-    HAS_PAD: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
+    s_ptr, v_ptr, pad_ptr, local_ptr, out_ptr, lse_ptr, u_ptr, k_ptr, length, bsz, heads,
+    head_dim, temperature, sst, ssb, svt, svb, spb, spt, slt, slb, sot, sob, sut, sub, skf,
+    skc, shift, dilation, taps, CAUSAL: tl.constexpr, ACC: tl.constexpr,
+    HAS_PAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
     b = tl.program_id(0).to(tl.int64)  # sentence
     h = tl.program_id(1)  # conv head
     d = tl.arange(0, BLOCK_D)
@@ -235,37 +204,11 @@ def query_product_kernel(
 
 @triton.jit(do_not_specialize=["length", "bsz"])
 def query_product_grad_kernel(
-    g_ptr,
-    s_ptr,
-    v_ptr,
-    pad_ptr,
-    local_ptr,
-    lse_ptr,
-    c_ptr,
-    grad_local_ptr,
-    grad_s_ptr,
-    grad_v_ptr,
-    length,
-    bsz,
-    heads,
-    head_dim,
-    temperature,
-    sgt,
-    sgb,
-    sst,
-    ssb,
-    svt,
-    svb,
-    spb,
-    spt,
-    slt,
-    slb,
-    CAUSAL: tl.constexpr,
-    ACC: tl.constexpr,
-    HAS_PAD: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
+    g_ptr, s_ptr, v_ptr, pad_ptr, local_ptr, lse_ptr, c_ptr, grad_local_ptr, grad_s_ptr,
+    grad_v_ptr, length, bsz, heads, head_dim, temperature, sgt, sgb, sst, ssb, svt, svb, spb,
+    spt, slt, slb, CAUSAL: tl.constexpr, ACC: tl.constexpr, HAS_PAD: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
     # the gradients are written in the layouts of their inputs, contiguous
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -329,42 +272,56 @@ def query_product_grad_kernel(
             tl.store(c_ptr + row * length + t, tl.where(live, cc, 0.0), mask=ok)
             carry_l, carry_q = _last_row(lse, rows, BLOCK_T), _last_row(q, rows, BLOCK_T)
         tl.debug_barrier()  # the scratch row, written above, is read below by other threads
-        # backward in time, rows in reverse order: R_t = x_t + e^{L_t - L_{t+1}} R_{t+1}
-        carry_g = tl.zeros((BLOCK_D,), ACC)
-        carry_c = tl.sum(tl.zeros((BLOCK_T,), ACC), axis=0)
-        blocks = tl.cdiv(length, BLOCK_T)
-        for k in range(0, blocks):
-            t = (blocks - k) * BLOCK_T - 1 - rows  # latest first
-            ok = t < length
-            lse = tl.load(lse_ptr + row * length + t, mask=ok, other=0.0)
-            later = t + 1 < length
-            lse_next = tl.load(lse_ptr + row * length + t + 1, mask=later, other=0.0)
-            a = tl.where(later, tl.exp(lse - lse_next), 0.0)  # the factor to the row after
-            live = ok & (lse > MASKED_SCORE / 2)
-            g = _rows(g_ptr, t, ok, b, c, d_ok, sgt, sgb, ACC)
-            gamma = tl.where(
-                live[:, None], g * _rows(local_ptr, t, ok, b, c, d_ok, slt, slb, ACC), 0.0
-            )
-            cc = tl.load(c_ptr + row * length + t, mask=ok, other=0.0)
-            a2 = tl.broadcast_to(a[:, None], (BLOCK_T, BLOCK_D))
-            prod_g, rest_g = tl.associative_scan((a2, gamma), 0, _affine)
-            prod_c, rest_c = tl.associative_scan((a, cc), 0, _affine)
-            r_g = rest_g + prod_g * carry_g[None, :]
-            r_c = rest_c + prod_c * carry_c
-            s, keep = _scores(
-                s_ptr, pad_ptr, t, ok, b, h, sst, ssb, spb, spt, temperature, HAS_PAD, ACC
-            )
-            v = _rows(v_ptr, t, ok, b, c, d_ok, svt, svb, ACC)
-            share = tl.where(keep, tl.exp(s - lse), 0.0)  # e^{s_τ - L_τ}
-            grad_v = share[:, None] * r_g
-            grad_s = tl.sum((v - mean[None, :]) * grad_v, axis=1) + share * r_c
-            tl.store(
-                grad_s_ptr + t.to(tl.int64) * bsz * heads + b * heads + h,
-                (grad_s / temperature).to(grad_s_ptr.dtype.element_ty),
-                mask=ok,
-            )
-            _store_rows(grad_v_ptr, grad_v, t, ok, b, c, d_ok, bsz * channels, channels)
-            carry_g, carry_c = _last_row(r_g, rows, BLOCK_T), _last(r_c, rows, BLOCK_T)
+        _transposed_pooling(
+            g_ptr, s_ptr, v_ptr, pad_ptr, local_ptr, lse_ptr, c_ptr, grad_s_ptr, grad_v_ptr,
+            length, bsz, heads, channels, temperature, sgt, sgb, sst, ssb, svt, svb, spb, spt,
+            slt, slb, b, h, c, d_ok, row, mean, ACC, HAS_PAD, BLOCK_T, BLOCK_D,
+        )  # fmt: skip
+
+
+@triton.jit
+def _transposed_pooling(
+    g_ptr, s_ptr, v_ptr, pad_ptr, local_ptr, lse_ptr, c_ptr, grad_s_ptr, grad_v_ptr,
+    length, bsz, heads, channels, temperature, sgt, sgb, sst, ssb, svt, svb, spb, spt, slt,
+    slb, b, h, c, d_ok, row, mean, ACC: tl.constexpr, HAS_PAD: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """The decoder's ``∂s`` and ``∂v``: ``Aᵀγ`` and ``Aᵀc`` backward in time, rows in
+    reverse order, ``R_t = x_t + e^{L_t - L_{t+1}} R_{t+1}`` carried from block to block."""
+    rows = tl.arange(0, BLOCK_T)
+    carry_g = tl.zeros((BLOCK_D,), ACC)
+    carry_c = tl.sum(tl.zeros((BLOCK_T,), ACC), axis=0)
+    blocks = tl.cdiv(length, BLOCK_T)
+    for k in range(0, blocks):
+        t = (blocks - k) * BLOCK_T - 1 - rows  # latest first
+        ok = t < length
+        lse = tl.load(lse_ptr + row * length + t, mask=ok, other=0.0)
+        later = t + 1 < length
+        lse_next = tl.load(lse_ptr + row * length + t + 1, mask=later, other=0.0)
+        a = tl.where(later, tl.exp(lse - lse_next), 0.0)  # the factor to the row after
+        live = ok & (lse > MASKED_SCORE / 2)
+        g = _rows(g_ptr, t, ok, b, c, d_ok, sgt, sgb, ACC)
+        gamma = tl.where(live[:, None], g * _rows(local_ptr, t, ok, b, c, d_ok, slt, slb, ACC), 0.0)
+        cc = tl.load(c_ptr + row * length + t, mask=ok, other=0.0)
+        a2 = tl.broadcast_to(a[:, None], (BLOCK_T, BLOCK_D))
+        prod_g, rest_g = tl.associative_scan((a2, gamma), 0, _affine)
+        prod_c, rest_c = tl.associative_scan((a, cc), 0, _affine)
+        r_g = rest_g + prod_g * carry_g[None, :]
+        r_c = rest_c + prod_c * carry_c
+        s, keep = _scores(
+            s_ptr, pad_ptr, t, ok, b, h, sst, ssb, spb, spt, temperature, HAS_PAD, ACC
+        )
+        v = _rows(v_ptr, t, ok, b, c, d_ok, svt, svb, ACC)
+        share = tl.where(keep, tl.exp(s - lse), 0.0)  # e^{s_τ - L_τ}
+        grad_v = share[:, None] * r_g
+        grad_s = tl.sum((v - mean[None, :]) * grad_v, axis=1) + share * r_c
+        tl.store(
+            grad_s_ptr + t.to(tl.int64) * bsz * heads + b * heads + h,
+            (grad_s / temperature).to(grad_s_ptr.dtype.element_ty),
+            mask=ok,
+        )
+        _store_rows(grad_v_ptr, grad_v, t, ok, b, c, d_ok, bsz * channels, channels)
+        carry_g, carry_c = _last_row(r_g, rows, BLOCK_T), _last(r_c, rows, BLOCK_T)
 
 
 def _forward(u, kernel, scores, values, padding, heads, causal, temperature, shift, dilation):
