@@ -73,6 +73,28 @@ def parse_args(argv=None):
         default="gpu",
         help="model size, budget, schedule and data preparation (default gpu)",
     )
+    _add_data_arguments(p)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument(
+        "--variants",
+        default="transformer,control,hybrid,hybrid+tags",
+        help=f"from {', '.join(VARIANTS)}; the first is the baseline of the tests",
+    )
+    p.add_argument("--seeds", default="1,2,3")
+    _add_override_arguments(p)
+    _add_tag_arguments(p)
+    _add_run_arguments(p)
+    _add_mode_arguments(p)
+    p.add_argument("extra", nargs="*", help="options after -- go to every fairseq-train command")
+    from . import slurm
+
+    slurm.add_arguments(p)
+    args = p.parse_args(argv)
+    _check_arguments(p, args)
+    return args
+
+
+def _add_data_arguments(p) -> None:
     src = p.add_argument_group("data (raw text, or a prepared folder)")
     src.add_argument(
         "--corpus", help="PREFIX of the raw parallel training text PREFIX.{src,tgt}[.xz]"
@@ -93,13 +115,9 @@ def parse_args(argv=None):
     src.add_argument(
         "--workers", type=int, default=os.cpu_count() or 1, help="data preparation processes"
     )
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument(
-        "--variants",
-        default="transformer,control,hybrid,hybrid+tags",
-        help=f"from {', '.join(VARIANTS)}; the first is the baseline of the tests",
-    )
-    p.add_argument("--seeds", default="1,2,3")
+
+
+def _add_override_arguments(p) -> None:
     over = p.add_argument_group("overrides of the configuration (each changes the runs' identity)")
     for name, kind in (
         ("max_update", int),
@@ -141,6 +159,9 @@ def parse_args(argv=None):
         help="post: after each residual sum (the paper's; the default but for gpu-short); "
         "pre: before each sublayer",
     )
+
+
+def _add_tag_arguments(p) -> None:
     tag = p.add_argument_group(
         "the tag losses of hybrid+tags (other variants ignore them; each changes its runs' identity)"
     )
@@ -163,6 +184,10 @@ def parse_args(argv=None):
         metavar="N",
         help="every tag weight falls linearly to 0 at update N (default 0: constant, the paper's)",
     )
+
+
+def _add_run_arguments(p) -> None:
+    """How and where the runs run."""
     p.add_argument(
         "--launcher",
         choices=["local", "slurm"],
@@ -203,6 +228,10 @@ def parse_args(argv=None):
         help="time limit of a run's averaging and of its translating and scoring, each tried "
         "twice (default: 1800 on a GPU, 7200 on the CPU)",
     )
+
+
+def _add_mode_arguments(p) -> None:
+    """Which runs, what comes from elsewhere or goes there, and what the study does."""
     p.add_argument(
         "--only",
         metavar="RUN,...",
@@ -243,11 +272,10 @@ def parse_args(argv=None):
         action="store_true",
         help="train nothing: every planned run's state, updates done and last validation loss",
     )
-    p.add_argument("extra", nargs="*", help="options after -- go to every fairseq-train command")
-    from . import slurm
 
-    slurm.add_arguments(p)
-    args = p.parse_args(argv)
+
+def _check_arguments(p, args) -> None:
+    """Refusals argparse cannot make itself (each a usage error naming the option)."""
     if (args.corpus is None) == (args.data is None):
         p.error("give either --corpus (raw text) or --data (a prepared folder)")
     args.variants = [v for v in args.variants.split(",") if v]
@@ -273,7 +301,6 @@ def parse_args(argv=None):
         if not args.only:
             p.error("--only: name at least one run, e.g. transformer-s1")
     args.variants_need_tags = "hybrid+tags" in args.variants
-    return args
 
 
 def main(argv=None) -> int:
@@ -292,8 +319,8 @@ def main(argv=None) -> int:
         return 2
 
 
-def _main(argv) -> int:
-    args = parse_args(argv)
+def _config(args) -> Config:
+    """The configuration with the options' overrides, checked (a :class:`StudyError`)."""
     cfg = CONFIGS[args.config]
     cfg = Config(
         **{
@@ -321,6 +348,13 @@ def _main(argv) -> int:
             )
     if problem:
         raise StudyError(problem)
+    return cfg
+
+
+def _settle_device(args, cfg) -> None:
+    """The device, precision, runs at once and threads, the device's name and the
+    device's defaults, into ``args`` and ``cfg`` (a :class:`StudyError` where they
+    cannot be)."""
     import torch
 
     if args.device is None:  # a cluster's runs go to its GPU nodes, whatever this machine has
@@ -359,6 +393,12 @@ def _main(argv) -> int:
         args.step_timeout = 1800.0 if args.device == "cuda" else 7200.0
     elif args.step_timeout <= 0:
         raise StudyError(f"--step-timeout must be positive, not {args.step_timeout:g}")
+
+
+def _main(argv) -> int:
+    args = parse_args(argv)
+    cfg = _config(args)
+    _settle_device(args, cfg)
     from tpp_pipeline.errors import DataError
     from tpp_pipeline.textio import ensure_writable_dir
 
@@ -367,6 +407,8 @@ def _main(argv) -> int:
     except DataError as err:
         raise StudyError(f"{args.out}: {err}") from None
     command = f"{PROG} " + " ".join(shlex.quote(a) for a in argv)
+    from . import slurm
+
     if args.status:
         return show_status(args, cfg)
     if args.dry_run or args.report_only:  # they write no run: no lock, another study may be running
