@@ -385,34 +385,13 @@ def _publish(staging, out, names):
 # --------------------------------------------------------------------------- evaluation
 
 
-def evaluate(
-    data,
-    checkpoint,
-    reference,
-    out,
-    split="test",
-    source_lang=None,
-    target_lang=None,
-    beam=5,
-    lenpen=0.5,
-    max_tokens=4096,
-    task="translation",
-    user_dir=None,
-    cpu=False,
-    force=False,
-    generate_args=(),
-    log=sys.stderr,
-):
-    """Translate ``split`` of ``data`` with ``checkpoint`` and score it against
-    ``reference``; write the files described in the module docstring into ``out``.
-
-    Returns the scores: ``sacrebleu_detok``, ``chrf``, ``bleu_tok_compound_split``
-    (floats), each with ``<key>_signature`` and ``<key>_full`` (sacreBLEU's text line),
-    plus ``sentences``. Raises :class:`EvaluationError` for bad input (before anything is
-    translated) and :class:`GenerationError` when fairseq-generate fails; either way
-    ``out`` is left as it was.
-    """
-    data, checkpoint, reference, out = Path(data), Path(checkpoint), Path(reference), Path(out)
+def _checked_inputs(
+    data, checkpoint, reference, out, split, source_lang, target_lang, beam, max_tokens,
+    user_dir, force, generate_args, log,
+):  # fmt: skip
+    """:func:`evaluate`'s checks before anything is translated (an
+    :class:`EvaluationError` naming the file): the plugin's folder, the languages, the
+    number of sentences and the reference's lines."""
     try:
         user_dir = Path(user_dir) if user_dir else plugin_dir()
     except PluginNotFound as error:
@@ -459,6 +438,114 @@ def evaluate(
             flush=True,
         )
 
+    return user_dir, src, tgt, sentences, references
+
+
+def _generate_command(
+    data, checkpoint, split, src, tgt, user_dir, task, beam, lenpen, max_tokens, cpu,
+    generate_args,
+):  # fmt: skip
+    """fairseq-generate's command line for :func:`evaluate`."""
+    return [
+        sys.executable,
+        "-m",
+        "fairseq_cli.generate",
+        str(data),
+        "--user-dir",
+        str(user_dir),
+        "--task",
+        task,
+        "--source-lang",
+        src,
+        "--target-lang",
+        tgt,
+        "--path",
+        str(checkpoint),
+        "--gen-subset",
+        split,
+        "--beam",
+        str(beam),
+        "--lenpen",
+        str(lenpen),
+        "--max-tokens",
+        str(max_tokens),
+        "--remove-bpe",
+        "--num-workers",
+        "0",
+        *(["--cpu"] if cpu else []),
+        *map(str, generate_args),
+    ]
+
+
+def _run_generate(command, generated, sentences, split, log):
+    """Run fairseq-generate into ``generated``; its output parsed, every sentence's
+    hypothesis and target there (a :class:`GenerationError` where not)."""
+    started = time.monotonic()
+    with open(generated, "w", encoding="utf-8") as handle:
+        status = subprocess.run(command, stdout=handle).returncode
+    print(
+        f"{PROG}: fairseq-generate exited after {time.monotonic() - started:.0f} s",
+        file=log,
+        flush=True,
+    )
+    text = generated.read_text(encoding="utf-8", errors="replace")
+    if status != 0:
+        # its log and error messages went to stderr, above this one
+        tail = "\n".join(text.splitlines()[-10:])
+        raise GenerationError(
+            f"fairseq-generate failed (exit status {status}; its messages "
+            "are above); the previous results in --out are untouched"
+            + (f"; the end of its output:\n{tail}" if tail.strip() else "")
+        )
+    parsed = parse_generate_output(text)
+    missing = [i for i in range(sentences) if "H" not in parsed.get(i, {})]
+    if missing:
+        raise GenerationError(
+            f"fairseq-generate translated {sentences - len(missing)} of the {sentences} "
+            f"sentences of '{split}' (missing ids: {', '.join(map(str, missing[:10]))}"
+            f"{' ...' if len(missing) > 10 else ''})"
+        )
+    no_target = [i for i in range(sentences) if "T" not in parsed[i]]
+    if no_target:
+        raise GenerationError(
+            f"fairseq-generate printed no target (T- line) for "
+            f"sentence {no_target[0]}: is the binarized target missing?"
+        )
+    return parsed
+
+
+def evaluate(
+    data,
+    checkpoint,
+    reference,
+    out,
+    split="test",
+    source_lang=None,
+    target_lang=None,
+    beam=5,
+    lenpen=0.5,
+    max_tokens=4096,
+    task="translation",
+    user_dir=None,
+    cpu=False,
+    force=False,
+    generate_args=(),
+    log=sys.stderr,
+):
+    """Translate ``split`` of ``data`` with ``checkpoint`` and score it against
+    ``reference``; write the files described in the module docstring into ``out``.
+
+    Returns the scores: ``sacrebleu_detok``, ``chrf``, ``bleu_tok_compound_split``
+    (floats), each with ``<key>_signature`` and ``<key>_full`` (sacreBLEU's text line),
+    plus ``sentences``. Raises :class:`EvaluationError` for bad input (before anything is
+    translated) and :class:`GenerationError` when fairseq-generate fails; either way
+    ``out`` is left as it was.
+    """
+    data, checkpoint, reference, out = Path(data), Path(checkpoint), Path(reference), Path(out)
+    user_dir, src, tgt, sentences, references = _checked_inputs(
+        data, checkpoint, reference, out, split, source_lang, target_lang, beam, max_tokens,
+        user_dir, force, generate_args, log,
+    )  # fmt: skip
     writable_folder(out, "--out folder", EvaluationError)
     _remove_abandoned_temporaries(out)
     staging = Path(
@@ -468,72 +555,17 @@ def evaluate(
     )
     try:
         generated = staging / f"generate-{split}.txt"
-        command = [
-            sys.executable,
-            "-m",
-            "fairseq_cli.generate",
-            str(data),
-            "--user-dir",
-            str(user_dir),
-            "--task",
-            task,
-            "--source-lang",
-            src,
-            "--target-lang",
-            tgt,
-            "--path",
-            str(checkpoint),
-            "--gen-subset",
-            split,
-            "--beam",
-            str(beam),
-            "--lenpen",
-            str(lenpen),
-            "--max-tokens",
-            str(max_tokens),
-            "--remove-bpe",
-            "--num-workers",
-            "0",
-            *(["--cpu"] if cpu else []),
-            *map(str, generate_args),
-        ]
+        command = _generate_command(
+            data, checkpoint, split, src, tgt, user_dir, task, beam, lenpen, max_tokens, cpu,
+            generate_args,
+        )  # fmt: skip
         print(
             f"{PROG}: translating {data}:{split} ({src}-{tgt}, {sentences} sentences) "
             f"with {checkpoint} (beam {beam}, lenpen {lenpen})",
             file=log,
             flush=True,
         )
-        started = time.monotonic()
-        with open(generated, "w", encoding="utf-8") as handle:
-            status = subprocess.run(command, stdout=handle).returncode
-        print(
-            f"{PROG}: fairseq-generate exited after {time.monotonic() - started:.0f} s",
-            file=log,
-            flush=True,
-        )
-        text = generated.read_text(encoding="utf-8", errors="replace")
-        if status != 0:
-            # its log and error messages went to stderr, above this one
-            tail = "\n".join(text.splitlines()[-10:])
-            raise GenerationError(
-                f"fairseq-generate failed (exit status {status}; its messages "
-                "are above); the previous results in --out are untouched"
-                + (f"; the end of its output:\n{tail}" if tail.strip() else "")
-            )
-        parsed = parse_generate_output(text)
-        missing = [i for i in range(sentences) if "H" not in parsed.get(i, {})]
-        if missing:
-            raise GenerationError(
-                f"fairseq-generate translated {sentences - len(missing)} of the {sentences} "
-                f"sentences of '{split}' (missing ids: {', '.join(map(str, missing[:10]))}"
-                f"{' ...' if len(missing) > 10 else ''})"
-            )
-        no_target = [i for i in range(sentences) if "T" not in parsed[i]]
-        if no_target:
-            raise GenerationError(
-                f"fairseq-generate printed no target (T- line) for "
-                f"sentence {no_target[0]}: is the binarized target missing?"
-            )
+        parsed = _run_generate(command, generated, sentences, split, log)
         hypotheses = [parsed[i]["H"] for i in range(sentences)]
         targets = [parsed[i]["T"] for i in range(sentences)]
         started = time.monotonic()
