@@ -203,43 +203,12 @@ def analysis_section(by_variant, facts, paths) -> List[str]:
     return lines
 
 
-def write_report(
-    args,
-    cfg: Config,
-    paths,
-    runs: List[Run],
-    records: Dict[str, dict],
-    command: str,
-    elapsed: float,
-    missing: Optional[List[Run]] = None,
-) -> Path:
-    """The report of ``runs`` (finished, ``records`` by run name); ``missing``: planned
-    runs not finished, named."""
-    # in --variants' order: the first is the baseline that the bootstrap compares with,
-    # also when its first seed has not finished (a partial report)
-    by_variant: Dict[str, List[Run]] = {
-        v: [run for run in runs if run.variant == v]
-        for v in args.variants
-        if any(run.variant == v for run in runs)
-    }
-    facts = {run.name: run_facts(records[run.name]) for run in runs}
-    boot, signatures, pooled = significance(by_variant, records, args.bootstrap_samples)
-    plot = args.out / "curves.png"
-    plot_curves(runs, records, plot, unfinished=missing or [])
-    devices: Dict[str, List[str]] = {}
-    for run in runs:
-        devices.setdefault(records[run.name]["device"], []).append(run.name)
-    device = (
-        next(iter(devices))
-        if len(devices) == 1
-        else "; ".join(f"{d} ({', '.join(names)})" for d, names in devices.items())
-    )
+def _fmt(x, digits=2):
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
-    def fmt(x, digits=2):
-        return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
-    baseline = VARIANTS[args.variants[0]]["label"].split()[0]  # "(a)": what p compares with
-
+def _header_lines(args, cfg, paths, runs, records, facts, elapsed, missing, device, baseline):
+    """The report's title, the settings every run shares, and the table's head."""
     lines = [
         "# Quality study: Transformer++ against the Transformer",
         "",
@@ -278,6 +247,12 @@ def write_report(
         f"| bootstrap chrF: mean ± 95% CI | p vs {baseline} | valid NLL | train words/s |",
         "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    return lines
+
+
+def _table_rows(args, by_variant, facts, boot) -> List[str]:
+    """One row per variant: scores over seeds, the bootstrap against the baseline."""
+    lines = []
     for variant, vruns in by_variant.items():
         vruns = sorted(vruns, key=lambda r: r.seed)
         bleus = [float(facts[r.name]["scores"]["sacrebleu_detok"]) for r in vruns]
@@ -289,15 +264,21 @@ def write_report(
         elif boot[variant]["identical"]:
             p_b = p_c = "identical translations"
         else:
-            p_b, p_c = fmt(b.p_value, 4), fmt(c.p_value, 4)
+            p_b, p_c = _fmt(b.p_value, 4), _fmt(c.p_value, 4)
         lines.append(
             f"| {VARIANTS[variant]['label']} | {VARIANTS[variant]['what']} | {facts[vruns[0].name]['parameters'] / 1e6:.2f}M "
-            f"| {statistics.mean(bleus):.2f} ± {fmt(t_interval(bleus))} | {' / '.join(f'{x:.2f}' for x in bleus)} "
+            f"| {statistics.mean(bleus):.2f} ± {_fmt(t_interval(bleus))} | {' / '.join(f'{x:.2f}' for x in bleus)} "
             f"| {statistics.mean(chrfs):.2f} | {statistics.mean(toks):.2f} "
             f"| {b.mean:.2f} ± {b.ci:.2f} | {p_b} | {c.mean:.2f} ± {c.ci:.2f} | {p_c} "
             f"| {statistics.mean(facts[r.name]['valid_nll'] for r in vruns):.3f} "
             f"| {statistics.median(facts[r.name]['wps'] for r in vruns):,.0f} |"
         )
+    return lines
+
+
+def _closing_lines(args, by_variant, records, facts, paths, signatures, pooled, command, runs):
+    """What the bootstrap is, the signatures, the curves, the commands and the analyses."""
+    lines = []
     first = runs[0]
     sig = facts[first.name]["scores"]
     lines += [
@@ -341,10 +322,11 @@ def write_report(
         "`runs/<variant>-s<seed>-<id>/record.json.gz`; translations `eval/hyp.detok`; logs "
         "`train.log`, `run.log`."
     ]
-    report = args.out / "report.md"
-    tmp = report.with_suffix(f".md.{os.getpid()}.tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, report)
+    return lines
+
+
+def _write_summary(args, cfg, command, runs, facts, boot, signatures) -> None:
+    """summary.json: the configuration, the command and every run's facts (numbers only)."""
     summary = {
         "config": asdict(cfg),
         "command": command,
@@ -361,4 +343,52 @@ def write_report(
     tmp = args.out / f"summary.json.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(summary, indent=1, default=str) + "\n")
     os.replace(tmp, args.out / "summary.json")
+
+
+def write_report(
+    args,
+    cfg: Config,
+    paths,
+    runs: List[Run],
+    records: Dict[str, dict],
+    command: str,
+    elapsed: float,
+    missing: Optional[List[Run]] = None,
+) -> Path:
+    """The report of ``runs`` (finished, ``records`` by run name); ``missing``: planned
+    runs not finished, named."""
+    # in --variants' order: the first is the baseline that the bootstrap compares with,
+    # also when its first seed has not finished (a partial report)
+    by_variant: Dict[str, List[Run]] = {
+        v: [run for run in runs if run.variant == v]
+        for v in args.variants
+        if any(run.variant == v for run in runs)
+    }
+    facts = {run.name: run_facts(records[run.name]) for run in runs}
+    boot, signatures, pooled = significance(by_variant, records, args.bootstrap_samples)
+    plot = args.out / "curves.png"
+    plot_curves(runs, records, plot, unfinished=missing or [])
+    devices: Dict[str, List[str]] = {}
+    for run in runs:
+        devices.setdefault(records[run.name]["device"], []).append(run.name)
+    device = (
+        next(iter(devices))
+        if len(devices) == 1
+        else "; ".join(f"{d} ({', '.join(names)})" for d, names in devices.items())
+    )
+
+    baseline = VARIANTS[args.variants[0]]["label"].split()[0]  # "(a)": what p compares with
+
+    lines = _header_lines(
+        args, cfg, paths, runs, records, facts, elapsed, missing, device, baseline
+    )
+    lines += _table_rows(args, by_variant, facts, boot)
+    lines += _closing_lines(
+        args, by_variant, records, facts, paths, signatures, pooled, command, runs
+    )
+    report = args.out / "report.md"
+    tmp = report.with_suffix(f".md.{os.getpid()}.tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, report)
+    _write_summary(args, cfg, command, runs, facts, boot, signatures)
     return report
