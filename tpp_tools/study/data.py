@@ -72,95 +72,107 @@ def fingerprint(data: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def _given_data(args) -> Dict[str, Path]:
+    """``--data``: a prepared folder, checked."""
+    data = args.data
+    if not data.is_dir():
+        raise StudyError(f"--data {data}: no such folder")
+    language_pair(data)  # (refuses a folder that is not fairseq data)
+    if args.test_reference is None:
+        raise StudyError("--data needs --test-reference (the raw, untokenised test target)")
+    reference = args.test_reference
+    if not reference.is_file():
+        raise StudyError(f"--test-reference {reference}: no such file")
+    if args.variants_need_tags and not (data / "dict.pos.txt").exists():
+        raise StudyError(
+            f"{data} has no POS/NER labels (dict.pos.txt) for the hybrid+tags variant: "
+            "prepare it with tpp-prepare-corpus, or leave that variant out"
+        )
+    paths = {
+        "data": data,
+        "reference": reference,
+        "source": args.test_source,
+        "bpe_codes": args.bpe_codes,
+    }
+    return paths
+
+
+def _prepared_data(args, cfg: Config, plan_only: bool) -> Dict[str, Path]:
+    """``--corpus``: its valid and test sets carved and the whole prepared, once (the
+    data folder's name is the settings' digest)."""
+    src, tgt = args.source_lang, args.target_lang
+    if not (src and tgt):
+        raise StudyError("--corpus needs -s/--source-lang and -t/--target-lang")
+    from tpp_pipeline.errors import DataError
+    from tpp_pipeline.splits import carve_corpus
+
+    given = {name: getattr(args, name) for name in ("test", "valid") if getattr(args, name)}
+    sizes = {
+        name: size
+        for name, size in (("test", args.test_size), ("valid", args.valid_size))
+        if name not in given
+    }
+    try:
+        digest = data_identity(args, cfg, src, tgt, given, sizes)
+        root = args.out / "data" / f"{src}-{tgt}-{digest}"
+        raw = root / "raw"
+        name = f"{src}_{tgt}_bpe{cfg.bpe_merges}"
+        data = root / "data-bin" / name
+        if plan_only and not (data / "preprocess.done").exists():
+            return {"data": data, "prepared": False, "src": src, "tgt": tgt}
+        carve_corpus(args.corpus, src, tgt, raw, sizes, seed=args.split_seed, given=given)
+    except DataError as err:
+        raise StudyError(str(err)) from None
+    if not (data / "preprocess.done").exists():
+        log(f"preparing {raw} -> {data} (tokenise, tag, BPE {cfg.bpe_merges}, binarize)")
+        cmd = [
+            sys.executable,
+            "-m",
+            "tpp_pipeline.pipeline",
+            "-s",
+            src,
+            "-t",
+            tgt,
+            "--trainpref",
+            raw / "train",
+            "--validpref",
+            raw / "valid",
+            "--testpref",
+            raw / "test",
+            "--name",
+            name,
+            "--work-dir",
+            root / "work",
+            "--data-bin",
+            root / "data-bin",
+            "--bpe-merges",
+            cfg.bpe_merges,
+            "--max-len",
+            cfg.max_len,
+            "--workers",
+            args.workers,
+        ]
+        if not args.variants_need_tags:
+            cmd.append("--no-tags")
+        run_command(cmd, root / "prepare.log")
+        (data / "preprocess.done").write_text("ok\n")
+    paths = {
+        "data": data,
+        "reference": raw / f"test.{tgt}",
+        "source": raw / f"test.{src}",
+        "bpe_codes": root / "work" / "bpe" / "codes",
+    }
+    return paths
+
+
 def prepare_data(args, cfg: Config, plan_only: bool = False) -> Dict[str, Path]:
     """Carve (if needed) and prepare raw text; or check a prepared data folder.
     Returns ``data`` (the data-bin), ``reference`` (raw test target), ``source`` (raw
     test source, optional), ``bpe_codes`` (optional). ``plan_only``: carve and prepare
     nothing; ``prepared`` says whether the folder is there already."""
-    if args.data is not None:
-        data = args.data
-        if not data.is_dir():
-            raise StudyError(f"--data {data}: no such folder")
-        src, tgt = language_pair(data)
-        if args.test_reference is None:
-            raise StudyError("--data needs --test-reference (the raw, untokenised test target)")
-        reference = args.test_reference
-        if not reference.is_file():
-            raise StudyError(f"--test-reference {reference}: no such file")
-        if args.variants_need_tags and not (data / "dict.pos.txt").exists():
-            raise StudyError(
-                f"{data} has no POS/NER labels (dict.pos.txt) for the hybrid+tags variant: "
-                "prepare it with tpp-prepare-corpus, or leave that variant out"
-            )
-        paths = {
-            "data": data,
-            "reference": reference,
-            "source": args.test_source,
-            "bpe_codes": args.bpe_codes,
-        }
-    else:
-        src, tgt = args.source_lang, args.target_lang
-        if not (src and tgt):
-            raise StudyError("--corpus needs -s/--source-lang and -t/--target-lang")
-        from tpp_pipeline.errors import DataError
-        from tpp_pipeline.splits import carve_corpus
-
-        given = {name: getattr(args, name) for name in ("test", "valid") if getattr(args, name)}
-        sizes = {
-            name: size
-            for name, size in (("test", args.test_size), ("valid", args.valid_size))
-            if name not in given
-        }
-        try:
-            digest = data_identity(args, cfg, src, tgt, given, sizes)
-            root = args.out / "data" / f"{src}-{tgt}-{digest}"
-            raw = root / "raw"
-            name = f"{src}_{tgt}_bpe{cfg.bpe_merges}"
-            data = root / "data-bin" / name
-            if plan_only and not (data / "preprocess.done").exists():
-                return {"data": data, "prepared": False, "src": src, "tgt": tgt}
-            carve_corpus(args.corpus, src, tgt, raw, sizes, seed=args.split_seed, given=given)
-        except DataError as err:
-            raise StudyError(str(err)) from None
-        if not (data / "preprocess.done").exists():
-            log(f"preparing {raw} -> {data} (tokenise, tag, BPE {cfg.bpe_merges}, binarize)")
-            cmd = [
-                sys.executable,
-                "-m",
-                "tpp_pipeline.pipeline",
-                "-s",
-                src,
-                "-t",
-                tgt,
-                "--trainpref",
-                raw / "train",
-                "--validpref",
-                raw / "valid",
-                "--testpref",
-                raw / "test",
-                "--name",
-                name,
-                "--work-dir",
-                root / "work",
-                "--data-bin",
-                root / "data-bin",
-                "--bpe-merges",
-                cfg.bpe_merges,
-                "--max-len",
-                cfg.max_len,
-                "--workers",
-                args.workers,
-            ]
-            if not args.variants_need_tags:
-                cmd.append("--no-tags")
-            run_command(cmd, root / "prepare.log")
-            (data / "preprocess.done").write_text("ok\n")
-        paths = {
-            "data": data,
-            "reference": raw / f"test.{tgt}",
-            "source": raw / f"test.{src}",
-            "bpe_codes": root / "work" / "bpe" / "codes",
-        }
+    paths = _given_data(args) if args.data is not None else _prepared_data(args, cfg, plan_only)
+    if not paths.get("prepared", True):
+        return paths
     size = split_size(paths["data"], "test")
     if size is None:
         raise StudyError(f"{paths['data']}: no test split (test.*.idx)")
