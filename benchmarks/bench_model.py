@@ -78,6 +78,47 @@ def parse_args(argv=None):
         default=None,
         help="tokens per batch (default: 2048 on CPU, 16384 on GPU)",
     )
+    _add_measurement_arguments(p)
+    p.add_argument("--mfu", action="store_true", help="model-FLOPs utilisation of training (GPU)")
+    p.add_argument(
+        "--threads", type=int, default=0, help="torch threads on the CPU (0: torch's default)"
+    )
+    p.add_argument("--quick", action="store_true", help="synthetic data, d=128, few rounds")
+    p.add_argument("--json", type=Path, help="also write every measurement here")
+    p.add_argument(
+        "--isolate",
+        type=int,
+        default=0,
+        metavar="N",
+        help="measure every model in a process of its own, N repetitions with the models "
+        "alternating (default 0: one process, models taking turns step by step; separate "
+        "processes of the *same* model vary more than turns within one)",
+    )
+    p.add_argument("--memory-child", nargs=2, metavar=("MODEL", "SIZE"), help=argparse.SUPPRESS)
+    p.add_argument("--child", nargs=2, metavar=("MODEL", "SIZE"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    harness.check_device(p, args)
+    if args.quick:
+        args.sizes, args.rounds, args.warmup, args.gen_batches = "128", 6, 2, 2
+    args.sizes = [int(s) for s in str(args.sizes).split(",") if s]
+    for s in args.sizes:
+        if s not in harness.SIZES:
+            p.error(f"--sizes: {s} is not one of {sorted(harness.SIZES)}")
+    gpu = args.device == "cuda"
+    if args.models is None:
+        args.models = (
+            "transformer,transformer-b,tpp-conv0,tpp" if gpu else "transformer,tpp,tpp-conv0"
+        )
+    args.models = [m for m in args.models.split(",") if m]
+    harness.check_models(p, args)
+    args.update_freq = args.update_freq or (2 if gpu else 1)
+    args.max_tokens = args.max_tokens or (16384 if gpu else 2048)
+    args.gen_batch = args.gen_batch or (128 if gpu else 20)
+    return args
+
+
+def _add_measurement_arguments(p) -> None:
+    """What is timed, how often, and in which batches."""
     p.add_argument("--rounds", type=int, default=12, help="timed training steps per model")
     p.add_argument("--warmup", type=int, default=3, help="untimed training steps per model first")
     p.add_argument("--gen-batches", type=int, default=4, help="timed generation batches per model")
@@ -115,42 +156,6 @@ def parse_args(argv=None):
         "plugin switches it off when loaded). Every batch shape runs once before the "
         "timing, so this times the kernel with its plans built, not the plan builds",
     )
-    p.add_argument("--mfu", action="store_true", help="model-FLOPs utilisation of training (GPU)")
-    p.add_argument(
-        "--threads", type=int, default=0, help="torch threads on the CPU (0: torch's default)"
-    )
-    p.add_argument("--quick", action="store_true", help="synthetic data, d=128, few rounds")
-    p.add_argument("--json", type=Path, help="also write every measurement here")
-    p.add_argument(
-        "--isolate",
-        type=int,
-        default=0,
-        metavar="N",
-        help="measure every model in a process of its own, N repetitions with the models "
-        "alternating (default 0: one process, models taking turns step by step; separate "
-        "processes of the *same* model vary more than turns within one)",
-    )
-    p.add_argument("--memory-child", nargs=2, metavar=("MODEL", "SIZE"), help=argparse.SUPPRESS)
-    p.add_argument("--child", nargs=2, metavar=("MODEL", "SIZE"), help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    harness.check_device(p, args)
-    if args.quick:
-        args.sizes, args.rounds, args.warmup, args.gen_batches = "128", 6, 2, 2
-    args.sizes = [int(s) for s in str(args.sizes).split(",") if s]
-    for s in args.sizes:
-        if s not in harness.SIZES:
-            p.error(f"--sizes: {s} is not one of {sorted(harness.SIZES)}")
-    gpu = args.device == "cuda"
-    if args.models is None:
-        args.models = (
-            "transformer,transformer-b,tpp-conv0,tpp" if gpu else "transformer,tpp,tpp-conv0"
-        )
-    args.models = [m for m in args.models.split(",") if m]
-    harness.check_models(p, args)
-    args.update_freq = args.update_freq or (2 if gpu else 1)
-    args.max_tokens = args.max_tokens or (16384 if gpu else 2048)
-    args.gen_batch = args.gen_batch or (128 if gpu else 20)
-    return args
 
 
 # ----------------------------------------------------------------------------- GPU

@@ -115,6 +115,22 @@ def add_pipeline_arguments(parser):
         default=None,
         help="cap the joint dictionary at this many types (--nwordssrc/tgt; 0: no cap)",
     )
+    _add_tagging_arguments(group)
+    _add_cleaning_arguments(group)
+    group.add_argument("--stop-after", choices=STEPS, help="stop after this step")
+    group.add_argument(
+        "--force",
+        action="store_true",
+        help="redo the steps whose settings changed (and the steps after "
+        "them; the others are kept) and rebuild the output folder, "
+        "overwriting it",
+    )
+    group.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def _add_tagging_arguments(group):
+    """The POS/NER tagging of the source side."""
     group.add_argument(
         "--no-tags",
         action="store_true",
@@ -147,6 +163,10 @@ def add_pipeline_arguments(parser):
         metavar="I/N",
         help="only tag shard I of N (0-based; for array jobs) and stop",
     )
+
+
+def _add_cleaning_arguments(group):
+    """The training pairs' filters and how invalid text is read."""
     group.add_argument("--min-len", type=positive_int, default=1, help="train: min tokens per side")
     group.add_argument(
         "--max-len", type=positive_int, default=250, help="train: max tokens per side"
@@ -163,16 +183,6 @@ def add_pipeline_arguments(parser):
         default="strict",
         help="strict: invalid UTF-8 is an error naming file and line",
     )
-    group.add_argument("--stop-after", choices=STEPS, help="stop after this step")
-    group.add_argument(
-        "--force",
-        action="store_true",
-        help="redo the steps whose settings changed (and the steps after "
-        "them; the others are kept) and rebuild the output folder, "
-        "overwriting it",
-    )
-    group.add_argument("--quiet", action="store_true", help="no progress bar")
-    return parser
 
 
 def build_parser():
