@@ -92,13 +92,21 @@ def runs(impl: str, t: Tensor) -> bool:
 
 @functools.lru_cache(maxsize=2)
 def _kernels(interpret: bool):
-    """The jitted kernels (built on first use, once per interpreter setting)."""
+    """The jitted kernels (built on first use, once per interpreter setting): the
+    convolution's taps, its kernel's gradient, a decoding step."""
+    return _taps_kernel(interpret), _kernel_grad_kernel(interpret), _conv_step_kernel(interpret)
+
+
+# the integers that change with the batch's shape or at every decoding step are passed as
+# they are: specialised (== 1, divisible by 16), each new class would be a compilation.
+# Strides stay specialised: their divisibility lets loads be vectors.
+
+
+@functools.lru_cache(maxsize=2)
+def _taps_kernel(interpret: bool):
     import triton
     import triton.language as tl
 
-    # the integers that change with the batch's shape or at every decoding step are
-    # passed as they are: specialised (== 1, divisible by 16), each new class would be a
-    # compilation. Strides stay specialised: their divisibility lets loads be vectors.
     @triton.jit(do_not_specialize=["len_x", "len_y", "bsz", "a", "s", "taps"])
     def taps_kernel(
         x_ptr,
@@ -151,6 +159,14 @@ def _kernels(interpret: bool):
             mask=row_ok[:, None] & col_ok[None, :],
         )
 
+    return taps_kernel
+
+
+@functools.lru_cache(maxsize=2)
+def _kernel_grad_kernel(interpret: bool):
+    import triton
+    import triton.language as tl
+
     @triton.jit(do_not_specialize=["len_g", "len_u", "bsz", "a", "s", "taps", "rows_per_program"])
     def kernel_grad_kernel(
         g_ptr,
@@ -202,6 +218,14 @@ def _kernels(interpret: bool):
         # partial sums: part[split, k, c]
         dst = part_ptr + (split * taps + k) * channels + cols
         tl.store(dst, tl.sum(acc, axis=0), mask=col_ok)
+
+    return kernel_grad_kernel
+
+
+@functools.lru_cache(maxsize=2)
+def _conv_step_kernel(interpret: bool):
+    import triton
+    import triton.language as tl
 
     # head_row: the ring's row, a new one at every step
     @triton.jit(do_not_specialize=["head_row"])
@@ -277,7 +301,7 @@ def _kernels(interpret: bool):
         out = local * query * out_scale
         tl.store(out_ptr + b * so + c, out.to(out_ptr.dtype.element_ty), mask=d_ok)
 
-    return taps_kernel, kernel_grad_kernel, conv_step_kernel
+    return conv_step_kernel
 
 
 def _acc_dtype(dtype: torch.dtype):
