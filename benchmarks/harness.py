@@ -19,6 +19,12 @@ REPO = Path(__file__).resolve().parent.parent
 #: measures its own checkout
 PLUGIN = REPO / "tpp_plugin"
 
+
+def _tpp(*options):
+    """``transformer_pp`` without tag heads (the benchmarks' ``tpp``), with ``options``."""
+    return ["--arch", "transformer_pp", "--encoder-tag-layers", "", *options]
+
+
 #: each model's own fairseq-train options (the rest is :func:`command_line`'s, the same for
 #: all): ``transformer`` is the baseline, ``tpp-conv0`` and ``transformer-b`` the controls
 MODELS = {
@@ -27,60 +33,17 @@ MODELS = {
     # control (on a GPU, where tpp-conv0 and transformer differ in their attention
     # kernels, this is the one that must come out at 1.0×)
     "transformer-b": ["--arch", "transformer"],
-    "tpp": ["--arch", "transformer_pp", "--encoder-tag-layers", ""],
-    "tpp-conv0": [
-        "--arch",
-        "transformer_pp",
-        "--encoder-tag-layers",
-        "",
-        "--encoder-conv-heads",
-        "0",
-        "--decoder-conv-heads",
-        "0",
-    ],
-    "tpp-triton": [
-        "--arch",
-        "transformer_pp",
-        "--encoder-tag-layers",
-        "",
-        "--conv-heads-impl",
-        "triton",
-    ],
-    "tpp-fused": [
-        "--arch",
-        "transformer_pp",
-        "--encoder-tag-layers",
-        "",
-        "--conv-heads-impl",
-        "fused",
-    ],
-    "tpp-taps": [
-        "--arch",
-        "transformer_pp",
-        "--encoder-tag-layers",
-        "",
-        "--conv-heads-impl",
-        "taps",
-    ],
+    "tpp": _tpp(),
+    "tpp-conv0": _tpp("--encoder-conv-heads", "0", "--decoder-conv-heads", "0"),
+    "tpp-triton": _tpp("--conv-heads-impl", "triton"),
+    "tpp-fused": _tpp("--conv-heads-impl", "fused"),
+    "tpp-taps": _tpp("--conv-heads-impl", "taps"),
     # the flat master copy synced by multi-tensor copies (MULTI_TENSOR_SYNC)
     "transformer-sync": ["--arch", "transformer"],
-    "tpp-fused-sync": [
-        "--arch",
-        "transformer_pp",
-        "--encoder-tag-layers",
-        "",
-        "--conv-heads-impl",
-        "fused",
-    ],
+    "tpp-fused-sync": _tpp("--conv-heads-impl", "fused"),
     # --bf16's master copy one tensor per parameter (fairseq's own --bf16), not flat
     "transformer-split": ["--arch", "transformer", "--fp16-no-flatten-grads"],
-    "tpp-split": [
-        "--arch",
-        "transformer_pp",
-        "--encoder-tag-layers",
-        "",
-        "--fp16-no-flatten-grads",
-    ],
+    "tpp-split": _tpp("--fp16-no-flatten-grads"),
 }
 
 #: models whose optimizer (only theirs) syncs a flat master copy by multi-tensor copies
