@@ -1,6 +1,8 @@
-"""The single error type of the data pipeline."""
+"""The single error type of the data pipeline, and the project's base of errors a user
+makes or meets (:class:`UserError`), reported by every command the same way."""
 
 import errno
+import sys
 
 # A write failing for one of these reasons means the disk (or a quota, or a limit on the
 # size of a file) is full: the fix is more room, not another input.
@@ -15,7 +17,21 @@ PIPELINE_FOLDERS = "--work-dir / --data-bin"
 FILE_SYSTEM = FULL_DISK + (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR)
 
 
-class DataError(Exception):
+class UserError(Exception):
+    """An error whose message says what is wrong and what to do: a command prints it as
+    one line, ``<command>: error: <message>`` (:func:`report`), and ends with ``status``."""
+
+    status = 2
+
+
+def report(prog: str, error: BaseException) -> int:
+    """Print ``error`` as a command's one line and return its exit status (2 unless it
+    has its own)."""
+    print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
+    return getattr(error, "status", 2)
+
+
+class DataError(UserError):
     """Bad input or inconsistent intermediate data.
 
     The message always says which file (and, where it makes sense, which 1-based line)

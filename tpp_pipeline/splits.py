@@ -32,7 +32,7 @@ import unicodedata
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
-from .errors import DataError, from_os_error
+from .errors import DataError, from_os_error, report
 from .textio import atomic_open
 
 _SPACE = re.compile(r"\s+")
@@ -223,8 +223,7 @@ def main(argv=None) -> int:
         reported = err if isinstance(err, DataError) else from_os_error(err, folders="--out")
         if reported is None:
             raise
-        print(f"tpp-carve-splits: error: {reported}", file=sys.stderr)
-        return 2
+        return report("tpp-carve-splits", reported)
     for name, (src, _) in outputs.items():
         with open(src, encoding="utf-8") as handle:
             count = sum(1 for _ in handle)

@@ -6,9 +6,7 @@ import errno
 import os
 import sys
 
-
-class UserError(Exception):
-    """An error whose message says what is wrong and what to do; no traceback helps."""
+from tpp_pipeline.errors import UserError  # noqa: F401  (the project's one base of them)
 
 
 def program() -> str:

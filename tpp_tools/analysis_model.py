@@ -12,8 +12,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from tpp_pipeline.errors import UserError
 
-class AnalysisError(Exception):
+
+class AnalysisError(UserError):
+    status = 1
+
     """A problem with the user's input; the message says what to fix."""
 
 

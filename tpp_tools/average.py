@@ -38,6 +38,8 @@ from collections import OrderedDict
 
 import torch
 
+from tpp_pipeline.errors import UserError, report
+
 from tpp_plugin import checkpoint_match
 from tpp_plugin.checkpoint_match import IGNORED_MODEL_KEYS, config_differences  # noqa: F401
 
@@ -51,7 +53,7 @@ EPOCH_PATTERN = re.compile(r"^checkpoint(\d+)\.pt$")
 UPDATE_PATTERN = re.compile(r"^checkpoint_\d+_(\d+)\.pt$")
 
 
-class AveragingError(Exception):
+class AveragingError(UserError):
     """A problem with the inputs, reported without a traceback."""
 
 
@@ -386,8 +388,7 @@ def main(argv=None):
         state = average_checkpoints(paths, args.allow_config_mismatch)
         save_atomically(state, args.output, args.force)
     except AveragingError as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
+        return report(PROG, error)
     print(f"wrote {args.output}", file=sys.stderr)
     return 0
 

@@ -24,6 +24,8 @@ import zipfile
 
 import torch
 
+from tpp_pipeline.errors import UserError
+
 from tpp_plugin.compat import allow_fairseq_checkpoints
 
 allow_fairseq_checkpoints()  # what fairseq checkpoints hold, for torch's safe loading
@@ -33,7 +35,7 @@ ZIP_MAGIC = b"PK\x03\x04"
 LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19."
 
 
-class CheckpointError(Exception):
+class CheckpointError(UserError):
     """A checkpoint file that cannot be used; ``str()`` is ``"<path>: <reason>"``."""
 
     def __init__(self, path, reason):

@@ -31,6 +31,8 @@ import time
 from contextlib import redirect_stdout
 from pathlib import Path
 
+from tpp_pipeline.errors import UserError, report
+
 from .train import option_words
 
 PROG = "tpp-demo"
@@ -44,7 +46,7 @@ OPTION_NAMES = {
 }
 
 
-class DemoError(Exception):
+class DemoError(UserError):
     """A stage failed; ``status`` is the exit status to end with."""
 
     def __init__(self, message, status=1):
@@ -423,16 +425,10 @@ def main(argv=None):
     args = build_parser(root).parse_args(argv)
     # before torch is imported (the plots and analyses run in this process)
     os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
-    from tpp_pipeline.errors import DataError
-
     try:
         run_demo(args, root)
-    except DemoError as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return error.status
-    except DataError as error:  # a stage of the ledger wrote less than it should
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
+    except UserError as error:  # (the data pipeline's too: a stage wrote less than it should)
+        return report(PROG, error)
     return 0
 
 

@@ -27,6 +27,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tpp_pipeline.errors import report
+
 from .analysis_model import (
     AnalysisError,
     add_model_arguments,
@@ -160,8 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                 "(--encoder-conv-heads 0): nothing to compare"
             )
     except AnalysisError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+        return report("tpp-embedding-similarity", err)
 
     def fmt(value):
         return "n/a" if value is None else f"{value:+.4f}"

@@ -41,6 +41,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tpp_pipeline.errors import UserError, report
+
 from .user_dir import PluginNotFound, plugin_dir
 
 PROG = "tpp-evaluate"
@@ -51,11 +53,13 @@ _COMPOUND = re.compile(r"(\S)-(\S)", re.ASCII)
 _MOSES_HYPHEN = " @ ##AT##-##AT## @ "
 
 
-class EvaluationError(Exception):
+class EvaluationError(UserError):
     """Bad input: reported without a traceback, exit status 2."""
 
 
-class GenerationError(Exception):
+class GenerationError(UserError):
+    status = 1
+
     """fairseq-generate failed or did not translate the whole split: exit status 1."""
 
 
@@ -669,12 +673,8 @@ def main(argv=None):
             args.force,
             generate_args,
         )
-    except EvaluationError as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
-    except GenerationError as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 1
+    except UserError as error:  # bad input (2), fairseq-generate failing (1)
+        return report(PROG, error)
     sys.stdout.write(scores["report"])
     return 0
 

@@ -36,6 +36,8 @@ import matplotlib
 matplotlib.use("Agg")  # no display on cluster nodes; set before pyplot is imported
 import matplotlib.pyplot as plt  # noqa: E402
 
+from tpp_pipeline.errors import report
+
 from .analysis_model import AnalysisError, add_model_arguments, encode, load_model, prepare_sentence
 
 CELL_INCHES = 4  # each head's heatmap gets a 4 x 4 inch cell ...
@@ -228,8 +230,7 @@ def main(argv: list[str] | None = None) -> int:
 
         maps = capture_maps(loaded.model, src_tokens, prev.unsqueeze(0))
     except AnalysisError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+        return report("tpp-plot-attention", err)
 
     print(f"source:      {' '.join(src_labels)}")
     print(f"translation: {' '.join(out_labels)}")

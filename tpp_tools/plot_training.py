@@ -38,6 +38,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from tpp_pipeline.errors import UserError, report
+
 import matplotlib
 
 matplotlib.use("Agg")  # no display on cluster nodes; set before pyplot is imported
@@ -58,7 +60,7 @@ PLOTS = {
 }
 
 
-class LogError(Exception):
+class LogError(UserError):
     """The log cannot be plotted; the message says why."""
 
 
@@ -342,8 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         writable_folder(out_dir, "--out-dir folder", LogError)
         written = plot_logs(args.log, out_dir, args.force, args.label, args.format)
     except LogError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return report("tpp-plot-training", err)
     for path in written:
         print(f"wrote {path}")
     return 0

@@ -37,10 +37,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from tpp_pipeline.errors import UserError, report
+
 DEFAULT_RESTORE_FILE = "checkpoint_last.pt"  # fairseq's default for --restore-file
 
 
-class RecoveryError(Exception):
+class RecoveryError(UserError):
     """No checkpoint to resume from: reported without a traceback, exit status 2."""
 
 
@@ -208,8 +210,7 @@ def main(argv=None):
     try:
         recover(args.save_dir, args.restore_file, args.checkpoint_suffix)
     except RecoveryError as error:
-        say(f"error: {error}")
-        return 2
+        return report("tpp-recover-checkpoint", error)
     updates = finished_updates(
         args.save_dir, args.max_update, args.restore_file, args.checkpoint_suffix
     )

@@ -22,6 +22,8 @@ import json
 import sys
 from pathlib import Path
 
+from tpp_pipeline.errors import report
+
 from .analysis_model import AnalysisError, load_model
 
 PROG = "tpp-tag-gradients"
@@ -162,8 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         except FileNotFoundError as err:
             raise AnalysisError(f"{args.data}: {err}") from None
     except AnalysisError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 1
+        return report(PROG, err)
     if args.json:
         print(json.dumps(table, indent=1))
     else:

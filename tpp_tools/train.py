@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import List, Mapping, Sequence
 
+from tpp_pipeline.errors import UserError, report
+
 from .user_dir import PluginNotFound, plugin_dir
 
 PROG = "tpp-train"
@@ -103,7 +105,7 @@ PRECISIONS = (
 )
 
 
-class TrainError(Exception):
+class TrainError(UserError):
     """Bad input: reported as one line, exit status 2."""
 
 
@@ -494,8 +496,7 @@ def main(argv=None) -> int:
         Path(args.log_file).parent.mkdir(parents=True, exist_ok=True)
         job = JobVerdict.of_this_job()
     except (TrainError, OSError) as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
+        return report(PROG, error)
     if job is not None and job.rank > 0:
         status = job.wait()
         job.close()
@@ -512,7 +513,7 @@ def main(argv=None) -> int:
         try:
             status = prepare(args, argv, cmd)
         except (TrainError, OSError) as error:
-            print(f"{PROG}: error: {error}", file=sys.stderr)
+            report(PROG, error)
         finally:
             if job is not None:
                 job.publish(status)

@@ -10,8 +10,12 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from tpp_pipeline.errors import UserError, report
 
-class PluginNotFound(LookupError):
+
+class PluginNotFound(UserError, LookupError):
+    status = 1
+
     """This Python cannot find the ``tpp_plugin`` package."""
 
 
@@ -31,8 +35,7 @@ def main(argv=None):
     try:
         print(plugin_dir())
     except PluginNotFound as error:
-        print(f"tpp-user-dir: error: {error}", file=sys.stderr)
-        return 1
+        return report("tpp-user-dir", error)
     return 0
 
 

@@ -306,17 +306,13 @@ def _check_arguments(p, args) -> None:
 def main(argv=None) -> int:
     """tpp-study; a :class:`StudyError` (or the data pipeline's error) is one line,
     ``tpp-study: error: ...``, and its exit status."""
-    from tpp_pipeline.errors import DataError
+    from tpp_pipeline.errors import UserError, report
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return _main(argv)
-    except StudyError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return err.status
-    except DataError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 2
+    except UserError as err:  # the study's (StudyError) and the data pipeline's
+        return report(PROG, err)
 
 
 def _config(args) -> Config:

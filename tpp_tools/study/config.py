@@ -4,6 +4,8 @@ the tag-loss settings a study may change."""
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional
 
+from tpp_pipeline.errors import UserError
+
 from ..train import PRESETS, RESUMABLE, SETTINGS, option_words
 
 PROG = "tpp-study"
@@ -298,7 +300,7 @@ CONFIGS = {
 }
 
 
-class StudyError(Exception):
+class StudyError(UserError):
     """What stops the study, said in one line (what and where); ``status`` is its exit
     status: 2 for bad input (the default), 1 for a study that cannot go on."""
 
