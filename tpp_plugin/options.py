@@ -48,3 +48,27 @@ def parse_named(value, option: str, cast: Callable[[str], T] = int) -> Dict[str,
 def format_named(values: Dict[str, object]) -> str:
     """The inverse of :func:`parse_named`."""
     return ",".join(f"{name}:{number}" for name, number in values.items())
+
+
+def tag_layers(value, encoder_layers: int) -> Dict[str, int]:
+    """``--encoder-tag-layers``: each tag's layer within the encoder's ``1..encoder_layers``."""
+    layers = parse_named(value, "encoder-tag-layers")
+    for name, layer in layers.items():
+        if not 1 <= layer <= encoder_layers:
+            raise ValueError(
+                f"--encoder-tag-layers: layer {layer} for tag {name!r} is outside the "
+                f"encoder's layers 1..{encoder_layers}"
+            )
+    return layers
+
+
+def check_tag_weights(weights: Dict[str, float], decay_updates: int) -> None:
+    """The tag losses' weights (none negative) and their decay (``--tag-loss-decay-updates``,
+    0 or more)."""
+    for name, weight in weights.items():
+        if weight < 0:
+            raise ValueError(f"--tag-loss-weights: weight of {name!r} must be >= 0, got {weight}")
+    if decay_updates < 0:
+        raise ValueError(
+            f"--tag-loss-decay-updates must be >= 0 (0: constant weights), got {decay_updates}"
+        )

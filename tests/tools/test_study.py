@@ -796,8 +796,8 @@ def test_tag_loss_options_make_new_runs_of_the_tags_variant_only(tmp_path):
     "option, value, message",
     [
         ("--tag-loss-weights", "pos=0.1", "--tag-loss-weights: expected NAME:NUMBER"),
-        ("--tag-loss-weights", "pos:-1", "negative weights"),
-        ("--encoder-tag-layers", "pos:1,ner:4", "outside the encoder's layers 1..3"),
+        ("--tag-loss-weights", "pos:-1", "weight of 'pos' must be >= 0"),
+        ("--encoder-tag-layers", "pos:1,ner:4", "is outside the encoder's layers 1..3"),
         ("--tag-loss-decay-updates", "-5", "--tag-loss-decay-updates must be >= 0"),
     ],
 )

@@ -36,7 +36,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import (  # noqa: I001
     LabelSmoothedCrossEntropyCriterionConfig,
 )
 
-from ..options import parse_named
+from ..options import check_tag_weights, parse_named
 
 logger = logging.getLogger(__name__)
 
@@ -91,16 +91,7 @@ class LabelSmoothedCrossEntropyWithTagsCriterion(LabelSmoothedCrossEntropyCriter
                         f"{name}:{self.tag_weights[name]}"
                     )
                 self.tag_weights[name] = alias
-        for name, weight in self.tag_weights.items():
-            if weight < 0:
-                raise ValueError(
-                    f"--tag-loss-weights: weight of {name!r} must be >= 0, got {weight}"
-                )
-        if tag_loss_decay_updates < 0:
-            raise ValueError(
-                f"--tag-loss-decay-updates must be >= 0 (0: constant weights), "
-                f"got {tag_loss_decay_updates}"
-            )
+        check_tag_weights(self.tag_weights, tag_loss_decay_updates)
         self.tag_loss_decay_updates = tag_loss_decay_updates
         self.num_updates = 0
         self._warned_no_head = set()

@@ -174,23 +174,16 @@ def check_config(cfg: Config) -> Optional[str]:
 
 
 def check_tag_settings(cfg: Config) -> Optional[str]:
-    """What is wrong with the tag-loss settings, before any run is planned (None: nothing);
-    read as the model and the criterion read them."""
-    from tpp_plugin.options import parse_named
+    """What is wrong with the tag-loss settings, before any run is planned (None: nothing):
+    the model's and the criterion's own checks."""
+    from tpp_plugin.options import check_tag_weights, parse_named, tag_layers
 
     try:
-        layers = parse_named(cfg.encoder_tag_layers, "encoder-tag-layers")
+        tag_layers(cfg.encoder_tag_layers, cfg.layers)
         weights = parse_named(cfg.tag_loss_weights, "tag-loss-weights", cast=float)
+        check_tag_weights(weights, cfg.tag_loss_decay_updates)
     except ValueError as error:
         return str(error)
-    outside = {name: layer for name, layer in layers.items() if not 1 <= layer <= cfg.layers}
-    if outside:
-        return f"--encoder-tag-layers: {outside} outside the encoder's layers 1..{cfg.layers}"
-    negative = {name: weight for name, weight in weights.items() if weight < 0}
-    if negative:
-        return f"--tag-loss-weights: negative weights {negative}"
-    if cfg.tag_loss_decay_updates < 0:
-        return f"--tag-loss-decay-updates must be >= 0, not {cfg.tag_loss_decay_updates}"
     return None
 
 

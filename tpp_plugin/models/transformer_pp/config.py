@@ -12,7 +12,7 @@ from typing import Dict
 from ...modules import HybridMultiheadAttention
 from ...modules.hybrid_attention import OUTPUT_SCALINGS
 from ...modules.conv_heads_triton import IMPLS as CONV_HEADS_IMPLS
-from ...options import parse_int_list, parse_named
+from ...options import parse_int_list, tag_layers
 
 #: the paper's kernel widths for blocks 1..5 (encoder and decoder alike)
 PAPER_KERNEL_SIZES = (3, 5, 7, 11, 15)
@@ -160,11 +160,4 @@ class ConvHeadsConfig:
 
 def tag_layers_of(args) -> Dict[str, int]:
     """``--encoder-tag-layers``, checked against the number of encoder layers."""
-    tag_layers = parse_named(args.encoder_tag_layers, "encoder-tag-layers")
-    for name, layer in tag_layers.items():
-        if not 1 <= layer <= args.encoder_layers:
-            raise ValueError(
-                f"--encoder-tag-layers: layer {layer} for tag {name!r} is outside "
-                f"1..{args.encoder_layers} (--encoder-layers)"
-            )
-    return tag_layers
+    return tag_layers(args.encoder_tag_layers, args.encoder_layers)
