@@ -199,7 +199,7 @@ def triton_counted(counter):
             return launch
 
     saved = os.environ.get("TRITON_INTERPRET"), conv_heads_triton._kernels
-    names = ("query_product_kernel", "query_product_grad_kernel")
+    names = ("conv_heads_kernel", "conv_heads_grad_kernel")
     kernels = {name: getattr(query_triton, name) for name in names}
     os.environ["TRITON_INTERPRET"] = "1"
     conv_heads_triton._kernels = lambda interpret: (Launch(), Launch(), Launch())

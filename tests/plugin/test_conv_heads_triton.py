@@ -500,7 +500,7 @@ for dtype in ("bf16", "fp16", "fp32"):
     # without a padding mask (a bool tensor; without one, the scores stand in for it)
     from tpp_plugin.modules import query_triton as qt
     # (the forward kernel with LocalConv computed in it, from u and a float32 kernel)
-    for kernel in (qt.query_product_kernel, qt.query_product_grad_kernel):
+    for kernel in (qt.conv_heads_kernel, qt.conv_heads_grad_kernel):
         names = inspect.signature(kernel.fn).parameters
         for causal, has_pad in itertools.product((False, True), (False, True)):
             signature = {name: "*" + dtype if name.endswith("_ptr") else "i32" for name in names}

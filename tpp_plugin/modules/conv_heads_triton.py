@@ -446,16 +446,33 @@ class TritonDilatedDepthwiseConv(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out: Tensor):
         u, kernel, padding = ctx.saved_tensors
-        a, dilation = ctx.a, ctx.dilation
-        grad_u = grad_kernel = None
-        if ctx.needs_input_grad[0]:
-            # ∂u[j] = Σ_k K[k] ∂out[j + a - k·δ]: the forward kernel with the taps mirrored
-            grad_u = _masked(_taps(grad_out, kernel, u.size(0), -a, dilation), padding)
-        if ctx.needs_input_grad[1]:
-            grad_kernel = _kernel_grad(
-                grad_out, _masked(u, padding), kernel.size(0), a, -dilation
-            ).to(kernel.dtype)
+        grad_u, grad_kernel = conv_grads(
+            grad_out, u, kernel, padding, ctx.a, ctx.dilation, *ctx.needs_input_grad[:2]
+        )
         return grad_u, grad_kernel, None, None, None, None
+
+
+def conv_grads(
+    grad_out: Tensor,
+    u: Tensor,
+    kernel: Tensor,
+    padding: Optional[Tensor],
+    a: int,
+    dilation: int,
+    need_u: bool = True,
+    need_kernel: bool = True,
+) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """The gradients of ``u`` and of the kernel of ``out[t] = Σ_k kernel[k] ⊙ u[t - a + k·δ]``
+    (``padding``, ``L x B x 1``: rows of ``u`` read as zero), each where asked for."""
+    grad_u = grad_kernel = None
+    if need_u:
+        # ∂u[j] = Σ_k K[k] ∂out[j + a - k·δ]: the forward kernel with the taps mirrored
+        grad_u = _masked(_taps(grad_out, kernel, u.size(0), -a, dilation), padding)
+    if need_kernel:
+        grad_kernel = _kernel_grad(grad_out, _masked(u, padding), kernel.size(0), a, -dilation).to(
+            kernel.dtype
+        )
+    return grad_u, grad_kernel
 
 
 def conv_step(

@@ -37,7 +37,7 @@ import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .conv_heads_triton import _device_of, _kernel_grad, _masked, _taps
+from .conv_heads_triton import _device_of, conv_grads
 from .context_query import MASKED
 
 #: time rows per block of a program: a ``BLOCK_T x d_h`` float32 tile per operand of the scans
@@ -152,7 +152,7 @@ def _prefix(s, v, carry_l, carry_q, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr
 # the integers that change with the batch are passed as they are: specialised (== 1,
 # divisible by 16), each new class would be a compilation
 @triton.jit(do_not_specialize=["length", "bsz"])
-def query_product_kernel(
+def conv_heads_kernel(
     s_ptr, v_ptr, pad_ptr, local_ptr, out_ptr, lse_ptr, u_ptr, k_ptr, length, bsz, heads,
     head_dim, temperature, sst, ssb, svt, svb, spb, spt, slt, slb, sot, sob, sut, sub, skf,
     skc, shift, dilation, taps, CAUSAL: tl.constexpr, ACC: tl.constexpr,
@@ -203,7 +203,7 @@ def query_product_kernel(
 
 
 @triton.jit(do_not_specialize=["length", "bsz"])
-def query_product_grad_kernel(
+def conv_heads_grad_kernel(
     g_ptr, s_ptr, v_ptr, pad_ptr, local_ptr, lse_ptr, c_ptr, grad_local_ptr, grad_s_ptr,
     grad_v_ptr, length, bsz, heads, head_dim, temperature, sgt, sgb, sst, ssb, svt, svb, spb,
     spt, slt, slb, CAUSAL: tl.constexpr, ACC: tl.constexpr, HAS_PAD: tl.constexpr,
@@ -336,7 +336,7 @@ def _forward(u, kernel, scores, values, padding, heads, causal, temperature, shi
     pad = padding if padding is not None else scores
     if length:
         with _device_of(values):
-            query_product_kernel[(bsz, heads)](
+            conv_heads_kernel[(bsz, heads)](
                 scores, values, pad, local, out, lse, u, kernel,
                 length, bsz, heads, head_dim, float(temperature),
                 *scores.stride()[:2], *values.stride()[:2], *pad.stride()[:2],
@@ -363,7 +363,7 @@ def _backward(ctx, grad_out, local, scores, values, padding, lse):
     pad = padding if padding is not None else scores
     if length:
         with _device_of(values):
-            query_product_grad_kernel[(bsz, heads)](
+            conv_heads_grad_kernel[(bsz, heads)](
                 grad_out, scores, values, pad, local, lse, scratch, grad_local, grad_s, grad_v,
                 length, bsz, heads, head_dim, ctx.temperature,
                 *grad_out.stride()[:2], *scores.stride()[:2], *values.stride()[:2],
@@ -399,12 +399,9 @@ class ConvHeads(torch.autograd.Function):
         u, kernel, local, scores, values, padding, lse = ctx.saved_tensors
         grad_local, grad_s, grad_v = _backward(ctx, grad_out, local, scores, values, padding, lse)
         rows = padding.t().unsqueeze(-1) if padding is not None else None  # T x B x 1
-        # ∂u[j] = Σ_k K[k] ∂local[j + shift - k·δ]: the forward's taps mirrored
-        grad_u = _masked(_taps(grad_local, kernel, u.size(0), -ctx.shift, ctx.dilation), rows)
-        grad_kernel = _kernel_grad(
-            grad_local, _masked(u, rows), kernel.size(0), ctx.shift, -ctx.dilation
+        grad_u, grad_kernel = conv_grads(
+            grad_local, u, kernel, rows, ctx.shift, ctx.dilation, *ctx.needs_input_grad[:2]
         )
-        grad_kernel = grad_kernel.to(kernel.dtype)
         return grad_u, grad_kernel, grad_s, grad_v, None, None, None, None, None, None
 
 
