@@ -3,11 +3,15 @@
 several such runs.
 
     python -m benchmarks.fairseq_train_run train DATA ARGS...
+    python -m benchmarks.fairseq_train_run model DATA NAME [OPTIONS] [-- ARGS...]
     python -m benchmarks.fairseq_train_run table NAME=LOG [NAME=LOG ...]
 
 ``train`` runs ``fairseq_cli.train`` with the arguments given and, when it ends,
 prints ``TRAIN_RUN {"peak_gpu_bytes": ...}`` (PyTorch's peak allocation on the GPU:
-parameters, optimizer state and activations).
+parameters, optimizer state and activations). ``model`` trains one of the benchmarks'
+models (``transformer``, ``tpp``, ``tpp-tags``, ...) with the command line that
+``bench_model.py`` builds for it: the same size, layers and dropouts for every model
+(the ``--arch`` presets differ in them), ARGS added at the end.
 
 ``table`` reads the standard output of such runs (fairseq's log with
 ``--log-format json``; a run cut off is read as far as it got) and prints one
@@ -16,11 +20,14 @@ after the first, which holds start-up), the loss of the last logged interval,
 fairseq's "done training in" and the peak GPU memory.
 """
 
+import argparse
 import json
 import re
 import statistics
 import sys
 from pathlib import Path
+
+from .harness import MODELS, SIZES, command_line
 
 MARK = "TRAIN_RUN "
 
@@ -46,6 +53,27 @@ def train(argv):
         if torch.cuda.is_available():
             peak[0] = max(peak[0], torch.cuda.max_memory_allocated())
         print(MARK + json.dumps({"peak_gpu_bytes": peak[0] or None}), flush=True)
+
+
+def model_arguments(argv):
+    """fairseq-train's arguments for ``model DATA NAME [OPTIONS] [-- ARGS...]``."""
+    argv, extra = (
+        (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    )
+    p = argparse.ArgumentParser(prog="python -m benchmarks.fairseq_train_run model")
+    p.add_argument("data")
+    p.add_argument("model", choices=list(MODELS))
+    p.add_argument("--size", type=int, default=512, choices=list(SIZES), help="d (default 512)")
+    p.add_argument("--layers", type=int, default=6, help="encoder and decoder layers each")
+    p.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
+    p.add_argument("--max-tokens", type=int, default=8192)
+    p.add_argument("--updates", type=int, default=150)
+    p.add_argument("--log-interval", type=int, default=25)
+    args = p.parse_args(argv)
+    args.dtype = "fp32"  # a precision is one of ARGS (--bf16, --fp16, ...), as fairseq takes it
+    logging = ["--max-update", args.updates, "--log-format", "json"]
+    logging += ["--log-interval", args.log_interval]
+    return command_line(args.model, args.size, args) + list(map(str, logging + extra))
 
 
 def parse(text):
@@ -99,10 +127,12 @@ def main():
     if sys.argv[1:2] in (["-h"], ["--help"]):
         print(__doc__)
         return
-    if len(sys.argv) < 2 or sys.argv[1] not in ("train", "table"):
+    if len(sys.argv) < 2 or sys.argv[1] not in ("train", "model", "table"):
         raise SystemExit(__doc__.split("\n\n")[1])
     if sys.argv[1] == "train":
         train(sys.argv[2:])
+    elif sys.argv[1] == "model":
+        train(model_arguments(sys.argv[2:]))
     else:
         print(table(sys.argv[2:]))
 

@@ -35,8 +35,9 @@
 #                      master copy synced by multi-tensor copies (transformer-sync,
 #                      tpp-fused-sync) at base; operators on CUDA; float32 at base. Each
 #                      table is printed, and packed, as its command ends
-#   mixed       300 s  fairseq-train, base size, 150 updates: transformer and
-#                      transformer_pp with the tag losses in float32, --bf16 and --fp16;
+#   mixed       300 s  fairseq-train, base size (6+6 layers, bench_model.py's dropouts for
+#                      both), 150 updates: transformer and transformer_pp with the tag
+#                      losses in float32, --bf16 and --fp16;
 #                      --bf16 with the conv heads as PyTorch operations (transformer_pp,
 #                      --conv-heads-impl taps); --memory-efficient-fp16 (transformer_pp)
 #   speed       150 s  training at d = 1024, bf16: transformer, its twin (the control),
@@ -263,22 +264,17 @@ declare -A MIXED=(
     [tpp_bf16_taps]="tpp --bf16 --conv-heads-impl taps"
     [tpp_mefp16]="tpp --memory-efficient-fp16")
 
-mixed() {  # mixed MODEL [--speedups NAMES] OPTIONS...: fairseq-train, base size
+mixed() {  # mixed MODEL [--speedups NAMES] OPTIONS...: fairseq-train, base size, 6+6 layers
     local model=$1
     shift
     if [[ ${1:-} == --speedups ]]; then  # TPP_FAIRSEQ_SPEEDUPS, read by the plugin when it is loaded
         export TPP_FAIRSEQ_SPEEDUPS=$2
         shift 2
     fi
-    local arch=(--arch transformer --task translation --criterion label_smoothed_cross_entropy)
-    if [[ $model == tpp ]]; then  # with its tag losses (POS after layer 1, NER after layer 2)
-        arch=(--arch transformer_pp --task translation_with_tags --criterion label_smoothed_cross_entropy_with_tags)
-    fi
-    "$PY" -m benchmarks.fairseq_train_run train "$DATA" --user-dir tpp_plugin "${arch[@]}" \
-        --label-smoothing 0.1 --share-all-embeddings --optimizer adam --adam-betas '(0.9, 0.98)' \
-        --lr 7e-4 --lr-scheduler inverse_sqrt --warmup-updates 100 --max-tokens 8192 \
-        --max-update "$MIXED_UPDATES" --no-save --disable-validation --seed 1 \
-        --log-format json --log-interval 25 --no-progress-bar "$@"
+    [[ $model == tpp ]] && model=tpp-tags  # with its tag losses (POS after layer 1, NER after layer 2)
+    # bench_model.py's command line: the same size, layers and dropouts for both models
+    "$PY" -m benchmarks.fairseq_train_run model "$DATA" "$model" --size 512 --layers 6 --max-tokens 8192 \
+        --updates "$MIXED_UPDATES" -- --lr 7e-4 --warmup-updates 100 "$@"
 }
 export -f mixed  # run() starts it through bash, under timeout
 export PY DATA OUT MIXED_UPDATES

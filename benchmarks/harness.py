@@ -44,6 +44,15 @@ MODELS = {
     # --bf16's master copy one tensor per parameter (fairseq's own --bf16), not flat
     "transformer-split": ["--arch", "transformer", "--fp16-no-flatten-grads"],
     "tpp-split": _tpp("--fp16-no-flatten-grads"),
+    # with its tag losses (POS after layer 1, NER after layer 2): needs a tagged data folder
+    "tpp-tags": [
+        "--arch",
+        "transformer_pp",
+        "--task",
+        "translation_with_tags",
+        "--criterion",
+        "label_smoothed_cross_entropy_with_tags",
+    ],
 }
 
 #: models whose optimizer (only theirs) syncs a flat master copy by multi-tensor copies

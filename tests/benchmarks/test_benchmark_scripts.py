@@ -442,6 +442,39 @@ def test_fairseq_train_runs_are_tabled_from_fairseqs_own_log(data, tmp_path):
     assert table[3] == "| cut | 0 | – | – | – | – |" and table[4] == "| none | not run | | | | |"
 
 
+def test_fairseq_train_run_trains_each_model_with_bench_models_command_line(data):
+    """``model``: every model gets the same command line but its own options (the
+    ``--arch`` presets differ in layers and dropouts; a side-by-side must not), and
+    fairseq-train trains it as given."""
+    from benchmarks import fairseq_train_run
+
+    options = ["--device", "cpu", "--size", "128", "--layers", "1", "--max-tokens", "256"]
+    options += ["--updates", "2", "--log-interval", "1"]
+    built = {
+        name: fairseq_train_run.model_arguments([str(data), name, *options, "--", "--seed", "3"])
+        for name in ("transformer", "tpp", "tpp-tags")
+    }
+    for name, argv in built.items():
+        own = harness.MODELS[name]
+        start = next(i for i in range(len(argv)) if argv[i : i + len(own)] == own)
+        built[name] = argv[:start] + argv[start + len(own) :]
+        assert argv[-2:] == ["--seed", "3"], "the words after -- come last"
+    assert built["transformer"] == built["tpp"] == built["tpp-tags"]
+    words = built["tpp"]
+    for option in ("--dropout", "--attention-dropout", "--activation-dropout"):
+        assert words[words.index(option) + 1] == "0.1"
+    assert words[words.index("--encoder-layers") + 1] == "1"
+
+    res = run_benchmark("fairseq_train_run", "model", data, "tpp", *options)
+    inner = [
+        json.loads(line.split("| train_inner | ")[1])
+        for line in res.stdout.splitlines()
+        if "| train_inner | " in line
+    ]
+    assert [r["num_updates"] for r in inner] == ["1", "2"], res.stdout[-2000:]
+    assert "attention_dropout=0.1" in res.stdout and "TransformerPPModel" in res.stdout
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -84,7 +84,7 @@ def test_decoder_and_unpadded_encoder_self_attention_run_on_flash_attention():
 
 
 def test_loaded_plugin_keeps_attention_off_cudnn_in_half_precision():
-    """cuDNN's attention builds a plan for every new shape (tpp_plugin.compat, 8): with
+    """cuDNN's attention builds a plan for every new shape (tpp_plugin.compat.speed, cudnn-off): with
     the plugin loaded, a bfloat16 training step, padded and unpadded, and decoding steps
     run the flash or memory-efficient kernels, never cuDNN's, which this GPU ranks first
     (the control: the same calls with the backend switched back on reach it; skipped

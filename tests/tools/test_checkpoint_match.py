@@ -1,4 +1,4 @@
-"""Checkpoints that know their data (tpp_plugin.compat, 9.; tpp_plugin.checkpoint_match):
+"""Checkpoints that know their data (tpp_plugin.compat.checkpoints; tpp_plugin.checkpoint_match):
 a checkpoint records the dictionaries it was trained with, and resuming
 (scripts/train.sh), tpp-evaluate, fairseq-generate through the plugin and
 tpp-average-checkpoints refuse a data folder with other dictionaries -- of the same size
