@@ -16,7 +16,11 @@ allocations (``view``, ``transpose``, ``empty``, ...: host time only, no kernel)
   the reordering of the incremental states (fairseq's ``reorder_incremental_state``,
   which visits every module), and the rest (embeddings, cross-attention, feed-forward
   layers, output layer and the search itself, the same in both models).
-* **Training**: the criterion's forward and the backward pass of one batch.
+* **Training**: the criterion's forward and the backward pass of one batch; and every
+  value read back from a tensor to the host there (``.item()``, ``bool(t)``, ``if t``:
+  on a GPU each waits for the device to finish, so the host cannot run ahead), by the
+  line of code that reads it. On the CPU this also lists reads of tensors that stay on
+  the CPU on a GPU too (which wait for nothing there).
 
 Where the CPU and a GPU dispatch differently, the counts differ too: on the CPU a
 softmax that returns float32 from bf16 input casts first (one more operator; a GPU
@@ -34,6 +38,7 @@ import argparse
 import collections
 import contextlib
 import os
+import traceback
 from pathlib import Path
 
 from benchmarks import harness
@@ -110,20 +115,40 @@ def parse_args(argv=None):
     return args
 
 
+def reading_line() -> str:
+    """``file:line`` of the code that read a tensor's value: the innermost frame outside
+    torch and this script, its path from the package on (``fairseq/...``, ``tpp_plugin/...``)."""
+    for frame in reversed(traceback.extract_stack()):
+        path = frame.filename.replace(os.sep, "/")
+        if "/torch/" in path or path.endswith(("/count_ops.py", "/_python_dispatch.py")):
+            continue
+        for package in ("fairseq/", "fairseq_cli/", "tpp_plugin/", "benchmarks/"):
+            if f"/{package}" in path:
+                path = package + path.rsplit(f"/{package}", 1)[1]
+                break
+        return f"{path}:{frame.lineno}"
+    return "?"
+
+
 class Counter:
-    """Counts the operators dispatched inside ``with counter.counting(part):``."""
+    """Counts the operators dispatched inside ``with counter.counting(part):``, and the
+    values read back to the host (``reads``: (part, line) -> n)."""
 
     def __init__(self):
         from torch.utils._python_dispatch import TorchDispatchMode
 
         self.counts = collections.Counter()  # (part, "launches" | "free") -> n
+        self.reads = collections.Counter()
         self.parts = ["rest"]
         counter = self
 
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                kind = "free" if func.overloadpacket.__name__ in FREE else "launches"
+                name = func.overloadpacket.__name__
+                kind = "free" if name in FREE else "launches"
                 counter.counts[(counter.parts[-1], kind)] += 1
+                if name == "_local_scalar_dense":
+                    counter.reads[(counter.parts[-1], reading_line())] += 1
                 return func(*args, **(kwargs or {}))
 
         self.mode = Mode()
@@ -232,7 +257,7 @@ def training_counts(args, trainer, task, cfg):
         loss.backward()
         counter.leave()
     model.zero_grad(set_to_none=True)
-    return dict(counter.counts)
+    return dict(counter.counts), dict(counter.reads)
 
 
 def main(argv=None):
@@ -247,10 +272,10 @@ def main(argv=None):
         work = Path(tempfile.mkdtemp(prefix="count_ops_"))
         args.data = harness.synthetic_data(work)
     try:
-        beam, train = {}, {}
+        beam, train, reads = {}, {}, {}
         for name in args.models:
             cfg, task, trainer = harness.build_trainer(name, args.size, args)
-            train[name] = training_counts(args, trainer, task, cfg)
+            train[name], reads[name] = training_counts(args, trainer, task, cfg)
             if not args.triton_launches:
                 beam[name] = beam_step_counts(name, args, trainer, task, cfg)
             del trainer
@@ -302,6 +327,12 @@ def main(argv=None):
         train,
         ["forward", "backward"],
     )
+    print("\nvalues read back to the host per training batch, by the line that reads them")
+    for name, found in reads.items():
+        total = sum(found.values())
+        print(f"{name}: {total}" + ("" if total else " (none)"))
+        for (part, line), n in sorted(found.items()):
+            print(f"  {n:>3}  {part:<9} {line}")
 
 
 if __name__ == "__main__":

@@ -130,6 +130,38 @@ def test_operator_counts_with_the_triton_kernels_counted_on_the_cpu(data):
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.strip()}
     assert rows["Triton"][2:] == ["12.0", "16.0"], out  # 2 + 2 hybrid layers
     assert float(rows["total"][5]) < float(rows["total"][1]), out  # launches: fused < triton
+    assert read_back(out) == read_back(out, "tpp-fused"), "the fused heads read nothing back"
+
+
+def read_back(out, model="tpp-triton"):
+    """count_ops' reads of one model: ``{(part, line): n}``."""
+    section = out.split("values read back to the host", 1)[1].split(f"\n{model}: ", 1)[1]
+    found = {}
+    for row in section.splitlines()[1:]:
+        if not row.startswith("  "):
+            break
+        n, part, line = row.split()
+        found[(part, line)] = int(n)
+    return found
+
+
+def test_values_read_back_in_training_are_counted_by_the_line_that_reads_them(data):
+    """Every ``.item()``/``bool(tensor)`` of a training batch's forward and backward is
+    listed by its line: fairseq's encoder reads its padding flag once per layer, and
+    ``transformer_pp``'s own code reads nothing (the same lines as ``transformer``)."""
+    out = run_benchmark(
+        "count_ops", "--data", data, "--size", "128", "--layers", "3", "--models", "transformer,tpp"
+    ).stdout
+    reads = {name: read_back(out, name) for name in ("transformer", "tpp")}
+    assert reads["tpp"] == reads["transformer"], out
+    encoder = [
+        n
+        for (part, line), n in reads["tpp"].items()
+        if line.startswith("fairseq/models/transformer/transformer_encoder.py")
+    ]
+    assert 3 in encoder, out  # `if has_pads`, once per encoder layer
+    assert all(part == "forward" for part, _ in reads["tpp"]), out
+    assert not any(line.startswith("tpp_plugin/") for _, line in reads["tpp"]), out
 
 
 def test_bad_data_folder_is_named(tmp_path):
