@@ -16,18 +16,12 @@ allocations (``view``, ``transpose``, ``empty``, ...: host time only, no kernel)
   the reordering of the incremental states (fairseq's ``reorder_incremental_state``,
   which visits every module), and the rest (embeddings, cross-attention, feed-forward
   layers, output layer and the search itself, the same in both models).
-* **Training**: the criterion's forward and the backward pass of one batch; and every
-  value read back from a tensor to the host there (``.item()``, ``bool(t)``, ``if t``:
-  on a GPU each waits for the device to finish, so the host cannot run ahead), by the
-  line of code that reads it. On the CPU this also lists reads of tensors that stay on
-  the CPU on a GPU too (which wait for nothing there).
+* **Training**: the criterion's forward and the backward pass of one batch, and the
+  values read back to the host there (``.item()``, ``bool(t)``: on a GPU, a wait for the
+  device) by the line that reads them (which of them are GPU tensors: docs/launch_counts.md).
 
-Where the CPU and a GPU dispatch differently, the counts differ too: on the CPU a
-softmax that returns float32 from bf16 input casts first (one more operator; a GPU
-does both in one kernel), and ``scaled_dot_product_attention`` with attention dropout
-runs as a dozen separate operators instead of one fused kernel (training only). Both
-hit every model alike where both models do the same thing; compare models within one
-run, and run with ``--device cuda`` for a GPU's own counts.
+Where the CPU and a GPU dispatch differently the counts differ too
+(docs/launch_counts.md): compare models within one run; ``--device cuda`` counts a GPU's.
 
     python -m benchmarks.count_ops --data DIR --size 1024 --dtype bf16
     python -m benchmarks.count_ops --data DIR --size 1024 --dtype bf16 --models transformer,tpp,tpp-taps --device cuda
