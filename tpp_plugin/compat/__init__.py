@@ -2,8 +2,11 @@
 when the plugin is imported (fairseq's tools import ``--user-dir`` before they parse the
 rest of the command line, build a model or load a checkpoint):
 
-- :mod:`.fixes` and :mod:`.checkpoints`: corrections, always on (docs/fairseq_notes.md
-  lists each with the fairseq behaviour it answers);
+- :mod:`.fixes`' corrections of fairseq 0.12 on today's torch and Python, always on
+  (docs/fairseq_notes.md lists each with the fairseq behaviour it answers);
+- :data:`CHECKS`, what the plugin adds to every fairseq command that loads it
+  (:mod:`.checkpoints`: checkpoints that know their data; one-line errors), chosen by
+  ``TPP_FAIRSEQ_CHECKS`` (default: all);
 - :mod:`.speed`: speed-ups of fairseq's training loop on GPUs, chosen by
   ``TPP_FAIRSEQ_SPEEDUPS`` (default: those a GPU figure shows to pay).
 
@@ -12,16 +15,24 @@ of them calls it (they are idempotent), e.g. :func:`allow_fairseq_checkpoints`.
 """
 
 from . import checkpoints, fixes, speed
+from ._switch import chosen
 from .fixes import allow_fairseq_checkpoints  # noqa: F401  (for tools that load checkpoints)
+
+#: name -> installer; ``TPP_FAIRSEQ_CHECKS`` (``all``, ``none`` or names separated by
+#: commas) chooses, all by default
+CHECKS = {
+    "checkpoints": checkpoints.checkpoints_that_know_their_data,
+    "one-line-errors": fixes.one_line_errors,
+}
 
 
 def apply(root_level_before_fairseq=None) -> None:
-    """All of the corrections and the chosen speed-ups (idempotent); the logging level
-    first, so that the others' messages are filtered by it."""
+    """The corrections, the chosen checks and the chosen speed-ups (idempotent); the
+    logging level first, so that the others' messages are filtered by it."""
     fixes.undo_debug_logging_of_fairseq_import(root_level_before_fairseq)
     fixes.allow_fairseq_checkpoints()
     fixes.keep_last_batches()
     fixes.bf16_without_tpu()
-    fixes.one_line_errors()
-    checkpoints.checkpoints_that_know_their_data()
+    for name in chosen("TPP_FAIRSEQ_CHECKS", CHECKS, CHECKS, "the checks"):
+        CHECKS[name]()
     speed.install(speed.chosen())

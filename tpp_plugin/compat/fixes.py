@@ -1,5 +1,6 @@
-"""Corrections of the fairseq and torch the plugin runs on, always applied (each listed,
-with what it answers, in docs/fairseq_notes.md).
+"""Corrections of the fairseq and torch the plugin runs on, always applied, and its
+one-line errors, switchable (:data:`tpp_plugin.compat.CHECKS`); each listed, with what it
+answers, in docs/fairseq_notes.md.
 
 - **Safe loading of fairseq checkpoints** (torch >= 2.6 loads with ``weights_only=True``):
   exactly the types fairseq checkpoints hold are allow-listed (an ``argparse.Namespace``,

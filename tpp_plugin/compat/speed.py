@@ -15,7 +15,6 @@ one against fairseq's own behaviour (``benchmarks/gpu_suite.sh``; docs/gpu.md).
   benchmarks).
 """
 
-import os
 import types
 
 import torch
@@ -23,6 +22,7 @@ from fairseq import optim
 from fairseq.optim.fp16_optimizer import FP16Optimizer
 
 from ._log import log_once as _log_once
+from ._switch import chosen as _chosen
 
 # --------------------------------------------------------------------------- --bf16's flat master copy
 
@@ -336,23 +336,7 @@ DEFAULT = ("cudnn-off", "flat-bf16")
 def chosen(value=None):
     """The speed-ups ``TPP_FAIRSEQ_SPEEDUPS`` (or ``value``) names; a name it does not
     know is an error naming the variable."""
-    if value is None:
-        value = os.environ.get("TPP_FAIRSEQ_SPEEDUPS")
-    if value is None:
-        return list(DEFAULT)
-    value = value.strip()
-    if value == "all":
-        return list(SPEEDUPS)
-    if value in ("", "none"):
-        return []
-    names = [n.strip() for n in value.split(",") if n.strip()]
-    unknown = [n for n in names if n not in SPEEDUPS]
-    if unknown:
-        raise ValueError(
-            f"TPP_FAIRSEQ_SPEEDUPS={value!r}: unknown {', '.join(unknown)}; the speed-ups are "
-            f"{', '.join(SPEEDUPS)} (or all, none)"
-        )
-    return names
+    return _chosen("TPP_FAIRSEQ_SPEEDUPS", SPEEDUPS, DEFAULT, "the speed-ups", value)
 
 
 def install(names) -> None:
