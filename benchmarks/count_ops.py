@@ -32,7 +32,7 @@ import argparse
 import collections
 import contextlib
 import os
-import traceback
+import sys
 from pathlib import Path
 
 from benchmarks import harness
@@ -110,17 +110,17 @@ def parse_args(argv=None):
 
 
 def reading_line() -> str:
-    """``file:line`` of the code that read a tensor's value: the innermost frame outside
-    torch and this script, its path from the package on (``fairseq/...``, ``tpp_plugin/...``)."""
-    for frame in reversed(traceback.extract_stack()):
-        path = frame.filename.replace(os.sep, "/")
-        if "/torch/" in path or path.endswith(("/count_ops.py", "/_python_dispatch.py")):
-            continue
-        for package in ("fairseq/", "fairseq_cli/", "tpp_plugin/", "benchmarks/"):
-            if f"/{package}" in path:
-                path = package + path.rsplit(f"/{package}", 1)[1]
-                break
-        return f"{path}:{frame.lineno}"
+    """``module:line`` of the code that read a tensor's value: the innermost frame outside
+    torch and this script; ``torch:backward`` for a read inside the autograd engine."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "?")
+        if module in (__name__, "benchmarks.count_ops"):
+            if frame.f_code.co_name not in ("__torch_dispatch__", "reading_line"):
+                return "torch:backward"  # called by this script: no Python caller between
+        elif not module.split(".")[0] == "torch":
+            return f"{module}:{frame.f_lineno}"
+        frame = frame.f_back
     return "?"
 
 

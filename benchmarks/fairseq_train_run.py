@@ -27,7 +27,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from .harness import MODELS, SIZES, command_line
+from .harness import MODELS, SIZES, check_device, command_line
 
 MARK = "TRAIN_RUN "
 
@@ -65,11 +65,16 @@ def model_arguments(argv):
     p.add_argument("model", choices=list(MODELS))
     p.add_argument("--size", type=int, default=512, choices=list(SIZES), help="d (default 512)")
     p.add_argument("--layers", type=int, default=6, help="encoder and decoder layers each")
-    p.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda where there is one")
     p.add_argument("--max-tokens", type=int, default=8192)
     p.add_argument("--updates", type=int, default=150)
     p.add_argument("--log-interval", type=int, default=25)
     args = p.parse_args(argv)
+    if args.device is None:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    check_device(p, args)
     args.dtype = "fp32"  # a precision is one of ARGS (--bf16, --fp16, ...), as fairseq takes it
     logging = ["--max-update", args.updates, "--log-format", "json"]
     logging += ["--log-interval", args.log_interval]

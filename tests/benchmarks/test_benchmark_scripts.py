@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from benchmarks import bench_decode_step, bench_model, harness, profile_model
-from support import REPO, binarize, run, write_corpus
+from support import REPO, binarize, binarize_tagged, run, write_corpus
 
 
 def run_benchmark(name, *args, check=True):
@@ -130,7 +130,8 @@ def test_operator_counts_with_the_triton_kernels_counted_on_the_cpu(data):
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.strip()}
     assert rows["Triton"][2:] == ["12.0", "16.0"], out  # 2 + 2 hybrid layers
     assert float(rows["total"][5]) < float(rows["total"][1]), out  # launches: fused < triton
-    assert read_back(out) == read_back(out, "tpp-fused"), "the fused heads read nothing back"
+    fused = read_back(out, "tpp-fused")
+    assert fused and read_back(out) == fused, "the fused heads read nothing back"
 
 
 def read_back(out, model="tpp-triton"):
@@ -157,11 +158,11 @@ def test_values_read_back_in_training_are_counted_by_the_line_that_reads_them(da
     encoder = [
         n
         for (part, line), n in reads["tpp"].items()
-        if line.startswith("fairseq/models/transformer/transformer_encoder.py")
+        if line.startswith("fairseq.models.transformer.transformer_encoder:")
     ]
     assert 3 in encoder, out  # `if has_pads`, once per encoder layer
     assert all(part == "forward" for part, _ in reads["tpp"]), out
-    assert not any(line.startswith("tpp_plugin/") for _, line in reads["tpp"]), out
+    assert not any(line.startswith("tpp_plugin.") for _, line in reads["tpp"]), out
 
 
 def test_bad_data_folder_is_named(tmp_path):
@@ -230,7 +231,7 @@ def test_gpu_suite_takes_folders_relative_to_where_it_is_run(data, tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the stages would run for real")
 def test_gpu_suite_stops_at_its_budget_and_says_what_did_not_run(data, tmp_path):
-    """--budget: the mixed stage's first fairseq-train (the base preset, here on the
+    """--budget: the mixed stage's first fairseq-train (base size, here on the
     CPU: minutes) is cut off when the budget runs out, its output kept as a partial
     table and no process of it left behind; every command after it is recorded as not
     run, and the suite exits 1. A command that ends within the budget is recorded as
@@ -474,13 +475,19 @@ def test_fairseq_train_runs_are_tabled_from_fairseqs_own_log(data, tmp_path):
     assert table[3] == "| cut | 0 | – | – | – | – |" and table[4] == "| none | not run | | | | |"
 
 
-def test_fairseq_train_run_trains_each_model_with_bench_models_command_line(data):
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU it would train")
+def test_fairseq_train_run_refuses_cuda_without_a_cuda_device(data):
+    res = run_benchmark("fairseq_train_run", "model", data, "tpp", "--device", "cuda", check=False)
+    assert res.returncode == 2 and "--device cuda" in res.stderr and "no CUDA device" in res.stderr
+
+
+def test_fairseq_train_run_trains_each_model_with_bench_models_command_line(data, tmp_path):
     """``model``: every model gets the same command line but its own options (the
     ``--arch`` presets differ in layers and dropouts; a side-by-side must not), and
     fairseq-train trains it as given."""
     from benchmarks import fairseq_train_run
 
-    options = ["--device", "cpu", "--size", "128", "--layers", "1", "--max-tokens", "256"]
+    options = ["--device", "cpu", "--size", "128", "--layers", "2", "--max-tokens", "256"]
     options += ["--updates", "2", "--log-interval", "1"]
     built = {
         name: fairseq_train_run.model_arguments([str(data), name, *options, "--", "--seed", "3"])
@@ -495,16 +502,22 @@ def test_fairseq_train_run_trains_each_model_with_bench_models_command_line(data
     words = built["tpp"]
     for option in ("--dropout", "--attention-dropout", "--activation-dropout"):
         assert words[words.index(option) + 1] == "0.1"
-    assert words[words.index("--encoder-layers") + 1] == "1"
+    assert words[words.index("--encoder-layers") + 1] == "2"
 
-    res = run_benchmark("fairseq_train_run", "model", data, "tpp", *options)
-    inner = [
-        json.loads(line.split("| train_inner | ")[1])
-        for line in res.stdout.splitlines()
-        if "| train_inner | " in line
-    ]
-    assert [r["num_updates"] for r in inner] == ["1", "2"], res.stdout[-2000:]
-    assert "attention_dropout=0.1" in res.stdout and "TransformerPPModel" in res.stdout
+    tagged = binarize_tagged(tmp_path / "raw", tmp_path / "bin", n_train=100)
+    for name, folder, trained in (
+        ("tpp", data, "TransformerPPModel"),
+        ("tpp-tags", tagged, "LabelSmoothedCrossEntropyWithTagsCriterion"),
+    ):
+        res = run_benchmark("fairseq_train_run", "model", folder, name, *options)
+        inner = [
+            json.loads(line.split("| train_inner | ")[1])
+            for line in res.stdout.splitlines()
+            if "| train_inner | " in line
+        ]
+        assert [r["num_updates"] for r in inner] == ["1", "2"], res.stdout[-2000:]
+        assert "attention_dropout=0.1" in res.stdout and trained in res.stdout, res.stdout[-3000:]
+    assert "pos_loss" in inner[-1], inner[-1]  # the tag losses trained
 
 
 @pytest.mark.parametrize(
