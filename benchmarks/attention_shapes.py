@@ -65,7 +65,7 @@ def fairseq_batches(args, split, **batching):
     shuffled order for ``train``, ``fairseq-generate``'s sorted one for ``test``. The
     plugin is loaded, as in every run of ours: it keeps the last batch of an epoch that
     fairseq-fixed 0.12.3.1 drops when its size is not a multiple of 8
-    (``tpp_plugin/compat``)."""
+    (``tpp_fairseq``)."""
     from fairseq import options, tasks
 
     pair = [

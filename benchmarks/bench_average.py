@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from tpp_plugin.compat import allow_fairseq_checkpoints
+from tpp_fairseq import allow_fairseq_checkpoints
 
 allow_fairseq_checkpoints()
 

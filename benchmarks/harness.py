@@ -56,10 +56,10 @@ MODELS = {
 }
 
 #: models whose optimizer (only theirs) syncs a flat master copy by multi-tensor copies
-#: (the speed-up multi-tensor-sync of tpp_plugin.compat.speed)
+#: (the speed-up multi-tensor-sync of tpp_fairseq.speed)
 MULTI_TENSOR_SYNC = {"transformer-sync", "tpp-fused-sync"}
 
-#: the plugin's default speed-ups but cuDNN's attention switch (tpp_plugin.compat.speed.DEFAULT)
+#: the plugin's default speed-ups but cuDNN's attention switch (tpp_fairseq.speed.DEFAULT)
 CUDNN_KEPT = "flat-bf16"
 
 #: d -> (heads, FFN); 512 is the base preset's size, 1024 the big presets'
@@ -198,7 +198,7 @@ def build_trainer(name, size, args, cfg=None, task=None):
     if name in MULTI_TENSOR_SYNC:
         from fairseq.optim.fp16_optimizer import FP16Optimizer
 
-        from tpp_plugin.compat import speed
+        from tpp_fairseq import speed
 
         if isinstance(trainer.optimizer, FP16Optimizer):  # (built here, not at the first step)
             speed.multi_tensor_sync(trainer.optimizer)

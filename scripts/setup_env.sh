@@ -37,7 +37,7 @@ stamp_inputs() {
 }
 want=$(stamp_inputs | sha256sum | cut -d' ' -f1)
 stamp="$venv/.tpp-env-stamp"
-if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] && "$venv/bin/python" -c "import fairseq, tpp_plugin, tpp_pipeline, tpp_tools" 2>/dev/null; then
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] && "$venv/bin/python" -c "import fairseq, tpp_plugin, tpp_fairseq, tpp_pipeline, tpp_tools" 2>/dev/null; then
   echo "[setup] environment $venv is up to date"
   exit 0
 fi

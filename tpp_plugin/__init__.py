@@ -2,7 +2,9 @@
 
 Registers the ``transformer_pp`` model and its presets, the ``translation_with_tags``
 task and the ``label_smoothed_cross_entropy_with_tags`` criterion, after applying the
-plugin's corrections to the fairseq and torch it runs on (:mod:`tpp_plugin.compat`).
+project's changes to the fairseq and torch it runs on (:mod:`tpp_fairseq`: corrections
+of fairseq 0.12, and the checks and speed-ups ``TPP_FAIRSEQ_CHECKS`` and
+``TPP_FAIRSEQ_SPEEDUPS`` choose).
 """
 
 import logging
@@ -12,9 +14,9 @@ import sys
 # that a DEBUG level the program chose itself is told apart from the one fairseq's import sets
 _root_level = None if "fairseq" in sys.modules else logging.getLogger().level
 
-from . import compat  # noqa: E402  (imports fairseq)
+import tpp_fairseq  # noqa: E402  (imports fairseq)
 
-compat.apply(root_level_before_fairseq=_root_level)
+tpp_fairseq.apply(root_level_before_fairseq=_root_level)
 
 from . import criterions, models, tasks  # noqa: E402,F401  (registration side effects)
 

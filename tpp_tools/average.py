@@ -20,7 +20,7 @@ Every input must be the same model as the first: parameter names and shapes, and
 model configuration (``cfg.model``: the architecture and every model option, e.g.
 dilations, which leave the shapes alone); a difference names the option, both values and
 both files, and ``--allow-config-mismatch`` averages anyway. Not compared: the rest of the
-run's options and ``IGNORED_MODEL_KEYS`` of ``tpp_plugin.checkpoint_match`` (e.g.
+run's options and ``IGNORED_MODEL_KEYS`` of ``tpp_fairseq.checkpoint_match`` (e.g.
 ``--conv-heads-impl``). Other dictionaries, or a file given twice in ``--inputs``, are
 refused whatever the options.
 
@@ -40,8 +40,8 @@ import torch
 
 from tpp_pipeline.errors import UserError, report
 
-from tpp_plugin import checkpoint_match
-from tpp_plugin.checkpoint_match import IGNORED_MODEL_KEYS, config_differences  # noqa: F401
+from tpp_fairseq import checkpoint_match
+from tpp_fairseq.checkpoint_match import IGNORED_MODEL_KEYS, config_differences  # noqa: F401
 
 from .checkpoint_files import CheckpointError
 from .checkpoint_files import load_checkpoint as read_checkpoint
@@ -160,7 +160,7 @@ def load_checkpoint(path):
 
 def model_options(state, path):
     """{option: value} of a loaded checkpoint's model configuration
-    (:func:`tpp_plugin.checkpoint_match.model_options`)."""
+    (:func:`tpp_fairseq.checkpoint_match.model_options`)."""
     try:
         return checkpoint_match.model_options(state, path)
     except checkpoint_match.CheckpointMismatch as error:

@@ -26,7 +26,7 @@ import torch
 
 from tpp_pipeline.errors import UserError
 
-from tpp_plugin.compat import allow_fairseq_checkpoints
+from tpp_fairseq import allow_fairseq_checkpoints
 
 allow_fairseq_checkpoints()  # what fairseq checkpoints hold, for torch's safe loading
 

@@ -249,7 +249,7 @@ def check_checkpoint(path, data, source_lang, target_lang):
         state = load_checkpoint(path, mmap=True)  # maps the tensors: cheap, but a full unpickle
     except CheckpointError as error:
         raise EvaluationError(str(error)) from None
-    from tpp_plugin.checkpoint_match import (
+    from tpp_fairseq.checkpoint_match import (
         CheckpointMismatch,
         check_dictionaries,
         record_of_data_folder,

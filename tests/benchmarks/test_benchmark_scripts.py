@@ -693,7 +693,7 @@ def test_profile_projections_are_timed_only_in_beam_search_and_only_when_asked(d
 
 def test_cudnn_attention_of_the_benchmark_keeps_the_other_default_speedups():
     """bench_model.py --cudnn-attention: the plugin's default speed-ups but the cuDNN switch."""
-    from tpp_plugin.compat import speed
+    from tpp_fairseq import speed
 
     assert harness.CUDNN_KEPT.split(",") == [n for n in speed.DEFAULT if n != "cudnn-off"]
 

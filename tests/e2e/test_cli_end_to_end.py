@@ -589,7 +589,7 @@ def _optimizer_tensors(checkpoint: Path):
 
 #: fairseq-train with --bf16's flat master copy taken on the CPU too (on a GPU it is the default)
 TRAIN_FLAT_ON_THE_CPU = (
-    "import sys; from tpp_plugin.compat import speed; "
+    "import sys; from tpp_fairseq import speed; "
     "speed.FLAT_BF16_DEVICE_TYPES = frozenset({'cuda', 'cpu'}); "
     "from fairseq_cli.train import cli_main; sys.argv[0] = 'fairseq-train'; cli_main()"
 )

@@ -365,7 +365,7 @@ def test_text_extensions_over_the_torch_of_the_node(wheelhouse, tmp_path):
 
 # What `pip install` of this package needs besides the wheelhouse: its build backend.
 PACKAGE_FILES = ["setup.cfg", "pyproject.toml", "README.md", "LICENSE"]
-PACKAGES = ["tpp_plugin", "tpp_pipeline", "tpp_tools"]
+PACKAGES = ["tpp_plugin", "tpp_fairseq", "tpp_pipeline", "tpp_tools"]
 
 
 def test_the_package_installs_into_an_environment_of_ones_own(wheelhouse, tmp_path):

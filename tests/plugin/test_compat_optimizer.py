@@ -1,5 +1,5 @@
 """--bf16 keeps fairseq's float32 master copy flat on a GPU, as --fp16 does
-(the ``flat-bf16`` speed-up of tpp_plugin.compat.speed): fairseq's own FP16Optimizer and Adam on a small
+(the ``flat-bf16`` speed-up of tpp_fairseq.speed): fairseq's own FP16Optimizer and Adam on a small
 bfloat16 module; the same updates as the per-parameter copy, and optimizer states of
 either layout load into the other. The flat layout is taken on the CPU here by adding
 "cpu" to the devices that get it (on the CPU it stays per parameter otherwise);
@@ -15,7 +15,7 @@ from fairseq.dataclass import utils as dataclass_utils
 from fairseq.optim.fp16_optimizer import FP16Optimizer
 
 import tpp_plugin  # noqa: F401  (installs the corrections)
-from tpp_plugin.compat import speed
+from tpp_fairseq import speed
 
 
 @pytest.fixture(autouse=True)

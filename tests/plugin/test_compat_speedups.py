@@ -1,4 +1,4 @@
-"""The speed-ups of tpp_plugin.compat.speed that loading the plugin installs: those
+"""The speed-ups of tpp_fairseq.speed that loading the plugin installs: those
 ``TPP_FAIRSEQ_SPEEDUPS`` names, by default the two a GPU has measured, each checked in a
 fresh process."""
 
@@ -16,7 +16,7 @@ PROBE = """
 import torch
 before = torch.backends.cuda.cudnn_sdp_enabled()
 import tpp_plugin
-from tpp_plugin.compat import speed
+from tpp_fairseq import speed
 from fairseq.optim.fp16_optimizer import FP16Optimizer
 installed = {"cudnn-off": not torch.backends.cuda.cudnn_sdp_enabled(),
              "flat-bf16": FP16Optimizer.load_state_dict is speed.load_state_dict,

@@ -84,7 +84,7 @@ def test_decoder_and_unpadded_encoder_self_attention_run_on_flash_attention():
 
 
 def test_loaded_plugin_keeps_attention_off_cudnn_in_half_precision():
-    """cuDNN's attention builds a plan for every new shape (tpp_plugin.compat.speed, cudnn-off): with
+    """cuDNN's attention builds a plan for every new shape (tpp_fairseq.speed, cudnn-off): with
     the plugin loaded, a bfloat16 training step, padded and unpadded, and decoding steps
     run the flash or memory-efficient kernels, never cuDNN's, which this GPU ranks first
     (the control: the same calls with the backend switched back on reach it; skipped
@@ -213,7 +213,7 @@ def test_model_with_triton_local_conv_trains_like_the_taps_in_bfloat16():
 
 
 def test_bf16_master_copy_is_flat_on_the_gpu_and_updates_like_per_parameter():
-    """The flat-bf16 speed-up (tpp_plugin.compat.speed) as it is (no device added): on a GPU, --bf16's float32
+    """The flat-bf16 speed-up (tpp_fairseq.speed) as it is (no device added): on a GPU, --bf16's float32
     master copy is one flat tensor, and 5 Adam updates give the same parameters as the
     per-parameter copy (--fp16-no-flatten-grads)."""
     from test_compat_optimizer import build, module, train

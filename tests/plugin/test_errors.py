@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tpp_plugin import errors
+from tpp_fairseq import errors
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,7 +74,7 @@ def test_other_errors_are_not_disk_errors():
 def raised_at_the_top(error: str):
     """A process with the plugin's hook installed that raises ``error`` (an expression)."""
     code = (
-        "import errno, sys; from tpp_plugin import errors; errors.install_excepthook(); "
+        "import errno, sys; from tpp_fairseq import errors; errors.install_excepthook(); "
         f"sys.argv[0] = 'probe'; raise {error}"
     )
     return subprocess.run(

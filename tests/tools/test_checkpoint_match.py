@@ -1,4 +1,4 @@
-"""Checkpoints that know their data (tpp_plugin.compat.checkpoints; tpp_plugin.checkpoint_match):
+"""Checkpoints that know their data (tpp_fairseq.checkpoints; tpp_fairseq.checkpoint_match):
 a checkpoint records the dictionaries it was trained with, and resuming
 (scripts/train.sh), tpp-evaluate, fairseq-generate through the plugin and
 tpp-average-checkpoints refuse a data folder with other dictionaries -- of the same size
@@ -16,7 +16,7 @@ import torch
 from support import PLUGIN_DIR, binarize, make_corpus, run, tool_env, train_command
 
 import tpp_plugin  # noqa: F401  (allow-lists fairseq checkpoint contents for torch.load)
-from tpp_plugin.checkpoint_match import RECORD_KEY
+from tpp_fairseq.checkpoint_match import RECORD_KEY
 
 pytestmark = pytest.mark.slow
 
@@ -201,7 +201,7 @@ def test_loading_in_python_with_the_task_set_up_from_the_checkpoint_is_checked(f
     tools) sets one up from the checkpoint, here with another data folder."""
     from fairseq import checkpoint_utils
 
-    from tpp_plugin.checkpoint_match import CheckpointMismatch
+    from tpp_fairseq.checkpoint_match import CheckpointMismatch
     from tpp_tools.analysis_model import AnalysisError, load_model
 
     checkpoint = folders["run_a"] / "checkpoint_last.pt"

@@ -12,7 +12,7 @@ import struct
 
 import numpy as np
 
-from ..errors import UserError
+from tpp_pipeline.errors import UserError
 
 _MAGIC = b"MMIDIDX\x00\x00"
 _HEADER = 9 + 8 + 1 + 8

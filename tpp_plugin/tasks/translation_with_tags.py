@@ -30,7 +30,7 @@ from tpp_pipeline.contract import (
     parse_tag_kinds,
 )
 
-from ..errors import UserError
+from tpp_pipeline.errors import UserError
 from ..criterions.label_smoothed_cross_entropy_with_tags import (
     LabelSmoothedCrossEntropyWithTagsCriterion,
 )

@@ -100,7 +100,7 @@ def parameter_count(run) -> int:
     """The averaged model's parameters, without the tag heads (which translation does not use)."""
     import torch
 
-    from tpp_plugin.compat import allow_fairseq_checkpoints
+    from tpp_fairseq import allow_fairseq_checkpoints
 
     allow_fairseq_checkpoints()
 

@@ -1,5 +1,5 @@
 """Corrections of the fairseq and torch the plugin runs on, always applied, and its
-one-line errors, switchable (:data:`tpp_plugin.compat.CHECKS`); each listed, with what it
+one-line errors, switchable (:data:`tpp_fairseq.CHECKS`); each listed, with what it
 answers, in docs/fairseq_notes.md.
 
 - **Safe loading of fairseq checkpoints** (torch >= 2.6 loads with ``weights_only=True``):
@@ -14,7 +14,7 @@ answers, in docs/fairseq_notes.md.
 - **Debug logging switched on by ``import fairseq``** (a wav2vec module calls
   ``logging.basicConfig(level=DEBUG)``). The root level goes back to ``$LOGLEVEL``
   (default INFO), unless the program asked for DEBUG before.
-- **One-line errors**: a :class:`~tpp_plugin.errors.UserError`, or a write the disk
+- **One-line errors**: a :class:`~tpp_fairseq.errors.UserError`, or a write the disk
   refused (full, over quota, read-only), that reaches the top of a command is printed as
   ``<command>: error: <message>``, without a traceback; a checkpoint fairseq left
   half-written is removed.
@@ -31,7 +31,7 @@ import torch
 from fairseq.data import data_utils
 from fairseq.dataclass import utils as dataclass_utils
 
-from .. import errors
+from . import errors
 from ._log import log_once as _log_once, logger
 
 # --------------------------------------------------------------------------- safe loading
@@ -243,5 +243,5 @@ def undo_debug_logging_of_fairseq_import(root_level_before_fairseq=None) -> None
 
 
 def one_line_errors() -> None:
-    """Install :func:`tpp_plugin.errors.excepthook` (idempotent)."""
+    """Install :func:`tpp_fairseq.errors.excepthook` (idempotent)."""
     errors.install_excepthook()

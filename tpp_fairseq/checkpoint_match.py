@@ -4,7 +4,7 @@ fairseq checkpoints hold the model's weights and options but not the vocabulary 
 embeddings index: a data folder whose dictionary has the same size and other words (or
 another order) loads without a complaint, and every embedding row then stands for
 another word. The plugin therefore records, in every checkpoint the trainer writes
-(:mod:`tpp_plugin.compat.checkpoints`), under :data:`RECORD_KEY`: the data folder and, for each
+(:mod:`tpp_fairseq.checkpoints`), under :data:`RECORD_KEY`: the data folder and, for each
 of the task's dictionaries, its file, size and a SHA-256 of its symbols in order. Loading
 compares that record with the dictionaries the checkpoint is used with; a checkpoint
 written before the record existed is compared by its embedding sizes only.

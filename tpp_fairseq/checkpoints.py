@@ -1,10 +1,10 @@
 """Checkpoints that know their data (fairseq 0.12, any architecture): every checkpoint
 the trainer writes records its data folder and a fingerprint of each of the task's
-dictionaries (:mod:`tpp_plugin.checkpoint_match`); loading one to resume, or through
+dictionaries (:mod:`tpp_fairseq.checkpoint_match`); loading one to resume, or through
 ``load_model_ensemble_and_task`` (``fairseq-generate``, ``fairseq-interactive``, the hub
 interface), compares them with the task's before the weights are loaded, and resuming
 also compares the model options (unless ``--reset-optimizer``). A mismatch is a
-:class:`~tpp_plugin.checkpoint_match.CheckpointMismatch` naming both data folders (or the
+:class:`~tpp_fairseq.checkpoint_match.CheckpointMismatch` naming both data folders (or the
 option and both values). A checkpoint written before the record existed is compared by
 its embedding sizes only.
 
@@ -21,8 +21,8 @@ from fairseq import tasks as fairseq_tasks
 from fairseq.trainer import Trainer
 from omegaconf import OmegaConf
 
-from .. import checkpoint_match
-from ..errors import UserError
+from . import checkpoint_match
+from .errors import UserError
 from ._log import log_once as _log_once
 
 # --------------------------------------------------------------------------- checkpoints that know their data

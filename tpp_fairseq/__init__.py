@@ -1,17 +1,19 @@
-"""What the plugin changes in the fairseq and torch it runs on, applied by :func:`apply`
-when the plugin is imported (fairseq's tools import ``--user-dir`` before they parse the
-rest of the command line, build a model or load a checkpoint):
+"""What the project changes in the fairseq and torch it runs on, kept apart from the
+model (:mod:`tpp_plugin`), which applies it all by :func:`apply` when it is loaded
+(fairseq's tools import ``--user-dir`` before they parse the rest of the command line,
+build a model or load a checkpoint). Importing this package changes nothing.
 
 - :mod:`.fixes`' corrections of fairseq 0.12 on today's torch and Python, always on
   (docs/fairseq_notes.md lists each with the fairseq behaviour it answers);
 - :data:`CHECKS`, what the plugin adds to every fairseq command that loads it
-  (:mod:`.checkpoints`: checkpoints that know their data; one-line errors), chosen by
-  ``TPP_FAIRSEQ_CHECKS`` (default: all);
+  (:mod:`.checkpoints`: checkpoints that know their data; :mod:`.errors`: one-line
+  errors), chosen by ``TPP_FAIRSEQ_CHECKS`` (default: all);
 - :mod:`.speed`: speed-ups of fairseq's training loop on GPUs, chosen by
   ``TPP_FAIRSEQ_SPEEDUPS`` (default: those a GPU figure shows to pay).
 
 Each change logs once, at the first moment it changes something. A tool that needs one
-of them calls it (they are idempotent), e.g. :func:`allow_fairseq_checkpoints`.
+of them, and only that one, calls it (they are idempotent), e.g.
+:func:`allow_fairseq_checkpoints`.
 """
 
 from . import checkpoints, fixes, speed

@@ -2,7 +2,7 @@
 
 import logging
 
-logger = logging.getLogger("tpp_plugin.compat")
+logger = logging.getLogger("tpp_fairseq")
 _logged = set()
 
 
