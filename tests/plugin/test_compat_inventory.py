@@ -134,3 +134,16 @@ def test_an_unknown_check_is_an_error_naming_the_variable_and_the_choices():
         "TPP_FAIRSEQ_CHECKS='records': unknown records; the checks are checkpoints, "
         "one-line-errors (or all, none)" in proc.stderr
     ), proc.stderr[-2000:]
+
+
+def test_importing_tpp_fairseq_alone_changes_nothing():
+    """The changes live in their own package, which the plugin applies: a program that
+    imports it (to call one piece, such as ``allow_fairseq_checkpoints``) changes nothing."""
+    probe = PROBE.replace("import tpp_plugin  # noqa: E402", "import tpp_fairseq  # noqa: E402")
+    assert probe != PROBE
+    env = {"PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore", "LOGLEVEL": "INFO"}
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == []
