@@ -27,7 +27,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from .harness import MODELS, SIZES, check_device, command_line
+from .harness import MODELS, MULTI_TENSOR_SYNC, SIZES, check_device, command_line
 
 MARK = "TRAIN_RUN "
 
@@ -62,7 +62,9 @@ def model_arguments(argv):
     )
     p = argparse.ArgumentParser(prog="python -m benchmarks.fairseq_train_run model")
     p.add_argument("data")
-    p.add_argument("model", choices=list(MODELS))
+    # (the -sync models get their speed-up from bench_model's trainer, not from fairseq-train:
+    # here TPP_FAIRSEQ_SPEEDUPS=multi-tensor-sync with the model without -sync does that)
+    p.add_argument("model", choices=[m for m in MODELS if m not in MULTI_TENSOR_SYNC])
     p.add_argument("--size", type=int, default=512, choices=list(SIZES), help="d (default 512)")
     p.add_argument("--layers", type=int, default=6, help="encoder and decoder layers each")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda where there is one")

@@ -261,10 +261,15 @@ def sync_grads(self):
     if not (self._needs_sync and self.has_flat_params):
         return _original_sync_grads(self)
     for _, _, trained, slices in _flat_views(self).values():
-        present = [(view, p.grad) for view, p in zip(slices, trained) if p.grad is not None]
-        if present:
-            torch._foreach_copy_([view for view, _ in present], [grad for _, grad in present])
-        missing = [view for view, p in zip(slices, trained) if p.grad is None]
+        views, grads, missing = [], [], []
+        for view, p in zip(slices, trained):
+            if p.grad is None:
+                missing.append(view)
+            else:
+                views.append(view)
+                grads.append(p.grad)
+        if views:
+            torch._foreach_copy_(views, grads)
         if missing:
             torch._foreach_zero_(missing)
     self._needs_sync = False
