@@ -7,7 +7,8 @@ build a model or load a checkpoint). Importing this package changes nothing.
   (docs/fairseq_notes.md lists each with the fairseq behaviour it answers);
 - :data:`CHECKS`, what the plugin adds to every fairseq command that loads it
   (:mod:`.checkpoints`: checkpoints that know their data; :mod:`.errors`: one-line
-  errors), chosen by ``TPP_FAIRSEQ_CHECKS`` (default: all);
+  errors), chosen by ``TPP_FAIRSEQ_CHECKS`` (default: :data:`DEFAULT_CHECKS`; the
+  project's ``tpp-train`` asks for all);
 - :mod:`.speed`: speed-ups of fairseq's training loop on GPUs, chosen by
   ``TPP_FAIRSEQ_SPEEDUPS`` (default: those a GPU figure shows to pay).
 
@@ -21,11 +22,15 @@ from ._switch import chosen
 from .fixes import allow_fairseq_checkpoints  # noqa: F401  (for tools that load checkpoints)
 
 #: name -> installer; ``TPP_FAIRSEQ_CHECKS`` (``all``, ``none`` or names separated by
-#: commas) chooses, all by default
+#: commas) chooses
 CHECKS = {
     "checkpoints": checkpoints.checkpoints_that_know_their_data,
+    "record-every-task": checkpoints.record_every_task,
     "one-line-errors": fixes.one_line_errors,
 }
+#: the checks of a fairseq command that loads the plugin: the checks of the checkpoints
+#: that carry a record (the plugin's task writes one) and the one-line errors
+DEFAULT_CHECKS = ("checkpoints", "one-line-errors")
 
 
 def apply(root_level_before_fairseq=None) -> None:
@@ -35,6 +40,6 @@ def apply(root_level_before_fairseq=None) -> None:
     fixes.allow_fairseq_checkpoints()
     fixes.keep_last_batches()
     fixes.bf16_without_tpu()
-    for name in chosen("TPP_FAIRSEQ_CHECKS", CHECKS, CHECKS, "the checks"):
+    for name in chosen("TPP_FAIRSEQ_CHECKS", CHECKS, DEFAULT_CHECKS, "the checks"):
         CHECKS[name]()
     speed.install(speed.chosen())

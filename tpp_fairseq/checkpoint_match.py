@@ -3,11 +3,12 @@
 fairseq checkpoints hold the model's weights and options but not the vocabulary its
 embeddings index: a data folder whose dictionary has the same size and other words (or
 another order) loads without a complaint, and every embedding row then stands for
-another word. The plugin therefore records, in every checkpoint the trainer writes
-(:mod:`tpp_fairseq.checkpoints`), under :data:`RECORD_KEY`: the data folder and, for each
-of the task's dictionaries, its file, size and a SHA-256 of its symbols in order. Loading
-compares that record with the dictionaries the checkpoint is used with; a checkpoint
-written before the record existed is compared by its embedding sizes only.
+another word. The plugin's task (``translation_with_tags``) therefore records, in the
+task state fairseq saves with every checkpoint (``task_state``, under
+:data:`RECORD_KEY`): the data folder and, for each of its dictionaries, its file, size and
+a SHA-256 of its symbols in order. Loading compares that record with the dictionaries the
+checkpoint is used with (:mod:`tpp_fairseq.checkpoints`); version 0.3.0 kept the record at
+the checkpoint's top level, where it is still read.
 
 The comparison of model options (``cfg.model``), shared by resuming a run and by
 ``tpp-average-checkpoints``, lives here too: the options that change what a model
@@ -24,7 +25,7 @@ from omegaconf import OmegaConf
 
 from .errors import UserError
 
-#: the checkpoint key of the record (a plain dict, loadable with ``weights_only``)
+#: the key of the record (a plain dict, loadable with ``weights_only``) in the task state
 RECORD_KEY = "tpp_dictionaries"
 RECORD_VERSION = 1
 
@@ -136,11 +137,26 @@ def record_of_data_folder(data, source_lang, target_lang):
 
 
 def recorded(state):
-    """The record of a loaded checkpoint (None for one written before it existed)."""
-    record = state.get(RECORD_KEY) if isinstance(state, Mapping) else None
-    if isinstance(record, Mapping) and isinstance(record.get("dictionaries"), Mapping):
-        return record
+    """The record of a loaded checkpoint: in its task state, or at its top level
+    (version 0.3.0); None for a checkpoint whose task recorded none."""
+    if not isinstance(state, Mapping):
+        return None
+    task_state = state.get("task_state")
+    for holder in (task_state if isinstance(task_state, Mapping) else {}, state):
+        record = holder.get(RECORD_KEY)
+        if isinstance(record, Mapping) and isinstance(record.get("dictionaries"), Mapping):
+            return record
     return None
+
+
+def file_record(state, record) -> None:
+    """Put ``record`` in the task state of the checkpoint ``state`` (where the task puts it)."""
+    state.pop(RECORD_KEY, None)
+    task_state = state.get("task_state")
+    state["task_state"] = {
+        **(task_state if isinstance(task_state, Mapping) else {}),
+        RECORD_KEY: record,
+    }
 
 
 def embedding_rows(state):
@@ -160,7 +176,7 @@ def what_checks_read(state):
     and token embeddings (to keep it without the other weights)."""
     model = state.get("model") or {}
     return {
-        RECORD_KEY: state.get(RECORD_KEY),
+        RECORD_KEY: recorded(state),
         "cfg": state.get("cfg"),
         "args": state.get("args"),
         "model": {key: model[key] for key in EMBEDDING_KEYS.values() if key in model},

@@ -1,20 +1,19 @@
-"""Checkpoints that know their data (fairseq 0.12, any architecture): every checkpoint
-the trainer writes records its data folder and a fingerprint of each of the task's
-dictionaries (:mod:`tpp_fairseq.checkpoint_match`); loading one to resume, or through
+"""Checkpoints that know their data: a checkpoint that records its dictionaries (the
+plugin's task writes the record, :mod:`tpp_fairseq.checkpoint_match`) is compared with the
+task's dictionaries before its weights are loaded, to resume or through
 ``load_model_ensemble_and_task`` (``fairseq-generate``, ``fairseq-interactive``, the hub
-interface), compares them with the task's before the weights are loaded, and resuming
-also compares the model options (unless ``--reset-optimizer``). A mismatch is a
-:class:`~tpp_fairseq.checkpoint_match.CheckpointMismatch` naming both data folders (or the
-option and both values). A checkpoint written before the record existed is compared by
-its embedding sizes only.
+interface); resuming also compares the model options (unless ``--reset-optimizer``). A
+mismatch is a :class:`~tpp_fairseq.checkpoint_match.CheckpointMismatch` naming both data
+folders (or the option and both values). A checkpoint without a record (of another task)
+loads as fairseq loads it.
 
-Resuming is also where a training that torchrun started as several processes, but that
-fairseq did not join into one job, is stopped: each process would train a model of its
-own into the same save dir (:class:`UnjoinedRanksError`).
+fairseq gives a task no say when a checkpoint is loaded to resume (``Trainer`` does not
+hand it its saved state), nor when a model trained with it is loaded with another task
+(``--task translation`` at inference): so these checks wrap fairseq's loaders, and act on
+the checkpoints that carry a record only.
 """
 
 import contextvars
-import os
 
 from fairseq import checkpoint_utils
 from fairseq import tasks as fairseq_tasks
@@ -22,8 +21,6 @@ from fairseq.trainer import Trainer
 from omegaconf import OmegaConf
 
 from . import checkpoint_match
-from .errors import UserError
-from ._log import log_once as _log_once
 
 # --------------------------------------------------------------------------- checkpoints that know their data
 
@@ -60,50 +57,24 @@ class _Expectation:
                 self.check(state, path)
 
     def check(self, state, path):
+        if checkpoint_match.recorded(state) is None:
+            return  # not written by the plugin's task: as fairseq loads it
         current = checkpoint_match.record_of_task(self.task)
-        if current is not None and not checkpoint_match.check_dictionaries(
-            state, current, path, self.hint
-        ):
-            _log_once(
-                "no_record",
-                "%s records no dictionaries (written before the plugin recorded them): "
-                "compared with %s by its embedding sizes only",
-                path,
-                current["data"],
-            )
+        if current is not None:
+            checkpoint_match.check_dictionaries(state, current, path, self.hint)
         if self.cfg is not None:
             checkpoint_match.check_resumed_options(state, self.cfg, path)
 
 
 def trainer_state_dict(self):
-    """``Trainer.state_dict`` with the record of the task's dictionaries."""
+    """``Trainer.state_dict``, whose task state records the task's dictionaries where the
+    task does not (the plugin's task does)."""
     state = _original_state_dict(self)
-    record = checkpoint_match.record_of_task(self.task, getattr(self.cfg.task, "data", None))
-    if record is not None:
-        state[checkpoint_match.RECORD_KEY] = record
+    if checkpoint_match.recorded(state) is None:
+        record = checkpoint_match.record_of_task(self.task, getattr(self.cfg.task, "data", None))
+        if record is not None:
+            checkpoint_match.file_record(state, record)
     return state
-
-
-class UnjoinedRanksError(UserError):
-    pass
-
-
-def check_joined(trainer) -> None:
-    """Under torchrun (``WORLD_SIZE`` > 1), the trainer must be one of the job's ranks:
-    fairseq 0.12 joins them only when it counts several CUDA devices, so on CPUs, or
-    with one visible GPU per process, each process trains alone."""
-    try:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        return
-    if world > 1 and trainer.data_parallel_world_size == 1:
-        raise UnjoinedRanksError(
-            f"torchrun started {world} processes, but fairseq did not join them into one "
-            "job (its world size is 1): each would train a model of its own into the same "
-            "--save-dir. Start the command through scripts/fairseq_rank.sh, which hands "
-            "fairseq torchrun's rank and world size: torchrun --no-python --nproc_per_node "
-            f"{world} scripts/fairseq_rank.sh fairseq-train ..."
-        )
 
 
 def trainer_load_checkpoint(
@@ -114,10 +85,8 @@ def trainer_load_checkpoint(
     optimizer_overrides=None,
     reset_meters=False,
 ):
-    """``Trainer.load_checkpoint``; the checkpoint is checked against the run's
-    dictionaries and (unless ``--reset-optimizer``) model options when it is read, and
-    the trainer against torchrun's world (:func:`check_joined`) before."""
-    check_joined(self)
+    """``Trainer.load_checkpoint``; a checkpoint with a record is checked against the
+    run's dictionaries and (unless ``--reset-optimizer``) model options when it is read."""
     cfg = None
     if not reset_optimizer:  # the configuration as state_dict() saves it
         cfg = (
@@ -182,10 +151,14 @@ setup_task.__doc__ = _original_setup_task.__doc__
 
 
 def checkpoints_that_know_their_data() -> None:
-    """Install the record and the checks on fairseq's ``Trainer``, ``checkpoint_utils``
-    and ``tasks.setup_task`` (idempotent)."""
-    Trainer.state_dict = trainer_state_dict
+    """Install the checks on fairseq's ``Trainer``, ``checkpoint_utils`` and
+    ``tasks.setup_task`` (idempotent)."""
     Trainer.load_checkpoint = trainer_load_checkpoint
     checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
     checkpoint_utils.load_model_ensemble_and_task = load_model_ensemble_and_task
     fairseq_tasks.setup_task = setup_task
+
+
+def record_every_task() -> None:
+    """Have the trainer record the dictionaries of any task (idempotent)."""
+    Trainer.state_dict = trainer_state_dict

@@ -234,7 +234,7 @@ def average_checkpoints(paths, allow_config_mismatch=False):
     metadata.pop("last_optimizer_state", None)
     metadata["model"] = averaged
     if first_record is not None:  # the inputs' dictionaries (the last input may predate the record)
-        metadata[checkpoint_match.RECORD_KEY] = first_record[1]
+        checkpoint_match.file_record(metadata, first_record[1])
     metadata["averaged_checkpoints"] = [os.path.basename(p) for p in paths]
     return metadata
 

@@ -525,6 +525,8 @@ def main(argv=None) -> int:
         print(
             f"{PROG}: resuming from {save_dir / 'checkpoint_last.pt'}", file=sys.stderr, flush=True
         )
+    # every checkpoint records its dictionaries, whatever the task (unless the caller chose)
+    os.environ.setdefault("TPP_FAIRSEQ_CHECKS", "all")
     sys.stdout.flush()
     sys.stderr.flush()
     try:  # this process becomes fairseq-train: signals reach it directly, the lock goes with it

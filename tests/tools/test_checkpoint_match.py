@@ -4,8 +4,9 @@ a checkpoint records the dictionaries it was trained with, and resuming
 tpp-average-checkpoints refuse a data folder with other dictionaries -- of the same size
 (every embedding row would stand for another word) or of another -- naming both
 folders; resuming also refuses changed model options, naming the option and both
-values. Real commands on tiny data; fairseq's own transformer, trained through the
-plugin, and transformer_pp."""
+values. The plugin's task writes the record: a checkpoint of another task loads as in
+fairseq. Real commands on tiny data; fairseq's own transformer, trained through the
+plugin's task, and transformer_pp."""
 
 import shutil
 import subprocess
@@ -16,7 +17,7 @@ import torch
 from support import PLUGIN_DIR, binarize, make_corpus, run, tool_env, train_command
 
 import tpp_plugin  # noqa: F401  (allow-lists fairseq checkpoint contents for torch.load)
-from tpp_fairseq.checkpoint_match import RECORD_KEY
+from tpp_fairseq.checkpoint_match import RECORD_KEY, recorded
 
 pytestmark = pytest.mark.slow
 
@@ -108,7 +109,8 @@ def test_a_checkpoint_records_its_dictionaries(folders):
     state = torch.load(
         folders["run_a"] / "checkpoint_last.pt", map_location="cpu", weights_only=True
     )
-    record = state[RECORD_KEY]
+    record = state["task_state"][RECORD_KEY]  # the task's state, which fairseq saves
+    assert RECORD_KEY not in state
     assert record["data"] == str(folders["a"])
     assert record["dictionaries"]["source"]["file"] == "dict.en.txt"
     assert record["dictionaries"]["target"]["file"] == "dict.de.txt"
@@ -246,17 +248,19 @@ def test_averaging_checkpoints_of_other_dictionaries_is_refused(folders, tmp_pat
     )
     assert result.returncode == 0, result.stderr
     averaged = torch.load(out, map_location="cpu", weights_only=True)
-    assert averaged[RECORD_KEY]["data"] == str(folders["a"])
+    assert averaged["task_state"][RECORD_KEY]["data"] == str(folders["a"])
 
 
 def test_a_checkpoint_without_a_record_still_loads(folders, tmp_path):
-    """Written before the record existed: resumed and evaluated as before; only a
-    dictionary of another size (its embeddings say so) is refused."""
+    """Written by another task, or before the record existed: resumed as fairseq resumes
+    it (the resumed run's checkpoints then have a record); tpp-evaluate refuses a
+    dictionary of another size (the embeddings say so)."""
     save = tmp_path / "old"
     shutil.copytree(folders["run_a"], save)
     for path in save.glob("*.pt"):
         state = torch.load(path, map_location="cpu", weights_only=True)
-        del state[RECORD_KEY]
+        del state["task_state"][RECORD_KEY]
+        assert recorded(state) is None
         torch.save(state, path)
     result = command(
         "tpp-evaluate",
@@ -279,8 +283,79 @@ def test_a_checkpoint_without_a_record_still_loads(folders, tmp_path):
     result = train(folders["a"], save, max_update=3)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Loaded checkpoint" in result.stdout + result.stderr
-    assert "records no dictionaries" in result.stdout + result.stderr
-    assert (save / "checkpoint_1_3.pt").exists()
+    resumed = torch.load(save / "checkpoint_1_3.pt", map_location="cpu", weights_only=True)
+    assert recorded(resumed)["data"] == str(folders["a"])
+
+
+def test_a_checkpoint_of_version_0_3_0_is_checked(folders, tmp_path):
+    """Version 0.3.0 kept the record at the checkpoint's top level: still read."""
+    save = tmp_path / "v030"
+    save.mkdir()
+    state = torch.load(
+        folders["run_a"] / "checkpoint_last.pt", map_location="cpu", weights_only=True
+    )
+    state[RECORD_KEY] = state["task_state"].pop(RECORD_KEY)
+    torch.save(state, save / "checkpoint_last.pt")
+    from fairseq import checkpoint_utils
+
+    from tpp_fairseq.checkpoint_match import CheckpointMismatch
+
+    with pytest.raises(CheckpointMismatch, match=f"trained on {folders['a']}, whose source"):
+        checkpoint_utils.load_model_ensemble_and_task(
+            [str(save / "checkpoint_last.pt")], arg_overrides={"data": str(folders["same_size"])}
+        )
+
+
+def test_fairseqs_own_task_records_nothing_and_loads_as_in_fairseq(folders, tmp_path):
+    """The record and its checks belong to the plugin's task: fairseq's transformer
+    trained with fairseq's translation task, the plugin loaded, writes none, and
+    fairseq-generate through the plugin loads it with any dictionary of its size, as
+    fairseq does."""
+    save = tmp_path / "fairseq_task"
+    result = command(
+        "fairseq-train",
+        folders["a"],
+        "--user-dir",
+        PLUGIN_DIR,
+        "--task",
+        "translation",
+        "--arch",
+        "transformer_tiny",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "1e-3",
+        "--max-tokens",
+        "400",
+        "--max-update",
+        "1",
+        "--save-dir",
+        save,
+        "--no-epoch-checkpoints",
+        "--cpu",
+        "--seed",
+        "1",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    state = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=True)
+    assert recorded(state) is None and RECORD_KEY not in state["task_state"]
+    generated = command(
+        "fairseq-generate",
+        folders["same_size"],
+        "--user-dir",
+        PLUGIN_DIR,
+        "--path",
+        save / "checkpoint_last.pt",
+        "--gen-subset",
+        "test",
+        "--beam",
+        "1",
+        "--max-tokens",
+        "400",
+        "--cpu",
+    )
+    assert generated.returncode == 0, generated.stderr[-3000:]
+    assert sum(line.startswith("H-") for line in generated.stdout.splitlines()) == 20
 
 
 @pytest.fixture(scope="module")

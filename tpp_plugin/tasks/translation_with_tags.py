@@ -15,6 +15,8 @@ The labels are training targets only: a model trained with this task translates 
 import itertools
 import logging
 import os
+
+import torch
 from dataclasses import dataclass, field
 from typing import Dict
 
@@ -30,6 +32,7 @@ from tpp_pipeline.contract import (
     parse_tag_kinds,
 )
 
+from tpp_fairseq.checkpoint_match import RECORD_KEY, record_of_task
 from tpp_pipeline.errors import UserError
 from ..criterions.label_smoothed_cross_entropy_with_tags import (
     LabelSmoothedCrossEntropyWithTagsCriterion,
@@ -43,6 +46,28 @@ logger = logging.getLogger(__name__)
 class MissingTagsError(UserError, FileNotFoundError):
     """The data folder lacks label files that ``--tags`` asks for: a user's error, which a
     command-line tool (fairseq-train) reports in one line, without a traceback."""
+
+
+class UnjoinedRanksError(UserError):
+    """torchrun started several processes that fairseq did not join into one job."""
+
+
+def check_joined() -> None:
+    """Under torchrun (``WORLD_SIZE`` > 1) a training must be one job: fairseq 0.12 joins
+    the processes only when it counts several CUDA devices, so on CPUs, or with one
+    visible GPU per process, each would train a model of its own into one save dir."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return
+    if world > 1 and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        raise UnjoinedRanksError(
+            f"torchrun started {world} processes, but fairseq did not join them into one "
+            "job (its world size is 1): each would train a model of its own into the same "
+            "--save-dir. Start the command through scripts/fairseq_rank.sh, which hands "
+            "fairseq torchrun's rank and world size: torchrun --no-python --nproc_per_node "
+            f"{world} scripts/fairseq_rank.sh fairseq-train ..."
+        )
 
 
 class InputTooLongError(ValueError):
@@ -91,7 +116,15 @@ class TranslationWithTagsTask(TranslationTask):
             else:
                 self.missing_tag_dictionaries[name] = path
 
+    def state_dict(self):
+        """fairseq's task state (saved with every checkpoint) and the record of this task's
+        dictionaries, which loading the checkpoint compares (:mod:`tpp_fairseq.checkpoints`)."""
+        return {**super().state_dict(), RECORD_KEY: record_of_task(self)}
+
     def build_model(self, cfg, from_checkpoint=False):
+        """fairseq's model, built for a training only in one job (:func:`check_joined`)."""
+        if not from_checkpoint:
+            check_joined()
         model = super().build_model(cfg, from_checkpoint)
         self._model_tag_heads = len(getattr(getattr(model, "encoder", None), "tag_heads", ()))
         return model
