@@ -485,18 +485,11 @@ def select_and_split(
     }
 
 
-def render_readme(
-    splits: dict[str, list[Candidate]],
-    stats: dict[str, dict[str, int]],
-    max_pairs: int,
-    n_valid: int,
-    n_test: int,
-) -> str:
-    """The data card written next to the corpus (kept free of dates so reruns match)."""
+def source_rows(splits: dict[str, list[Candidate]]) -> list[str]:
+    """The data card's table of packages: version, licence and pairs per split."""
     per_source = {
         s.name: {k: sum(p.source == s.name for p in v) for k, v in splits.items()} for s in SOURCES
     }
-    total = {k: len(v) for k, v in splits.items()}
     rows = []
     for s in SOURCES:
         c = per_source[s.name]
@@ -505,6 +498,11 @@ def render_readme(
             f"| {s.name} | {s.version} | {s.license} | {lic} | {s.what} | "
             f"{c['train']} | {c['valid']} | {c['test']} | {sum(c.values())} |"
         )
+    return rows
+
+
+def filter_rows(stats: dict[str, dict[str, int]]) -> list[str]:
+    """The data card's table of entries read, kept and dropped (by rule) per package."""
     filt = []
     for s in SOURCES:
         counts = stats[s.name]
@@ -512,6 +510,19 @@ def render_readme(
             f"{k} {v}" for k, v in sorted(counts.items()) if k not in ("entries", "kept")
         )
         filt.append(f"| {s.name} | {counts['entries']} | {counts['kept']} | {dropped} |")
+    return filt
+
+
+def render_readme(
+    splits: dict[str, list[Candidate]],
+    stats: dict[str, dict[str, int]],
+    max_pairs: int,
+    n_valid: int,
+    n_test: int,
+) -> str:
+    """The data card written next to the corpus (kept free of dates so reruns match)."""
+    total = {k: len(v) for k, v in splits.items()}
+    rows, filt = source_rows(splits), filter_rows(stats)
     nl = "\n"
     return f"""# English-German sample corpus
 
@@ -625,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     out_dir: Path = args.out_dir
-    existing = [out_dir / f"{s}.{l}" for s in SPLITS for l in ("en", "de")]
+    existing = [out_dir / f"{s}.{lang}" for s in SPLITS for lang in ("en", "de")]
     if any(p.exists() for p in existing) and not args.force:
         print(
             f"error: {out_dir} already holds a sample; pass --force to rebuild it", file=sys.stderr

