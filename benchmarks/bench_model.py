@@ -13,7 +13,9 @@ Models (same width, heads, FFN, layers, dropouts, shared embeddings, data, batch
                    (a default on GPUs, where ``tpp-conv0``'s attention kernels differ);
 * ``tpp-taps``, ``tpp-triton``, ``tpp-fused``: ``tpp`` with ``--conv-heads-impl taps``,
   ``triton`` or ``fused``; ``transformer-sync``, ``tpp-fused-sync``: the flat master copy
-  synced by multi-tensor copies (their optimizers only);
+  synced by multi-tensor copies (their optimizers only); ``transformer-compiled``,
+  ``tpp-compiled``: the encoder and decoder layers through ``torch.compile``
+  (``tpp_fairseq.compiled``; the compiling happens in the untimed steps);
   ``transformer-split``, ``tpp-split``: with ``--fp16-no-flatten-grads`` (``--bf16``'s
   float32 master copy one tensor per parameter, as fairseq keeps it). Ask with ``--models``.
 
@@ -292,8 +294,11 @@ def measure_training(size, args, results):
         if batches is None:
             batches = harness.training_steps(task, cfg, args.warmup + args.rounds, args)
             vocab = len(task.target_dictionary)
+        start = time.perf_counter()
         for batch in batches[: args.warmup]:  # warm-up (the optimizer's state appears)
             trainer.train_step(batch)
+        harness.synchronize(args)
+        results.setdefault(name, {})["untimed_seconds"] = time.perf_counter() - start
         trainers[name] = (cfg, task, trainer)
         results.setdefault(name, {})["params"] = sum(p.numel() for p in trainer.model.parameters())
         if args.device == "cuda":
@@ -306,8 +311,11 @@ def measure_training(size, args, results):
         # every batch shape once, untimed: the first call with a new shape can cost
         # library set-up (kernel selection, workspaces) that a long run pays only once
         for name in args.models:
+            start = time.perf_counter()
             for batch in batches[args.warmup :]:
                 trainers[name][2].train_step(batch)
+            harness.synchronize(args)
+            results[name]["untimed_seconds"] += time.perf_counter() - start
     times = {name: [] for name in args.models}
     memory = {}
     for r in range(args.rounds):
@@ -497,6 +505,10 @@ def report(size, args, results, device_name):
             mfu = f"{100 * r['train_tflops'] / peak:.1f}%" if peak else "n/a"
             row += f" {r['train_tflops']:.0f} | {mfu} |"
         lines.append(row)
+    compiled = [name for name in args.models if name in harness.COMPILED]
+    if compiled and "untimed_seconds" in results[args.models[0]]:
+        untimed = ", ".join(f"{n} {results[n]['untimed_seconds']:.0f} s" for n in args.models)
+        lines += ["", f"Untimed first steps (the compiling included): {untimed}."]
     if "transformer" in results:
         base = results["transformer"]
         keys = [("train_wps", "training words/s", True)] if trained else []

@@ -27,7 +27,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from .harness import MODELS, MULTI_TENSOR_SYNC, SIZES, check_device, command_line
+from .harness import COMPILED, MODELS, MULTI_TENSOR_SYNC, SIZES, check_device, command_line
 
 MARK = "TRAIN_RUN "
 
@@ -62,9 +62,11 @@ def model_arguments(argv):
     )
     p = argparse.ArgumentParser(prog="python -m benchmarks.fairseq_train_run model")
     p.add_argument("data")
-    # (the -sync models get their speed-up from bench_model's trainer, not from fairseq-train:
-    # here TPP_FAIRSEQ_SPEEDUPS=multi-tensor-sync with the model without -sync does that)
-    p.add_argument("model", choices=[m for m in MODELS if m not in MULTI_TENSOR_SYNC])
+    # (the -sync and -compiled models get their speed-up from bench_model's trainer, not from
+    # fairseq-train: here TPP_FAIRSEQ_SPEEDUPS=multi-tensor-sync or compiled-layers with the
+    # model without the suffix does that)
+    speedups = MULTI_TENSOR_SYNC | COMPILED
+    p.add_argument("model", choices=[m for m in MODELS if m not in speedups])
     p.add_argument("--size", type=int, default=512, choices=list(SIZES), help="d (default 512)")
     p.add_argument("--layers", type=int, default=6, help="encoder and decoder layers each")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda where there is one")

@@ -35,6 +35,10 @@
 #                      master copy synced by multi-tensor copies (transformer-sync,
 #                      tpp-fused-sync) at base; operators on CUDA; float32 at base. Each
 #                      table is printed, and packed, as its command ends
+#   compiled    300 s  compiled layers (TPP_FAIRSEQ_SPEEDUPS=compiled-layers), training,
+#                      bf16, paired at base size: transformer, its twin, transformer-compiled,
+#                      tpp-fused, tpp-compiled, with MFU and the seconds of the untimed
+#                      first steps (the compiling)
 #   mixed       300 s  fairseq-train, base size (6+6 layers, bench_model.py's dropouts for
 #                      both), 150 updates: transformer and transformer_pp with the tag
 #                      losses in float32, --bf16 and --fp16;
@@ -59,8 +63,8 @@
 # Python interpreter to use (default: python on PATH).
 set -uo pipefail
 
-ALL_STAGES=(tests decide mixed speed split generation step cudnn profile memory counts)
-declare -A LIMIT=([tests]=90 [decide]=420 [mixed]=300 [speed]=150 [split]=90 [generation]=180
+ALL_STAGES=(tests decide compiled mixed speed split generation step cudnn profile memory counts)
+declare -A LIMIT=([tests]=90 [decide]=420 [compiled]=300 [mixed]=300 [speed]=150 [split]=90 [generation]=180
                   [step]=60 [cudnn]=150 [profile]=150 [memory]=60 [counts]=60)
 FORCE=0
 STAND_IN=0
@@ -217,6 +221,7 @@ summarize() {  # summarize STAGE: its table, appended to OUT/summary.md and prin
         case $stage in
         tests) output tests.txt 25 ;;
         decide) ;;  # each table as its command ends (decided)
+        compiled) output compiled.md ;;
         mixed) train_table "${MIXED_RUNS[@]}" ;;
         speed) output speed.md ;;
         generation) output generation_30.md; echo; output generation_100.md ;;
@@ -305,6 +310,10 @@ for stage in "${STAGES[@]}"; do
         run decide decide_fp32.md "${DECIDE[@]}" --dtype fp32 --sizes "$BASE" --max-tokens "$BASE_TOKENS" --update-freq 1 \
             --rounds "$((ROUNDS / 2))" --models transformer,tpp,tpp-fused --partial "$OUT/decide_fp32.md.progress"
         decided decide_fp32.md ;;
+    compiled)
+        run compiled compiled.md "${DECIDE[@]}" --dtype bf16 --sizes "$BASE" --max-tokens "$BASE_TOKENS" \
+            --update-freq 1 --rounds "$ROUNDS" --mfu --partial "$OUT/compiled.md.progress" \
+            --models transformer,transformer-b,transformer-compiled,tpp-fused,tpp-compiled ;;
     mixed)
         for name in "${MIXED_RUNS[@]}"; do
             # shellcheck disable=SC2086  # the options are words

@@ -41,6 +41,9 @@ MODELS = {
     # the flat master copy synced by multi-tensor copies (MULTI_TENSOR_SYNC)
     "transformer-sync": ["--arch", "transformer"],
     "tpp-fused-sync": _tpp("--conv-heads-impl", "fused"),
+    # the encoder and decoder layers through torch.compile (COMPILED)
+    "transformer-compiled": ["--arch", "transformer"],
+    "tpp-compiled": _tpp(),
     # --bf16's master copy one tensor per parameter (fairseq's own --bf16), not flat
     "transformer-split": ["--arch", "transformer", "--fp16-no-flatten-grads"],
     "tpp-split": _tpp("--fp16-no-flatten-grads"),
@@ -58,6 +61,10 @@ MODELS = {
 #: models whose optimizer (only theirs) syncs a flat master copy by multi-tensor copies
 #: (the speed-up multi-tensor-sync of tpp_fairseq.speed)
 MULTI_TENSOR_SYNC = {"transformer-sync", "tpp-fused-sync"}
+
+#: models whose encoder and decoder layers run through torch.compile (only theirs: the
+#: speed-up compiled-layers of tpp_fairseq.speed)
+COMPILED = {"transformer-compiled", "tpp-compiled"}
 
 #: the plugin's default speed-ups but cuDNN's attention switch (tpp_fairseq.speed.DEFAULT)
 CUDNN_KEPT = "flat-bf16"
@@ -202,6 +209,10 @@ def build_trainer(name, size, args, cfg=None, task=None):
 
         if isinstance(trainer.optimizer, FP16Optimizer):  # (built here, not at the first step)
             speed.multi_tensor_sync(trainer.optimizer)
+    if name in COMPILED:
+        from tpp_fairseq.compiled import compile_layers
+
+        compile_layers(model)
     return cfg, task, trainer
 
 

@@ -13,6 +13,9 @@ one against fairseq's own behaviour (``benchmarks/gpu_suite.sh``; docs/gpu.md).
   model by multi-tensor copies instead of one copy per parameter tensor, the same values.
   Not a default until a GPU measures it (``transformer-sync``, ``tpp-fused-sync`` in the
   benchmarks).
+- ``compiled-layers``: the model's encoder and decoder layers through ``torch.compile``
+  (:mod:`tpp_fairseq.compiled`). Opt-in (``transformer-compiled``, ``tpp-compiled`` in the
+  benchmarks).
 """
 
 import types
@@ -23,6 +26,7 @@ from fairseq.optim.fp16_optimizer import FP16Optimizer
 
 from ._log import log_once as _log_once
 from ._switch import chosen as _chosen
+from .compiled import compiled_layers
 
 # --------------------------------------------------------------------------- --bf16's flat master copy
 
@@ -333,6 +337,7 @@ SPEEDUPS = {
     "cudnn-off": cudnn_attention_off,
     "flat-bf16": flat_bf16_master_copy,
     "multi-tensor-sync": multi_tensor_sync,
+    "compiled-layers": compiled_layers,
 }
 #: on unless ``TPP_FAIRSEQ_SPEEDUPS`` says otherwise
 DEFAULT = ("cudnn-off", "flat-bf16")

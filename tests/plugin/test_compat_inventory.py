@@ -96,6 +96,7 @@ SETTINGS = {
     ("checkpoints", "none"): {"checkpoints"},
     ("one-line-errors", "cudnn-off"): {"one-line-errors", "cudnn-off"},
     ("none", "flat-bf16"): {"flat-bf16"},
+    ("none", "compiled-layers"): {"compiled-layers"},
 }
 
 

@@ -63,13 +63,16 @@ def merge_spans(q_a: Tensor, lse_a: Tensor, q_b: Tensor, lse_b: Tensor) -> Tuple
     return q_a + share_b * (q_b - q_a), lse
 
 
-def _block_prefix(scores: Tensor, values: Tensor) -> Tuple[Tensor, Tensor]:
+def _block_prefix(
+    scores: Tensor, values: Tensor, future: Optional[Tensor] = None
+) -> Tuple[Tensor, Tensor]:
     """Explicit prefix softmax over the last axis of ``scores`` (``... x K``) applied to
-    ``values`` (``... x K x d``): returns ``... x K x d`` and ``... x K``."""
+    ``values`` (``... x K x d``): returns ``... x K x d`` and ``... x K``. ``future``:
+    the ``K x K`` mask of :func:`_future` (built here when not given)."""
+    if future is None:
+        future = _future(scores.size(-1), scores.device)
     # logits[..., t, τ] = s_τ for τ <= t
-    logits = scores.unsqueeze(-2).masked_fill(
-        _future(scores.size(-1), scores.device), float("-inf")
-    )  # ... x K x K
+    logits = scores.unsqueeze(-2).masked_fill(future, float("-inf"))  # ... x K x K
     lse = torch.logsumexp(logits, dim=-1)  # ... x K
     weights = torch.exp(logits - lse.unsqueeze(-1))  # ... x K x K
     return torch.matmul(weights, values), lse
@@ -102,6 +105,38 @@ def prefix_softmax(scores: Tensor, values: Tensor, block: int = BLOCK) -> Tuple[
     q = torch.cat([q_in[..., :1, :, :], q_rest], dim=-3).reshape(*lead, blocks * block, dim)
     lse = torch.cat([lse_in[..., :1, :], lse_rest], dim=-2).reshape(*lead, blocks * block)
     return q[..., :length, :], lse[..., :length]
+
+
+def prefix_softmax_padded(
+    scores: Tensor, values: Tensor, block: int = BLOCK
+) -> Tuple[Tensor, Tensor]:
+    """:func:`prefix_softmax` in a form without branches on the length ``T``, for
+    ``torch.compile`` (``T < (block - 2)·block``): always ``n = T // block + 2`` whole
+    blocks (never one: a size of 1 would be a graph of its own), and the blocks' totals
+    as one more block of ``block`` (``n`` of them real). Autograd differentiates it."""
+    length = scores.size(-1)
+    blocks = length // block + 2
+    lead = scores.shape[:-1]
+    future = torch.ones(block, block, dtype=torch.bool, device=scores.device).triu(1)
+    scores = F.pad(scores, (0, blocks * block - length))  # positions after the end follow
+    values = F.pad(values, (0, 0, 0, blocks * block - length))
+    q_in, lse_in = _block_prefix(
+        scores.reshape(*lead, blocks, block),  # ... x n x K
+        values.reshape(*lead, blocks, block, values.size(-1)),  # ... x n x K x d
+        future,
+    )
+    # totals of blocks 0..j (inclusive), from each block's last position; n <= K
+    q_tot, lse_tot = _block_prefix(
+        F.pad(lse_in[..., -1], (0, block - blocks)),  # ... x K
+        F.pad(q_in[..., -1, :], (0, 0, 0, block - blocks)),  # ... x K x d
+        future,
+    )
+    # block j continues the total of blocks 0..j-1 (nothing before block 0)
+    lse_prev = F.pad(lse_tot[..., : blocks - 1], (1, 0), value=float("-inf"))  # ... x n
+    q_prev = F.pad(q_tot[..., : blocks - 1, :], (0, 0, 1, 0))  # ... x n x d
+    q, lse = merge_spans(q_prev.unsqueeze(-2), lse_prev.unsqueeze(-1), q_in, lse_in)
+    q = q.reshape(*lead, blocks * block, values.size(-1))
+    return q[..., :length, :], lse.reshape(*lead, blocks * block)[..., :length]
 
 
 def prefix_softmax_transposed(scores: Tensor, lse: Tensor, x: Tensor, block: int = BLOCK) -> Tensor:
@@ -210,16 +245,7 @@ class PooledQuery(torch.autograd.Function):
     def _pool(
         scores: Tensor, values: Tensor, heads: int, causal: bool, block: int
     ) -> Tuple[Tensor, Tensor]:
-        """The queries and log-normalisers in float32 (float64 for float64 input):
-        ``B x H x T x dh`` and ``B x H x T`` (causal), ``B x H x dh`` and ``B x H``."""
-        tgt_len, bsz, _ = values.shape
-        acc = torch.promote_types(values.dtype, torch.float32)
-        s = scores.to(acc).permute(1, 2, 0)  # B x H x T
-        v = values.to(acc).reshape(tgt_len, bsz, heads, -1).permute(1, 2, 0, 3)  # B x H x T x dh
-        if causal:
-            return prefix_softmax(s, v, block)
-        lse = torch.logsumexp(s, dim=-1)  # B x H
-        return torch.matmul(torch.exp(s - lse.unsqueeze(-1)).unsqueeze(-2), v).squeeze(-2), lse
+        return pool(scores, values, heads, causal, functools.partial(prefix_softmax, block=block))
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -261,6 +287,36 @@ class PooledQuery(torch.autograd.Function):
         # B x H x T x dh -> T x B x (H*dh)
         grad_values = grad_v.permute(2, 0, 1, 3).reshape(tgt_len, bsz, channels).to(values.dtype)
         return grad_s.permute(2, 0, 1), grad_values, None, None, None
+
+
+def pool(
+    scores: Tensor, values: Tensor, heads: int, causal: bool, prefix=prefix_softmax
+) -> Tuple[Tensor, Tensor]:
+    """The queries and log-normalisers of ``scores`` (``T x B x H``) and ``values``
+    (``T x B x H·dh``) in float32 (float64 for float64 input): ``B x H x T x dh`` and
+    ``B x H x T`` (causal, by ``prefix``), ``B x H x dh`` and ``B x H``."""
+    tgt_len, bsz, _ = values.shape
+    acc = torch.promote_types(values.dtype, torch.float32)
+    s = scores.to(acc).permute(1, 2, 0)  # B x H x T
+    v = values.to(acc).reshape(tgt_len, bsz, heads, -1).permute(1, 2, 0, 3)  # B x H x T x dh
+    if causal:
+        return prefix(s, v)
+    lse = torch.logsumexp(s, dim=-1)  # B x H
+    return torch.matmul(torch.exp(s - lse.unsqueeze(-1)).unsqueeze(-2), v).squeeze(-2), lse
+
+
+def pooled_query_traced(scores: Tensor, values: Tensor, heads: int, causal: bool) -> Tensor:
+    """:class:`PooledQuery`'s output for ``torch.compile``: :func:`pool` through
+    :func:`prefix_softmax_padded`, differentiated by autograd (which the compiler's
+    partitioner decides what to keep for)."""
+    tgt_len, bsz, channels = values.shape
+    if causal:  # B x H x T x dh -> T x B x (H*dh)
+        query, _ = pool(scores, values, heads, causal, prefix_softmax_padded)
+        return query.permute(2, 0, 1, 3).reshape(tgt_len, bsz, channels).to(values.dtype)
+    acc = torch.promote_types(values.dtype, torch.float32)
+    weights = torch.softmax(scores.to(acc), dim=0).unsqueeze(-1)  # T x B x H x 1
+    v = values.to(acc).view(tgt_len, bsz, heads, -1)  # T x B x H x dh
+    return (weights * v).sum(0).reshape(1, bsz, channels).to(values.dtype)  # 1 x B x (H*dh)
 
 
 @with_incremental_state
@@ -314,6 +370,8 @@ class ContextQuery(nn.Module):
         if padding_mask is not None:
             scores = scores.masked_fill(padding_mask.transpose(0, 1).unsqueeze(-1), MASKED)
         if incremental_state is None:
+            if torch.compiler.is_compiling():  # no branch on the length: one graph for all
+                return pooled_query_traced(scores, values, self.num_heads, self.causal)
             return PooledQuery.apply(scores, values, self.num_heads, self.causal, BLOCK)
         if not self.causal:
             raise RuntimeError("incremental decoding needs a causal ContextQuery")

@@ -80,7 +80,10 @@ def usable_on(t: Tensor) -> bool:
 def runs(impl: str, t: Tensor) -> bool:
     """Whether implementation ``impl`` runs these kernels on ``t``: ``"triton"`` and
     ``"fused"`` on a tensor they can run on (an error if Triton is not installed),
-    ``"auto"`` on a CUDA tensor where Triton is installed."""
+    ``"auto"`` on a CUDA tensor where Triton is installed; none inside ``torch.compile``
+    (whose graphs the PyTorch forms join)."""
+    if torch.compiler.is_compiling():
+        return False
     if impl == "auto":
         return t.is_cuda and usable_on(t) and available()
     if impl not in ("triton", "fused") or not usable_on(t):

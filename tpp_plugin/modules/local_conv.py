@@ -28,6 +28,7 @@ fairseq's time-major ``T x B x C``; decoding keeps the last ``F·δ`` inputs in 
 step costs ``O(F·C)``. Triton kernels: :mod:`~tpp_plugin.modules.conv_heads_triton`.
 """
 
+import contextlib
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -37,6 +38,11 @@ from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor, nn
 
 from . import conv_heads_triton
+
+#: the lags a compiled LocalConv covers, past and future positions (future ones only for
+#: a centred one): those of the paper's widest layer, ``F = 15, δ = 2``, which every
+#: narrower layer fits into, so that all share one compiled graph (:meth:`window_kernel`)
+WINDOW = (28, 14)
 
 
 class DilatedDepthwiseConv(torch.autograd.Function):
@@ -119,6 +125,23 @@ class DilatedDepthwiseConv(torch.autograd.Function):
         return grad_u, grad_kernel, None, None, None, None
 
 
+def shifted_taps(u: Tensor, kernel: Tensor, dilation: int, lookahead: int = 0) -> Tensor:
+    """:class:`DilatedDepthwiseConv` of a whole sequence (``out_len = len(u)``, no history)
+    in a form without branches on the sequence's length, for ``torch.compile``: one copy
+    of ``u`` padded by constant widths, and the sum of ``F`` shifted slices of it, in
+    float32 (float64 kept). Autograd differentiates it; ``u`` is ``T x B x C``, already
+    masked, ``kernel`` ``F x C``."""
+    taps, length = kernel.size(0), u.size(0)
+    acc_dtype = torch.promote_types(u.dtype, torch.float32)
+    # (F-1)·δ - a zeros in front, a behind: tap k of output t reads row t + k·δ
+    padded = F.pad(u, (0, 0, 0, 0, (taps - 1) * dilation - lookahead, lookahead))
+    kernel = kernel.to(acc_dtype)
+    acc = padded[:length].to(acc_dtype) * kernel[0]  # T x B x C
+    for k in range(1, taps):
+        acc = acc + padded[k * dilation : k * dilation + length].to(acc_dtype) * kernel[k]
+    return acc.to(u.dtype)
+
+
 def _masked(x: Tensor, padding: Optional[Tensor]) -> Tensor:
     """``x`` with the rows of ``padding`` (True) set to zero (``x`` itself without one)."""
     return x if padding is None else x.masked_fill(padding, 0.0)
@@ -189,6 +212,15 @@ class LocalConv(nn.Module):
         #: positions ahead of ``t`` that output ``t`` sees: 0 (causal, the paper's) or,
         #: ``centered``, ``⌊(F-1)/2⌋·δ`` (taps ``t-⌈(F-1)/2⌉δ .. t+⌊(F-1)/2⌋δ``; encoder only)
         self.lookahead = ((kernel_size - 1) // 2) * dilation if centered else 0
+        past = max(self.receptive_field - self.lookahead, WINDOW[0])
+        #: (past, future) lags of :meth:`window_kernel`
+        self.window = (past, max(self.lookahead, WINDOW[1]) if self.lookahead else 0)
+        rows = [
+            past - ((kernel_size - 1 - k) * dilation - self.lookahead) for k in range(kernel_size)
+        ]
+        self.register_buffer("window_rows", torch.tensor(rows), persistent=False)  # F: tap -> row
+        #: :meth:`window_kernel` as :meth:`compiled_forward` built it
+        self.built_kernel: Optional[Tensor] = None
         self.weight = nn.Parameter(torch.empty(channels, kernel_size))  # W^A
         self.weight_dropout_module = FairseqDropout(
             weight_dropout, module_name=self.__class__.__name__
@@ -311,6 +343,9 @@ class LocalConv(nn.Module):
             u = _masked(u, padding)  # padding enters the buffer as zeros
             steps = [self.step(row, incremental_state) for row in u]  # T x (B x C), float32
             return torch.stack(steps).to(u.dtype)  # T x B x C
+        if torch.compiler.is_compiling():  # one graph for every length and (F, δ) within WINDOW
+            kernel = self.window_kernel() if self.built_kernel is None else self.built_kernel
+            return shifted_taps(_masked(u, padding), kernel, 1, self.window[1])
         return self._convolution(u).apply(
             u, self.kernel(), self.dilation, u.size(0), self.lookahead, padding
         )
@@ -320,6 +355,26 @@ class LocalConv(nn.Module):
         times the output scale, ``F x C``."""
         kernel = self.normalized_kernel()
         return kernel * self.output_scale if self.output_scale != 1.0 else kernel
+
+    def window_kernel(self) -> Tensor:
+        """:meth:`kernel` as one of dilation 1 over :attr:`window`'s lags, ``(past +
+        future + 1) x C``: each tap at its lag's row, zeros elsewhere. Its shape and the
+        code that builds it are the same for every layer within :data:`WINDOW` (the taps'
+        rows are a tensor), which is what lets their compiled graphs be one."""
+        kernel = self.kernel()
+        rows = self.window[0] + self.window[1] + 1
+        return kernel.new_zeros(rows, kernel.size(1)).index_copy(0, self.window_rows, kernel)
+
+    @contextlib.contextmanager
+    def compiled_forward(self):
+        """:meth:`window_kernel`, built eagerly for the compiled forward inside
+        (``tpp_fairseq.compiled``): the code that builds it depends on ``F`` and ``δ``
+        and, traced, would make one graph per layer."""
+        self.built_kernel = self.window_kernel()
+        try:
+            yield
+        finally:
+            self.built_kernel = None
 
     def _convolution(self, u: Tensor):
         """The autograd function that convolves ``u``: Triton's kernels where asked for

@@ -1,0 +1,281 @@
+"""Compiled layers (tpp_fairseq.compiled, ``TPP_FAIRSEQ_SPEEDUPS=compiled-layers``): the
+plugin's shape-agnostic forms equal its eager ones; every layer compiles without a graph
+break; over 50 batches of varied shapes a 6+6 model compiles one graph per side (two in
+the decoder, whose last layer also returns its attention for fairseq's alignment) and
+all of them in the first batch; Inductor's layers are as close to float64 as eager ones;
+and fairseq-train compiles them when asked."""
+
+import argparse
+import copy
+import json
+import random
+
+import pytest
+import torch
+from support import PLUGIN_DIR, FakeTask, build_model, make_dictionary, run
+
+import tpp_fairseq.compiled as compiled
+from tpp_plugin.modules.context_query import (
+    BLOCK,
+    PooledQuery,
+    pooled_query_traced,
+    prefix_softmax,
+    prefix_softmax_padded,
+)
+from tpp_plugin.modules.local_conv import DilatedDepthwiseConv, LocalConv, shifted_taps
+
+NO_DROPOUT = dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+
+
+@pytest.fixture(autouse=True)
+def compile_settings_restored(monkeypatch):
+    """What compile_layers sets process-wide is set back after each test."""
+    from fairseq.incremental_decoding_utils import FairseqIncrementalState
+
+    monkeypatch.setattr(
+        FairseqIncrementalState,
+        "get_incremental_state",
+        FairseqIncrementalState.get_incremental_state,
+    )
+    with torch._dynamo.config.patch(), torch.fx.experimental._config.patch():
+        torch._dynamo.reset()
+        yield
+        torch._dynamo.reset()
+
+
+def model(arch, layers=None, **overrides):
+    """A model of ``arch`` (fairseq's transformer presets or the plugin's), no dropout."""
+    options = dict(NO_DROPOUT, **overrides)
+    if layers:
+        options.update(encoder_layers=layers, decoder_layers=layers)
+    if arch.startswith("transformer_pp"):
+        return build_model(arch, conv_weight_dropout=0.0, **options)
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+    from fairseq.models.transformer import TransformerModel
+
+    args = argparse.Namespace(**options)
+    ARCH_CONFIG_REGISTRY[arch](args)
+    return TransformerModel.build_model(args, FakeTask(make_dictionary()))
+
+
+def batch(vocab, bsz, src_len, tgt_len, generator, pad=1):
+    """Source padded on the left, targets on the right, as fairseq pads them."""
+    src = torch.randint(4, vocab, (bsz, src_len), generator=generator)
+    prev = torch.randint(4, vocab, (bsz, tgt_len), generator=generator)
+    src[0, : src_len // 2] = pad
+    prev[-1, tgt_len - tgt_len // 3 :] = pad
+    return src, torch.full((bsz,), src_len), prev
+
+
+# --------------------------------------------------------------------------- the forms
+
+
+@pytest.mark.parametrize("length", [2, 5, 63, 64, 65, 130, 300])
+@pytest.mark.parametrize("width, dilation, centered", [(3, 1, False), (15, 2, False), (7, 2, True)])
+def test_the_window_convolution_equals_the_taps(length, width, dilation, centered):
+    """LocalConv's kernel spread over the common window, by shifted slices, against the
+    taps (float64, values and gradients)."""
+    torch.manual_seed(length)
+    conv = LocalConv(8, width, dilation, centered=centered).double()
+    u = torch.randn(length, 3, 8, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(length, 3, 8, dtype=torch.float64)
+    expected = DilatedDepthwiseConv.apply(u, conv.kernel(), dilation, length, conv.lookahead)
+    (du,) = torch.autograd.grad(expected, u, grad)
+    with conv.compiled_forward():
+        got = shifted_taps(u, conv.built_kernel, 1, conv.window[1])
+    (dv,) = torch.autograd.grad(got, u, grad)
+    assert conv.built_kernel is None
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-13)
+    torch.testing.assert_close(dv, du, rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("length", [1, 2, 63, 64, 65, 200, 64 * 62 - 1])
+def test_the_padded_prefix_softmax_equals_the_blocked_one(length):
+    torch.manual_seed(length)
+    scores = torch.randn(2, 3, length, dtype=torch.float64) * 4
+    values = torch.randn(2, 3, length, 5, dtype=torch.float64)
+    for got, expected in zip(prefix_softmax_padded(scores, values), prefix_softmax(scores, values)):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("length", [3, 70])
+def test_the_traced_query_equals_pooled_query_and_its_gradients(causal, length):
+    torch.manual_seed(length)
+    scores = torch.randn(length, 4, 2, dtype=torch.float64, requires_grad=True)
+    values = torch.randn(length, 4, 2 * 6, dtype=torch.float64, requires_grad=True)
+    with torch.no_grad():
+        scores[:2, 0] = -1e9  # padding at the start of one sentence
+    expected = PooledQuery.apply(scores, values, 2, causal, BLOCK)
+    got = pooled_query_traced(scores, values, 2, causal)
+    grad = torch.randn_like(expected)
+    if causal:  # the rows that pool padding only are never used (PooledQuery's contract)
+        grad[:2, 0] = 0
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+    for a, b in zip(
+        torch.autograd.grad(got, (scores, values), grad),
+        torch.autograd.grad(expected, (scores, values), grad),
+    ):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+# --------------------------------------------------------------------------- graphs
+
+
+@pytest.mark.parametrize("arch", ["transformer_pp_tiny", "transformer_tiny"])
+def test_no_layer_has_a_graph_break(arch):
+    m = model(arch, layers=6).train()
+    x = torch.randn(12, 4, m.encoder.embed_tokens.embedding_dim)
+    padding = torch.zeros(4, 12, dtype=torch.bool)
+    padding[0, :3] = True
+    for layer in m.encoder.layers:
+        explained = torch._dynamo.explain(layer)(x, padding)
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+    for layer in m.decoder.layers:
+        explained = torch._dynamo.explain(layer)(
+            x, x, padding, None, self_attn_padding_mask=padding
+        )
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+
+
+@pytest.mark.parametrize("arch", ["transformer_pp_tiny", "transformer_tiny"])
+def test_fifty_batches_of_varied_shapes_compile_three_graphs_in_the_first(arch):
+    """6+6 layers (the plugin's five kernel widths): one graph for the encoder, two for
+    the decoder; lengths across the prefix softmax's block (64), single sentences and
+    positions (eager), batches with and without padding."""
+    graphs = []
+
+    def counting(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    m = model(arch, layers=6).train()
+    assert compiled.compile_layers(m, backend=counting) == 12
+    rng, generator = random.Random(0), torch.Generator().manual_seed(0)
+    vocab = len(m.encoder.dictionary)
+    after = []
+    for step in range(50):
+        bsz = rng.choice([1, 2, 7, 40])
+        src, lengths, prev = batch(
+            vocab, bsz, rng.randint(1, 90), rng.randint(1, 90), generator, pad=1 if step % 3 else 0
+        )
+        m.zero_grad(set_to_none=True)  # as fairseq's optimizers leave the gradients
+        m(src, lengths, prev)[0].sum().backward()
+        after.append(len(graphs))
+    assert after[0] == after[-1] == 3, after
+
+
+def test_a_copy_of_a_compiled_model_computes_with_its_own_parameters():
+    """fairseq's --ema copies the model: the copy's compiled layers are its own."""
+    m = model("transformer_pp_tiny").train()
+    compiled.compile_layers(m, backend="eager")
+    twin = copy.deepcopy(m)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.mul_(0.5)
+    inputs = batch(len(m.encoder.dictionary), 4, 9, 11, torch.Generator().manual_seed(0))
+    eager = copy.deepcopy(twin)
+    for layer in [*eager.encoder.layers, *eager.decoder.layers]:
+        layer.forward = layer.forward.eager
+    torch.testing.assert_close(twin(*inputs)[0], eager(*inputs)[0])
+    assert not torch.allclose(twin(*inputs)[0], m(*inputs)[0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["transformer_pp_tiny", "transformer_tiny"])
+def test_inductor_layers_are_as_close_to_float64_as_eager_ones(arch):
+    """bf16, three batches: outputs and the embeddings' gradients, relative errors
+    against a float64 copy, within 1.1 times eager's."""
+    torch.manual_seed(0)
+    reference = model(arch).train()
+    eager = copy.deepcopy(reference).to(torch.bfloat16)
+    graphs = copy.deepcopy(reference).to(torch.bfloat16)
+    reference.double()
+    compiled.compile_layers(graphs)
+    generator = torch.Generator().manual_seed(1)
+    errors = {"eager": [0.0, 0.0], "compiled": [0.0, 0.0]}
+
+    def run_model(m, inputs):
+        m.zero_grad(set_to_none=True)
+        out = m(*inputs)[0]
+        out.double().pow(2).sum().backward()
+        return out.double(), m.encoder.embed_tokens.weight.grad.double()
+
+    for step in range(3):
+        inputs = batch(
+            len(reference.encoder.dictionary), 8, 20 + 7 * step, 25 + 9 * step, generator
+        )
+        out, grad = run_model(reference, inputs)
+        for name, m in (("eager", eager), ("compiled", graphs)):
+            o, g = run_model(m, inputs)
+            e = errors[name]
+            e[0] = max(e[0], ((o - out).norm() / out.norm()).item())
+            e[1] = max(e[1], ((g - grad).norm() / grad.norm()).item())
+    assert errors["compiled"][0] <= 1.1 * errors["eager"][0], errors
+    assert errors["compiled"][1] <= 1.1 * errors["eager"][1], errors
+
+
+@pytest.mark.slow
+def test_fairseq_train_compiles_the_layers_when_asked(tmp_path):
+    """TPP_FAIRSEQ_SPEEDUPS=compiled-layers: fairseq-train of transformer_pp_tiny says it
+    compiled its 4 layers, and its first updates' losses are eager's (no dropout)."""
+    from support import binarize_tagged
+
+    data = binarize_tagged(tmp_path / "work", tmp_path / "bin", n_train=200)
+    losses = {}
+    for speedups in ("none", "compiled-layers"):
+        save = tmp_path / speedups
+        result = run(
+            [
+                "env",
+                f"TPP_FAIRSEQ_SPEEDUPS={speedups}",
+                "fairseq-train",
+                data,
+                "--user-dir",
+                PLUGIN_DIR,
+                "--arch",
+                "transformer_pp_tiny",
+                "--task",
+                "translation_with_tags",
+                "--tags",
+                "",
+                "--criterion",
+                "label_smoothed_cross_entropy",
+                "--optimizer",
+                "adam",
+                "--lr",
+                "1e-3",
+                "--max-tokens",
+                "500",
+                "--max-update",
+                "3",
+                "--log-format",
+                "json",
+                "--log-interval",
+                "1",
+                "--dropout",
+                "0",
+                "--conv-weight-dropout",
+                "0",
+                "--save-dir",
+                save,
+                "--no-save",
+                "--disable-validation",
+                "--cpu",
+                "--seed",
+                "1",
+            ],
+            timeout=900,
+        )
+        text = result.stdout + result.stderr
+        assert ("compiled layers: 4 encoder" in text) == (speedups == "compiled-layers"), text[
+            -3000:
+        ]
+        losses[speedups] = [
+            float(json.loads(line.split("| train_inner | ", 1)[1])["loss"])
+            for line in text.splitlines()
+            if "| train_inner | {" in line
+        ]
+    assert len(losses["none"]) == 3
+    assert losses["compiled-layers"] == pytest.approx(losses["none"], rel=1e-3)
