@@ -371,14 +371,14 @@ class HybridMultiheadAttention(nn.Module):
         conv = self.local_conv
         if conv.receptive_field > 0 and conv_heads_triton.runs(self.conv_heads_impl, u):
             state = self.context_query.step_state(incremental_state)
-            ring, head = conv.ring(u, incremental_state)
+            ring, row = conv.ring(u, incremental_state)
             _, state = conv_heads_triton.conv_step(
                 u,
                 proj["score"],
                 proj["value"],
                 conv.weight,
                 ring,
-                head,
+                row,
                 state,
                 conv.dilation,
                 self.context_query.temperature,

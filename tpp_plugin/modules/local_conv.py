@@ -264,15 +264,15 @@ class LocalConv(nn.Module):
         weight changes during one)."""
         if self.receptive_field == 0:
             return self._scaled(u * self.normalized_kernel()[0])
-        ring, head = self.ring(u, incremental_state)
-        ring[head] = u
-        # the taps are the rows j·δ + head mod δ (j < F): every δ-th row, all of them if δ = 1
+        ring, row = self.ring(u, incremental_state)
+        ring[row] = u
+        # the taps are the rows j·δ + row mod δ (j < F): every δ-th row, all of them if δ = 1
         taps = (
-            ring[head % self.dilation :: self.dilation] if self.dilation > 1 else ring
+            ring[row % self.dilation :: self.dilation] if self.dilation > 1 else ring
         )  # F x B x C
         kernel = self.rotated_kernels(incremental_state)[
-            head // self.dilation
-        ]  # F x 1 x C, in the taps' order
+            row // self.dilation
+        ]  # F x 1 x C, taps order
         return self._scaled((taps * kernel).sum(dim=0))  # B x C, float32
 
     def _scaled(self, out: Tensor) -> Tensor:
@@ -289,13 +289,13 @@ class LocalConv(nn.Module):
         rows = self.kernel_size * self.dilation
         buffer = self._get_input_buffer(incremental_state)
         if buffer:
-            ring, head = buffer["ring"], buffer["head"]
+            ring, row = buffer["ring"], buffer["row"]
             if torch.is_grad_enabled() and u.requires_grad:
                 ring = ring.clone()  # an earlier step's graph may hold the ring: no writing over it
         else:
-            ring, head = u.new_zeros(rows, u.size(0), u.size(1)), 0
-        self._set_input_buffer(incremental_state, {"ring": ring, "head": (head + 1) % rows})
-        return ring, head
+            ring, row = u.new_zeros(rows, u.size(0), u.size(1)), 0
+        self._set_input_buffer(incremental_state, {"ring": ring, "row": (row + 1) % rows})
+        return ring, row
 
     def rotated_kernels(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tensor:
         """``F x F x 1 x C`` (float32): entry ``a`` is the normalised kernel (``F x 1 x
