@@ -476,13 +476,18 @@ def prepare(args, argv, cmd):
     return 0 if args.recover_only else None
 
 
+#: what the plugin checks in the fairseq-train it runs (tpp_fairseq): all unless set
+CHECKS = "TPP_FAIRSEQ_CHECKS"
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     try:  # every rank checks its own arguments: they are the same
         cmd = fairseq_command(args)
-        if args.dry_run:
-            print(" ".join(shlex.quote(str(c)) for c in cmd))
+        if args.dry_run:  # the variable too, where tpp-train would set it
+            checks = "" if CHECKS in os.environ else f"{CHECKS}=all "
+            print(checks + " ".join(shlex.quote(str(c)) for c in cmd))
             return 0
         if Path(args.data).exists() and not Path(args.data).is_dir():
             raise TrainError(f"--data '{args.data}' is a file: give the data folder it is in")
@@ -526,7 +531,7 @@ def main(argv=None) -> int:
             f"{PROG}: resuming from {save_dir / 'checkpoint_last.pt'}", file=sys.stderr, flush=True
         )
     # every checkpoint records its dictionaries, whatever the task (unless the caller chose)
-    os.environ.setdefault("TPP_FAIRSEQ_CHECKS", "all")
+    os.environ.setdefault(CHECKS, "all")
     sys.stdout.flush()
     sys.stderr.flush()
     try:  # this process becomes fairseq-train: signals reach it directly, the lock goes with it
