@@ -31,13 +31,33 @@ def dry_run(*args, env=None):
         text=True,
         check=True,
     )
-    return shlex.split(result.stdout)
+    words = shlex.split(result.stdout)
+    # the checks tpp-train asks of the plugin, where the environment does not choose them
+    return words[1:] if words[0].startswith("TPP_FAIRSEQ_CHECKS=") else words
 
 
 def option(command, name):
     """The value of the last occurrence of ``name`` (fairseq keeps the last one)."""
     index = len(command) - 1 - command[::-1].index(name)
     return command[index + 1]
+
+
+def test_the_dry_run_prints_the_checks_tpp_train_asks_for():
+    """tpp-train runs fairseq-train with TPP_FAIRSEQ_CHECKS=all unless it is set: the
+    printed command says so."""
+
+    def printed(env):
+        return subprocess.run(
+            ["bash", str(SCRIPTS / "train.sh"), "--dry-run"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+
+    env = {k: v for k, v in tool_env().items() if k != "TPP_FAIRSEQ_CHECKS"}
+    assert printed(env).startswith("TPP_FAIRSEQ_CHECKS=all ")
+    assert not printed(dict(env, TPP_FAIRSEQ_CHECKS="none")).startswith("TPP_FAIRSEQ_CHECKS")
 
 
 def test_paper_recipe_defaults_and_overrides():
@@ -525,12 +545,17 @@ def test_tpp_train_finds_fairseq_train_beside_its_python_without_the_environment
     """Run by its path, its environment not activated (PATH without it)."""
     shown = subprocess.run(
         [str(Path(sys.executable).parent / "tpp-train"), "--dry-run", "--preset", "tiny"],
-        env=dict(tool_env(), PATH="/usr/bin:/bin"),
+        env={
+            **{k: v for k, v in tool_env().items() if k != "TPP_FAIRSEQ_CHECKS"},
+            "PATH": "/usr/bin:/bin",
+        },
         capture_output=True,
         text=True,
     )
     assert shown.returncode == 0, shown.stderr
-    assert shlex.split(shown.stdout)[0] == str(Path(sys.executable).parent / "fairseq-train")
+    command = shlex.split(shown.stdout)
+    assert command[0] == "TPP_FAIRSEQ_CHECKS=all"
+    assert command[1] == str(Path(sys.executable).parent / "fairseq-train")
 
 
 def test_a_lock_left_to_a_dead_trainers_loaders_is_waited_for(tmp_path):
