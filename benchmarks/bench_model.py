@@ -11,13 +11,10 @@ Models (same width, heads, FFN, layers, dropouts, shared embeddings, data, batch
                    whose ratio must come out at 1.0× (within the printed spread);
 * ``transformer-b`` ``transformer`` again under another name: the harness's own control
                    (a default on GPUs, where ``tpp-conv0``'s attention kernels differ);
-* ``tpp-taps``, ``tpp-triton``, ``tpp-fused``: ``tpp`` with ``--conv-heads-impl taps``,
-  ``triton`` or ``fused``; ``transformer-sync``, ``tpp-fused-sync``: the flat master copy
-  synced by multi-tensor copies (their optimizers only); ``transformer-compiled``,
-  ``tpp-compiled``: the encoder and decoder layers through ``torch.compile``
-  (``tpp_fairseq.compiled``; the compiling happens in the untimed steps);
-  ``transformer-split``, ``tpp-split``: with ``--fp16-no-flatten-grads`` (``--bf16``'s
-  float32 master copy one tensor per parameter, as fairseq keeps it). Ask with ``--models``.
+* and the variants of ``benchmarks/harness.py``'s ``MODELS``, each described there: the
+  conv heads' implementations, the loop's speed-ups, compiled layers (whose compiling
+  happens in the untimed steps), ``--bf16``'s master copy per parameter. Ask with
+  ``--models``.
 
 Every model is built by fairseq from the same command line but ``--arch`` and its own
 options and trained by fairseq's ``Trainer`` on one fixed list of batches, the models

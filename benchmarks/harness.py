@@ -35,6 +35,7 @@ MODELS = {
     "transformer-b": ["--arch", "transformer"],
     "tpp": _tpp(),
     "tpp-conv0": _tpp("--encoder-conv-heads", "0", "--decoder-conv-heads", "0"),
+    # the conv heads as Triton's kernels, as one fused kernel, as PyTorch operations
     "tpp-triton": _tpp("--conv-heads-impl", "triton"),
     "tpp-fused": _tpp("--conv-heads-impl", "fused"),
     "tpp-taps": _tpp("--conv-heads-impl", "taps"),
