@@ -44,6 +44,8 @@ class _Expectation:
         self.pending = []
 
     def loaded(self, state, path):
+        if checkpoint_match.recorded(state) is None:
+            return  # not written by the plugin's task: as fairseq loads it
         if self.task is None:
             self.pending.append((checkpoint_match.what_checks_read(state), path))
         else:
@@ -57,8 +59,6 @@ class _Expectation:
                 self.check(state, path)
 
     def check(self, state, path):
-        if checkpoint_match.recorded(state) is None:
-            return  # not written by the plugin's task: as fairseq loads it
         current = checkpoint_match.record_of_task(self.task)
         if current is not None:
             checkpoint_match.check_dictionaries(state, current, path, self.hint)
@@ -126,7 +126,7 @@ def load_model_ensemble_and_task(
     checkpoint) before its weights are loaded."""
     expectation = _Expectation(
         task,
-        hint="Use the data folder the model was trained on (or one with " "the same dictionaries)",
+        hint="Use the data folder the model was trained on (or one with the same dictionaries)",
     )
     if state is not None:  # given by the caller: not read here
         expectation.loaded(state, filenames[0] if filenames else "the checkpoint")
