@@ -200,8 +200,8 @@ def time_units(x, order, units, args):
             for _ in range(args.warmup):
                 unit(name)
         # a new random order every turn: a unit of a few microseconds runs faster after one
-        # of the same code (warm caches and branch predictors), so with the order only
-        # rotated the module that mostly follows its twin (the control) gained 1-4%
+        # of the same code (warm caches and branch predictors): a fixed rotation would
+        # favour the module that mostly follows its twin (the control)
         rng = random.Random(args.seed)
         for _ in range(args.steps):
             for name in rng.sample(names, len(names)):

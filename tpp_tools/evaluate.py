@@ -47,7 +47,7 @@ from .user_dir import PluginNotFound, plugin_dir
 
 PROG = "tpp-evaluate"
 TEMP_PREFIX = ".evaluate-"
-# what the old shell implementation computed: s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g, then
+# fairseq's scripts/compound_split_bleu.sh: s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g, then
 # Moses' aggressive hyphen splitting ("a @-@ b") brought to the same form
 _COMPOUND = re.compile(r"(\S)-(\S)", re.ASCII)
 _MOSES_HYPHEN = " @ ##AT##-##AT## @ "

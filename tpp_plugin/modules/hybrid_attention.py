@@ -342,8 +342,8 @@ class HybridMultiheadAttention(nn.Module):
             q = parts["q"].view(bsz, self.dot_heads, 1, self.head_dim)
             padding = saved.get("prev_padding")
             if padding is None:
-                # one fused kernel (softmax in float32 inside) where scaling, two products,
-                # the softmax and its casts were five operations
+                # one fused kernel (softmax in float32 inside), not scaling, two products,
+                # the softmax and its casts as five operations
                 dot = F.scaled_dot_product_attention(q, *kv.unbind(2))  # B x Ha x 1 x dh
             else:  # padded keys in the cache (never in beam search); the new one is not padding
                 padding = F.pad(padding, (0, 1), value=False)  # B x t

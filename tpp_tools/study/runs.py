@@ -24,8 +24,6 @@ from .records import load_record, validation_curve, write_record
 #: part of every run's identity: raised whenever a change of the code changes what a
 #: run computes from the same command (initial weights, numerics), so that runs made
 #: before it are trained again instead of reused next to runs made after it.
-#: 2: transformer_pp builds its layers in fairseq's order again (other initial weights
-#: for the hybrid variants; the control starts from the transformer's weights)
 RUN_VERSION = 2
 
 
