@@ -48,9 +48,8 @@ MASKED = -1e9
 def _future(length: int, device: torch.device) -> Tensor:
     """``length x length``, True where ``τ > t`` (column after row): the positions a
     prefix softmax leaves out. A constant of the shape alone, built once per length
-    and device (blocks have at most :data:`BLOCK` positions) instead of three
-    operations per call. Built outside inference mode, so that autograd may keep it
-    whatever mode the first call ran in."""
+    and device (blocks have at most :data:`BLOCK` positions), outside inference mode, so
+    that autograd may keep it whatever mode the first call ran in."""
     with torch.inference_mode(False):
         return torch.ones(length, length, dtype=torch.bool, device=device).triu(1)
 
@@ -98,10 +97,11 @@ def prefix_softmax(scores: Tensor, values: Tensor, block: int = BLOCK) -> Tuple[
     )
     # totals of blocks 0..j (inclusive), from each block's last position
     q_tot, lse_tot = prefix_softmax(lse_in[..., -1], q_in[..., -1, :], block)  # ... x n (x d)
-    # block j > 0 continues the total of blocks 0..j-1
+    # block j > 0 continues the total of blocks 0..j-1: totals ... x (n-1) x 1 (x d)
     q_rest, lse_rest = merge_spans(
         q_tot[..., :-1, None, :], lse_tot[..., :-1, None], q_in[..., 1:, :, :], lse_in[..., 1:, :]
     )
+    # ... x n x K (x d) -> ... x nK (x d)
     q = torch.cat([q_in[..., :1, :, :], q_rest], dim=-3).reshape(*lead, blocks * block, dim)
     lse = torch.cat([lse_in[..., :1, :], lse_rest], dim=-2).reshape(*lead, blocks * block)
     return q[..., :length, :], lse[..., :length]
@@ -134,8 +134,9 @@ def prefix_softmax_padded(
     # block j continues the total of blocks 0..j-1 (nothing before block 0)
     lse_prev = F.pad(lse_tot[..., : blocks - 1], (1, 0), value=float("-inf"))  # ... x n
     q_prev = F.pad(q_tot[..., : blocks - 1, :], (0, 0, 1, 0))  # ... x n x d
+    # ... x n x 1 x d and ... x n x 1 against each block's K positions
     q, lse = merge_spans(q_prev.unsqueeze(-2), lse_prev.unsqueeze(-1), q_in, lse_in)
-    q = q.reshape(*lead, blocks * block, values.size(-1))
+    q = q.reshape(*lead, blocks * block, values.size(-1))  # ... x n x K x d -> ... x nK x d
     return q[..., :length, :], lse.reshape(*lead, blocks * block)[..., :length]
 
 
@@ -149,8 +150,7 @@ def prefix_softmax_transposed(scores: Tensor, lse: Tensor, x: Tensor, block: int
     ``τ`` in block ``j`` (last position ``e_j``) and ``t`` after it, the weight splits
     as ``e^{s_τ - L_{e_j}} · e^{L_{e_j} - L_t}``: both factors are at most 1 (``L`` only
     grows along the sequence), so ``G_j = Σ_{t > e_j} e^{L_{e_j} - L_t} x_t`` is one
-    ``n x T`` matrix product and nothing overflows. Memory ``O(T·K + n·T)``, ``n = T/K``
-    (the ``n x T`` factors: 3% of a ``T x T`` matrix at ``T = 2048``)."""
+    ``n x T`` matrix product and nothing overflows. Memory ``O(T·K + n·T)``, ``n = T/K``."""
     length = scores.size(-1)
     if length <= block:
         # weights[..., t, τ] = e^{s_τ - L_t} for τ <= t
@@ -169,10 +169,10 @@ def prefix_softmax_transposed(scores: Tensor, lse: Tensor, x: Tensor, block: int
     width = x.size(-1)
     y = prefix_softmax_transposed(
         scores.reshape(*lead, blocks, block),  # ... x n x K
-        lse.reshape(*lead, blocks, block),
+        lse.reshape(*lead, blocks, block),  # ... x n x K
         x.reshape(*lead, blocks, block, width),  # ... x n x K x m
         block,
-    ).reshape(*lead, blocks * block, width)
+    ).reshape(*lead, blocks * block, width)  # ... x nK x m
     ends = lse.reshape(*lead, blocks, block)[..., -1]  # ... x n: L at each block's last position
     later = (torch.arange(blocks * block, device=x.device) // block)[None, :] > torch.arange(
         blocks, device=x.device
@@ -182,23 +182,20 @@ def prefix_softmax_transposed(scores: Tensor, lse: Tensor, x: Tensor, block: int
     )  # ... x n x T
     totals = torch.matmul(carry, x)  # ... x n x m: G_j
     share = torch.exp(scores.reshape(*lead, blocks, block) - ends.unsqueeze(-1))  # ... x n x K
+    # ... x n x K x 1 times ... x n x 1 x m -> ... x nK x m
     y = y + (share.unsqueeze(-1) * totals.unsqueeze(-2)).reshape(*lead, blocks * block, width)
     return y[..., :length, :]
 
 
 class PooledQuery(torch.autograd.Function):
-    """The Query of a whole sequence at once (training: no incremental state), keeping
-    for the backward pass its inputs as given (the scores and the values) and, in
-    float32, its output.
+    """The Query of a whole sequence at once (training: no incremental state), computed
+    in float32 and returned in the values' dtype and layout (``T x B x H·d_h``).
 
-    Autograd through :func:`prefix_softmax` would keep every block's ``K x K`` logits and
-    weights and a float32 copy of the values — in a decoder layer several activations of
-    the model's width. This function computes in float32 without keeping any of that,
-    returns the query in the values' dtype and layout (``T x B x H·d_h``) and keeps the
-    scores and the values as given (a slice of the fused input projection, which the
-    layer keeps anyway). Its backward pass, with
-    ``g_t`` the output's gradient, ``A`` the pooling weights (``α_{t,τ}``) and ``c_t =
-    -g_t · q_t``:
+    Autograd through :func:`prefix_softmax` would keep every block's ``K x K`` weights
+    and a float32 copy of the values; this function keeps the scores and the values as
+    given (slices of the fused input projection, which the layer keeps anyway) and, for
+    float32 values only, its output and ``L``. Its backward pass, with ``g_t`` the
+    output's gradient, ``A`` the pooling weights (``α_{t,τ}``) and ``c_t = -g_t · q_t``:
 
     .. math::
 
@@ -207,17 +204,12 @@ class PooledQuery(torch.autograd.Function):
             + \\sum_{t} A_{t\\tau}\\, c_t
 
     one product with ``Aᵀ`` (:func:`prefix_softmax_transposed`; in the encoder every row
-    of ``A`` is the same ``α``). It needs ``q`` and ``L`` in float32: ``v_τ - q_t`` can
-    be far smaller than ``q_t``, so a ``q`` rounded to half precision would put its
-    rounding error, magnified, into the scores' gradient. With float32 (or float64)
-    values the output *is* that ``q``, which the layer's product with LocalConv keeps
-    anyway: the function keeps it and ``L`` (one value per position and head, the size
-    of the scores). With half-precision values it keeps neither and computes both again
-    from the kept scores and values (one more pooling forward; a float32 ``q`` kept
-    instead would be a float32 activation of the conv heads' width per layer). A row
-    whose whole prefix is padding (left padding in a decoder) has an ``L`` that float32
-    cannot tell apart from the masked score, so its weights cannot be rebuilt; its
-    output is never used, and it gets no gradient here (its ``g_t`` is taken as 0)."""
+    of ``A`` is the same ``α``). It needs ``q`` and ``L`` in float32 (``v_τ - q_t`` can be
+    far smaller than ``q_t``, and a rounded ``q`` would put its error, magnified, into
+    the scores' gradient): with half-precision values both are computed again from the
+    kept scores and values. A row whose whole prefix is padding (left padding in a
+    decoder) has an ``L`` that float32 cannot tell apart from the masked score; its output
+    is never used, and it gets no gradient here (its ``g_t`` is taken as 0)."""
 
     @staticmethod
     def forward(
@@ -253,11 +245,11 @@ class PooledQuery(torch.autograd.Function):
         scores, values, *kept = ctx.saved_tensors
         tgt_len, bsz, channels = values.shape
         heads = ctx.num_heads
-        if (
-            kept
-        ):  # the forward's output, in float32: T x B x (H*dh) -> B x H x T x dh, or B x H x dh
+        # the forward's output, in float32: T x B x (H*dh) -> B x H x T x dh, or B x H x dh
+        if kept:
             out, lse = kept
             query = out.view(-1, bsz, heads, channels // heads).permute(1, 2, 0, 3)
+            # the encoder's: B x H x 1 x dh -> B x H x dh
             query = query if ctx.causal else query.squeeze(-2)
         else:
             query, lse = PooledQuery._pool(scores, values, heads, ctx.causal, ctx.block)
@@ -273,8 +265,8 @@ class PooledQuery(torch.autograd.Function):
         query = query - (center if ctx.causal else center.squeeze(-2))
         if ctx.causal:
             c = -(g * query).sum(-1, keepdim=True)  # B x H x T x 1
-            dead = (lse <= MASKED / 2).unsqueeze(-1)  # rows that pool padding only
-            y = prefix_softmax_transposed(
+            dead = (lse <= MASKED / 2).unsqueeze(-1)  # B x H x T x 1: rows that pool padding only
+            y = prefix_softmax_transposed(  # of B x H x T x (dh + 1)
                 s, lse, torch.cat([g, c], dim=-1).masked_fill(dead, 0.0), ctx.block
             )
             grad_v, grad_c = y[..., :-1], y[..., -1]  # A^T g, A^T c
@@ -286,7 +278,7 @@ class PooledQuery(torch.autograd.Function):
             grad_s = weights * (gv - (g.squeeze(-2) * query).sum(-1, keepdim=True))  # g · (v_τ - q)
         # B x H x T x dh -> T x B x (H*dh)
         grad_values = grad_v.permute(2, 0, 1, 3).reshape(tgt_len, bsz, channels).to(values.dtype)
-        return grad_s.permute(2, 0, 1), grad_values, None, None, None
+        return grad_s.permute(2, 0, 1), grad_values, None, None, None  # grad_s: T x B x H
 
 
 def pool(
@@ -302,6 +294,7 @@ def pool(
     if causal:
         return prefix(s, v)
     lse = torch.logsumexp(s, dim=-1)  # B x H
+    # B x H x 1 x T @ B x H x T x dh -> B x H x dh
     return torch.matmul(torch.exp(s - lse.unsqueeze(-1)).unsqueeze(-2), v).squeeze(-2), lse
 
 
@@ -368,6 +361,7 @@ class ContextQuery(nn.Module):
         tgt_len, bsz, _ = values.shape
         scores = self._logits(scores)
         if padding_mask is not None:
+            # B x T -> T x B x 1
             scores = scores.masked_fill(padding_mask.transpose(0, 1).unsqueeze(-1), MASKED)
         if incremental_state is None:
             if torch.compiler.is_compiling():  # no branch on the length: one graph for all
@@ -439,10 +433,11 @@ class ContextQuery(nn.Module):
         the distribution the query of position ``t`` pools with (in the encoder every row
         is the same sentence-wide distribution). ``scores`` is ``T x B x H``."""
         tgt_len = scores.size(0)
+        # T x B x H -> B x H x T x T (every row the same before the masks)
         logits = self._logits(scores).permute(1, 2, 0).unsqueeze(2).expand(-1, -1, tgt_len, -1)
         allowed = None
         if padding_mask is not None:
-            allowed = ~padding_mask[:, None, None, :]
+            allowed = ~padding_mask[:, None, None, :]  # B x 1 x 1 x T
         if self.causal:
             causal = torch.ones(tgt_len, tgt_len, dtype=torch.bool, device=scores.device).tril()
             # a padding row still pools its own position, so no softmax is ever empty

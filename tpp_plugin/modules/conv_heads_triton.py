@@ -48,7 +48,7 @@ MISSING = (
 )
 
 #: rows (``(t, b)`` pairs) and channels per program: 8 elements per thread of 4 warps, a
-#: tile whose register use stays moderate on sm_90 (twice the rows nearly doubles it).
+#: tile whose register use stays moderate on sm_90.
 BLOCK_R, BLOCK_C = 16, 64
 
 
@@ -418,7 +418,7 @@ def _kernel_grad(
     return part.sum(0)
 
 
-def _masked(x: Tensor, padding: Optional[Tensor]) -> Tensor:
+def zero_padding(x: Tensor, padding: Optional[Tensor]) -> Tensor:
     """``x`` with the rows of ``padding`` (True) set to zero (``x`` itself without one)."""
     return x if padding is None else x.masked_fill(padding, 0.0)
 
@@ -443,7 +443,7 @@ class TritonDilatedDepthwiseConv(torch.autograd.Function):
         kernel = kernel.contiguous()
         ctx.save_for_backward(u, kernel, padding)
         ctx.a, ctx.dilation = a, dilation
-        return _taps(_masked(u, padding), kernel, out_len, a, -dilation)
+        return _taps(zero_padding(u, padding), kernel, out_len, a, -dilation)
 
     @staticmethod
     @once_differentiable
@@ -470,11 +470,11 @@ def conv_grads(
     grad_u = grad_kernel = None
     if need_u:
         # ∂u[j] = Σ_k K[k] ∂out[j + a - k·δ]: the forward kernel with the taps mirrored
-        grad_u = _masked(_taps(grad_out, kernel, u.size(0), -a, dilation), padding)
+        grad_u = zero_padding(_taps(grad_out, kernel, u.size(0), -a, dilation), padding)
     if need_kernel:
-        grad_kernel = _kernel_grad(grad_out, _masked(u, padding), kernel.size(0), a, -dilation).to(
-            kernel.dtype
-        )
+        grad_kernel = _kernel_grad(
+            grad_out, zero_padding(u, padding), kernel.size(0), a, -dilation
+        ).to(kernel.dtype)
     return grad_u, grad_kernel
 
 
@@ -503,8 +503,7 @@ def conv_step(
     ``check``: the shapes, strides, devices and dtype are checked first (a wrong shape
     would read out of bounds on a GPU, where nothing checks it). The hybrid attention,
     whose states have these shapes by construction, skips it: beam search calls this once
-    per layer and output token, and on a GPU its time is host time, about as long as the
-    rest of this function's Python around the launch."""
+    per layer and output token, and the checks are host time."""
     import triton
 
     conv_step_kernel = _kernels(interpreting())[2]

@@ -155,7 +155,7 @@ class HybridMultiheadAttention(nn.Module):
             weight_dropout=conv_weight_dropout,
             centered=centered_conv,
             impl=conv_heads_impl,
-            # the factor on LocalConv ⊙ Query (1.0: the paper's unscaled product), LocalConv's
+            # the factor on LocalConv ⊙ Query (1.0: the paper's unscaled product)
             output_scale=self.head_dim**-0.5 if output_scaling == "inv-sqrt-head-dim" else 1.0,
         )
         self.context_query = ContextQuery(
@@ -314,13 +314,10 @@ class HybridMultiheadAttention(nn.Module):
         self, x: Tensor, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]
     ) -> Tensor:
         """One decoding step without padding and without autograd (beam search: fairseq
-        decodes under ``torch.no_grad``): the same computation as :meth:`forward`, on
-        ``B x ...`` matrices, with outputs written in place and as few
-        operations as possible, since it runs once per layer and output token and on a
-        GPU every operation is a kernel launch (decoding is bound by them there, not by
-        arithmetic): the keys and values are cached as one tensor (one concatenation
-        per step, one reordering), and the heads write their outputs straight into the
-        input of ``W^O`` instead of being concatenated and cast."""
+        decodes under ``torch.no_grad``): :meth:`forward`'s result with as few operations
+        as possible, since it runs once per layer and output token and on a GPU each
+        operation is a kernel launch. The keys and values are cached as one tensor, and
+        the heads write their outputs straight into the input of ``W^O``."""
         bsz = x.size(1)
         proj = F.linear(x[0], self.in_proj.weight, self.in_proj.bias)  # B x width
         parts = dict(
@@ -339,23 +336,22 @@ class HybridMultiheadAttention(nn.Module):
             if saved.get("prev_kv") is not None:
                 kv = torch.cat([saved["prev_kv"], kv], dim=3)  # B x Ha x 2 x t x dh
             buffer = {"prev_kv": kv}
-            q = parts["q"].view(bsz, self.dot_heads, 1, self.head_dim)
+            q = parts["q"].view(bsz, self.dot_heads, 1, self.head_dim)  # B x Ha x 1 x dh
             padding = saved.get("prev_padding")
             if padding is None:
-                # one fused kernel (softmax in float32 inside), not scaling, two products,
-                # the softmax and its casts as five operations
+                # one fused kernel, the softmax in float32 inside
                 dot = F.scaled_dot_product_attention(q, *kv.unbind(2))  # B x Ha x 1 x dh
             else:  # padded keys in the cache (never in beam search); the new one is not padding
                 padding = F.pad(padding, (0, 1), value=False)  # B x t
                 buffer["prev_padding"] = padding
-                dot = F.scaled_dot_product_attention(
-                    q, *kv.unbind(2), attn_mask=~padding[:, None, None, :]
-                )
+                attend = ~padding[:, None, None, :]  # B x 1 x 1 x t
+                dot = F.scaled_dot_product_attention(q, *kv.unbind(2), attn_mask=attend)
             self._set_input_buffer(incremental_state, buffer)
-            # the kernel's output need not be laid out as B x Ha x dh in memory: copy, not view
+            # the kernel's output need not be laid out as B x Ha x dh in memory: copy, not
+            # view; B x Ha*dh -> B x Ha x dh <- B x Ha x 1 x dh
             mixed[:, :dot_dim].view(bsz, self.dot_heads, self.head_dim).copy_(dot.squeeze(2))
         self._conv_step(parts, incremental_state, out=mixed[:, dot_dim:])
-        return F.linear(mixed, self.out_proj.weight, self.out_proj.bias).unsqueeze(0)
+        return F.linear(mixed, self.out_proj.weight, self.out_proj.bias).unsqueeze(0)  # 1 x B x d
 
     def _conv_step(
         self,
@@ -403,9 +399,8 @@ class HybridMultiheadAttention(nn.Module):
 
     def _project(self, x: Tensor) -> Dict[str, Tensor]:
         """All input projections of ``x`` by one matrix product, ``T x B x width`` each."""
-        widths = [w for _, w in self.projection_sizes]
-        parts = torch.split(self.in_proj(x), widths, dim=-1)
-        return {name: part for (name, _), part in zip(self.projection_sizes, parts)}
+        parts = torch.split(self.in_proj(x), self._widths, dim=-1)  # T x B x width each
+        return dict(zip(self._names, parts))
 
     def _conv_heads(
         self,
@@ -494,7 +489,7 @@ class HybridMultiheadAttention(nn.Module):
         if need_weights:
             # q scaled before the product, as fairseq's attention does: in half precision the
             # unscaled q·kᵀ could overflow
-            logits = torch.matmul(q * self.scaling, k.transpose(-1, -2)).float()
+            logits = torch.matmul(q * self.scaling, k.transpose(-1, -2)).float()  # B x Ha x T x S
             if use_causal_flag:
                 mask = self._causal_mask(tgt_len, src_len, past, device)
             if mask is not None:
@@ -540,8 +535,8 @@ class HybridMultiheadAttention(nn.Module):
     @staticmethod
     def _causal_mask(tgt_len: int, src_len: int, past: int, device) -> Tensor:
         """True where query ``past + i`` may attend key ``j`` (``j <= past + i``)."""
-        rows = torch.arange(past, past + tgt_len, device=device)[:, None]
-        return torch.arange(src_len, device=device)[None, :] <= rows
+        rows = torch.arange(past, past + tgt_len, device=device)[:, None]  # T x 1
+        return torch.arange(src_len, device=device)[None, :] <= rows  # 1 x S <= T x 1: T x S
 
     def _dot_mask(
         self,
@@ -594,6 +589,7 @@ class HybridMultiheadAttention(nn.Module):
             src_len = dot_weights.size(-1) if dot_weights is not None else 1
             conv = scores.new_zeros(self.conv_heads, bsz, tgt_len, src_len)
         else:
+            # B x Hc x T x S -> Hc x B x T x S
             conv = self.context_query.weights(scores, padding_mask).transpose(0, 1)
         return conv if dot_weights is None else torch.cat([dot_weights, conv], dim=0)
 

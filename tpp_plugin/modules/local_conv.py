@@ -38,6 +38,7 @@ from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor, nn
 
 from . import conv_heads_triton
+from .conv_heads_triton import zero_padding
 
 #: the lags a compiled LocalConv covers, past and future positions (future ones only for
 #: a centred one): those of the paper's widest layer, ``F = 15, δ = 2``, which every
@@ -68,7 +69,7 @@ class DilatedDepthwiseConv(torch.autograd.Function):
         padding: Optional[Tensor] = None,
     ) -> Tensor:
         ctx.save_for_backward(u, kernel, padding)
-        u = _masked(u, padding)
+        u = zero_padding(u, padding)
         reads = _tap_slices(
             kernel.size(0), dilation, u.size(0) - out_len + lookahead, out_len, u.size(0)
         )
@@ -91,7 +92,7 @@ class DilatedDepthwiseConv(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         u, kernel, padding = ctx.saved_tensors
-        u = _masked(u, padding)
+        u = zero_padding(u, padding)
         out_len = ctx.out_len
         reads = _tap_slices(
             kernel.size(0), ctx.dilation, u.size(0) - out_len + ctx.lookahead, out_len, u.size(0)
@@ -117,9 +118,10 @@ class DilatedDepthwiseConv(torch.autograd.Function):
             if ctx.needs_input_grad[1]:
                 # Σ over time and batch of grad ⊙ input, per channel, summed straight into
                 # the kernel's gradient (u promoted to float32 by the product)
+                # T' x B x C -> (T'·B) x C, summed into C
                 torch.sum((grad_out32[dst] * u[src]).flatten(0, 1), dim=0, out=grad_kernel32[k])
         if ctx.needs_input_grad[0]:
-            grad_u = _masked(grad_u32, padding).to(u.dtype)
+            grad_u = zero_padding(grad_u32, padding).to(u.dtype)
         if ctx.needs_input_grad[1]:
             grad_kernel = grad_kernel32.to(kernel.dtype)
         return grad_u, grad_kernel, None, None, None, None
@@ -140,11 +142,6 @@ def shifted_taps(u: Tensor, kernel: Tensor, dilation: int, lookahead: int = 0) -
     for k in range(1, taps):
         acc = acc + padded[k * dilation : k * dilation + length].to(acc_dtype) * kernel[k]
     return acc.to(u.dtype)
-
-
-def _masked(x: Tensor, padding: Optional[Tensor]) -> Tensor:
-    """``x`` with the rows of ``padding`` (True) set to zero (``x`` itself without one)."""
-    return x if padding is None else x.masked_fill(padding, 0.0)
 
 
 def _tap_slices(taps: int, dilation: int, offset: int, out_len: int, in_len: int):
@@ -247,15 +244,14 @@ class LocalConv(nn.Module):
         if self.training and self.weight_dropout_module.p > 0:
             # DropConnect: drop individual (normalised) tap weights, not activations.
             kernel = self.weight_dropout_module(kernel)
-        return kernel.t()
+        return kernel.t()  # C x F -> F x C
 
     def step(self, u: Tensor, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tensor:
         """One decoding step, the module's only one (:meth:`forward` with an incremental
         state calls it for each new position): ``u`` is the new position's ``U`` (``B x
         C``); returns ``B x C`` **in float32** (the caller casts once, where it combines
         the heads). The new row goes into the ring (:meth:`ring`); the taps are a strided
-        view of it, multiplied by the kernel in the order the ring holds them and summed:
-        three operations, since decoding calls this once per layer and token.
+        view of it, multiplied by the kernel in the order the ring holds them and summed.
 
         The ring holds the last ``F·δ`` positions, position ``p`` at row ``p mod F·δ``, so
         the taps of ``p`` (``p, p-δ, ..., p-(F-1)δ``) are the rows congruent to its row
@@ -267,9 +263,7 @@ class LocalConv(nn.Module):
         ring, row = self.ring(u, incremental_state)
         ring[row] = u
         # the taps are the rows j·δ + row mod δ (j < F): every δ-th row, all of them if δ = 1
-        taps = (
-            ring[row % self.dilation :: self.dilation] if self.dilation > 1 else ring
-        )  # F x B x C
+        taps = ring[row % self.dilation :: self.dilation]  # F x B x C
         kernel = self.rotated_kernels(incremental_state)[
             row // self.dilation
         ]  # F x 1 x C, taps order
@@ -340,12 +334,12 @@ class LocalConv(nn.Module):
                 raise RuntimeError(
                     "a centred LocalConv sees the future: it cannot decode step by step"
                 )
-            u = _masked(u, padding)  # padding enters the buffer as zeros
+            u = zero_padding(u, padding)  # padding enters the buffer as zeros
             steps = [self.step(row, incremental_state) for row in u]  # T x (B x C), float32
             return torch.stack(steps).to(u.dtype)  # T x B x C
         if torch.compiler.is_compiling():  # one graph for every length and (F, δ) within WINDOW
             kernel = self.window_kernel() if self.built_kernel is None else self.built_kernel
-            return shifted_taps(_masked(u, padding), kernel, 1, self.window[1])
+            return shifted_taps(zero_padding(u, padding), kernel, 1, self.window[1])
         return self._convolution(u).apply(
             u, self.kernel(), self.dilation, u.size(0), self.lookahead, padding
         )

@@ -43,7 +43,7 @@ class TagHeads(nn.Module):
                 "tag heads need the encoder's hidden states (return_all_hiddens=True)"
             )
         return {
-            name: head(encoder_states[self.layers[name]]).transpose(0, 1)
+            name: head(encoder_states[self.layers[name]]).transpose(0, 1)  # T x B x K -> B x T x K
             for name, head in self.heads.items()
         }
 

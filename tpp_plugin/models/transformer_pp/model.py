@@ -14,7 +14,6 @@ hooks rather than by rewriting layers:
    criterion asks, so generation needs nothing but the source text.
 """
 
-import logging
 from typing import Dict, List, Optional
 
 from fairseq.models import register_model
@@ -27,12 +26,10 @@ from fairseq.models.transformer import (
 from torch import Tensor
 
 from ...modules import TagHeads
-from . import config as options
 from ...options import format_named, parse_named
+from . import config
 from .config import ConvHeadsConfig, tag_layers_of
 from .layers import TransformerPPDecoderLayer, TransformerPPEncoderLayer, wrap_layer
-
-logger = logging.getLogger(__name__)
 
 
 class LayerCounter:
@@ -122,7 +119,7 @@ class TransformerPPModel(TransformerModel):
     @staticmethod
     def add_args(parser):
         TransformerModel.add_args(parser)
-        options.add_args(parser)
+        config.add_args(parser)
 
     @classmethod
     def build_model(cls, args, task):
