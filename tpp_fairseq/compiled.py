@@ -37,8 +37,8 @@ from fairseq.trainer import Trainer
 
 from ._log import log_once as _log_once
 
-#: the lengths the compiled forms take (the plugin's padded prefix softmax: at most 64
-#: blocks of 64, two of them padding)
+#: the lengths the compiled forms take: below it, the plugin's padded prefix softmax
+#: splits a sequence into at most 63 blocks of 64, whose totals fit its one extra block
 MAX_LENGTH = 62 * 64
 #: Dynamo's recompile limit while layers are compiled (8 by default)
 RECOMPILE_LIMIT = 64
@@ -77,6 +77,11 @@ class CompiledForward:
         compiled function would otherwise go on calling the original layer."""
         return CompiledForward(copy.deepcopy(self.eager, memo), self.decoder, self.backend)
 
+    def __reduce__(self):
+        """Pickled (``torch.save`` of a whole model) as the layer, compiled again where it
+        is loaded: a compiled function cannot be pickled."""
+        return (_compile_forward, (self.eager.__self__, self.decoder, self.backend))
+
     def __call__(self, x, *args, **kwargs):
         kwargs.update(zip(self.names, args))
         length, bsz = x.size(0), x.size(1)
@@ -101,17 +106,14 @@ class CompiledForward:
             return self.compiled(_own(x), **kwargs)
 
 
-def _own(t):
-    """``t`` as a contiguous tensor of its own (a view's base is a guard too: fairseq's
-    future mask is a slice of a cached one, contiguous or not as its size goes)."""
-    t = t.contiguous()
-    return t.clone() if t._base is not None else t
+def _compile_forward(layer, decoder: bool, backend: str) -> CompiledForward:
+    """A compiled forward of ``layer``'s class's own, with the settings above."""
+    _settings()
+    return CompiledForward(type(layer).forward.__get__(layer), decoder, backend)
 
 
-def compile_layers(model, backend="inductor") -> int:
-    """Compile every fairseq encoder and decoder layer of ``model`` in place (each once),
-    with the settings above (Dynamo's, and fairseq's incremental state); returns how many
-    layers are compiled."""
+def _settings() -> None:
+    """What compiled layers need of Dynamo and of fairseq's incremental state (process-wide)."""
     dynamo = torch._dynamo.config
     dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILE_LIMIT)
     dynamo.accumulated_recompile_limit = max(
@@ -123,19 +125,39 @@ def compile_layers(model, backend="inductor") -> int:
     # no size taken equal to another because they were in the first batch
     torch.fx.experimental._config.use_duck_shape = False
     FairseqIncrementalState.get_incremental_state = get_incremental_state
-    count = 0
+
+
+def _own(t):
+    """``t`` as a contiguous tensor of its own (a view's base is a guard too: fairseq's
+    future mask is a slice of a cached one, contiguous or not as its size goes)."""
+    t = t.contiguous()
+    return t.clone() if t._base is not None else t
+
+
+def compile_layers(model, backend="inductor") -> int:
+    """Compile every fairseq encoder and decoder layer of ``model`` in place (each once),
+    with the settings above (Dynamo's, and fairseq's incremental state); returns how many
+    layers are compiled. A layer under fairseq's activation checkpointing
+    (``--checkpoint-activations``, whose wrapper runs the forward again in the backward
+    pass) stays eager."""
+    _settings()
+    count = checkpointed = 0
     for module in model.modules():
         if isinstance(module.__dict__.get("forward"), CompiledForward):
             count += 1
         elif isinstance(module, (TransformerEncoderLayerBase, TransformerDecoderLayerBase)):
+            if hasattr(module, "precheckpoint_forward"):  # fairseq's checkpoint_wrapper
+                checkpointed += 1
+                continue
             decoder = isinstance(module, TransformerDecoderLayerBase)
             module.forward = CompiledForward(module.forward, decoder, backend)
             count += 1
     _log_once(
         "compiled_layers",
-        "compiled layers: %d encoder and decoder layers run through torch.compile (%s)",
+        "compiled layers: %d encoder and decoder layers run through torch.compile (%s)%s",
         count,
         backend,
+        f"; {checkpointed} with --checkpoint-activations stay eager" if checkpointed else "",
     )
     return count
 

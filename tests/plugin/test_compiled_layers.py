@@ -8,6 +8,7 @@ and fairseq-train compiles them when asked."""
 import argparse
 import copy
 import json
+import pickle
 import random
 
 import pytest
@@ -180,6 +181,35 @@ def test_a_copy_of_a_compiled_model_computes_with_its_own_parameters():
         layer.forward = layer.forward.eager
     torch.testing.assert_close(twin(*inputs)[0], eager(*inputs)[0])
     assert not torch.allclose(twin(*inputs)[0], m(*inputs)[0])
+
+
+def test_a_pickled_compiled_model_compiles_its_layers_again_where_loaded():
+    """torch.save of a whole model pickles it: each layer's compiled forward is pickled
+    as its layer and compiled again when loaded."""
+    m = model("transformer_pp_tiny").eval()
+    compiled.compile_layers(m, backend="eager")
+    loaded = pickle.loads(pickle.dumps(m))
+    layers = [*loaded.encoder.layers, *loaded.decoder.layers]
+    assert all(isinstance(layer.__dict__["forward"], compiled.CompiledForward) for layer in layers)
+    assert all(layer.forward.eager.__self__ is layer for layer in layers)
+    inputs = batch(len(m.encoder.dictionary), 4, 9, 11, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(loaded(*inputs)[0], m(*inputs)[0])
+
+
+@pytest.mark.parametrize("arch", ["transformer_pp_tiny", "transformer_tiny"])
+def test_layers_under_activation_checkpointing_stay_eager(arch):
+    """--checkpoint-activations: fairseq's wrapper runs a layer's forward again in the
+    backward pass, and its forward is no method of the layer; such layers stay eager, and
+    the model computes what it computes without the speed-up."""
+    m = model(arch, checkpoint_activations=True).train()
+    reference = copy.deepcopy(m)
+    assert compiled.compile_layers(m, backend="eager") == 0
+    inputs = batch(len(m.encoder.dictionary), 4, 9, 11, torch.Generator().manual_seed(0))
+    for each in (m, reference):
+        each(*inputs)[0].pow(2).sum().backward()
+    torch.testing.assert_close(m(*inputs)[0], reference(*inputs)[0])
+    for (name, p), q in zip(m.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
 
 
 @pytest.mark.slow
