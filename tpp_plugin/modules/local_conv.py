@@ -282,13 +282,14 @@ class LocalConv(nn.Module):
         past it. (Kernel width 1 needs no ring.)"""
         rows = self.kernel_size * self.dilation
         buffer = self._get_input_buffer(incremental_state)
-        if buffer:
+        if "ring" in buffer:
             ring, row = buffer["ring"], buffer["row"]
             if torch.is_grad_enabled() and u.requires_grad:
                 ring = ring.clone()  # an earlier step's graph may hold the ring: no writing over it
         else:
             ring, row = u.new_zeros(rows, u.size(0), u.size(1)), 0
-        self._set_input_buffer(incremental_state, {"ring": ring, "row": (row + 1) % rows})
+        buffer = dict(buffer, ring=ring, row=(row + 1) % rows)
+        self._set_input_buffer(incremental_state, buffer)
         return ring, row
 
     def rotated_kernels(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]) -> Tensor:
@@ -297,17 +298,17 @@ class LocalConv(nn.Module):
         the taps of a position written at a row ``h`` with ``h // δ = a``. The taps' row
         ``j·δ + h mod δ`` holds the position ``((a - j) mod F)·δ`` steps back, which tap
         ``k = F-1 - (a - j) mod F`` weighs. Computed at the first call for an
-        incremental state and kept in it (under its own key, which beam search does not
-        reorder: it is the same for every hypothesis)."""
-        saved = self.get_incremental_state(incremental_state, "local_conv_kernels")
-        if saved is not None:
-            return saved["kernels"]
+        incremental state and kept in the module's buffer beside the ring (beam search
+        does not reorder it: it is the same for every hypothesis)."""
+        buffer = self._get_input_buffer(incremental_state)
+        if "kernels" in buffer:
+            return buffer["kernels"]
         kernel = self.normalized_kernel()  # F x C
         size = self.kernel_size
         a = torch.arange(size, device=kernel.device)
         taps = size - 1 - (a[:, None] - a[None, :]) % size  # F x F: [a, j] -> k
         kernels = kernel[taps].unsqueeze(2)  # F x F x 1 x C
-        self.set_incremental_state(incremental_state, "local_conv_kernels", {"kernels": kernels})
+        self._set_input_buffer(incremental_state, dict(buffer, kernels=kernels))
         return kernels
 
     def forward(
