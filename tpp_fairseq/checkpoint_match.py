@@ -32,10 +32,22 @@ RECORD_VERSION = 1
 # Keys of the model configuration that do not make two checkpoints different models:
 # the names of the run's other components (their options live in other sections of
 # the configuration and are not compared either), where pre-trained embeddings were
-# read from (initialisation only), switches that trade speed for memory, and the
-# choice between implementations of the same function.
+# read from (initialisation only), switches that trade speed for memory, the choice
+# between implementations of the same function, and regularisation in training
+# (dropouts, LayerDrop, quantization noise), which fairseq lets a resumed run change.
 IGNORED_MODEL_KEYS = frozenset(
     {
+        "dropout",
+        "attention_dropout",
+        "activation_dropout",
+        "relu_dropout",
+        "adaptive_softmax_dropout",
+        "conv_weight_dropout",
+        "encoder_layerdrop",
+        "decoder_layerdrop",
+        "quant_noise_pq",
+        "quant_noise_pq_block_size",
+        "quant_noise_scalar",
         "task",
         "criterion",
         "optimizer",

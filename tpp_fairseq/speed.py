@@ -7,8 +7,9 @@ one against fairseq's own behaviour (``benchmarks/gpu_suite.sh``; docs/gpu.md).
   builds a plan on the host for every new problem shape, and fairseq's batches and beam
   search meet one almost every step, for any architecture). Default.
 - ``flat-bf16``: ``--bf16``'s float32 master copy kept flat on one GPU, as fairseq keeps
-  ``--fp16``'s (one tensor for Adam and the gradient norm instead of hundreds). Default;
-  checkpoints of either layout resume with the other.
+  ``--fp16``'s (one tensor for Adam and the gradient norm instead of hundreds). Default.
+  Checkpoints of either layout resume with the other whatever the speed-ups
+  (:func:`states_of_either_layout`, a correction :func:`tpp_fairseq.apply` always makes).
 - ``multi-tensor-sync``: a flat master copy (``--fp16``'s, ``--bf16``'s) synced with the
   model by multi-tensor copies instead of one copy per parameter tensor, the same values.
   Not a default until a GPU measures it (``transformer-sync``, ``tpp-fused-sync`` in the
@@ -43,10 +44,16 @@ _RESET_HINT = (
 FLAT_BF16_DEVICE_TYPES = frozenset({"cuda"})
 
 
+#: what a parameter may carry for fairseq's optimizers (its own group or settings, an
+#: expert's gradient left out of the norm): a flat master copy would lose it
+PER_PARAMETER_ATTRIBUTES = ("param_group", "optim_overrides", "expert", "base_expert")
+
+
 def _flat_bf16_wanted(cfg, params) -> bool:
     """--bf16 with the parameters on one GPU, where fairseq's --fp16 would flatten the
     master copy (a TPU's parameters are on an "xla" device: per parameter, as fairseq
-    keeps them there)."""
+    keeps them there), unless the optimizer treats parameters apart (fairseq's
+    ``composite`` optimizer, parameters with :data:`PER_PARAMETER_ATTRIBUTES`)."""
     devices = {p.device for p in params}
     if len(devices) != 1 or next(iter(devices)).type not in FLAT_BF16_DEVICE_TYPES:
         return False
@@ -56,6 +63,8 @@ def _flat_bf16_wanted(cfg, params) -> bool:
         and not getattr(common, "fp16_no_flatten_grads", False)
         and getattr(distributed, "zero_sharding", "none") in (None, "none")
         and not getattr(cfg.optimizer, "pipeline_model_parallel", False)
+        and getattr(cfg.optimizer, "_name", None) != "composite"
+        and not any(hasattr(p, a) for p in params for a in PER_PARAMETER_ATTRIBUTES)
     )
 
 
@@ -200,6 +209,8 @@ def _convert_state_layout(optimizer, state_dict):
     count = len(groups[0]["params"])
     params = [p for p in optimizer.fp16_params if p.requires_grad]
     numels = [p.numel() for p in params]
+    if count == len(params) == len(saved_ids) == 1:
+        return _reshaped_state(state_dict, params[0], optimizer.has_flat_params)
     if optimizer.has_flat_params and count == 1 and len(saved_ids) == len(params) > 1:
         state = _merge_states([state_dict["state"].get(i, {}) for i in saved_ids], numels)
         new_ids = [0]
@@ -221,6 +232,20 @@ def _convert_state_layout(optimizer, state_dict):
     converted = dict(state_dict)
     converted["state"] = new_state
     converted["param_groups"] = [dict(saved_groups[0], params=new_ids)]
+    return converted
+
+
+def _reshaped_state(state_dict, param, flat: bool):
+    """The state of a model that trains one tensor, whose flat copy is that tensor
+    flattened: the two layouts differ in the shapes of the state's tensors only."""
+    shape = (-1,) if flat else param.shape
+    converted = dict(state_dict)
+    converted["state"] = {
+        i: {
+            k: v.reshape(shape) if _is_per_parameter(v, param.numel()) else v for k, v in st.items()
+        }
+        for i, st in state_dict["state"].items()
+    }
     return converted
 
 
@@ -298,9 +323,14 @@ load_state_dict.__doc__ = _original_load_state_dict.__doc__
 
 
 def flat_bf16_master_copy() -> None:
-    """Install :func:`build_optimizer` and :func:`load_state_dict` on fairseq's
-    ``FP16Optimizer`` (idempotent)."""
+    """Install :func:`build_optimizer` on fairseq's ``FP16Optimizer`` (idempotent)."""
     FP16Optimizer.build_optimizer = classmethod(build_optimizer)
+
+
+def states_of_either_layout() -> None:
+    """Install :func:`load_state_dict` on fairseq's ``FP16Optimizer`` (idempotent): a
+    correction, made whatever the speed-ups, so that a checkpoint written with a flat
+    master copy resumes without one too."""
     FP16Optimizer.load_state_dict = load_state_dict
 
 

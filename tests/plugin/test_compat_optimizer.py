@@ -13,6 +13,7 @@ import torch
 from fairseq import options
 from fairseq.dataclass import utils as dataclass_utils
 from fairseq.optim.fp16_optimizer import FP16Optimizer
+from omegaconf import open_dict
 
 import tpp_plugin  # noqa: F401  (installs the corrections)
 from tpp_fairseq import speed
@@ -109,6 +110,21 @@ def test_optimizers_without_flat_parameters_keep_one_tensor_per_parameter():
     assert not optimizer.has_flat_params
 
 
+def test_optimizers_that_treat_parameters_apart_keep_one_tensor_per_parameter():
+    """fairseq's composite optimizer (one optimizer per group of parameters) and
+    parameters with settings of their own (a group, overrides, an expert's gradient left
+    out of the norm) would lose them in a flat copy."""
+    for attribute in speed.PER_PARAMETER_ATTRIBUTES:
+        model = module()
+        setattr(model[0].weight, attribute, "any")
+        assert not build(model).has_flat_params, attribute
+    cfg = config()
+    assert speed._flat_bf16_wanted(cfg, list(module().parameters()))
+    with open_dict(cfg):
+        cfg.optimizer._name = "composite"
+    assert not speed._flat_bf16_wanted(cfg, list(module().parameters()))
+
+
 def test_flat_and_per_parameter_copies_update_alike():
     a, b = module(), module()
     train(a, build(a), 5)
@@ -151,6 +167,35 @@ def test_state_of_either_layout_resumes_in_the_other(saved_flags, other_flags):
         assert torch.equal(p, q)
     _, fresh = resume(other_flags, load=False)
     assert not all(torch.equal(p, q) for p, q in zip(same, fresh))
+
+
+@pytest.mark.parametrize(
+    "saved_flags, other_flags",
+    [(["--fp16-no-flatten-grads"], []), ([], ["--fp16-no-flatten-grads"])],
+)
+def test_the_state_of_a_model_that_trains_one_tensor_resumes_in_the_other_layout(
+    saved_flags, other_flags
+):
+    """One trainable tensor (the rest frozen): the layouts hold as many state tensors,
+    of other shapes; resumed in the other layout, 3 more updates give the parameters of
+    the saved layout's."""
+    model = module()
+    for p in list(model.parameters())[1:]:
+        p.requires_grad_(False)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer = FP16Optimizer.build_optimizer(config(*saved_flags), trained)
+    train(model, optimizer, 3)
+    state = copy.deepcopy(optimizer.state_dict())
+    results = []
+    for flags in (saved_flags, other_flags):
+        resumed_model = copy.deepcopy(model)
+        params = [p for p in resumed_model.parameters() if p.requires_grad]
+        resumed = FP16Optimizer.build_optimizer(config(*flags), params)
+        assert resumed.has_flat_params == (not flags)
+        resumed.load_state_dict(copy.deepcopy(state))
+        train(resumed_model, resumed, 3, seed=2)
+        results.append(resumed_model[0].weight)
+    assert torch.equal(*results)
 
 
 def test_a_state_that_cannot_be_converted_is_an_error_naming_the_way_out():

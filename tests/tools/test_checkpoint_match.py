@@ -385,10 +385,10 @@ def test_resuming_with_changed_model_options_is_refused(folders, pp_run, tmp_pat
 
 
 def test_options_that_do_not_change_the_model_resume(folders, pp_run, tmp_path):
-    """Another implementation of the same function (--conv-heads-impl) and other run
-    options (learning rate, batch size, logging) resume; the checkpoints before and
-    after average; --reset-optimizer starts a new training from the weights with other
-    model options."""
+    """Another implementation of the same function (--conv-heads-impl), other
+    regularisation (dropouts) and other run options (learning rate, batch size, logging)
+    resume; the checkpoints before and after average; --reset-optimizer starts a new
+    training from the weights with other model options."""
     save = tmp_path / "same"
     shutil.copytree(pp_run, save)
     result = train(
@@ -397,7 +397,7 @@ def test_options_that_do_not_change_the_model_resume(folders, pp_run, tmp_path):
         max_update=3,
         arch="transformer_pp_tiny",
         options=["--lr", "1e-3", "--max-tokens", "300", "--log-interval", "1"],
-        extra=["--conv-heads-impl", "taps"],
+        extra=["--conv-heads-impl", "taps", "--dropout", "0.2", "--conv-weight-dropout", "0.1"],
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Loaded checkpoint" in result.stdout + result.stderr
