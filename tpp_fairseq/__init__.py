@@ -3,8 +3,9 @@ model (:mod:`tpp_plugin`), which applies it all by :func:`apply` when it is load
 (fairseq's tools import ``--user-dir`` before they parse the rest of the command line,
 build a model or load a checkpoint). Importing this package changes nothing.
 
-- :mod:`.fixes`' corrections of fairseq 0.12 on today's torch and Python, always on
-  (docs/fairseq_notes.md lists each with the fairseq behaviour it answers);
+- :mod:`.fixes`' corrections of fairseq 0.12 on today's torch and Python, and
+  :func:`.speed.states_of_either_layout`, always on (docs/fairseq_notes.md lists each
+  with the fairseq behaviour it answers);
 - :data:`CHECKS`, what the plugin adds to every fairseq command that loads it
   (:mod:`.checkpoints`: checkpoints that know their data; :mod:`.errors`: one-line
   errors), chosen by ``TPP_FAIRSEQ_CHECKS`` (default: :data:`DEFAULT_CHECKS`; the
