@@ -41,6 +41,7 @@ def apply(root_level_before_fairseq=None) -> None:
     fixes.allow_fairseq_checkpoints()
     fixes.keep_last_batches()
     fixes.bf16_without_tpu()
+    fixes.leave_process_groups()
     speed.states_of_either_layout()
     for name in chosen("TPP_FAIRSEQ_CHECKS", CHECKS, DEFAULT_CHECKS, "the checks"):
         CHECKS[name]()

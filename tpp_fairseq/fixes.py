@@ -11,6 +11,9 @@ answers, in docs/fairseq_notes.md.
   translated). Kept, as upstream fairseq keeps it.
 - **--bf16 without XLA** (fairseq issue #4696: ``--bf16`` implies ``--tpu``). Untied where
   torch_xla is not installed.
+- **Data-parallel ranks that end without leaving their process group** (fairseq never
+  destroys it; gloo can abort a rank at the interpreter's exit): destroyed once
+  ``distributed_main`` has finished.
 - **Debug logging switched on by ``import fairseq``** (a wav2vec module calls
   ``logging.basicConfig(level=DEBUG)``). The root level goes back to ``$LOGLEVEL``
   (default INFO), unless the program asked for DEBUG before.
@@ -29,6 +32,7 @@ import sys
 import numpy as np
 import torch
 from fairseq.data import data_utils
+from fairseq.distributed import utils as distributed_utils
 from fairseq.dataclass import utils as dataclass_utils
 
 from . import errors
@@ -218,6 +222,28 @@ def bf16_without_tpu() -> None:
             and getattr(module, "convert_namespace_to_omegaconf", None) is _original_convert
         ):
             module.convert_namespace_to_omegaconf = convert_namespace_to_omegaconf
+
+
+# --------------------------------------------------------------------------- data-parallel exit
+
+_original_distributed_main = distributed_utils.distributed_main
+
+
+def distributed_main(i, main, cfg, kwargs):
+    """fairseq's ``distributed_main``, then the process group destroyed: fairseq ends it
+    with a barrier and never destroys the group, and gloo's threads, left to the
+    interpreter's exit, can abort a rank whose training succeeded (SIGABRT, "terminate
+    called without an active exception"). Not after an error: a rank that failed leaves
+    the group as fairseq does."""
+    _original_distributed_main(i, main, cfg, kwargs)
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def leave_process_groups() -> None:
+    """Install :func:`distributed_main` (idempotent): ``call_main`` looks it up on the
+    module when it runs (and pickles it by name to processes it spawns)."""
+    distributed_utils.distributed_main = distributed_main
 
 
 # --------------------------------------------------------------------------- logging
