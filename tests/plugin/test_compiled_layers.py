@@ -133,9 +133,10 @@ def test_no_layer_has_a_graph_break(arch):
     for layer in m.encoder.layers:
         explained = torch._dynamo.explain(layer)(x, padding)
         assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+    future = torch.triu(torch.full((12, 12), float("-inf")), 1)  # fairseq's future mask
     for layer in m.decoder.layers:
         explained = torch._dynamo.explain(layer)(
-            x, x, padding, None, self_attn_padding_mask=padding
+            x, x, padding, None, self_attn_mask=future, self_attn_padding_mask=padding
         )
         assert (explained.graph_count, explained.graph_break_count) == (1, 0)
 
