@@ -12,8 +12,10 @@ answers, in docs/fairseq_notes.md.
 - **--bf16 without XLA** (fairseq issue #4696: ``--bf16`` implies ``--tpu``). Untied where
   torch_xla is not installed.
 - **Data-parallel ranks that end without leaving their process group** (fairseq never
-  destroys it; gloo can abort a rank at the interpreter's exit): destroyed once
-  ``distributed_main`` has finished.
+  destroys it): destroyed once ``distributed_main`` has finished.
+- **Prefetching threads at exit**: fairseq's batch prefetchers are daemon threads; one
+  inside torch's C++ code as Python finalizes aborts a command that succeeded (SIGABRT).
+  They are stopped at exit.
 - **Debug logging switched on by ``import fairseq``** (a wav2vec module calls
   ``logging.basicConfig(level=DEBUG)``). The root level goes back to ``$LOGLEVEL``
   (default INFO), unless the program asked for DEBUG before.
@@ -24,14 +26,18 @@ answers, in docs/fairseq_notes.md.
 """
 
 import argparse
+import atexit
 import importlib.util
 import logging
 import os
+import queue
 import sys
+import threading
+import time
 
 import numpy as np
 import torch
-from fairseq.data import data_utils
+from fairseq.data import data_utils, iterators
 from fairseq.distributed import utils as distributed_utils
 from fairseq.dataclass import utils as dataclass_utils
 
@@ -230,11 +236,9 @@ _original_distributed_main = distributed_utils.distributed_main
 
 
 def distributed_main(i, main, cfg, kwargs):
-    """fairseq's ``distributed_main``, then the process group destroyed: fairseq ends it
-    with a barrier and never destroys the group, and gloo's threads, left to the
-    interpreter's exit, can abort a rank whose training succeeded (SIGABRT, "terminate
-    called without an active exception"). Not after an error: a rank that failed leaves
-    the group as fairseq does."""
+    """fairseq's ``distributed_main``, then the process group destroyed, as PyTorch asks
+    of every process (fairseq ends with a barrier and never destroys it; NCCL warns at
+    exit). Not after an error: a rank that failed leaves the group as fairseq does."""
     _original_distributed_main(i, main, cfg, kwargs)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
@@ -244,6 +248,41 @@ def leave_process_groups() -> None:
     """Install :func:`distributed_main` (idempotent): ``call_main`` looks it up on the
     module when it runs (and pickles it by name to processes it spawns)."""
     distributed_utils.distributed_main = distributed_main
+
+
+# --------------------------------------------------------------------------- prefetching at exit
+
+#: seconds the exit waits for fairseq's prefetching threads to stop
+STOP_TIMEOUT = 10.0
+_stopping_registered = []
+
+
+def stop_prefetching() -> None:
+    """Stop fairseq's batch-prefetching threads (``BackgroundConsumer``, daemon threads)
+    before the interpreter finalizes: one left inside torch's C++ code then is ended by a
+    forced unwind that aborts the process ("terminate called without an active
+    exception", SIGABRT) after a command that succeeded, e.g. a training stopped by
+    ``--max-update`` while the next batches were being made. Each stops after the batch
+    it is making; the queue it fills is emptied so that it can."""
+    deadline = time.monotonic() + STOP_TIMEOUT
+    for thread in threading.enumerate():
+        if not isinstance(thread, iterators.BackgroundConsumer):
+            continue
+        thread._max_len = 0  # fairseq's own stop: checked after each batch is queued
+        while thread.is_alive() and time.monotonic() < deadline:
+            try:
+                while True:
+                    thread._queue.get_nowait()
+            except queue.Empty:
+                pass
+            thread.join(timeout=0.01)
+
+
+def stop_prefetching_at_exit() -> None:
+    """Register :func:`stop_prefetching` to run at exit (idempotent)."""
+    if not _stopping_registered:
+        atexit.register(stop_prefetching)
+        _stopping_registered.append(True)
 
 
 # --------------------------------------------------------------------------- logging

@@ -1,7 +1,7 @@
 """A data-parallel rank leaves its process group once fairseq's ``distributed_main`` has
-finished (tpp_fairseq.fixes): fairseq never destroys it, and gloo's threads, left to the
-interpreter's exit, can abort a rank whose training succeeded. Through fairseq's own
-``call_main``, as ``fairseq-train`` under torchrun calls it, on a gloo group of one."""
+finished (tpp_fairseq.fixes), as PyTorch asks of every process; fairseq never destroys
+it. Through fairseq's own ``call_main``, as ``fairseq-train`` under torchrun calls it, on
+a gloo group of one."""
 
 import socket
 import subprocess

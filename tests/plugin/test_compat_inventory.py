@@ -14,7 +14,7 @@ import pytest
 from support import REPO
 
 PROBE = r"""
-import json, logging, sys
+import atexit, json, logging, sys
 import torch, torch.serialization
 import fairseq, fairseq.checkpoint_utils, fairseq.trainer, fairseq.tasks
 import fairseq.data.data_utils, fairseq.dataclass.utils, fairseq.optim.fp16_optimizer
@@ -42,6 +42,7 @@ before = attributes()
 hook, level = sys.excepthook, logging.getLogger().level
 safe = len(torch.serialization.get_safe_globals())
 cudnn = torch.backends.cuda.cudnn_sdp_enabled()
+exits = atexit._ncallbacks()
 import tpp_plugin  # noqa: E402
 
 after = attributes()
@@ -54,6 +55,8 @@ if sys.excepthook is not hook:
     changed.append("sys.excepthook")
 if logging.getLogger().level != level:
     changed.append("logging.root.level")
+if atexit._ncallbacks() > exits:
+    changed.append("atexit.register")
 print(json.dumps(changed))
 """
 
