@@ -254,7 +254,6 @@ def leave_process_groups() -> None:
 
 #: seconds the exit waits for fairseq's prefetching threads to stop
 STOP_TIMEOUT = 10.0
-_stopping_registered = []
 
 
 def stop_prefetching() -> None:
@@ -279,10 +278,9 @@ def stop_prefetching() -> None:
 
 
 def stop_prefetching_at_exit() -> None:
-    """Register :func:`stop_prefetching` to run at exit (idempotent)."""
-    if not _stopping_registered:
-        atexit.register(stop_prefetching)
-        _stopping_registered.append(True)
+    """Register :func:`stop_prefetching` to run at exit (idempotent: registered once)."""
+    atexit.unregister(stop_prefetching)
+    atexit.register(stop_prefetching)
 
 
 # --------------------------------------------------------------------------- logging
