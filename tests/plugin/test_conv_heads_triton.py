@@ -502,11 +502,16 @@ for dtype in ("bf16", "fp16", "fp32"):
     # (the forward kernel with LocalConv computed in it, from u and a float32 kernel)
     for kernel in (qt.conv_heads_kernel, qt.conv_heads_grad_kernel):
         names = inspect.signature(kernel.fn).parameters
-        for causal, has_pad in itertools.product((False, True), (False, True)):
+        for causal, has_pad, has_mask in itertools.product((False, True), repeat=3):
+            if kernel is qt.conv_heads_grad_kernel and has_mask:
+                continue  # (the backward kernel takes no mask)
             signature = {name: "*" + dtype if name.endswith("_ptr") else "i32" for name in names}
-            signature.update(lse_ptr="*fp32", c_ptr="*fp32", k_ptr="*fp32", temperature="fp32")
+            signature.update(lse_ptr="*fp32", c_ptr="*fp32", m_ptr="*fp32", soft_ptr="*fp32",
+                             kern_ptr="*fp32", temperature="fp32", out_scale="fp32")
             signature["pad_ptr"] = "*i1" if has_pad else "*" + dtype
-            fixed = dict(CAUSAL=causal, HAS_PAD=has_pad, ACC=tl.float32, BLOCK_T=qt.BLOCK_T, BLOCK_D=64)
+            fixed = dict(CAUSAL=causal, HAS_PAD=has_pad, HAS_MASK=has_mask, ACC=tl.float32,
+                         BLOCK_T=qt.BLOCK_T, BLOCK_D=64)
+            fixed = {name: value for name, value in fixed.items() if name in names}
             signature = {name: "constexpr" if name in fixed else t for name, t in signature.items() if name in names}
             binary = triton.compile(ASTSource(kernel, signature, constexprs=fixed), target=GPUTarget("cuda", 90, 32))
             print(kernel.fn.__name__, dtype, len(binary.asm["cubin"]))
@@ -541,7 +546,7 @@ def test_kernels_compile_to_hopper_machine_code():
         for name, dtype, size in zip(lines[::3], lines[1::3], lines[2::3])
         if int(size) > 0
     ]
-    assert len(compiled) == 24 + 24, proc.stdout
+    assert len(compiled) == 24 + 36, proc.stdout
 
 
 COUNT_COMPILATIONS = r"""

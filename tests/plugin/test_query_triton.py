@@ -50,11 +50,11 @@ def explicit_query(local, scores, values, padding, heads, causal, temperature):
 
 
 def query_times(local, scores, values, padding, heads, causal, temperature=1.0):
-    """``local ⊙ q`` through :func:`conv_heads`: LocalConv one tap of ones, the identity
-    (but at padding), so that the Query's part is checked on its own."""
+    """``local ⊙ q`` through :func:`conv_heads`: LocalConv one tap (whose softmax is 1),
+    the identity (but at padding), so that the Query's part is checked on its own."""
     acc = torch.promote_types(local.dtype, torch.float32)
-    ones = torch.ones(1, local.size(-1), dtype=acc, device=local.device)
-    return conv_heads(local, ones, scores, values, padding, heads, causal, temperature, 1)
+    weight = torch.zeros(local.size(-1), 1, dtype=acc, device=local.device)
+    return conv_heads(local, weight, scores, values, padding, heads, causal, temperature, 1)
 
 
 def inputs(length, padded, dtype, bsz=3, heads=2, head_dim=8, seed=0):
@@ -143,32 +143,43 @@ CONVS = [(1, 3, 1, 0), (7, 15, 2, 0), (BLOCK_T + 1, 5, 2, 0), (40, 5, 1, 2), (70
     else ("decoder" if c else "encoder"),
 )
 @pytest.mark.parametrize("padded", [None, "left", "right"])
-def test_conv_heads_equal_the_convolution_and_softmax_in_float64(causal, conv, padded):
+@pytest.mark.parametrize("dropconnect", [False, True], ids=["", "dropconnect"])
+def test_conv_heads_equal_the_convolution_and_softmax_in_float64(causal, conv, padded, dropconnect):
     """LocalConv in the same launch (:func:`conv_heads`): against the PyTorch convolution
-    (its taps in float64) times the explicit softmax; gradients of ``u``, the kernel,
-    the scores and the values."""
+    (its taps in float64) of the weight's softmax (times a DropConnect mask and an output
+    scale) times the explicit softmax; gradients of ``u``, the weight, the scores and
+    the values."""
     length, taps, dilation, lookahead = conv  # (a decoder's LocalConv looks ahead never)
     _, (u, scores, values), padding, grad = inputs(length, padded, torch.float64, seed=1)
-    kernel = torch.rand(taps, u.size(-1), dtype=torch.float64, device=DEVICE).requires_grad_()
+    weight = torch.randn(u.size(-1), taps, dtype=torch.float64, device=DEVICE)
+    mask, scale = None, 1.0
+    if dropconnect:
+        gen = torch.Generator().manual_seed(2)
+        mask = torch.rand(weight.shape, generator=gen, dtype=torch.float64).gt(0.3).double()
+        mask, scale = mask.to(DEVICE), 0.625  # (exact in float32, as the kernels take it)
     rows = padding.t().unsqueeze(-1) if padding is not None else None
 
-    def pytorch(u, kernel, scores, values):
-        local = DilatedDepthwiseConv.apply(u, kernel, dilation, length, lookahead, rows)
+    def pytorch(u, weight, scores, values):
+        kernel = torch.softmax(weight, -1) * (mask if dropconnect else 1) * scale
+        local = DilatedDepthwiseConv.apply(u, kernel.t(), dilation, length, lookahead, rows)
         return explicit(local, scores, values, padding, 2, causal, 0.75)
 
-    def fused(u, kernel, scores, values):
-        return conv_heads(u, kernel, scores, values, padding, 2, causal, 0.75, dilation, lookahead)
+    def fused(u, weight, scores, values):
+        return conv_heads(
+            u, weight, scores, values, padding, 2, causal, 0.75, dilation, lookahead, mask, scale
+        )
 
     results = []
     for fn in (pytorch, fused):
-        leaves = [t.detach().clone().requires_grad_() for t in (u, kernel, scores, values)]
+        leaves = [t.detach().clone().requires_grad_() for t in (u, weight, scores, values)]
         out = fn(*leaves)
         results.append([out, *torch.autograd.grad(out, leaves, grad)])
     used = used_rows(padding, causal, length)
     expected, got = results
     assert (got[0] - expected[0])[used].abs().max() <= 1e-12 * expected[0].abs().max()
-    for name, g, e in zip(("u", "kernel", "scores", "values"), got[1:], expected[1:]):
+    for name, g, e in zip(("u", "weight", "scores", "values"), got[1:], expected[1:]):
         assert (g - e).abs().max() <= 1e-12 * (1 + e.abs().max()), name
+    assert got[2].stride() == weight.stride()  # the parameter's layout: no copy to store it
 
 
 def pytorch_path(local, scores, values, padding, heads, causal, temperature):
@@ -210,9 +221,11 @@ def test_every_output_element_is_written(causal):
         assert torch.empty(4, device=DEVICE).isnan().all()  # the poison is on
         got = outputs_and_grads(query_times, cast, padding, grad, causal, 1.0)
         u = cast[0].detach().requires_grad_()
-        kernel = torch.rand(5, u.size(-1), device=DEVICE).requires_grad_()
-        out = conv_heads(u, kernel, *cast[1:], padding, 2, causal, 1.0, 2)
-        got += [out, *torch.autograd.grad(out, (u, kernel, *cast[1:]), grad.float())]
+        weight = torch.rand(u.size(-1), 5, device=DEVICE).requires_grad_()
+        mask = torch.ones(u.size(-1), 5, device=DEVICE)
+        for m in (None, mask):  # (with a mask: the kernel's own copy of the softmax too)
+            out = conv_heads(u, weight, *cast[1:], padding, 2, causal, 1.0, 2, 0, m, 0.5)
+            got += [out, *torch.autograd.grad(out, (u, weight, *cast[1:]), grad.float())]
     finally:
         torch.use_deterministic_algorithms(was)
     for t in got:
@@ -238,12 +251,26 @@ def test_inputs_of_any_row_stride_and_expanded_gradients():
         assert grad[..., 34:].abs().max() == 0  # nothing written outside the slices
 
 
+class GivenMask(torch.nn.Module):
+    """DropConnect with a given mask (``C x F``, 0 or 1) and rate ``p``."""
+
+    def __init__(self, mask, p):
+        super().__init__()
+        self.mask, self.p = mask, p
+
+    def forward(self, kernel):  # C x F
+        return kernel * self.mask / (1 - self.p)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
 @pytest.mark.parametrize("length", [1, 40])
-def test_hybrid_attention_fused_equals_its_pytorch_path(causal, length):
+@pytest.mark.parametrize("dropconnect", [0.0, 0.5], ids=["", "dropconnect"])
+def test_hybrid_attention_fused_equals_its_pytorch_path(causal, length, dropconnect):
     """The layer with ``conv_heads_impl="fused"`` against ``"taps"`` in float64: output and
     every parameter's gradient, with padding (left in the encoder, right in the decoder,
-    where the layer drops the mask), a temperature and the output scale."""
+    where the layer drops the mask), a temperature, the output scale and DropConnect
+    (the taps given the mask the fused layer draws). The kernels take the output scale as
+    float32, as Triton passes a float: a head width whose scale is exact in float32."""
     torch.manual_seed(0)
     options = dict(
         kernel_size=5,
@@ -252,16 +279,25 @@ def test_hybrid_attention_fused_equals_its_pytorch_path(causal, length):
         right_padded=causal,
         output_scaling="inv-sqrt-head-dim",
         query_temperature=0.5,
+        conv_weight_dropout=dropconnect,
     )
-    taps = HybridMultiheadAttention(32, 4, 2, conv_heads_impl="taps", **options).double()
-    fused = HybridMultiheadAttention(32, 4, 2, conv_heads_impl="fused", **options).double()
+    taps = HybridMultiheadAttention(64, 4, 2, conv_heads_impl="taps", **options).double()
+    fused = HybridMultiheadAttention(64, 4, 2, conv_heads_impl="fused", **options).double()
     fused.load_state_dict(taps.state_dict())
-    x = torch.randn(length, 3, 32, dtype=torch.float64)
+    fused.to(DEVICE)
+    torch.manual_seed(1)
+    mask, scale = fused.local_conv.dropconnect()  # the draw the fused layer's forward makes
+    assert (mask is None) == (dropconnect == 0)
+    if mask is not None:
+        assert scale == fused.local_conv.output_scale / 0.5 == 0.5  # (1 / √16 / 0.5)
+        taps.local_conv.weight_dropout_module = GivenMask(mask, 0.5)
+    x = torch.randn(length, 3, 64, dtype=torch.float64)
     padding = torch.zeros(3, length, dtype=torch.bool)
     padding[1, slice(-2, None) if causal else slice(0, 2)] = length > 2
     results = []
     for layer in (taps, fused):
         layer.to(DEVICE)
+        torch.manual_seed(1)
         out, _ = layer(
             x.to(DEVICE), None, None, key_padding_mask=padding.to(DEVICE), need_weights=False
         )

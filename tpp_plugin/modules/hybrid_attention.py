@@ -433,9 +433,10 @@ class HybridMultiheadAttention(nn.Module):
             from .query_triton import conv_heads
 
             conv, query = self.local_conv, self.context_query
+            mask, scale = conv.dropconnect()
             return conv_heads(
                 u,
-                conv.kernel(),
+                conv.weight,
                 proj["score"],
                 proj["value"],
                 padding_mask,
@@ -444,6 +445,8 @@ class HybridMultiheadAttention(nn.Module):
                 query.temperature,
                 conv.dilation,
                 conv.lookahead,
+                mask,
+                scale,
             )
         local, context = self._conv_heads(proj, padding_mask, incremental_state)
         return local * context  # LocalConv comes out scaled (output_scale)

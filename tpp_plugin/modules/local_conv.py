@@ -233,14 +233,15 @@ class LocalConv(nn.Module):
         nn.init.xavier_uniform_(self.weight)
 
     def normalized_kernel(self) -> Tensor:
-        """The kernel after softmax over taps (in float32) and DropConnect, ``F x C``, in
-        the precision of the convolution's sums (float32, float64 for a float64 module):
+        """The kernel after softmax over taps and DropConnect, ``F x C``, in the precision
+        of the convolution's sums (float32, float64 for a float64 module) from the softmax on:
         the taps are multiplied by it as it is, with no rounding to bf16/fp16 and back.
         Computed from the current weight at every call: it is a ``C x F`` softmax, and
         fairseq's optimizers write parameters in place without telling anyone, so
         nothing derived from a weight may be kept between calls."""
-        kernel = F.softmax(self.weight, dim=-1, dtype=torch.float32)
-        kernel = kernel.to(torch.promote_types(self.weight.dtype, torch.float32))
+        kernel = F.softmax(
+            self.weight, dim=-1, dtype=torch.promote_types(self.weight.dtype, torch.float32)
+        )
         if self.training and self.weight_dropout_module.p > 0:
             # DropConnect: drop individual (normalised) tap weights, not activations.
             kernel = self.weight_dropout_module(kernel)
@@ -350,6 +351,20 @@ class LocalConv(nn.Module):
         times the output scale, ``F x C``."""
         kernel = self.normalized_kernel()
         return kernel * self.output_scale if self.output_scale != 1.0 else kernel
+
+    def dropconnect(self) -> Tuple[Optional[Tensor], float]:
+        """:meth:`kernel` in parts, for kernels that compute the softmax themselves
+        (:func:`~tpp_plugin.modules.query_triton.conv_heads`): DropConnect's ``C x F``
+        mask (1 where a weight is kept, 0 where dropped; drawn afresh at every call in
+        training, None otherwise) and the factor on the output (the output scale over the
+        keeping probability). The same distribution as :meth:`normalized_kernel`'s
+        DropConnect, drawn by its own operator."""
+        p = self.weight_dropout_module.p
+        if not (self.training and p > 0):
+            return None, self.output_scale
+        acc = torch.promote_types(self.weight.dtype, torch.float32)
+        mask = torch.empty(self.weight.shape, dtype=acc, device=self.weight.device)
+        return mask.bernoulli_(1 - p), self.output_scale / (1 - p)
 
     def window_kernel(self) -> Tensor:
         """:meth:`kernel` as one of dilation 1 over :attr:`window`'s lags, ``(past +

@@ -2,20 +2,19 @@
 ``LocalConv(u) ⊙ Query(s, v)`` in one launch forward, three backward, per layer.
 
 Forward, one program per (sentence, conv head), over time in blocks of ``BLOCK_T`` rows:
-LocalConv's taps summed in float32 (the kernel as
-:class:`~tpp_plugin.modules.local_conv.DilatedDepthwiseConv` takes it, output scale
-included) and written, in ``u``'s dtype, for the backward pass; the scores divided by the
-temperature and masked at padding; the pooling of
+LocalConv's kernel (its weight's softmax over the taps times DropConnect's mask) and its
+taps summed in float32, written in ``u``'s dtype; the scores divided by the temperature
+and masked at padding; the pooling of
 :class:`~tpp_plugin.modules.context_query.PooledQuery` (encoder: one softmax over the
 sentence; decoder: the prefix softmax as one ``tl.associative_scan`` of ``(L, q)`` pairs
 under :func:`~tpp_plugin.modules.context_query.merge_spans`' merge, carried from block to
-block); and ``out_t = local_t ⊙ q_t`` in float32, cast once as it is written. Kept
-besides the inputs: LocalConv's rows and ``L`` (the decoder's ``B x H x T``
-log-normalisers; the encoder's ``(L, q)``, ``B x H x (1 + d_h)``): no float32 tensor
-larger than the scores.
+block); and ``out_t = scale · local_t ⊙ q_t`` in float32, cast once as it is written. Kept
+besides the inputs: LocalConv's rows, its kernel and softmax (``F x C``, written once), and
+``L`` (the decoder's ``B x H x T`` log-normalisers; the encoder's ``(L, q)``, ``B x H x
+(1 + d_h)``): no float32 tensor larger than the scores.
 
-Backward, one program per (sentence, head), with ``γ_t = ∂out_t ⊙ local_t`` the query's
-gradient: ``∂local_t = ∂out_t ⊙ q_t`` and PooledQuery's gradients. In the decoder ``q_t`` is
+Backward, one program per (sentence, head), with ``γ_t = scale · ∂out_t ⊙ local_t`` the
+query's gradient: ``∂local_t = scale · ∂out_t ⊙ q_t`` and PooledQuery's gradients. In the decoder ``q_t`` is
 computed again by the same scan (centred on the values' mean, ``c_t = -γ_t · (q_t - μ)``
 kept in a scratch row), and ``Aᵀ`` is applied by one reversed scan of the linear recurrence
 
@@ -26,7 +25,8 @@ kept in a scratch row), and ``Aᵀ`` is applied by one reversed scan of the line
 
 whose factors are at most 1 (``L`` only grows along the sequence): no ``T x T`` or blocked
 matrix. Then LocalConv's input and kernel gradients from ``∂local`` by its two kernels
-(:mod:`~tpp_plugin.modules.conv_heads_triton`).
+(:mod:`~tpp_plugin.modules.conv_heads_triton`), and the weight's through the mask and
+the softmax.
 """
 
 from typing import Optional
@@ -119,9 +119,33 @@ def _store_rows(ptr, x, t, ok, b, c, d_ok, st, sb):
 
 
 @triton.jit
+def _kernel_softmax(w_ptr, c, d_ok, taps, ACC: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The largest of each channel's ``taps`` weights (LocalConv's ``C x F``, contiguous)
+    and the sum of their exponentials after it: the softmax's two statistics."""
+    top = tl.full((BLOCK_D,), float("-inf"), ACC)
+    for k in range(taps):
+        top = tl.maximum(top, tl.load(w_ptr + c * taps + k, mask=d_ok, other=0.0).to(ACC))
+    total = tl.zeros((BLOCK_D,), ACC)
+    for k in range(taps):
+        total += tl.exp(tl.load(w_ptr + c * taps + k, mask=d_ok, other=0.0).to(ACC) - top)
+    return top, total
+
+
+@triton.jit
+def _tap(w_ptr, m_ptr, k, c, d_ok, taps, top, total, HAS_MASK: tl.constexpr, ACC: tl.constexpr):
+    """Tap ``k`` of LocalConv's kernel for the channels ``c``: the weight's softmax over
+    the taps, times DropConnect's mask (``C x F``, contiguous) where there is one."""
+    w = tl.exp(tl.load(w_ptr + c * taps + k, mask=d_ok, other=0.0).to(ACC) - top) / total
+    if HAS_MASK:
+        w = w * tl.load(m_ptr + c * taps + k, mask=d_ok, other=0.0).to(ACC)
+    return w
+
+
+@triton.jit
 def _local(
-    u_ptr, k_ptr, pad_ptr, local_ptr, t, ok, b, c, d_ok, length, sut, sub, skf, skc, spb, spt,
-    slt, slb, shift, dilation, taps, HAS_PAD: tl.constexpr, ACC: tl.constexpr,
+    u_ptr, w_ptr, m_ptr, pad_ptr, local_ptr, t, ok, b, c, d_ok, length, sut, sub, spb, spt,
+    slt, slb, shift, dilation, taps, top, total, HAS_MASK: tl.constexpr,
+    HAS_PAD: tl.constexpr, ACC: tl.constexpr,
 ):  # fmt: skip
     """LocalConv's rows, ``Σ_k K_k ⊙ u_{t - shift + k·δ}`` (padding read as zero) summed in
     ``ACC``, written to ``local`` in its dtype (for the backward pass) and returned as
@@ -135,10 +159,25 @@ def _local(
                 tl.load(pad_ptr + b * spb + src.to(tl.int64) * spt, mask=read, other=1) == 0
             )
         x = _rows(u_ptr, src, read, b, c, d_ok, sut, sub, ACC)
-        w = tl.load(k_ptr + k * skf + c * skc, mask=d_ok, other=0.0).to(ACC)
+        w = _tap(w_ptr, m_ptr, k, c, d_ok, taps, top, total, HAS_MASK, ACC)
         acc += x * w[None, :]
     _store_rows(local_ptr, acc, t, ok, b, c, d_ok, slt, slb)
     return acc.to(local_ptr.dtype.element_ty).to(ACC)
+
+
+@triton.jit
+def _kernel_out(
+    w_ptr, m_ptr, soft_ptr, kern_ptr, c, d_ok, channels, taps, top, total,
+    HAS_MASK: tl.constexpr, ACC: tl.constexpr,
+):  # fmt: skip
+    """The head's channels of the softmax (``C x F``) and of the kernel (``F x C``, the
+    mask applied), for the backward pass."""
+    for k in range(taps):
+        w = tl.exp(tl.load(w_ptr + c * taps + k, mask=d_ok, other=0.0).to(ACC) - top) / total
+        tl.store(soft_ptr + c * taps + k, w, mask=d_ok)
+        if HAS_MASK:
+            w = w * tl.load(m_ptr + c * taps + k, mask=d_ok, other=0.0).to(ACC)
+        tl.store(kern_ptr + k * channels + c, w, mask=d_ok)
 
 
 @triton.jit
@@ -153,10 +192,11 @@ def _prefix(s, v, carry_l, carry_q, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr
 # divisible by 16), each new class would be a compilation
 @triton.jit(do_not_specialize=["length", "bsz"])
 def conv_heads_kernel(
-    s_ptr, v_ptr, pad_ptr, local_ptr, out_ptr, lse_ptr, u_ptr, k_ptr, length, bsz, heads,
-    head_dim, temperature, sst, ssb, svt, svb, spb, spt, slt, slb, sot, sob, sut, sub, skf,
-    skc, shift, dilation, taps, CAUSAL: tl.constexpr, ACC: tl.constexpr,
-    HAS_PAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    s_ptr, v_ptr, pad_ptr, local_ptr, out_ptr, lse_ptr, u_ptr, w_ptr, m_ptr, soft_ptr,
+    kern_ptr, length, bsz, heads, head_dim, temperature, out_scale, sst, ssb, svt, svb, spb,
+    spt, slt, slb, sot, sob, sut, sub, shift, dilation, taps, CAUSAL: tl.constexpr,
+    ACC: tl.constexpr, HAS_PAD: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0).to(tl.int64)  # sentence
     h = tl.program_id(1)  # conv head
@@ -165,6 +205,12 @@ def conv_heads_kernel(
     c = (h * head_dim + d).to(tl.int64)  # the head's channels
     rows = tl.arange(0, BLOCK_T)
     row = b * heads + h  # the head's row of lse
+    top, total = _kernel_softmax(w_ptr, c, d_ok, taps, ACC, BLOCK_D)
+    if b == 0:  # the kernel, once
+        _kernel_out(
+            w_ptr, m_ptr, soft_ptr, kern_ptr, c, d_ok, heads * head_dim, taps, top, total,
+            HAS_MASK, ACC,
+        )  # fmt: skip
     carry_l = tl.full((BLOCK_D,), float("-inf"), ACC)
     carry_q = tl.zeros((BLOCK_D,), ACC)
     for start in range(0, length, BLOCK_T):
@@ -176,17 +222,17 @@ def conv_heads_kernel(
             lse, q = _prefix(s, v, carry_l, carry_q, BLOCK_T, BLOCK_D)
             tl.store(lse_ptr + row * length + t, tl.max(lse, axis=1), mask=ok)
             local = _local(
-                u_ptr, k_ptr, pad_ptr, local_ptr, t, ok, b, c, d_ok, length, sut, sub, skf, skc,
-                spb, spt, slt, slb, shift, dilation, taps, HAS_PAD, ACC,
+                u_ptr, w_ptr, m_ptr, pad_ptr, local_ptr, t, ok, b, c, d_ok, length, sut, sub,
+                spb, spt, slt, slb, shift, dilation, taps, top, total, HAS_MASK, HAS_PAD, ACC,
             )  # fmt: skip
-            _store_rows(out_ptr, local * q, t, ok, b, c, d_ok, sot, sob)
+            _store_rows(out_ptr, local * q * out_scale, t, ok, b, c, d_ok, sot, sob)
             carry_l, carry_q = _last_row(lse, rows, BLOCK_T), _last_row(q, rows, BLOCK_T)
         else:  # the block's own softmax, merged into the sentence's
-            top = tl.max(s, axis=0)
-            e = tl.exp(s - top)
-            total = tl.sum(e, axis=0)
+            top_s = tl.max(s, axis=0)
+            e = tl.exp(s - top_s)
+            sum_e = tl.sum(e, axis=0)
             carry_l, carry_q = _merge(
-                carry_l, carry_q, top + tl.log(total), tl.sum(e[:, None] * v, axis=0) / total
+                carry_l, carry_q, top_s + tl.log(sum_e), tl.sum(e[:, None] * v, axis=0) / sum_e
             )
     if not CAUSAL:  # (L, q) of the sentence, then the product at every position
         state = lse_ptr + row * (head_dim + 1)
@@ -196,17 +242,19 @@ def conv_heads_kernel(
             t = start + rows
             ok = t < length
             local = _local(
-                u_ptr, k_ptr, pad_ptr, local_ptr, t, ok, b, c, d_ok, length, sut, sub, skf, skc,
-                spb, spt, slt, slb, shift, dilation, taps, HAS_PAD, ACC,
+                u_ptr, w_ptr, m_ptr, pad_ptr, local_ptr, t, ok, b, c, d_ok, length, sut, sub,
+                spb, spt, slt, slb, shift, dilation, taps, top, total, HAS_MASK, HAS_PAD, ACC,
             )  # fmt: skip
-            _store_rows(out_ptr, local * carry_q[None, :], t, ok, b, c, d_ok, sot, sob)
+            _store_rows(
+                out_ptr, local * (carry_q * out_scale)[None, :], t, ok, b, c, d_ok, sot, sob
+            )
 
 
 @triton.jit(do_not_specialize=["length", "bsz"])
 def conv_heads_grad_kernel(
     g_ptr, s_ptr, v_ptr, pad_ptr, local_ptr, lse_ptr, c_ptr, grad_local_ptr, grad_s_ptr,
-    grad_v_ptr, length, bsz, heads, head_dim, temperature, sgt, sgb, sst, ssb, svt, svb, spb,
-    spt, slt, slb, CAUSAL: tl.constexpr, ACC: tl.constexpr, HAS_PAD: tl.constexpr,
+    grad_v_ptr, length, bsz, heads, head_dim, temperature, out_scale, sgt, sgb, sst, ssb, svt,
+    svb, spb, spt, slt, slb, CAUSAL: tl.constexpr, ACC: tl.constexpr, HAS_PAD: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     # the gradients are written in the layouts of their inputs, contiguous
@@ -226,7 +274,7 @@ def conv_heads_grad_kernel(
         for start in range(0, length, BLOCK_T):
             t = start + rows
             ok = t < length
-            g = _rows(g_ptr, t, ok, b, c, d_ok, sgt, sgb, ACC)
+            g = _rows(g_ptr, t, ok, b, c, d_ok, sgt, sgb, ACC) * out_scale
             gamma += tl.sum(g * _rows(local_ptr, t, ok, b, c, d_ok, slt, slb, ACC), axis=0)
             _store_rows(grad_local_ptr, g * q[None, :], t, ok, b, c, d_ok, bsz * channels, channels)
         for start in range(0, length, BLOCK_T):
@@ -263,7 +311,7 @@ def conv_heads_grad_kernel(
             )
             v = _rows(v_ptr, t, ok, b, c, d_ok, svt, svb, ACC)
             lse, q = _prefix(s, v, carry_l, carry_q, BLOCK_T, BLOCK_D)
-            g = _rows(g_ptr, t, ok, b, c, d_ok, sgt, sgb, ACC)
+            g = _rows(g_ptr, t, ok, b, c, d_ok, sgt, sgb, ACC) * out_scale
             _store_rows(grad_local_ptr, g * q, t, ok, b, c, d_ok, bsz * channels, channels)
             gamma = g * _rows(local_ptr, t, ok, b, c, d_ok, slt, slb, ACC)
             # a row whose prefix is padding only pools nothing usable: no gradient from it
@@ -274,16 +322,16 @@ def conv_heads_grad_kernel(
         tl.debug_barrier()  # the scratch row, written above, is read below by other threads
         _transposed_pooling(
             g_ptr, s_ptr, v_ptr, pad_ptr, local_ptr, lse_ptr, c_ptr, grad_s_ptr, grad_v_ptr,
-            length, bsz, heads, channels, temperature, sgt, sgb, sst, ssb, svt, svb, spb, spt,
-            slt, slb, b, h, c, d_ok, row, mean, ACC, HAS_PAD, BLOCK_T, BLOCK_D,
+            length, bsz, heads, channels, temperature, out_scale, sgt, sgb, sst, ssb, svt, svb,
+            spb, spt, slt, slb, b, h, c, d_ok, row, mean, ACC, HAS_PAD, BLOCK_T, BLOCK_D,
         )  # fmt: skip
 
 
 @triton.jit
 def _transposed_pooling(
     g_ptr, s_ptr, v_ptr, pad_ptr, local_ptr, lse_ptr, c_ptr, grad_s_ptr, grad_v_ptr,
-    length, bsz, heads, channels, temperature, sgt, sgb, sst, ssb, svt, svb, spb, spt, slt,
-    slb, b, h, c, d_ok, row, mean, ACC: tl.constexpr, HAS_PAD: tl.constexpr,
+    length, bsz, heads, channels, temperature, out_scale, sgt, sgb, sst, ssb, svt, svb, spb,
+    spt, slt, slb, b, h, c, d_ok, row, mean, ACC: tl.constexpr, HAS_PAD: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """The decoder's ``∂s`` and ``∂v``: ``Aᵀγ`` and ``Aᵀc`` backward in time, rows in
@@ -300,7 +348,7 @@ def _transposed_pooling(
         lse_next = tl.load(lse_ptr + row * length + t + 1, mask=later, other=0.0)
         a = tl.where(later, tl.exp(lse - lse_next), 0.0)  # the factor to the row after
         live = ok & (lse > MASKED_SCORE / 2)
-        g = _rows(g_ptr, t, ok, b, c, d_ok, sgt, sgb, ACC)
+        g = _rows(g_ptr, t, ok, b, c, d_ok, sgt, sgb, ACC) * out_scale
         gamma = tl.where(live[:, None], g * _rows(local_ptr, t, ok, b, c, d_ok, slt, slb, ACC), 0.0)
         cc = tl.load(c_ptr + row * length + t, mask=ok, other=0.0)
         a2 = tl.broadcast_to(a[:, None], (BLOCK_T, BLOCK_D))
@@ -324,28 +372,39 @@ def _transposed_pooling(
         carry_g, carry_c = _last_row(r_g, rows, BLOCK_T), _last(r_c, rows, BLOCK_T)
 
 
-def _forward(u, kernel, scores, values, padding, heads, causal, temperature, shift, dilation):
-    """Launch the forward kernel: ``(out, local, lse)``."""
+def _forward(
+    u, weight, mask, scores, values, padding, heads, causal, temperature, scale, shift, dilation
+):
+    """Launch the forward kernel: ``(out, local, lse, soft, kernel)``, ``soft`` the weight's
+    softmax (``C x F``) and ``kernel`` the taps' multipliers (``F x C``, the mask applied)."""
     length, bsz, channels = values.shape
     head_dim = channels // heads
+    taps = weight.size(1)
     out = torch.empty(length, bsz, channels, dtype=values.dtype, device=values.device)
     local = torch.empty(length, bsz, channels, dtype=u.dtype, device=u.device)
     width = length if causal else head_dim + 1
     acc = torch.promote_types(values.dtype, torch.float32)
     lse = torch.empty(bsz, heads, width, dtype=acc, device=values.device)
+    soft = torch.empty(channels, taps, dtype=acc, device=values.device)
+    kernel = torch.empty(taps, channels, dtype=acc, device=values.device)
     pad = padding if padding is not None else scores
-    if length:
+    if length and bsz:
         with _device_of(values):
             conv_heads_kernel[(bsz, heads)](
-                scores, values, pad, local, out, lse, u, kernel,
-                length, bsz, heads, head_dim, float(temperature),
+                scores, values, pad, local, out, lse, u, weight,
+                mask if mask is not None else soft, soft, kernel,
+                length, bsz, heads, head_dim, float(temperature), float(scale),
                 *scores.stride()[:2], *values.stride()[:2], *pad.stride()[:2],
-                *local.stride()[:2], *out.stride()[:2], *u.stride()[:2], *kernel.stride(),
-                shift, dilation, kernel.size(0),
-                CAUSAL=causal, ACC=_ACC[lse.dtype], HAS_PAD=padding is not None,
-                BLOCK_T=BLOCK_T, BLOCK_D=triton.next_power_of_2(head_dim),
+                *local.stride()[:2], *out.stride()[:2], *u.stride()[:2],
+                shift, dilation, taps,
+                CAUSAL=causal, ACC=_ACC[acc], HAS_PAD=padding is not None,
+                HAS_MASK=mask is not None, BLOCK_T=BLOCK_T,
+                BLOCK_D=triton.next_power_of_2(head_dim),
             )  # fmt: skip
-    return out, local, lse
+    else:  # no program writes the kernel: the same values in PyTorch
+        soft = torch.softmax(weight.to(acc), dim=-1)
+        kernel = (soft if mask is None else soft * mask).t().contiguous()
+    return out, local, lse, soft, kernel
 
 
 def _backward(ctx, grad_out, local, scores, values, padding, lse):
@@ -361,11 +420,11 @@ def _backward(ctx, grad_out, local, scores, values, padding, lse):
         bsz, heads, length if ctx.causal else 1, dtype=lse.dtype, device=values.device
     )
     pad = padding if padding is not None else scores
-    if length:
+    if length and bsz:
         with _device_of(values):
             conv_heads_grad_kernel[(bsz, heads)](
                 grad_out, scores, values, pad, local, lse, scratch, grad_local, grad_s, grad_v,
-                length, bsz, heads, head_dim, ctx.temperature,
+                length, bsz, heads, head_dim, ctx.temperature, ctx.scale,
                 *grad_out.stride()[:2], *scores.stride()[:2], *values.stride()[:2],
                 *pad.stride()[:2], *local.stride()[:2],
                 CAUSAL=ctx.causal, ACC=_ACC[lse.dtype], HAS_PAD=padding is not None,
@@ -375,39 +434,48 @@ def _backward(ctx, grad_out, local, scores, values, padding, lse):
 
 
 class ConvHeads(torch.autograd.Function):
-    """``LocalConv(u) ⊙ Query(scores, values)`` (:func:`conv_heads`): forward one launch
-    (LocalConv's rows kept, in ``u``'s dtype, for the backward pass, as the product
-    would keep them); backward the Query's kernel, then LocalConv's two
-    (:class:`~tpp_plugin.modules.conv_heads_triton.TritonDilatedDepthwiseConv`'s)."""
+    """``scale · LocalConv(u) ⊙ Query(scores, values)`` (:func:`conv_heads`): forward one
+    launch (LocalConv's rows kept, in ``u``'s dtype, for the backward pass, as the product
+    would keep them; the kernel's softmax and the kernel, once each); backward the Query's
+    kernel, then LocalConv's two
+    (:class:`~tpp_plugin.modules.conv_heads_triton.TritonDilatedDepthwiseConv`'s), then
+    the softmax's backward, from the kernel's gradient to the weight's."""
 
     @staticmethod
     def forward(
-        ctx, u, kernel, scores, values, padding, heads, causal, temperature, dilation, lookahead
-    ):
-        shift = (kernel.size(0) - 1) * dilation - lookahead  # out[t] reads u[t - shift + k·δ]
-        out, local, lse = _forward(
-            u, kernel, scores, values, padding, heads, causal, temperature, shift, dilation
-        )
-        ctx.save_for_backward(u, kernel, local, scores, values, padding, lse)
+        ctx, u, weight, mask, scores, values, padding, heads, causal, temperature, scale,
+        dilation, lookahead,
+    ):  # fmt: skip
+        shift = (weight.size(1) - 1) * dilation - lookahead  # out[t] reads u[t - shift + k·δ]
+        out, local, lse, soft, kernel = _forward(
+            u, weight, mask, scores, values, padding, heads, causal, temperature, scale, shift,
+            dilation,
+        )  # fmt: skip
+        ctx.save_for_backward(u, soft, kernel, mask, local, scores, values, padding, lse)
         ctx.heads, ctx.causal, ctx.temperature = heads, causal, float(temperature)
-        ctx.shift, ctx.dilation = shift, dilation
+        ctx.scale, ctx.shift, ctx.dilation = float(scale), shift, dilation
+        ctx.weight_dtype = weight.dtype
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out: Tensor):
-        u, kernel, local, scores, values, padding, lse = ctx.saved_tensors
+        u, soft, kernel, mask, local, scores, values, padding, lse = ctx.saved_tensors
         grad_local, grad_s, grad_v = _backward(ctx, grad_out, local, scores, values, padding, lse)
         rows = padding.t().unsqueeze(-1) if padding is not None else None  # T x B x 1
         grad_u, grad_kernel = conv_grads(
             grad_local, u, kernel, rows, ctx.shift, ctx.dilation, *ctx.needs_input_grad[:2]
         )
-        return grad_u, grad_kernel, grad_s, grad_v, None, None, None, None, None, None
+        grad_weight = None
+        if grad_kernel is not None:  # F x C -> the weight's C x F, through the mask and softmax
+            grad_soft = grad_kernel.t() if mask is None else mask * grad_kernel.t()
+            grad_weight = torch._softmax_backward_data(grad_soft, soft, 1, ctx.weight_dtype)
+        return grad_u, grad_weight, None, grad_s, grad_v, None, None, None, None, None, None, None
 
 
 def conv_heads(
     u: Tensor,
-    kernel: Tensor,
+    weight: Tensor,
     scores: Tensor,
     values: Tensor,
     padding: Optional[Tensor],
@@ -416,16 +484,32 @@ def conv_heads(
     temperature: float,
     dilation: int,
     lookahead: int = 0,
+    mask: Optional[Tensor] = None,
+    scale: float = 1.0,
 ) -> Tensor:
-    """The conv heads' output ``LocalConv(u) ⊙ q`` for a whole sequence: ``u`` and
-    ``values`` ``T x B x C``, ``kernel`` LocalConv's ``F x C`` (normalised, output scale
-    included: :meth:`~tpp_plugin.modules.LocalConv.kernel`), ``scores`` ``T x B x H``
+    """The conv heads' output ``scale · LocalConv(u) ⊙ q`` for a whole sequence: ``u`` and
+    ``values`` ``T x B x C``; LocalConv's kernel the softmax over the taps of ``weight``
+    (its ``C x F`` parameter), times DropConnect's ``mask`` (``C x F``) where given
+    (:meth:`~tpp_plugin.modules.LocalConv.dropconnect`); ``scores`` ``T x B x H``
     (channels innermost, any row strides: slices of the fused projection), ``padding``
     ``B x T`` (True at padding) or None. Returns ``T x B x C`` in the values' dtype;
-    gradients for ``u``, ``kernel``, ``scores`` and ``values``."""
+    gradients for ``u``, ``weight``, ``scores`` and ``values``."""
     u, scores, values = (_channels_inner(x) for x in (u, scores, values))
+    weight = weight.contiguous()
+    mask = mask.contiguous() if mask is not None else None
     return ConvHeads.apply(
-        u, kernel, scores, values, padding, heads, causal, temperature, dilation, lookahead
+        u,
+        weight,
+        mask,
+        scores,
+        values,
+        padding,
+        heads,
+        causal,
+        temperature,
+        scale,
+        dilation,
+        lookahead,
     )
 
 
