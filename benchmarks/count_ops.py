@@ -16,9 +16,11 @@ allocations (``view``, ``transpose``, ``empty``, ...: host time only, no kernel)
   the reordering of the incremental states (fairseq's ``reorder_incremental_state``,
   which visits every module), and the rest (embeddings, cross-attention, feed-forward
   layers, output layer and the search itself, the same in both models).
-* **Training**: the criterion's forward and the backward pass of one batch, and the
-  values read back to the host there (``.item()``, ``bool(t)``: on a GPU, a wait for the
-  device) by the line that reads them (which of them are GPU tensors: docs/launch_counts.md).
+* **Training**: the criterion's forward and the backward pass of one batch; the rest of
+  a whole update (fairseq's ``Trainer.train_step``: optimizer, master copy, gradient
+  norm, meters), ``--bf16``'s master copy flat as on one GPU; and the values read back
+  to the host (``.item()``, ``bool(t)``: on a GPU, a wait for the device) by the line
+  that reads them (which of them are GPU tensors: docs/launch_counts.md).
 
 Where the CPU and a GPU dispatch differently the counts differ too
 (docs/launch_counts.md): compare models within one run; ``--device cuda`` counts a GPU's.
@@ -70,6 +72,8 @@ FREE = {
     "resize_",
     "promote_types",
     "result_type",
+    "_record_function_enter_new",  # the profiler's marks (fairseq's train_step sets some)
+    "_record_function_exit",
 }
 
 
@@ -254,6 +258,37 @@ def training_counts(args, trainer, task, cfg):
     return dict(counter.counts), dict(counter.reads)
 
 
+def update_counts(trainer, task, cfg, args):
+    """Operators of one whole update (fairseq's ``Trainer.train_step``) outside the
+    criterion's forward and the backward pass: the optimizer's step, the master copy's
+    syncs, the gradient norm, fairseq's meters; and the values read back there. After
+    one uncounted update, in which the optimizer's state appears."""
+    batch = harness.fixed_batches(task, cfg, "train", 1, max_tokens=args.max_tokens)[0]
+    trainer.train_step([batch])
+    counter = Counter()
+    criterion, optimizer = trainer.criterion, trainer.optimizer
+
+    def within(part, fn):
+        def counted(*a, **k):
+            counter.enter(part)
+            try:
+                return fn(*a, **k)
+            finally:
+                counter.leave()
+
+        return counted
+
+    criterion.forward = within("forward", criterion.forward)
+    optimizer.backward = within("backward", optimizer.backward)
+    try:
+        with counter.mode:
+            trainer.train_step([batch])
+    finally:
+        del criterion.forward, optimizer.backward
+    rest = {key: n for key, n in counter.counts.items() if key[0] == "rest"}
+    return rest, {key: n for key, n in counter.reads.items() if key[0] == "rest"}
+
+
 def main(argv=None):
     import logging
     import shutil
@@ -265,11 +300,18 @@ def main(argv=None):
     if args.data is None:
         work = Path(tempfile.mkdtemp(prefix="count_ops_"))
         args.data = harness.synthetic_data(work)
+    if args.device == "cpu":  # --bf16's master copy flat, as on one GPU
+        from tpp_fairseq import speed
+
+        speed.FLAT_BF16_DEVICE_TYPES = speed.FLAT_BF16_DEVICE_TYPES | {"cpu"}
     try:
-        beam, train, reads = {}, {}, {}
+        beam, train, reads, update = {}, {}, {}, {}
         for name in args.models:
             cfg, task, trainer = harness.build_trainer(name, args.size, args)
             train[name], reads[name] = training_counts(args, trainer, task, cfg)
+            update[name], update_reads = update_counts(trainer, task, cfg, args)
+            for key, n in update_reads.items():
+                reads[name][key] = reads[name].get(key, 0) + n
             if not args.triton_launches:
                 beam[name] = beam_step_counts(name, args, trainer, task, cfg)
             del trainer
@@ -321,7 +363,13 @@ def main(argv=None):
         train,
         ["forward", "backward"],
     )
-    print("\nvalues read back to the host per training batch, by the line that reads them")
+    table(
+        f"operators per update outside the forward and backward passes ({where}; optimizer, "
+        f"master copy, gradient norm, meters)",
+        update,
+        [],
+    )
+    print("\nvalues read back to the host per update, by the line that reads them")
     for name, found in reads.items():
         total = sum(found.values())
         print(f"{name}: {total}" + ("" if total else " (none)"))

@@ -305,7 +305,7 @@ for stage in "${STAGES[@]}"; do
             --partial "$OUT/decide_sync.md.progress"
         decided decide_sync.md
         run decide decide_counts.md "${STAND[@]}" "$PY" -m benchmarks.count_ops --data "$DATA" --device "$DEVICE" --dtype bf16 \
-            --size "$BIG" --layers 6 --max-tokens "$BIG_TOKENS" --models transformer,tpp,tpp-fused
+            --size "$BIG" --layers 6 --max-tokens "$BIG_TOKENS" --models transformer,transformer-sync,tpp,tpp-fused
         decided decide_counts.md
         run decide decide_fp32.md "${DECIDE[@]}" --dtype fp32 --sizes "$BASE" --max-tokens "$BASE_TOKENS" --update-freq 1 \
             --rounds "$((ROUNDS / 2))" --models transformer,tpp,tpp-fused --partial "$OUT/decide_fp32.md.progress"

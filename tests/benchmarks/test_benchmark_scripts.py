@@ -3,6 +3,7 @@ machine, so they can be checked): attention_shapes against fairseq's own batches
 every benchmark's refusal of ``--device cuda`` where there is none. The scripts are run as
 the docs run them, ``python -m benchmarks.NAME`` from the project's root."""
 
+import argparse
 import json
 import random
 import re
@@ -127,11 +128,38 @@ def test_operator_counts_with_the_triton_kernels_counted_on_the_cpu(data):
         "--models", "tpp-triton,tpp-fused", "--triton-launches",
     ).stdout  # fmt: skip
     assert "beam-search" not in out
-    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.strip()}
+    rows = count_table(out, "operators per training batch")
     assert rows["Triton"][2:] == ["12.0", "16.0"], out  # 2 + 2 hybrid layers
     assert float(rows["total"][5]) < float(rows["total"][1]), out  # launches: fused < triton
     fused = read_back(out, "tpp-fused")
     assert fused and read_back(out) == fused, "the fused heads read nothing back"
+
+
+def count_table(out, title):
+    """The rows of one of count_ops' tables, by their first word."""
+    section = out.split(f"\n{title}", 1)[1].split("\n\n", 1)[0]
+    return {line.split()[0]: line.split() for line in section.splitlines()[1:] if line.strip()}
+
+
+def test_operators_of_an_update_outside_forward_and_backward(data):
+    """A whole update's other operators (the optimizer, the master copy, the gradient norm,
+    fairseq's meters), counted as on one GPU (``--bf16``'s master copy flat): syncing the
+    flat copy by multi-tensor copies (``transformer-sync``) saves one launch per parameter
+    tensor each way, less the one multi-tensor copy."""
+    out = run_benchmark(
+        "count_ops", "--data", data, "--size", "128", "--layers", "2",
+        "--models", "transformer,transformer-sync",
+    ).stdout  # fmt: skip
+    rows = count_table(out, "operators per update outside the forward and backward passes")
+    per_tensor, multi_tensor = float(rows["total"][1]), float(rows["total"][5])
+    args = argparse.Namespace(data=data, layers=2, device="cpu", dtype="bf16", max_tokens=2048)
+    cfg, task = harness.setup("transformer", 128, args)
+    tensors = len([p for p in task.build_model(cfg.model).parameters() if p.requires_grad])
+    assert per_tensor - multi_tensor == 2 * (tensors - 1), out
+    reads = read_back(out, "transformer")
+    assert read_back(out, "transformer-sync") == reads, out
+    rest = {line for (part, line) in reads if part == "rest"}
+    assert rest and all(line.startswith(("fairseq.trainer:", "fairseq.logging.")) for line in rest)
 
 
 def read_back(out, model="tpp-triton"):
@@ -161,7 +189,8 @@ def test_values_read_back_in_training_are_counted_by_the_line_that_reads_them(da
         if line.startswith("fairseq.models.transformer.transformer_encoder:")
     ]
     assert 3 in encoder, out  # `if has_pads`, once per encoder layer
-    assert all(part == "forward" for part, _ in reads["tpp"]), out
+    # the forward pass's, and the rest of the update's (fairseq's trainer and meters)
+    assert {part for part, _ in reads["tpp"]} == {"forward", "rest"}, out
     assert not any(line.startswith("tpp_plugin.") for _, line in reads["tpp"]), out
 
 
