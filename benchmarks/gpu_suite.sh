@@ -35,9 +35,10 @@
 #                      master copy synced by multi-tensor copies (transformer-sync,
 #                      tpp-fused-sync) at base; operators on CUDA; float32 at base. Each
 #                      table is printed, and packed, as its command ends
-#   compiled    300 s  compiled layers (TPP_FAIRSEQ_SPEEDUPS=compiled-layers), training,
+#   compiled    400 s  compiled layers (TPP_FAIRSEQ_SPEEDUPS=compiled-layers), training,
 #                      bf16, paired at base size: transformer, its twin, transformer-compiled,
-#                      tpp-fused, tpp-compiled, with MFU and the seconds of the untimed
+#                      tpp-fused, tpp-compiled, tpp-fused-compiled (the fused kernels as
+#                      operators of the graphs), with MFU and the seconds of the untimed
 #                      first steps (the compiling)
 #   mixed       300 s  fairseq-train, base size (6+6 layers, bench_model.py's dropouts for
 #                      both), 150 updates: transformer and transformer_pp with the tag
@@ -64,7 +65,7 @@
 set -uo pipefail
 
 ALL_STAGES=(tests decide compiled mixed speed split generation step cudnn profile memory counts)
-declare -A LIMIT=([tests]=90 [decide]=420 [compiled]=300 [mixed]=300 [speed]=150 [split]=90 [generation]=180
+declare -A LIMIT=([tests]=90 [decide]=420 [compiled]=400 [mixed]=300 [speed]=150 [split]=90 [generation]=180
                   [step]=60 [cudnn]=150 [profile]=150 [memory]=60 [counts]=60)
 FORCE=0
 STAND_IN=0
@@ -313,7 +314,7 @@ for stage in "${STAGES[@]}"; do
     compiled)
         run compiled compiled.md "${DECIDE[@]}" --dtype bf16 --sizes "$BASE" --max-tokens "$BASE_TOKENS" \
             --update-freq 1 --rounds "$ROUNDS" --mfu --partial "$OUT/compiled.md.progress" \
-            --models transformer,transformer-b,transformer-compiled,tpp-fused,tpp-compiled ;;
+            --models transformer,transformer-b,transformer-compiled,tpp-fused,tpp-compiled,tpp-fused-compiled ;;
     mixed)
         for name in "${MIXED_RUNS[@]}"; do
             # shellcheck disable=SC2086  # the options are words

@@ -45,6 +45,7 @@ MODELS = {
     # the encoder and decoder layers through torch.compile (COMPILED)
     "transformer-compiled": ["--arch", "transformer"],
     "tpp-compiled": _tpp(),
+    "tpp-fused-compiled": _tpp("--conv-heads-impl", "fused"),
     # --bf16's master copy one tensor per parameter (fairseq's own --bf16), not flat
     "transformer-split": ["--arch", "transformer", "--fp16-no-flatten-grads"],
     "tpp-split": _tpp("--fp16-no-flatten-grads"),
@@ -65,7 +66,7 @@ MULTI_TENSOR_SYNC = {"transformer-sync", "tpp-fused-sync"}
 
 #: models whose encoder and decoder layers run through torch.compile (only theirs: the
 #: speed-up compiled-layers of tpp_fairseq.speed)
-COMPILED = {"transformer-compiled", "tpp-compiled"}
+COMPILED = {"transformer-compiled", "tpp-compiled", "tpp-fused-compiled"}
 
 #: the plugin's default speed-ups but cuDNN's attention switch (tpp_fairseq.speed.DEFAULT)
 CUDNN_KEPT = "flat-bf16"

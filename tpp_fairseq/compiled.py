@@ -19,9 +19,10 @@ layer variant and side serves every batch shape:
 - fairseq's incremental state answers None at once where there is none (its key would
   be a guard on each module's id);
 - the plugin's modules trace their shape-agnostic forms (``torch.compiler.is_compiling()``),
-  and a module's ``compiled_forward()`` context is entered eagerly around each compiled
-  call (the plugin's LocalConv builds its kernel there: its code depends on the kernel's
-  width, which traced would make one graph per layer).
+  or with ``--conv-heads-impl fused`` call the fused kernels as operators; a module's
+  ``compiled_forward()`` context is entered eagerly around each compiled call (the
+  plugin's LocalConv builds its kernel there, or what the operator takes of it: its
+  width and dilation, traced, would make one graph per layer).
 """
 
 import contextlib

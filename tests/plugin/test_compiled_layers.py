@@ -168,6 +168,52 @@ def test_fifty_batches_of_varied_shapes_compile_three_graphs_in_the_first(arch):
     assert after[0] == after[-1] == 3, after
 
 
+def test_the_fused_conv_heads_are_operators_of_the_graphs():
+    """``--conv-heads-impl fused``: each hybrid layer's graph calls the fused kernels as an
+    operator (no graph break); 2+2 layers of other kernel widths and dilations compile
+    three graphs in their first batch and none after (four batches of other shapes, with
+    and without padding); outputs and gradients those of the eager model (the kernels
+    through Triton's interpreter here)."""
+    graphs = []
+
+    def counting(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    widths = dict(encoder_conv_kernel_sizes="3,7", encoder_conv_dilations="1,2")
+    widths.update(decoder_conv_kernel_sizes="7,3", decoder_conv_dilations="2,1")
+    m = model("transformer_pp_tiny", layers=2, conv_heads_impl="fused", **widths).train()
+    eager = copy.deepcopy(m)
+    x = torch.randn(12, 4, m.encoder.embed_tokens.embedding_dim)
+    padding = torch.zeros(4, 12, dtype=torch.bool)
+    padding[0, :3] = True
+    explained = torch._dynamo.explain(m.encoder.layers[0])(x, padding)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+    called = {str(n.target) for g in explained.graphs for n in g.graph.nodes}
+    assert "tpp.conv_heads_forward.default" in called, called
+    torch._dynamo.reset()
+    assert compiled.compile_layers(m, backend=counting) == 4
+    generator = torch.Generator().manual_seed(0)
+    vocab = len(m.encoder.dictionary)
+    after = []
+    for step, (bsz, src_len, tgt_len) in enumerate(
+        [(4, 9, 11), (2, 30, 7), (7, 5, 40), (2, 70, 66)]
+    ):
+        inputs = batch(vocab, bsz, src_len, tgt_len, generator, pad=1 if step % 3 else 0)
+        results = []
+        for each in (m, eager):
+            each.zero_grad(set_to_none=True)
+            out = each(*inputs)[0]
+            out.pow(2).sum().backward()
+            results.append((out, [p.grad for p in each.parameters()]))
+        (out, grads), (want, want_grads) = results
+        torch.testing.assert_close(out, want)
+        for g, want_g in zip(grads, want_grads):
+            torch.testing.assert_close(g, want_g)
+        after.append(len(graphs))
+    assert after[0] == after[-1] == 3, after
+
+
 def test_a_copy_of_a_compiled_model_computes_with_its_own_parameters():
     """fairseq's --ema copies the model: the copy's compiled layers are its own."""
     m = model("transformer_pp_tiny").train()

@@ -54,7 +54,7 @@ def query_times(local, scores, values, padding, heads, causal, temperature=1.0):
     the identity (but at padding), so that the Query's part is checked on its own."""
     acc = torch.promote_types(local.dtype, torch.float32)
     weight = torch.zeros(local.size(-1), 1, dtype=acc, device=local.device)
-    return conv_heads(local, weight, scores, values, padding, heads, causal, temperature, 1)
+    return conv_heads(local, weight, scores, values, padding, heads, causal, temperature, (1, 0))
 
 
 def inputs(length, padded, dtype, bsz=3, heads=2, head_dim=8, seed=0):
@@ -166,7 +166,7 @@ def test_conv_heads_equal_the_convolution_and_softmax_in_float64(causal, conv, p
 
     def fused(u, weight, scores, values):
         return conv_heads(
-            u, weight, scores, values, padding, 2, causal, 0.75, dilation, lookahead, mask, scale
+            u, weight, scores, values, padding, 2, causal, 0.75, (dilation, lookahead), mask, scale
         )
 
     results = []
@@ -224,7 +224,7 @@ def test_every_output_element_is_written(causal):
         weight = torch.rand(u.size(-1), 5, device=DEVICE).requires_grad_()
         mask = torch.ones(u.size(-1), 5, device=DEVICE)
         for m in (None, mask):  # (with a mask: the kernel's own copy of the softmax too)
-            out = conv_heads(u, weight, *cast[1:], padding, 2, causal, 1.0, 2, 0, m, 0.5)
+            out = conv_heads(u, weight, *cast[1:], padding, 2, causal, 1.0, (2, 0), m, 0.5)
             got += [out, *torch.autograd.grad(out, (u, weight, *cast[1:]), grad.float())]
     finally:
         torch.use_deterministic_algorithms(was)
@@ -308,3 +308,26 @@ def test_hybrid_attention_fused_equals_its_pytorch_path(causal, length, dropconn
     assert (out_fused - out_taps).abs().max() < 1e-12
     for name, g in grads_taps.items():
         assert (grads_fused[name] - g).abs().max() <= 1e-11 * (1 + g.abs().max()), name
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+def test_the_operators_torch_compile_calls_pass_torch_library_checks(causal):
+    """The forward and backward operators (``torch.compile``'s graphs call them): schema,
+    fake tensors (shapes, strides, dtypes, also symbolic), autograd, and AOTAutograd's
+    dynamic-shape dispatch, by ``torch.library.opcheck``; padding and DropConnect's mask."""
+    from tpp_plugin.modules import query_triton
+
+    (u, scores, values), _, padding, grad = inputs(BLOCK_T + 3, "left", torch.float32)
+    weight = torch.randn(u.size(-1), 3, device=DEVICE, requires_grad=True)
+    mask = torch.ones(u.size(-1), 3, device=DEVICE)
+    mask[0, 1] = 0
+    geometry = torch.tensor((2, 0))  # (dilation, lookahead)
+    forward = (u, weight, mask, scores, values, padding, 2, causal, 0.5, 0.25, geometry)
+    torch.library.opcheck(query_triton.conv_heads_forward, forward)
+    out, *kept = query_triton.conv_heads_forward(*forward)
+    local, lse, soft, kernel = (t.detach() for t in kept)
+    backward = (
+        grad.float(), u.detach(), soft, kernel, mask, local, scores.detach(), values.detach(),
+        padding, lse, geometry, 2, causal, 0.5, 0.25, torch.float32,
+    )  # fmt: skip
+    torch.library.opcheck(query_triton.conv_heads_backward, backward)

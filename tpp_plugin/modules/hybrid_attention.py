@@ -432,19 +432,18 @@ class HybridMultiheadAttention(nn.Module):
         ):
             from .query_triton import conv_heads
 
-            conv, query = self.local_conv, self.context_query
-            mask, scale = conv.dropconnect()
+            query = self.context_query
+            weight, mask, scale, geometry = self.local_conv.fused_parts()
             return conv_heads(
                 u,
-                conv.weight,
+                weight,
                 proj["score"],
                 proj["value"],
                 padding_mask,
                 query.num_heads,
                 query.causal,
                 query.temperature,
-                conv.dilation,
-                conv.lookahead,
+                geometry,
                 mask,
                 scale,
             )

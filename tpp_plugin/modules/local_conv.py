@@ -29,7 +29,7 @@ step costs ``O(F·C)``. Triton kernels: :mod:`~tpp_plugin.modules.conv_heads_tri
 """
 
 import contextlib
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -218,6 +218,8 @@ class LocalConv(nn.Module):
         self.register_buffer("window_rows", torch.tensor(rows), persistent=False)  # F: tap -> row
         #: :meth:`window_kernel` as :meth:`compiled_forward` built it
         self.built_kernel: Optional[Tensor] = None
+        #: :meth:`fused_parts` as :meth:`compiled_forward` built them
+        self.built_parts: Optional[tuple] = None
         self.weight = nn.Parameter(torch.empty(channels, kernel_size))  # W^A
         self.weight_dropout_module = FairseqDropout(
             weight_dropout, module_name=self.__class__.__name__
@@ -379,12 +381,30 @@ class LocalConv(nn.Module):
     def compiled_forward(self):
         """:meth:`window_kernel`, built eagerly for the compiled forward inside
         (``tpp_fairseq.compiled``): the code that builds it depends on ``F`` and ``δ``
-        and, traced, would make one graph per layer."""
-        self.built_kernel = self.window_kernel()
+        and, traced, would make one graph per layer. Not where the fused conv heads run,
+        which build their kernel themselves."""
+        if self.impl == "fused" and conv_heads_triton.runs("fused", self.weight):
+            mask, scale = self.dropconnect()
+            geometry = torch.tensor((self.dilation, self.lookahead))
+            self.built_parts = (self.weight.view_as(self.weight), mask, scale, geometry)
+        else:
+            self.built_kernel = self.window_kernel()
         try:
             yield
         finally:
-            self.built_kernel = None
+            self.built_kernel = self.built_parts = None
+
+    def fused_parts(self) -> Tuple[Tensor, Optional[Tensor], float, Union[Tuple[int, int], Tensor]]:
+        """What the fused conv heads take of this module
+        (:func:`~tpp_plugin.modules.query_triton.conv_heads`): its weight, DropConnect's
+        mask and the output's factor (:meth:`dropconnect`), and ``(δ, lookahead)``. Inside
+        a compiled graph, as :meth:`compiled_forward` built them: the weight a view (a
+        parameter's shape is a constant of the graph) and ``(δ, lookahead)`` a CPU tensor
+        (whose values are not), so that layers of every width and dilation share one."""
+        if self.built_parts is not None:
+            return self.built_parts
+        mask, scale = self.dropconnect()
+        return self.weight, mask, scale, (self.dilation, self.lookahead)
 
     def _convolution(self, u: Tensor):
         """The autograd function that convolves ``u``: Triton's kernels where asked for

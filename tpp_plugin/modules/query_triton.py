@@ -29,7 +29,7 @@ matrix. Then LocalConv's input and kernel gradients from ``∂local`` by its two
 the softmax.
 """
 
-from typing import Optional
+from typing import Optional, Tuple, Union
 
 import torch
 import triton
@@ -407,30 +407,59 @@ def _forward(
     return out, local, lse, soft, kernel
 
 
-def _backward(ctx, grad_out, local, scores, values, padding, lse):
+def _backward(grad_out, local, scores, values, padding, lse, heads, causal, temperature, scale):
     """Launch the backward kernel: the gradients of ``local``, ``scores`` and ``values``."""
     grad_out = _channels_inner(grad_out)
     length, bsz, channels = values.shape
-    heads = ctx.heads
     head_dim = channels // heads
     grad_local = torch.empty(length, bsz, channels, dtype=local.dtype, device=local.device)
     grad_s = torch.empty(length, bsz, heads, dtype=scores.dtype, device=scores.device)
     grad_v = torch.empty(length, bsz, channels, dtype=values.dtype, device=values.device)
     scratch = torch.empty(
-        bsz, heads, length if ctx.causal else 1, dtype=lse.dtype, device=values.device
+        bsz, heads, length if causal else 1, dtype=lse.dtype, device=values.device
     )
     pad = padding if padding is not None else scores
     if length and bsz:
         with _device_of(values):
             conv_heads_grad_kernel[(bsz, heads)](
                 grad_out, scores, values, pad, local, lse, scratch, grad_local, grad_s, grad_v,
-                length, bsz, heads, head_dim, ctx.temperature, ctx.scale,
+                length, bsz, heads, head_dim, temperature, scale,
                 *grad_out.stride()[:2], *scores.stride()[:2], *values.stride()[:2],
                 *pad.stride()[:2], *local.stride()[:2],
-                CAUSAL=ctx.causal, ACC=_ACC[lse.dtype], HAS_PAD=padding is not None,
+                CAUSAL=causal, ACC=_ACC[lse.dtype], HAS_PAD=padding is not None,
                 BLOCK_T=BLOCK_T, BLOCK_D=triton.next_power_of_2(head_dim),
             )  # fmt: skip
     return grad_local, grad_s, grad_v
+
+
+def _gradients(grad_out, kept, settings, need_u=True, need_weight=True):
+    """``(∂u, ∂weight, ∂scores, ∂values)`` from what the forward pass kept (``u, soft,
+    kernel, mask, local, scores, values, padding, lse``) and its ``settings`` (``heads,
+    causal, temperature, scale, dilation, lookahead``, the weight's dtype)."""
+    u, soft, kernel, mask, local, scores, values, padding, lse = kept
+    heads, causal, temperature, scale, dilation, lookahead, weight_dtype = settings
+    grad_local, grad_s, grad_v = _backward(
+        grad_out, local, scores, values, padding, lse, heads, causal, temperature, scale
+    )
+    rows = padding.t().unsqueeze(-1) if padding is not None else None  # T x B x 1
+    shift = (kernel.size(0) - 1) * dilation - lookahead
+    grad_u, grad_kernel = conv_grads(
+        grad_local, u, kernel, rows, shift, dilation, need_u, need_weight
+    )
+    grad_weight = None
+    if grad_kernel is not None:  # F x C -> the weight's C x F, through the mask and softmax
+        grad_soft = grad_kernel.t() if mask is None else mask * grad_kernel.t()
+        grad_weight = torch._softmax_backward_data(grad_soft, soft, 1, weight_dtype)
+    return grad_u, grad_weight, grad_s, grad_v
+
+
+def _keep(ctx, inputs, output, weight_dtype):
+    """Save what :func:`_gradients` takes from :func:`conv_heads_forward`'s ``inputs`` and
+    ``output``."""
+    u, _, mask, scores, values, padding, *settings = inputs
+    _, local, lse, soft, kernel = output
+    ctx.save_for_backward(u, soft, kernel, mask, local, scores, values, padding, lse)
+    ctx.settings = (*settings, weight_dtype)
 
 
 class ConvHeads(torch.autograd.Function):
@@ -442,35 +471,122 @@ class ConvHeads(torch.autograd.Function):
     the softmax's backward, from the kernel's gradient to the weight's."""
 
     @staticmethod
-    def forward(
-        ctx, u, weight, mask, scores, values, padding, heads, causal, temperature, scale,
-        dilation, lookahead,
-    ):  # fmt: skip
-        shift = (weight.size(1) - 1) * dilation - lookahead  # out[t] reads u[t - shift + k·δ]
-        out, local, lse, soft, kernel = _forward(
-            u, weight, mask, scores, values, padding, heads, causal, temperature, scale, shift,
-            dilation,
-        )  # fmt: skip
-        ctx.save_for_backward(u, soft, kernel, mask, local, scores, values, padding, lse)
-        ctx.heads, ctx.causal, ctx.temperature = heads, causal, float(temperature)
-        ctx.scale, ctx.shift, ctx.dilation = float(scale), shift, dilation
-        ctx.weight_dtype = weight.dtype
-        return out
+    def forward(ctx, *inputs):
+        output = _conv_heads_forward(*inputs)
+        _keep(ctx, inputs, output, inputs[1].dtype)
+        return output[0]
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out: Tensor):
-        u, soft, kernel, mask, local, scores, values, padding, lse = ctx.saved_tensors
-        grad_local, grad_s, grad_v = _backward(ctx, grad_out, local, scores, values, padding, lse)
-        rows = padding.t().unsqueeze(-1) if padding is not None else None  # T x B x 1
-        grad_u, grad_kernel = conv_grads(
-            grad_local, u, kernel, rows, ctx.shift, ctx.dilation, *ctx.needs_input_grad[:2]
-        )
-        grad_weight = None
-        if grad_kernel is not None:  # F x C -> the weight's C x F, through the mask and softmax
-            grad_soft = grad_kernel.t() if mask is None else mask * grad_kernel.t()
-            grad_weight = torch._softmax_backward_data(grad_soft, soft, 1, ctx.weight_dtype)
-        return grad_u, grad_weight, None, grad_s, grad_v, None, None, None, None, None, None, None
+        grads = _gradients(grad_out, ctx.saved_tensors, ctx.settings, *ctx.needs_input_grad[:2])
+        return grads[:2] + (None,) + grads[2:] + (None,) * 7
+
+
+def _conv_heads_forward(
+    u, weight, mask, scores, values, padding, heads, causal, temperature, scale, dilation, lookahead
+):
+    """``out`` and what the backward pass keeps: ``local, lse, soft, kernel``."""
+    shift = (weight.size(1) - 1) * dilation - lookahead  # out[t] reads u[t - shift + k·δ]
+    return _forward(
+        u, weight, mask, scores, values, padding, heads, causal, temperature, scale, shift,
+        dilation,
+    )  # fmt: skip
+
+
+# For torch.compile, the same as two operators, forward and backward, which its graphs
+# call without tracing into them (eager training takes ConvHeads: less host time a call).
+# LocalConv's dilation and lookahead come as a CPU tensor, ``geometry``: values a graph
+# does not specialise on, so that layers of every width and dilation share one.
+
+
+@torch.library.custom_op("tpp::conv_heads_forward", mutates_args=())
+def conv_heads_forward(
+    u: Tensor,
+    weight: Tensor,
+    mask: Optional[Tensor],
+    scores: Tensor,
+    values: Tensor,
+    padding: Optional[Tensor],
+    heads: int,
+    causal: bool,
+    temperature: float,
+    scale: float,
+    geometry: Tensor,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """:class:`ConvHeads`'s forward: ``out, local, lse, soft, kernel``."""
+    dilation, lookahead = geometry.tolist()
+    return _conv_heads_forward(
+        u, weight, mask, scores, values, padding, heads, causal, temperature, scale, dilation,
+        lookahead,
+    )  # fmt: skip
+
+
+@conv_heads_forward.register_fake
+def _(u, weight, mask, scores, values, padding, heads, causal, temperature, scale, geometry):
+    length, bsz, channels = values.shape
+    taps = weight.size(1)
+    acc = torch.promote_types(values.dtype, torch.float32)
+    width = length if causal else channels // heads + 1
+    return (
+        values.new_empty(length, bsz, channels),
+        u.new_empty(length, bsz, channels),
+        values.new_empty(bsz, heads, width, dtype=acc),
+        values.new_empty(channels, taps, dtype=acc),
+        values.new_empty(taps, channels, dtype=acc),
+    )
+
+
+@torch.library.custom_op("tpp::conv_heads_backward", mutates_args=())
+def conv_heads_backward(
+    grad_out: Tensor,
+    u: Tensor,
+    soft: Tensor,
+    kernel: Tensor,
+    mask: Optional[Tensor],
+    local: Tensor,
+    scores: Tensor,
+    values: Tensor,
+    padding: Optional[Tensor],
+    lse: Tensor,
+    geometry: Tensor,
+    heads: int,
+    causal: bool,
+    temperature: float,
+    scale: float,
+    weight_dtype: torch.dtype,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:class:`ConvHeads`'s backward: ``(∂u, ∂weight, ∂scores, ∂values)``."""
+    kept = (u, soft, kernel, mask, local, scores, values, padding, lse)
+    settings = (heads, causal, temperature, scale, *geometry.tolist(), weight_dtype)
+    return _gradients(grad_out, kept, settings)
+
+
+@conv_heads_backward.register_fake
+def _(grad_out, u, soft, kernel, mask, local, scores, values, padding, lse, geometry, *settings):
+    length, bsz, channels = values.shape
+    return (
+        u.new_empty(u.shape),
+        soft.new_empty(soft.shape, dtype=settings[-1]),
+        scores.new_empty(length, bsz, settings[0]),
+        values.new_empty(length, bsz, channels),
+    )
+
+
+def _setup_context(ctx, inputs, output):
+    u, weight, mask, scores, values, padding, heads, causal, temperature, scale, geometry = inputs
+    ctx.mark_non_differentiable(*output[1:])
+    _, local, lse, soft, kernel = output
+    ctx.save_for_backward(u, soft, kernel, mask, local, scores, values, padding, lse, geometry)
+    ctx.settings = (heads, causal, temperature, scale, weight.dtype)
+
+
+def _backward_op(ctx, grad_out, *unused):
+    grads = conv_heads_backward(grad_out, *ctx.saved_tensors, *ctx.settings)
+    return grads[:2] + (None,) + grads[2:] + (None,) * 6
+
+
+conv_heads_forward.register_autograd(_backward_op, setup_context=_setup_context)
 
 
 def conv_heads(
@@ -482,22 +598,22 @@ def conv_heads(
     heads: int,
     causal: bool,
     temperature: float,
-    dilation: int,
-    lookahead: int = 0,
+    geometry: Union[Tuple[int, int], Tensor],
     mask: Optional[Tensor] = None,
     scale: float = 1.0,
 ) -> Tensor:
     """The conv heads' output ``scale · LocalConv(u) ⊙ q`` for a whole sequence: ``u`` and
     ``values`` ``T x B x C``; LocalConv's kernel the softmax over the taps of ``weight``
-    (its ``C x F`` parameter), times DropConnect's ``mask`` (``C x F``) where given
-    (:meth:`~tpp_plugin.modules.LocalConv.dropconnect`); ``scores`` ``T x B x H``
-    (channels innermost, any row strides: slices of the fused projection), ``padding``
-    ``B x T`` (True at padding) or None. Returns ``T x B x C`` in the values' dtype;
-    gradients for ``u``, ``weight``, ``scores`` and ``values``."""
+    (its ``C x F`` parameter), times DropConnect's ``mask`` (``C x F``) where given, and
+    its ``geometry``, ``(dilation, lookahead)`` (:meth:`~tpp_plugin.modules.LocalConv.fused_parts`:
+    two ints, or a CPU tensor of them, which torch.compile's graphs take as an input);
+    ``scores`` ``T x B x H`` (channels innermost, any row strides: slices of the fused
+    projection), ``padding`` ``B x T`` (True at padding) or None. Returns ``T x B x C``
+    in the values' dtype; gradients for ``u``, ``weight``, ``scores`` and ``values``."""
     u, scores, values = (_channels_inner(x) for x in (u, scores, values))
     weight = weight.contiguous()
     mask = mask.contiguous() if mask is not None else None
-    return ConvHeads.apply(
+    args = (
         u,
         weight,
         mask,
@@ -506,10 +622,15 @@ def conv_heads(
         padding,
         heads,
         causal,
-        temperature,
-        scale,
-        dilation,
-        lookahead,
+        float(temperature),
+        float(scale),
+    )
+    if torch.compiler.is_compiling():
+        if not isinstance(geometry, Tensor):
+            geometry = torch.tensor(geometry)
+        return conv_heads_forward(*args, geometry)[0]
+    return ConvHeads.apply(
+        *args, *(geometry.tolist() if isinstance(geometry, Tensor) else geometry)
     )
 
 
