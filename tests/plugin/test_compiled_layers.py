@@ -172,8 +172,10 @@ def test_the_fused_conv_heads_are_operators_of_the_graphs():
     """``--conv-heads-impl fused``: each hybrid layer's graph calls the fused kernels as an
     operator (no graph break); 2+2 layers of other kernel widths and dilations compile
     three graphs in their first batch and none after (four batches of other shapes, with
-    and without padding); outputs and gradients those of the eager model (the kernels
-    through Triton's interpreter here)."""
+    and without padding); outputs and gradients those of the eager model. On a CUDA GPU
+    where there is one, else through Triton's interpreter (tests/conftest.py sets it)."""
+    pytest.importorskip("triton", reason="Triton is installed with the test requirements on Linux")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     graphs = []
 
     def counting(graph_module, example_inputs):
@@ -182,10 +184,11 @@ def test_the_fused_conv_heads_are_operators_of_the_graphs():
 
     widths = dict(encoder_conv_kernel_sizes="3,7", encoder_conv_dilations="1,2")
     widths.update(decoder_conv_kernel_sizes="7,3", decoder_conv_dilations="2,1")
-    m = model("transformer_pp_tiny", layers=2, conv_heads_impl="fused", **widths).train()
+    m = model("transformer_pp_tiny", layers=2, conv_heads_impl="fused", **widths)
+    m = m.to(device).train()
     eager = copy.deepcopy(m)
-    x = torch.randn(12, 4, m.encoder.embed_tokens.embedding_dim)
-    padding = torch.zeros(4, 12, dtype=torch.bool)
+    x = torch.randn(12, 4, m.encoder.embed_tokens.embedding_dim, device=device)
+    padding = torch.zeros(4, 12, dtype=torch.bool, device=device)
     padding[0, :3] = True
     explained = torch._dynamo.explain(m.encoder.layers[0])(x, padding)
     assert (explained.graph_count, explained.graph_break_count) == (1, 0)
@@ -200,6 +203,7 @@ def test_the_fused_conv_heads_are_operators_of_the_graphs():
         [(4, 9, 11), (2, 30, 7), (7, 5, 40), (2, 70, 66)]
     ):
         inputs = batch(vocab, bsz, src_len, tgt_len, generator, pad=1 if step % 3 else 0)
+        inputs = [t.to(device) for t in inputs]
         results = []
         for each in (m, eager):
             each.zero_grad(set_to_none=True)
