@@ -45,12 +45,13 @@ def compile_settings_restored(monkeypatch):
 
 
 def model(arch, layers=None, **overrides):
-    """A model of ``arch`` (fairseq's transformer presets or the plugin's), no dropout."""
+    """A model of ``arch`` (fairseq's transformer presets or the plugin's), no dropout
+    (but what ``overrides`` asks for)."""
     options = dict(NO_DROPOUT, **overrides)
     if layers:
         options.update(encoder_layers=layers, decoder_layers=layers)
     if arch.startswith("transformer_pp"):
-        return build_model(arch, conv_weight_dropout=0.0, **options)
+        return build_model(arch, **dict(dict(conv_weight_dropout=0.0), **options))
     from fairseq.models import ARCH_CONFIG_REGISTRY
     from fairseq.models.transformer import TransformerModel
 
@@ -172,7 +173,8 @@ def test_the_fused_conv_heads_are_operators_of_the_graphs():
     """``--conv-heads-impl fused``: each hybrid layer's graph calls the fused kernels as an
     operator (no graph break); 2+2 layers of other kernel widths and dilations compile
     three graphs in their first batch and none after (four batches of other shapes, with
-    and without padding); outputs and gradients those of the eager model. On a CUDA GPU
+    and without padding); outputs and gradients those of the eager model, DropConnect's
+    masks drawn from the same seed. On a CUDA GPU
     where there is one, else through Triton's interpreter (tests/conftest.py sets it)."""
     pytest.importorskip("triton", reason="Triton is installed with the test requirements on Linux")
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -184,6 +186,7 @@ def test_the_fused_conv_heads_are_operators_of_the_graphs():
 
     widths = dict(encoder_conv_kernel_sizes="3,7", encoder_conv_dilations="1,2")
     widths.update(decoder_conv_kernel_sizes="7,3", decoder_conv_dilations="2,1")
+    widths.update(conv_weight_dropout=0.3)
     m = model("transformer_pp_tiny", layers=2, conv_heads_impl="fused", **widths)
     m = m.to(device).train()
     eager = copy.deepcopy(m)
@@ -207,6 +210,7 @@ def test_the_fused_conv_heads_are_operators_of_the_graphs():
         results = []
         for each in (m, eager):
             each.zero_grad(set_to_none=True)
+            torch.manual_seed(step)
             out = each(*inputs)[0]
             out.pow(2).sum().backward()
             results.append((out, [p.grad for p in each.parameters()]))

@@ -167,10 +167,12 @@ def test_incremental_decoding_on_the_gpu_equals_full_forward():
     assert (torch.cat(steps, 1) - full).abs().max() < 1e-4
 
 
-def test_model_with_triton_local_conv_trains_like_the_taps_in_bfloat16():
-    """--conv-heads-impl triton at the base preset's size, bfloat16, training mode without
-    dropout: the same loss and gradients as the taps, within bfloat16's rounding (both
-    sum in float32; the order of the sums differs)."""
+@pytest.mark.parametrize("impl", ["triton", "fused"])
+def test_model_with_triton_local_conv_trains_like_the_taps_in_bfloat16(impl):
+    """--conv-heads-impl triton (LocalConv's kernels) and fused (all of the conv heads) at
+    the base preset's size, bfloat16, training mode without dropout: the same loss and
+    gradients as the taps, within bfloat16's rounding (all sum in float32; the order of
+    the sums differs)."""
     torch.manual_seed(0)
     d = make_dictionary(200)
     options = dict(
@@ -186,7 +188,7 @@ def test_model_with_triton_local_conv_trains_like_the_taps_in_bfloat16():
         .bfloat16()
         .train()
     )
-    fused = build_model("transformer_pp", dictionary=d, conv_heads_impl="triton", **options)
+    fused = build_model("transformer_pp", dictionary=d, conv_heads_impl=impl, **options)
     fused.load_state_dict(taps.state_dict())
     fused = fused.cuda().bfloat16().train()
     src = random_tokens(d, 16, 48).cuda()

@@ -310,15 +310,17 @@ def test_hybrid_attention_fused_equals_its_pytorch_path(causal, length, dropconn
         assert (grads_fused[name] - g).abs().max() <= 1e-11 * (1 + g.abs().max()), name
 
 
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
-def test_the_operators_torch_compile_calls_pass_torch_library_checks(causal):
+def test_the_operators_torch_compile_calls_pass_torch_library_checks(causal, weight_dtype):
     """The forward and backward operators (``torch.compile``'s graphs call them): schema,
     fake tensors (shapes, strides, dtypes, also symbolic), autograd, and AOTAutograd's
-    dynamic-shape dispatch, by ``torch.library.opcheck``; padding and DropConnect's mask."""
+    dynamic-shape dispatch, by ``torch.library.opcheck``; padding and DropConnect's mask;
+    LocalConv's weight in each training dtype (``--bf16``, ``--fp16`` cast it)."""
     from tpp_plugin.modules import query_triton
 
     (u, scores, values), _, padding, grad = inputs(BLOCK_T + 3, "left", torch.float32)
-    weight = torch.randn(u.size(-1), 3, device=DEVICE, requires_grad=True)
+    weight = torch.randn(u.size(-1), 3, device=DEVICE).to(weight_dtype).requires_grad_()
     mask = torch.ones(u.size(-1), 3, device=DEVICE)
     mask[0, 1] = 0
     geometry = torch.tensor((2, 0))  # (dilation, lookahead)
@@ -328,6 +330,6 @@ def test_the_operators_torch_compile_calls_pass_torch_library_checks(causal):
     local, lse, soft, kernel = (t.detach() for t in kept)
     backward = (
         grad.float(), u.detach(), soft, kernel, mask, local, scores.detach(), values.detach(),
-        padding, lse, geometry, 2, causal, 0.5, 0.25, torch.float32,
+        padding, lse, geometry, 2, causal, 0.5, 0.25, weight_dtype,
     )  # fmt: skip
     torch.library.opcheck(query_triton.conv_heads_backward, backward)

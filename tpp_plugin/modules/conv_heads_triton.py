@@ -77,15 +77,15 @@ def usable_on(t: Tensor) -> bool:
     )
 
 
-def runs(impl: str, t: Tensor) -> bool:
+def runs(impl: str, t: Tensor, operator: bool = False) -> bool:
     """Whether implementation ``impl`` runs these kernels on ``t``: ``"triton"`` and
     ``"fused"`` on a tensor they can run on (an error if Triton is not installed),
     ``"auto"`` on a CUDA tensor where Triton is installed. Inside ``torch.compile`` only
-    ``"fused"``: its graphs call the fused kernels as operators (Triton's presence asked
-    eagerly before, by ``LocalConv.compiled_forward``); the others' PyTorch forms join
-    the graphs."""
+    where the kernels are called as an ``operator`` (the fused conv heads'
+    ``torch.library`` operators; Triton's presence asked eagerly before, by
+    ``LocalConv.compiled_forward``): elsewhere the PyTorch forms join the graphs."""
     if torch.compiler.is_compiling():
-        return impl == "fused" and usable_on(t)
+        return operator and impl == "fused" and usable_on(t)
     if impl == "auto":
         return t.is_cuda and usable_on(t) and available()
     if impl not in ("triton", "fused") or not usable_on(t):

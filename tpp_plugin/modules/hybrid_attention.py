@@ -428,7 +428,7 @@ class HybridMultiheadAttention(nn.Module):
         if (
             incremental_state is None
             and self.conv_heads_impl == "fused"
-            and conv_heads_triton.runs("fused", u)
+            and conv_heads_triton.runs("fused", u, operator=True)
         ):
             from .query_triton import conv_heads
 

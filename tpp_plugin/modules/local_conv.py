@@ -381,8 +381,8 @@ class LocalConv(nn.Module):
     def compiled_forward(self):
         """:meth:`window_kernel`, built eagerly for the compiled forward inside
         (``tpp_fairseq.compiled``): the code that builds it depends on ``F`` and ``δ``
-        and, traced, would make one graph per layer. Not where the fused conv heads run,
-        which build their kernel themselves."""
+        and, traced, would make one graph per layer. Where the fused conv heads run, which
+        build the kernel themselves, :meth:`fused_parts` instead."""
         if self.impl == "fused" and conv_heads_triton.runs("fused", self.weight):
             mask, scale = self.dropconnect()
             geometry = torch.tensor((self.dilation, self.lookahead))

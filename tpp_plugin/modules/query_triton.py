@@ -9,7 +9,7 @@ and masked at padding; the pooling of
 sentence; decoder: the prefix softmax as one ``tl.associative_scan`` of ``(L, q)`` pairs
 under :func:`~tpp_plugin.modules.context_query.merge_spans`' merge, carried from block to
 block); and ``out_t = scale · local_t ⊙ q_t`` in float32, cast once as it is written. Kept
-besides the inputs: LocalConv's rows, its kernel and softmax (``F x C``, written once), and
+besides the inputs: LocalConv's rows, its kernel (``F x C``) and softmax (``C x F``), and
 ``L`` (the decoder's ``B x H x T`` log-normalisers; the encoder's ``(L, q)``, ``B x H x
 (1 + d_h)``): no float32 tensor larger than the scores.
 
@@ -402,8 +402,8 @@ def _forward(
                 BLOCK_D=triton.next_power_of_2(head_dim),
             )  # fmt: skip
     else:  # no program writes the kernel: the same values in PyTorch
-        soft = torch.softmax(weight.to(acc), dim=-1)
-        kernel = (soft if mask is None else soft * mask).t().contiguous()
+        soft.copy_(torch.softmax(weight.to(acc), dim=-1))
+        kernel.copy_((soft if mask is None else soft * mask).t())
     return out, local, lse, soft, kernel
 
 
@@ -449,7 +449,9 @@ def _gradients(grad_out, kept, settings, need_u=True, need_weight=True):
     grad_weight = None
     if grad_kernel is not None:  # F x C -> the weight's C x F, through the mask and softmax
         grad_soft = grad_kernel.t() if mask is None else mask * grad_kernel.t()
-        grad_weight = torch._softmax_backward_data(grad_soft, soft, 1, weight_dtype)
+        # (in the kept precision: with another input dtype only float16's is allowed)
+        grad_weight = torch._softmax_backward_data(grad_soft, soft, 1, soft.dtype)
+        grad_weight = grad_weight.to(weight_dtype)
     return grad_u, grad_weight, grad_s, grad_v
 
 
@@ -487,6 +489,8 @@ def _conv_heads_forward(
     u, weight, mask, scores, values, padding, heads, causal, temperature, scale, dilation, lookahead
 ):
     """``out`` and what the backward pass keeps: ``local, lse, soft, kernel``."""
+    weight = weight.contiguous()  # (the kernels read C x F rows one after the other)
+    mask = mask.contiguous() if mask is not None else None
     shift = (weight.size(1) - 1) * dilation - lookahead  # out[t] reads u[t - shift + k·δ]
     return _forward(
         u, weight, mask, scores, values, padding, heads, causal, temperature, scale, shift,
@@ -611,8 +615,6 @@ def conv_heads(
     projection), ``padding`` ``B x T`` (True at padding) or None. Returns ``T x B x C``
     in the values' dtype; gradients for ``u``, ``weight``, ``scores`` and ``values``."""
     u, scores, values = (_channels_inner(x) for x in (u, scores, values))
-    weight = weight.contiguous()
-    mask = mask.contiguous() if mask is not None else None
     args = (
         u,
         weight,
