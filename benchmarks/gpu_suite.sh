@@ -162,9 +162,17 @@ run() {  # run STAGE FILE COMMAND...: stdout to OUT/FILE, stderr to OUT/FILE.log
         set -- bash -c '"$@"' _ "$@"
     fi
     local start=$SECONDS
-    # timeout signals the command's whole process group, the processes it started too
-    timeout --kill-after=10 "$left" "$@" >"$OUT/$file.partial" 2>"$OUT/$file.log"
+    # timeout signals the command's whole process group, the processes it started too,
+    # and returns when the command has ended: what is left of the group (a data loader's
+    # worker still ending) is killed, and waited for, before anything else runs
+    timeout --kill-after=10 "$left" "$@" >"$OUT/$file.partial" 2>"$OUT/$file.log" &
+    local group=$!
+    wait "$group"
     local rc=$?
+    if [[ $rc -eq 124 || $rc -eq 137 ]]; then
+        kill -KILL -- "-$group" 2>/dev/null
+        for _ in {1..50}; do kill -0 -- "-$group" 2>/dev/null || break; sleep 0.1; done
+    fi
     if [[ $rc -eq 0 ]]; then
         mv -f "$OUT/$file.partial" "$OUT/$file"
     else
