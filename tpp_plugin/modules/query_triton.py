@@ -456,8 +456,8 @@ def _gradients(grad_out, kept, settings, need_u=True, need_weight=True):
 
 
 def _keep(ctx, inputs, output, weight_dtype):
-    """Save what :func:`_gradients` takes from :func:`conv_heads_forward`'s ``inputs`` and
-    ``output``."""
+    """Save what :func:`_gradients` takes from :class:`ConvHeads`'s ``inputs`` and the
+    ``output`` of :func:`_conv_heads_forward`."""
     u, _, mask, scores, values, padding, *settings = inputs
     _, local, lse, soft, kernel = output
     ctx.save_for_backward(u, soft, kernel, mask, local, scores, values, padding, lse)
