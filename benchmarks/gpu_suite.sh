@@ -141,6 +141,21 @@ FAILED=0
     | tee -a "$OUT/summary.md"
 
 DEADLINE=0  # the current stage's, in the suite's SECONDS
+GROUP=""  # the process group of the command running now (run() sets it)
+
+end_group() {  # end_group SIGNAL: what is left of the command's process group, ended (10 s at most)
+    [[ -z $GROUP ]] && return
+    kill "-$1" -- "-$GROUP" 2>/dev/null
+    for _ in {1..100}; do kill -0 -- "-$GROUP" 2>/dev/null || { GROUP=""; return; }; sleep 0.1; done
+    echo "gpu_suite: processes of process group $GROUP still there 10 s after SIG$1" >&2
+}
+
+# interrupted, the suite ends the running command's processes as well (they are in a
+# process group of their own, which neither Ctrl-C nor a signal to the suite reaches)
+trap 'end_group TERM; end_group KILL; exit 130' INT
+trap 'end_group TERM; end_group KILL; exit 143' TERM
+trap 'end_group TERM; end_group KILL; exit 129' HUP
+
 run() {  # run STAGE FILE COMMAND...: stdout to OUT/FILE, stderr to OUT/FILE.log
     local stage=$1 file=$2
     shift 2
@@ -164,15 +179,13 @@ run() {  # run STAGE FILE COMMAND...: stdout to OUT/FILE, stderr to OUT/FILE.log
     local start=$SECONDS
     # timeout signals the command's whole process group, the processes it started too,
     # and returns when the command has ended: what is left of the group (a data loader's
-    # worker still ending) is killed, and waited for, before anything else runs
+    # worker still ending) is ended before anything else runs
     timeout --kill-after=10 "$left" "$@" >"$OUT/$file.partial" 2>"$OUT/$file.log" &
-    local group=$!
-    wait "$group"
+    GROUP=$!  # timeout's process id, and its process group's
+    wait "$GROUP"
     local rc=$?
-    if [[ $rc -eq 124 || $rc -eq 137 ]]; then
-        kill -KILL -- "-$group" 2>/dev/null
-        for _ in {1..50}; do kill -0 -- "-$group" 2>/dev/null || break; sleep 0.1; done
-    fi
+    end_group KILL
+    GROUP=""
     if [[ $rc -eq 0 ]]; then
         mv -f "$OUT/$file.partial" "$OUT/$file"
     else

@@ -308,6 +308,32 @@ def test_gpu_suite_stops_at_its_budget_and_says_what_did_not_run(data, tmp_path)
     ), "a command that ended by itself is not cut off"
 
 
+def test_an_interrupted_gpu_suite_ends_the_command_it_was_running(data, tmp_path):
+    """Ctrl-C (SIGINT) or a signal to the suite while the mixed stage's first
+    fairseq-train runs (in a process group of its own, which neither reaches): the suite
+    ends that command's processes, then exits with the signal's status."""
+    import signal
+    import time
+
+    for signum, status in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+        suite = subprocess.Popen(
+            ["benchmarks/gpu_suite.sh", "--force", data, tmp_path / "results", "mixed"],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 120
+        command = ["pgrep", "-f", "--", f"fairseq_train_run model {re.escape(str(data))}"]
+        while subprocess.run(command, capture_output=True).returncode != 0:
+            assert (
+                suite.poll() is None and time.monotonic() < deadline
+            ), "fairseq-train never started"
+        suite.send_signal(signum)
+        assert suite.wait(timeout=60) == status
+        left = subprocess.run(["pgrep", "-f", "--", re.escape(str(data))], capture_output=True)
+        assert left.returncode == 1, f"no process of the suite is left running ({signum!r})"
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the stages would run for real")
 def test_gpu_suite_cudnn_stage_trains_transformer_with_cudnns_attention_kept_on(data, tmp_path):
     """The cudnn stage runs its fairseq-train of transformer (cut off here by the

@@ -333,3 +333,7 @@ def test_the_operators_torch_compile_calls_pass_torch_library_checks(causal, wei
         padding, lse, geometry, 2, causal, 0.5, 0.25, weight_dtype,
     )  # fmt: skip
     torch.library.opcheck(query_triton.conv_heads_backward, backward)
+    # an empty batch: no program runs, the outputs are still written
+    empty = [t[:0].detach().requires_grad_() for t in (u, scores, values)]
+    forward = (empty[0], weight, mask, *empty[1:], padding[:, :0], 2, causal, 0.5, 0.25, geometry)
+    torch.library.opcheck(query_triton.conv_heads_forward, forward)

@@ -401,7 +401,8 @@ def _forward(
                 HAS_MASK=mask is not None, BLOCK_T=BLOCK_T,
                 BLOCK_D=triton.next_power_of_2(head_dim),
             )  # fmt: skip
-    else:  # no program writes the kernel: the same values in PyTorch
+    else:  # no program runs: the kernel's values in PyTorch, and nothing pooled
+        lse.zero_()
         soft.copy_(torch.softmax(weight.to(acc), dim=-1))
         kernel.copy_((soft if mask is None else soft * mask).t())
     return out, local, lse, soft, kernel
@@ -449,7 +450,7 @@ def _gradients(grad_out, kept, settings, need_u=True, need_weight=True):
     grad_weight = None
     if grad_kernel is not None:  # F x C -> the weight's C x F, through the mask and softmax
         grad_soft = grad_kernel.t() if mask is None else mask * grad_kernel.t()
-        # (in the kept precision: with another input dtype only float16's is allowed)
+        # (in the kept precision: CUDA's kernel takes no other input dtype but float16)
         grad_weight = torch._softmax_backward_data(grad_soft, soft, 1, soft.dtype)
         grad_weight = grad_weight.to(weight_dtype)
     return grad_u, grad_weight, grad_s, grad_v
