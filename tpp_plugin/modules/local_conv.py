@@ -236,8 +236,8 @@ class LocalConv(nn.Module):
 
     def normalized_kernel(self) -> Tensor:
         """The kernel after softmax over taps and DropConnect, ``F x C``, in the precision
-        of the convolution's sums (float32, float64 for a float64 module) from the softmax on:
-        the taps are multiplied by it as it is, with no rounding to bf16/fp16 and back.
+        of the convolution's sums from the softmax on (float32, float64 for a float64
+        module): the taps are multiplied by it as it is, with no rounding to bf16/fp16.
         Computed from the current weight at every call: it is a ``C x F`` softmax, and
         fairseq's optimizers write parameters in place without telling anyone, so
         nothing derived from a weight may be kept between calls."""

@@ -14,9 +14,9 @@ besides the inputs: LocalConv's rows, its kernel (``F x C``) and softmax (``C x 
 (1 + d_h)``): no float32 tensor larger than the scores.
 
 Backward, one program per (sentence, head), with ``γ_t = scale · ∂out_t ⊙ local_t`` the
-query's gradient: ``∂local_t = scale · ∂out_t ⊙ q_t`` and PooledQuery's gradients. In the decoder ``q_t`` is
-computed again by the same scan (centred on the values' mean, ``c_t = -γ_t · (q_t - μ)``
-kept in a scratch row), and ``Aᵀ`` is applied by one reversed scan of the linear recurrence
+query's gradient: ``∂local_t = scale · ∂out_t ⊙ q_t`` and PooledQuery's gradients. In the
+decoder ``q_t`` is computed again by the same scan (centred on the values' mean, ``c_t =
+-γ_t · (q_t - μ)`` kept in a scratch row), and ``Aᵀ`` by one reversed scan of the recurrence
 
 .. math::
 
@@ -173,7 +173,7 @@ def _kernel_out(
     """The head's channels of the softmax (``C x F``) and of the kernel (``F x C``, the
     mask applied), for the backward pass."""
     for k in range(taps):
-        w = tl.exp(tl.load(w_ptr + c * taps + k, mask=d_ok, other=0.0).to(ACC) - top) / total
+        w = _tap(w_ptr, m_ptr, k, c, d_ok, taps, top, total, False, ACC)  # the softmax's
         tl.store(soft_ptr + c * taps + k, w, mask=d_ok)
         if HAS_MASK:
             w = w * tl.load(m_ptr + c * taps + k, mask=d_ok, other=0.0).to(ACC)
