@@ -205,6 +205,45 @@ def test_generate_and_interactive_need_no_tags(trained, tmp_path):
     assert len(out) == 2 and all(l.split("\t")[2].strip() for l in out)
 
 
+def test_generate_with_retain_dropout_keeps_the_conv_heads_drop_connect_on(trained):
+    """fairseq-generate --retain-dropout (Monte-Carlo dropout) reaches the conv heads:
+    with only LocalConv's DropConnect kept (here at 0.5 by --model-overrides), another
+    seed translates differently and the same seed the same; without the option the
+    seed changes nothing."""
+
+    def hypotheses(seed, *extra):
+        gen = run(
+            [
+                "fairseq-generate",
+                trained["data"],
+                "--user-dir",
+                PLUGIN_DIR,
+                "--path",
+                trained["save"] / "checkpoint_best.pt",
+                "--gen-subset",
+                "test",
+                "--beam",
+                "5",
+                "--batch-size",
+                "20",
+                "--cpu",
+                "--seed",
+                str(seed),
+                "--model-overrides",
+                "{'conv_weight_dropout': 0.5}",
+                *extra,
+            ]
+        )
+        return sorted(line for line in gen.stdout.splitlines() if line.startswith("H-"))
+
+    assert hypotheses(1) == hypotheses(2)
+    retain = ("--retain-dropout", "--retain-dropout-modules", "LocalConv")
+    first = hypotheses(1, *retain)
+    assert len(first) == 20
+    assert hypotheses(1, *retain) == first
+    assert hypotheses(2, *retain) != first
+
+
 def test_the_documented_interactive_line_translates_raw_text(trained, tmp_path):
     """docs/training_and_evaluation.md's fairseq-interactive line, run as written with
     this test's files in its paths: Moses tokenisation and subword-nmt BPE of raw input

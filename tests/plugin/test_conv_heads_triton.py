@@ -411,6 +411,31 @@ def test_decoding_step_with_gradients_takes_the_differentiable_path(monkeypatch)
     assert torch.allclose(fused.local_conv.weight.grad, reference.local_conv.weight.grad, atol=1e-6)
 
 
+def test_retained_drop_connect_decodes_through_the_pytorch_step(monkeypatch):
+    """The step kernel applies no DropConnect: under ``--retain-dropout`` (fairseq's
+    ``make_generation_fast_``) the PyTorch step decodes, with the mask the taps module
+    draws from the same seed."""
+    torch.manual_seed(0)
+    modules = [
+        HybridMultiheadAttention(
+            16, 4, 2, kernel_size=3, conv_weight_dropout=0.5, causal=True, conv_heads_impl=impl
+        )
+        for impl in ("taps", "triton")
+    ]
+    modules[1].load_state_dict(modules[0].state_dict())
+    launches = count_kernel_steps(monkeypatch)
+    x = torch.randn(6, 2, 16, device=DEVICE)
+    outputs = []
+    for module in modules:
+        module.to(DEVICE).eval()
+        module.local_conv.weight_dropout_module.make_generation_fast_("", retain_dropout=True)
+        torch.manual_seed(1)
+        with torch.no_grad():
+            outputs.append(decode(module, x, {}, 6, 99, None))
+    assert not launches
+    assert torch.allclose(outputs[1], outputs[0], atol=1e-6)
+
+
 def test_decoding_step_kernel_rejects_a_state_of_another_batch():
     """A wrong shape would read out of bounds on a GPU: the step checks first."""
     u = torch.randn(3, 8, device=DEVICE)

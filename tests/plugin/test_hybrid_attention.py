@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from fairseq.modules.fairseq_dropout import FairseqDropout
 
 from tpp_plugin.modules import HybridMultiheadAttention, LocalConv
 from tpp_plugin.modules.local_conv import DilatedDepthwiseConv
@@ -264,6 +265,60 @@ def test_drop_connect_only_in_training():
     conv.eval()
     k = conv.normalized_kernel()
     assert torch.allclose(k.sum(0), torch.ones(8)), "eval kernel is the plain softmax"
+
+
+def retain_dropout(module, only=None):
+    """What ``fairseq-generate --retain-dropout [--retain-dropout-modules ...]`` does to
+    a model's dropouts: fairseq's own ``make_generation_fast_`` of each."""
+    for name, m in module.named_modules():
+        if isinstance(m, FairseqDropout):
+            m.make_generation_fast_(name, retain_dropout=True, retain_dropout_modules=only)
+    return module
+
+
+@pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.enable_grad], ids=["step", "autograd"])
+def test_retained_drop_connect_decodes_as_the_whole_sequence_with_its_mask(grad_mode):
+    """Under ``--retain-dropout`` (Monte-Carlo dropout) DropConnect stays on in inference,
+    one mask per search as one per batch in a whole sequence's forward: decoding step by
+    step from a seed gives that forward's output from the same seed."""
+    torch.manual_seed(0)
+    m = HybridMultiheadAttention(
+        16, 4, 2, kernel_size=5, dilation=2, conv_weight_dropout=0.5, causal=True
+    ).eval()
+    x = torch.randn(9, 3, 16)
+    with torch.no_grad():
+        plain, _ = m(x, x, x)
+        retain_dropout(m, only=["LocalConv"])
+        outputs = []
+        for seed in (1, 1, 2):
+            torch.manual_seed(seed)
+            outputs.append(m(x, x, x)[0])
+    assert (outputs[0] - plain).abs().max() > 1e-2, "the mask must change the output"
+    assert torch.equal(outputs[0], outputs[1])
+    assert (outputs[2] - outputs[0]).abs().max() > 1e-2, "another seed, another mask"
+    torch.manual_seed(1)
+    with grad_mode():
+        steps = _incremental_outputs(m, x, [1] * 9)
+    assert (steps - outputs[0]).abs().max() <= 1e-5
+
+
+def test_retained_attention_dropout_reaches_the_dot_product_heads_when_decoding():
+    """``--retain-dropout`` keeps the dot-product heads' attention dropout on: decoding
+    one position at a time takes the general path, which applies it; without the option
+    an evaluated module decodes deterministically."""
+    torch.manual_seed(0)
+    m = HybridMultiheadAttention(16, 4, 2, kernel_size=3, dropout=0.5, causal=True).eval()
+    x = torch.randn(8, 3, 16)
+
+    def decoded(seed):
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            return _incremental_outputs(m, x, [1] * 8)
+
+    assert torch.equal(decoded(1), decoded(2))
+    retain_dropout(m)
+    assert torch.equal(decoded(1), decoded(1))
+    assert (decoded(1) - decoded(2)).abs().max() > 1e-2
 
 
 def _incremental_outputs(m, x, chunks, reorder_at=None, new_order=None):

@@ -310,6 +310,33 @@ def test_hybrid_attention_fused_equals_its_pytorch_path(causal, length, dropconn
         assert (grads_fused[name] - g).abs().max() <= 1e-11 * (1 + g.abs().max()), name
 
 
+def test_fused_layer_keeps_drop_connect_in_inference_where_retained():
+    """Under ``--retain-dropout`` (fairseq's ``make_generation_fast_``) the fused layer
+    draws DropConnect's mask in inference too (a new one per forward, from the seed);
+    otherwise an evaluated layer has none."""
+    torch.manual_seed(0)
+    layer = HybridMultiheadAttention(
+        32, 4, 2, kernel_size=5, conv_weight_dropout=0.5, conv_heads_impl="fused"
+    )
+    layer = layer.to(DEVICE).eval()
+    x = torch.randn(7, 2, 32, device=DEVICE)
+
+    def output(seed):
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            return layer(x, None, None, need_weights=False)[0]
+
+    plain = output(1)
+    assert layer.local_conv.dropconnect()[0] is None
+    assert torch.equal(output(2), plain)
+    layer.local_conv.weight_dropout_module.make_generation_fast_("", retain_dropout=True)
+    mask, scale = layer.local_conv.dropconnect()
+    assert mask is not None and scale == layer.local_conv.output_scale / 0.5
+    assert torch.equal(output(1), output(1))
+    assert (output(1) - plain).abs().max() > 1e-3
+    assert (output(2) - output(1)).abs().max() > 1e-3
+
+
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
 def test_the_operators_torch_compile_calls_pass_torch_library_checks(causal, weight_dtype):

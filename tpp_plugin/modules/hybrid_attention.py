@@ -162,6 +162,8 @@ class HybridMultiheadAttention(nn.Module):
             conv_heads, self.head_dim, causal=causal, temperature=query_temperature
         )
         self.out_proj = nn.Linear(embed_dim, embed_dim)
+        #: the dropouts fairseq's ``--retain-dropout`` may keep on (:attr:`retains_dropout`)
+        self._dropouts = (self.dropout_module, self.local_conv.weight_dropout_module)
         self.reset_parameters()
 
     @property
@@ -282,15 +284,33 @@ class HybridMultiheadAttention(nn.Module):
         self, tgt_len, incremental_state, need_weights, attn_mask, key_padding_mask
     ) -> bool:
         """Whether this call is one position of a search and asks for nothing but the
-        output (no weights, masks or gradients): :meth:`_decode_step` takes it, the rest
-        of :meth:`forward` everything else."""
+        output (no weights, masks, gradients or dropout): :meth:`_decode_step` takes it,
+        the rest of :meth:`forward` everything else."""
         return (
             incremental_state is not None
             and tgt_len == 1
             and not (need_weights or self.training or torch.is_grad_enabled())
             and attn_mask is None
             and key_padding_mask is None
+            and not self.retains_dropout
         )
+
+    @property
+    def retains_dropout(self) -> bool:
+        """Whether fairseq's ``--retain-dropout`` keeps a dropout of this module on in
+        inference (Monte-Carlo dropout): the dot-product heads' attention dropout or
+        LocalConv's DropConnect. Asked at every decoding step, of modules held in a plain
+        tuple (no ``nn.Module`` attribute lookups)."""
+        for dropout in self._dropouts:
+            if dropout.apply_during_inference and dropout.p > 0:
+                return True
+        return False
+
+    def _dot_dropout_p(self) -> float:
+        """The dot-product heads' attention dropout now: in training, and in inference
+        under ``--retain-dropout``."""
+        dropout = self.dropout_module
+        return dropout.p if self.training or dropout.apply_during_inference else 0.0
 
     def head_outputs(
         self, x: Tensor, key_padding_mask: Optional[Tensor] = None
@@ -483,9 +503,8 @@ class HybridMultiheadAttention(nn.Module):
 
         mask = self._dot_mask(attn_mask, key_padding_mask, tgt_len, src_len, past, q.dtype, device)
         use_causal_flag = mask is None and self.causal and tgt_len > 1 and past == 0
-        dropout_p = self.dropout_module.p if self.training else 0.0
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=use_causal_flag
+            q, k, v, attn_mask=mask, dropout_p=self._dot_dropout_p(), is_causal=use_causal_flag
         )  # B x Ha x T x dh
         weights = None
         if need_weights:

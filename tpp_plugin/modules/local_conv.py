@@ -15,7 +15,8 @@ A depthwise-separable, dilated, causal 1-D convolution over time. For an input
         \\tilde A_{c,k}\\; U_{t-(F-1-k)\\,\\delta,\\;c}
 
 where ``F`` is the kernel width, ``δ`` the dilation and ``Ã`` is ``A`` after
-DropConnect (dropout on the normalised kernel weights, training only). The last tap
+DropConnect (dropout on the normalised kernel weights: in training, and in inference
+under fairseq's ``--retain-dropout``, one mask per batch or search). The last tap
 (``k = F-1``) weighs the current position; positions before the start of the sequence
 and padding positions contribute zero. Because the weights are softmax-normalised,
 each output is a weighted average of the ``F`` positions ``t, t-δ, ..., t-(F-1)δ``:
@@ -227,6 +228,13 @@ class LocalConv(nn.Module):
         self.reset_parameters()
 
     @property
+    def drops_weights(self) -> bool:
+        """Whether DropConnect applies now: in training, and in inference where fairseq's
+        ``--retain-dropout`` keeps this module's dropout on (Monte-Carlo dropout)."""
+        dropout = self.weight_dropout_module
+        return dropout.p > 0 and (self.training or dropout.apply_during_inference)
+
+    @property
     def receptive_field(self) -> int:
         """How many past positions (besides the current one) an output can see."""
         return (self.kernel_size - 1) * self.dilation
@@ -244,7 +252,7 @@ class LocalConv(nn.Module):
         kernel = F.softmax(
             self.weight, dim=-1, dtype=torch.promote_types(self.weight.dtype, torch.float32)
         )
-        if self.training and self.weight_dropout_module.p > 0:
+        if self.drops_weights:
             # DropConnect: drop individual (normalised) tap weights, not activations.
             kernel = self.weight_dropout_module(kernel)
         return kernel.t()  # C x F -> F x C
@@ -261,8 +269,8 @@ class LocalConv(nn.Module):
         modulo ``δ``. Their order rotates with ``p``; :meth:`rotated_kernels` rotates the
         kernel to match, once per search (a search has its own incremental state, and no
         weight changes during one)."""
-        if self.receptive_field == 0:
-            return self._scaled(u * self.normalized_kernel()[0])
+        if self.receptive_field == 0:  # F = 1: no ring, the one tap's weight
+            return self._scaled(u * self.rotated_kernels(incremental_state)[0, 0])
         ring, row = self.ring(u, incremental_state)
         ring[row] = u
         # the taps are the rows j·δ + row mod δ (j < F): every δ-th row, all of them if δ = 1
@@ -302,7 +310,9 @@ class LocalConv(nn.Module):
         ``j·δ + h mod δ`` holds the position ``((a - j) mod F)·δ`` steps back, which tap
         ``k = F-1 - (a - j) mod F`` weighs. Computed at the first call for an
         incremental state and kept in the module's buffer beside the ring (beam search
-        does not reorder it: it is the same for every hypothesis)."""
+        does not reorder it: it is the same for every hypothesis), DropConnect's mask
+        with it where :attr:`drops_weights`: one per search, as a whole sequence's
+        forward draws one per batch."""
         buffer = self._get_input_buffer(incremental_state)
         if "kernels" in buffer:
             return buffer["kernels"]
@@ -357,13 +367,13 @@ class LocalConv(nn.Module):
     def dropconnect(self) -> Tuple[Optional[Tensor], float]:
         """:meth:`kernel` in parts, for kernels that compute the softmax themselves
         (:func:`~tpp_plugin.modules.query_triton.conv_heads`): DropConnect's ``C x F``
-        mask (1 where a weight is kept, 0 where dropped; drawn afresh at every call in
-        training, None otherwise) and the factor on the output (the output scale over the
-        keeping probability). The same distribution as :meth:`normalized_kernel`'s
-        DropConnect, drawn by its own operator."""
-        p = self.weight_dropout_module.p
-        if not (self.training and p > 0):
+        mask (1 where a weight is kept, 0 where dropped; drawn afresh at every call where
+        :attr:`drops_weights`, None otherwise) and the factor on the output (the output
+        scale over the keeping probability). The same distribution as
+        :meth:`normalized_kernel`'s DropConnect, drawn by its own operator."""
+        if not self.drops_weights:
             return None, self.output_scale
+        p = self.weight_dropout_module.p
         acc = torch.promote_types(self.weight.dtype, torch.float32)
         mask = torch.empty(self.weight.shape, dtype=acc, device=self.weight.device)
         return mask.bernoulli_(1 - p), self.output_scale / (1 - p)
