@@ -147,6 +147,33 @@ def test_hybrid_model_uses_conv_heads_in_every_self_attention():
     assert all(type(layer.encoder_attn) is MultiheadAttention for layer in model.decoder.layers)
 
 
+def test_quant_noise_reaches_the_hybrid_self_attention_as_fairseqs_attention():
+    """``--quant-noise-pq``: fairseq drops blocks of ``--quant-noise-pq-block-size`` input
+    columns of its attention's projections in training (writing the weight); the hybrid
+    self-attention's input and output projections get the same noise, the decoder's
+    cross-attention (fairseq's) keeps its own; evaluation leaves every weight alone."""
+    torch.manual_seed(0)
+    d = make_dictionary()
+    model = build_model(dictionary=d, quant_noise_pq=0.25, quant_noise_pq_block_size=4)
+    src = random_tokens(d, 4, 6, seed=1)
+    prev = torch.cat([torch.full((4, 1), d.eos()), src[:, :-1]], dim=1)
+    layers = list(model.encoder.layers) + list(model.decoder.layers)
+    linears = [p for layer in layers for p in (layer.self_attn.in_proj, layer.self_attn.out_proj)]
+    linears += [layer.encoder_attn.q_proj for layer in model.decoder.layers]
+    before = [p.weight.detach().clone() for p in linears]
+    with torch.no_grad():
+        model.eval()
+        model(src, torch.full((4,), 6), prev)
+        assert all(torch.equal(p.weight, w) for p, w in zip(linears, before))
+        model.train()
+        model(src, torch.full((4,), 6), prev)
+    for p, w in zip(linears, before):
+        rows = (w != 0).all(1)  # (in_proj's alignment rows are zeros from the start)
+        blocks = p.weight[rows].view(int(rows.sum()), -1, 4) == 0  # rows x blocks x 4
+        assert torch.equal(blocks.all(-1), blocks.any(-1)), "whole blocks dropped"
+        assert 0.1 < blocks.all(-1).float().mean() < 0.4
+
+
 def train_a_few_steps(model, d, steps=30):
     src = random_tokens(d, 8, 7, seed=5)
     prev = torch.cat([torch.full((8, 1), d.eos()), src[:, :-1]], dim=1)

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules.fairseq_dropout import FairseqDropout
+from fairseq.modules.quant_noise import quant_noise
 from torch import Tensor, nn
 
 from . import conv_heads_triton
@@ -83,6 +84,9 @@ class HybridMultiheadAttention(nn.Module):
             kernels (:mod:`~tpp_plugin.modules.conv_heads_triton`; ``"auto"``: where
             Triton is installed); ``"fused"`` also all of the conv heads in training
             (:mod:`~tpp_plugin.modules.query_triton`).
+        q_noise, qn_block_size: fairseq's quantization noise on the input and output
+            projections in training (``--quant-noise-pq``, ``--quant-noise-pq-block-size``),
+            as its ``MultiheadAttention`` puts it on its own.
     """
 
     def __init__(
@@ -100,6 +104,8 @@ class HybridMultiheadAttention(nn.Module):
         output_scaling: str = "none",
         query_temperature: float = 1.0,
         conv_heads_impl: str = "auto",
+        q_noise: float = 0.0,
+        qn_block_size: int = 8,
     ):
         super().__init__()
         if embed_dim % num_heads != 0:
@@ -145,7 +151,9 @@ class HybridMultiheadAttention(nn.Module):
             self.projection_sizes.append(("pad", ALIGN - total % ALIGN))
         self._names = [n for n, _ in self.projection_sizes]
         self._widths = [w for _, w in self.projection_sizes]
-        self.in_proj = nn.Linear(embed_dim, sum(w for _, w in self.projection_sizes))
+        self.in_proj = quant_noise(
+            nn.Linear(embed_dim, sum(w for _, w in self.projection_sizes)), q_noise, qn_block_size
+        )
         self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
         self.conv_heads_impl = conv_heads_impl
         self.local_conv = LocalConv(
@@ -161,7 +169,7 @@ class HybridMultiheadAttention(nn.Module):
         self.context_query = ContextQuery(
             conv_heads, self.head_dim, causal=causal, temperature=query_temperature
         )
-        self.out_proj = nn.Linear(embed_dim, embed_dim)
+        self.out_proj = quant_noise(nn.Linear(embed_dim, embed_dim), q_noise, qn_block_size)
         #: the dropouts fairseq's ``--retain-dropout`` may keep on (:attr:`retains_dropout`)
         self._dropouts = (self.dropout_module, self.local_conv.weight_dropout_module)
         self.reset_parameters()

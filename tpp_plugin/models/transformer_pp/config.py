@@ -138,8 +138,16 @@ class ConvHeadsConfig:
         if not 0.0 <= self.weight_dropout < 1.0:
             raise ValueError(f"--conv-weight-dropout must be in [0, 1), got {self.weight_dropout}")
 
-    def attention(self, layer_idx: int, dropout: float, causal: bool) -> HybridMultiheadAttention:
-        """The hybrid self-attention of layer ``layer_idx`` (0-based)."""
+    def attention(
+        self,
+        layer_idx: int,
+        dropout: float,
+        causal: bool,
+        q_noise: float = 0.0,
+        qn_block_size: int = 8,
+    ) -> HybridMultiheadAttention:
+        """The hybrid self-attention of layer ``layer_idx`` (0-based), with the layer's
+        attention dropout and quantization noise."""
         return HybridMultiheadAttention(
             self.embed_dim,
             self.heads,
@@ -155,6 +163,8 @@ class ConvHeadsConfig:
             conv_heads_impl=self.conv_heads_impl,
             # fairseq pads targets on the right, unless the task says otherwise
             right_padded=causal and self.right_padded_targets,
+            q_noise=q_noise,
+            qn_block_size=qn_block_size,
         )
 
 

@@ -21,7 +21,13 @@ class TransformerPPEncoderLayer(transformer_layer.TransformerEncoderLayerBase):
     def build_self_attention(self, embed_dim, cfg):
         if self.conv.conv_heads == 0:
             return super().build_self_attention(embed_dim, cfg)
-        return self.conv.attention(self.layer_idx, cfg.attention_dropout, causal=False)
+        return self.conv.attention(
+            self.layer_idx,
+            cfg.attention_dropout,
+            causal=False,
+            q_noise=self.quant_noise,
+            qn_block_size=self.quant_noise_block_size,
+        )
 
 
 class TransformerPPDecoderLayer(transformer_layer.TransformerDecoderLayerBase):
@@ -38,7 +44,13 @@ class TransformerPPDecoderLayer(transformer_layer.TransformerDecoderLayerBase):
             return super().build_self_attention(
                 embed_dim, cfg, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn
             )
-        return self.conv.attention(self.layer_idx, cfg.attention_dropout, causal=True)
+        return self.conv.attention(
+            self.layer_idx,
+            cfg.attention_dropout,
+            causal=True,
+            q_noise=self.quant_noise,
+            qn_block_size=self.quant_noise_block_size,
+        )
 
 
 def wrap_layer(layer, cfg):
