@@ -276,14 +276,16 @@ def retain_dropout(module, only=None):
     return module
 
 
+@pytest.mark.parametrize("kernel_size", [5, 1])
 @pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.enable_grad], ids=["step", "autograd"])
-def test_retained_drop_connect_decodes_as_the_whole_sequence_with_its_mask(grad_mode):
+def test_retained_drop_connect_decodes_as_the_whole_sequence_with_its_mask(grad_mode, kernel_size):
     """Under ``--retain-dropout`` (Monte-Carlo dropout) DropConnect stays on in inference,
     one mask per search as one per batch in a whole sequence's forward: decoding step by
-    step from a seed gives that forward's output from the same seed."""
+    step from a seed gives that forward's output from the same seed (also for a kernel
+    of one tap, which decodes without a ring)."""
     torch.manual_seed(0)
     m = HybridMultiheadAttention(
-        16, 4, 2, kernel_size=5, dilation=2, conv_weight_dropout=0.5, causal=True
+        16, 4, 2, kernel_size=kernel_size, dilation=2, conv_weight_dropout=0.5, causal=True
     ).eval()
     x = torch.randn(9, 3, 16)
     with torch.no_grad():

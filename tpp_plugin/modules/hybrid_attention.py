@@ -170,8 +170,6 @@ class HybridMultiheadAttention(nn.Module):
             conv_heads, self.head_dim, causal=causal, temperature=query_temperature
         )
         self.out_proj = quant_noise(nn.Linear(embed_dim, embed_dim), q_noise, qn_block_size)
-        #: the dropouts fairseq's ``--retain-dropout`` may keep on (:attr:`retains_dropout`)
-        self._dropouts = (self.dropout_module, self.local_conv.weight_dropout_module)
         self.reset_parameters()
 
     @property
@@ -307,10 +305,12 @@ class HybridMultiheadAttention(nn.Module):
     def retains_dropout(self) -> bool:
         """Whether fairseq's ``--retain-dropout`` keeps a dropout of this module on in
         inference (Monte-Carlo dropout): the dot-product heads' attention dropout or
-        LocalConv's DropConnect. Asked at every decoding step, of modules held in a plain
-        tuple (no ``nn.Module`` attribute lookups)."""
-        for dropout in self._dropouts:
-            if dropout.apply_during_inference and dropout.p > 0:
+        LocalConv's DropConnect. Asked at every decoding step: the submodules are read
+        from their dictionaries, without ``nn.Module``'s attribute lookups."""
+        dot = self._modules["dropout_module"]
+        conv = self._modules["local_conv"]._modules["weight_dropout_module"]
+        for dropout in (dot, conv):
+            if getattr(dropout, "apply_during_inference", False) and dropout.p > 0:
                 return True
         return False
 
