@@ -376,6 +376,32 @@ def test_module_incremental_equals_full_multi_step_chunks(
     assert (inc - full).abs().max() <= 1e-5
 
 
+class OffsetLinear(torch.nn.Linear):
+    """A linear layer whose forward is not ``F.linear`` of its weight, as fairseq's scalar
+    quantization's ``IntLinear`` (which quantizes its weight in the forward, on CUDA)."""
+
+    def forward(self, x):
+        return super().forward(x) + 0.5
+
+
+def test_decoding_step_calls_the_projections_that_replace_its_own():
+    """fairseq's quantization replaces every ``nn.Linear`` of a model by a module of its
+    own: the one-token decoding step calls the projections it finds, as the general path
+    does, and so decodes as the whole sequence's forward."""
+    torch.manual_seed(0)
+    m = HybridMultiheadAttention(16, 4, 2, kernel_size=3, causal=True).eval()
+    for name in ("in_proj", "out_proj"):
+        old = getattr(m, name)
+        new = OffsetLinear(old.in_features, old.out_features)
+        new.load_state_dict(old.state_dict())
+        setattr(m, name, new)
+    x = torch.randn(7, 2, 16)
+    with torch.no_grad():
+        full, _ = m(x, x, x)
+        steps = _incremental_outputs(m, x, [1] * 7)
+    assert (steps - full).abs().max() <= 1e-5
+
+
 def test_incremental_decoding_under_autograd_gives_the_parallel_gradients():
     """With gradients on, the modules' one decoding path (LocalConv's ring, the Query's
     running merge) is differentiable: writing the ring in place would corrupt an earlier

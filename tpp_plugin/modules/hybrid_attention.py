@@ -345,9 +345,11 @@ class HybridMultiheadAttention(nn.Module):
         decodes under ``torch.no_grad``): :meth:`forward`'s result with as few operations
         as possible, since it runs once per layer and output token and on a GPU each
         operation is a kernel launch. The keys and values are cached as one tensor, and
-        the heads write their outputs straight into the input of ``W^O``."""
+        the heads write their outputs straight into the input of ``W^O``. The projections
+        are called as modules, as fairseq's attention calls its own: fairseq's scalar
+        quantization (``--quant-noise-scalar``) replaces them by modules of its own."""
         bsz = x.size(1)
-        proj = F.linear(x[0], self.in_proj.weight, self.in_proj.bias)  # B x width
+        proj = self.in_proj(x[0])  # B x width
         parts = dict(
             zip(self._names, proj.split_with_sizes(self._widths, dim=-1))
         )  # B x width each
@@ -379,7 +381,7 @@ class HybridMultiheadAttention(nn.Module):
             # view; B x Ha*dh -> B x Ha x dh <- B x Ha x 1 x dh
             mixed[:, :dot_dim].view(bsz, self.dot_heads, self.head_dim).copy_(dot.squeeze(2))
         self._conv_step(parts, incremental_state, out=mixed[:, dot_dim:])
-        return F.linear(mixed, self.out_proj.weight, self.out_proj.bias).unsqueeze(0)  # 1 x B x d
+        return self.out_proj(mixed).unsqueeze(0)  # 1 x B x d
 
     def _conv_step(
         self,
