@@ -244,6 +244,42 @@ def test_generate_with_retain_dropout_keeps_the_conv_heads_drop_connect_on(train
     assert hypotheses(2, *retain) != first
 
 
+def test_generate_prunes_layers_as_fairseq_does_with_layers_to_keep(trained):
+    """fairseq-generate's pruning of layers (a LayerDrop-trained model's use):
+    --model-overrides with *_layers_to_keep builds the kept layers with their own kernel
+    widths and loads them; the POS head reads a pruned layer, so the model must be built
+    without its tag heads, which the error says how to do."""
+
+    def generate(overrides, check=True):
+        return run(
+            [
+                "fairseq-generate",
+                trained["data"],
+                "--user-dir",
+                PLUGIN_DIR,
+                "--path",
+                trained["save"] / "checkpoint_best.pt",
+                "--gen-subset",
+                "test",
+                "--beam",
+                "2",
+                "--batch-size",
+                "20",
+                "--cpu",
+                "--model-overrides",
+                overrides,
+            ],
+            check=check,
+        )
+
+    keep = "'encoder_layers_to_keep': '1', 'decoder_layers_to_keep': '1'"
+    refused = generate("{" + keep + "}", check=False)
+    assert refused.returncode != 0
+    assert "prunes the encoder layers that tag heads read (pos:1" in refused.stderr
+    pruned = generate("{" + keep + ", 'encoder_tag_layers': ''}")
+    assert len([line for line in pruned.stdout.splitlines() if line.startswith("H-")]) == 20
+
+
 def test_the_documented_interactive_line_translates_raw_text(trained, tmp_path):
     """docs/training_and_evaluation.md's fairseq-interactive line, run as written with
     this test's files in its paths: Moses tokenisation and subword-nmt BPE of raw input

@@ -237,6 +237,35 @@ def test_tag_heads_read_their_layers_and_cost_nothing_by_default():
     hook.remove()
 
 
+def test_layers_to_keep_prunes_a_model_as_fairseq_prunes_its_transformer():
+    """fairseq's pruning of a LayerDrop-trained model as it loads
+    (``--model-overrides "{'encoder_layers_to_keep': '1', ...}"``): the model is built
+    with the kept layers' kernel widths, its tag heads read the kept layers under their
+    new numbers, and the full model's state loads through fairseq's own pruning; a head
+    whose layer is pruned is refused, naming the way out."""
+    torch.manual_seed(0)
+    d = make_dictionary()
+    tags = {"pos": make_dictionary(6), "ner": make_dictionary(5)}
+    options = dict(dictionary=d, tag_dictionaries=tags, encoder_tag_layers="ner:2")
+    full = build_model(encoder_conv_kernel_sizes="3,5", decoder_conv_kernel_sizes="3,7", **options)
+    keep = dict(encoder_layers_to_keep="1", decoder_layers_to_keep="1")
+    pruned = build_model(
+        encoder_conv_kernel_sizes="3,5", decoder_conv_kernel_sizes="3,7", **keep, **options
+    )
+    assert [layer.self_attn.local_conv.kernel_size for layer in pruned.encoder.layers] == [5]
+    assert [layer.self_attn.local_conv.kernel_size for layer in pruned.decoder.layers] == [7]
+    assert pruned.encoder.tag_heads.layers == {"ner": 1}
+    cfg = argparse.Namespace(arch="transformer_pp_tiny", **keep)  # as a checkpoint's
+    pruned.load_state_dict(full.state_dict(), strict=True, model_cfg=cfg)
+    for side in ("encoder", "decoder"):
+        kept, source = getattr(pruned, side).layers[0], getattr(full, side).layers[1]
+        assert all(torch.equal(a, b) for a, b in zip(kept.parameters(), source.parameters()))
+    with pytest.raises(ValueError, match=r"--encoder-layers-to-keep 1 .*pos:1.*encoder_tag_layers"):
+        build_model(**keep, dictionary=d, tag_dictionaries=tags)
+    with pytest.raises(ValueError, match=r"keeps layer 2, but --encoder-conv-kernel-sizes gives 2"):
+        build_model(encoder_layers_to_keep="0,2", dictionary=d)
+
+
 @pytest.mark.parametrize(
     "overrides, option",
     [
@@ -248,6 +277,7 @@ def test_tag_heads_read_their_layers_and_cost_nothing_by_default():
         (dict(encoder_tag_layers="pos:3"), "--encoder-tag-layers"),
         (dict(encoder_tag_layers="pos"), "--encoder-tag-layers"),
         (dict(conv_weight_dropout=1.5), "--conv-weight-dropout"),
+        (dict(cross_self_attention=True), "--cross-self-attention"),
     ],
 )
 def test_bad_options_fail_at_build_naming_the_option(overrides, option):

@@ -7,12 +7,12 @@ Per-layer settings are comma-separated lists, one value per layer
 errors name the option.
 """
 
-from typing import Dict
+from typing import Dict, List, Optional
 
 from ...modules import HybridMultiheadAttention
 from ...modules.hybrid_attention import OUTPUT_SCALINGS
 from ...modules.conv_heads_triton import IMPLS as CONV_HEADS_IMPLS
-from ...options import parse_int_list, tag_layers
+from ...options import format_named, parse_int_list, tag_layers
 
 #: the paper's kernel widths for blocks 1..5 (encoder and decoder alike)
 PAPER_KERNEL_SIZES = (3, 5, 7, 11, 15)
@@ -92,7 +92,9 @@ class ConvHeadsConfig:
         # the same flat names (``encoder_layers`` is ``cfg.encoder.layers``)
         prefix = f"{side}_"
         self.side = side
-        self.num_layers = getattr(args, prefix + "layers")
+        keep = kept_layers(args, side)
+        # fairseq builds as many layers as are kept (and so does it with ``args``' copy)
+        self.num_layers = len(keep) if keep else getattr(args, prefix + "layers")
         self.embed_dim = getattr(args, prefix + "embed_dim")
         self.heads = getattr(args, prefix + "attention_heads")
         self.conv_heads = getattr(args, prefix + "conv_heads")
@@ -126,6 +128,13 @@ class ConvHeadsConfig:
             (f"{opt}-kernel-sizes", self.kernel_sizes),
             (f"{opt}-dilations", self.dilations),
         ):
+            if keep:  # the values of the layers kept, which fairseq renumbers 0, 1, ...
+                if len(values) <= keep[-1]:
+                    raise ValueError(
+                        f"--{side}-layers-to-keep keeps layer {keep[-1]}, but --{option} gives "
+                        f"{len(values)} values ({','.join(map(str, values))})"
+                    )
+                values[:] = [values[i] for i in keep]
             if len(values) != self.num_layers:
                 raise ValueError(
                     f"--{option} needs one value per layer: {len(values)} given "
@@ -168,6 +177,32 @@ class ConvHeadsConfig:
         )
 
 
+def kept_layers(args, side: str) -> Optional[List[int]]:
+    """The 0-based layers that fairseq's ``--{side}-layers-to-keep`` keeps, sorted (it
+    prunes a model trained with LayerDrop as it loads, e.g. ``fairseq-generate
+    --model-overrides "{'encoder_layers_to_keep': '0,2'}"``, numbering the kept layers
+    0, 1, ... in this order), or None where it is not set."""
+    value = getattr(args, f"{side}_layers_to_keep", None)
+    if not value:
+        return None
+    return sorted(parse_int_list(value, f"{side}-layers-to-keep"))
+
+
 def tag_layers_of(args) -> Dict[str, int]:
-    """``--encoder-tag-layers``, checked against the number of encoder layers."""
-    return tag_layers(args.encoder_tag_layers, args.encoder_layers)
+    """``--encoder-tag-layers``, checked against the number of encoder layers; where
+    ``--encoder-layers-to-keep`` prunes the encoder, the layers the heads read renumbered
+    as fairseq renumbers the kept layers (a head whose layer is pruned is an error)."""
+    keep = kept_layers(args, "encoder")
+    if not keep:
+        return tag_layers(args.encoder_tag_layers, args.encoder_layers)
+    # ``encoder_layers`` is the whole depth before fairseq builds, the kept one after
+    layers = tag_layers(args.encoder_tag_layers, max(args.encoder_layers, keep[-1] + 1))
+    pruned = {name: layer for name, layer in layers.items() if layer - 1 not in keep}
+    if pruned:
+        raise ValueError(
+            f"--encoder-layers-to-keep {','.join(map(str, keep))} (0-based) prunes the encoder "
+            f"layers that tag heads read ({format_named(pruned)}, 1-based): keep those layers, "
+            f"or build the model without its tag heads (--encoder-tag-layers '', in "
+            f"--model-overrides 'encoder_tag_layers': ''), which translation does not use"
+        )
+    return {name: keep.index(layer - 1) + 1 for name, layer in layers.items()}

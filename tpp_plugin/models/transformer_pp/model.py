@@ -85,6 +85,11 @@ class TransformerPPDecoder(TransformerDecoderBase):
         if getattr(cfg, "base_layers", 0):
             raise ValueError("--base-layers is not supported by transformer_pp")
         self.conv = ConvHeadsConfig(cfg, "decoder")
+        if getattr(cfg, "cross_self_attention", False) and self.conv.conv_heads > 0:
+            raise ValueError(
+                "--cross-self-attention is not supported with convolution heads in the "
+                "decoder's self-attention (--decoder-conv-heads 0 allows it)"
+            )
         self.layer_counter = LayerCounter("decoder")
         super().__init__(
             cfg,
