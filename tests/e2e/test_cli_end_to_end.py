@@ -205,6 +205,17 @@ def test_generate_and_interactive_need_no_tags(trained, tmp_path):
     assert len(out) == 2 and all(l.split("\t")[2].strip() for l in out)
 
 
+def generate_test_split(trained, *options, check=True):
+    """fairseq-generate of the trained checkpoint on the test split, on the CPU."""
+    checkpoint = trained["save"] / "checkpoint_best.pt"
+    command = ["fairseq-generate", trained["data"], "--user-dir", PLUGIN_DIR, "--path", checkpoint]
+    return run([*command, "--gen-subset", "test", "--cpu", *options], check=check)
+
+
+def hypothesis_lines(generated):
+    return sorted(line for line in generated.stdout.splitlines() if line.startswith("H-"))
+
+
 def test_generate_with_retain_dropout_keeps_the_conv_heads_drop_connect_on(trained):
     """fairseq-generate --retain-dropout (Monte-Carlo dropout) reaches the conv heads:
     with only LocalConv's DropConnect kept (here at 0.5 by --model-overrides), another
@@ -212,29 +223,9 @@ def test_generate_with_retain_dropout_keeps_the_conv_heads_drop_connect_on(train
     seed changes nothing."""
 
     def hypotheses(seed, *extra):
-        gen = run(
-            [
-                "fairseq-generate",
-                trained["data"],
-                "--user-dir",
-                PLUGIN_DIR,
-                "--path",
-                trained["save"] / "checkpoint_best.pt",
-                "--gen-subset",
-                "test",
-                "--beam",
-                "5",
-                "--batch-size",
-                "20",
-                "--cpu",
-                "--seed",
-                str(seed),
-                "--model-overrides",
-                "{'conv_weight_dropout': 0.5}",
-                *extra,
-            ]
-        )
-        return sorted(line for line in gen.stdout.splitlines() if line.startswith("H-"))
+        overrides = ("--model-overrides", "{'conv_weight_dropout': 0.5}")
+        options = ("--beam", "5", "--batch-size", "20", "--seed", str(seed), *overrides, *extra)
+        return hypothesis_lines(generate_test_split(trained, *options))
 
     assert hypotheses(1) == hypotheses(2)
     retain = ("--retain-dropout", "--retain-dropout-modules", "LocalConv")
@@ -251,33 +242,15 @@ def test_generate_prunes_layers_as_fairseq_does_with_layers_to_keep(trained):
     without its tag heads, which the error says how to do."""
 
     def generate(overrides, check=True):
-        return run(
-            [
-                "fairseq-generate",
-                trained["data"],
-                "--user-dir",
-                PLUGIN_DIR,
-                "--path",
-                trained["save"] / "checkpoint_best.pt",
-                "--gen-subset",
-                "test",
-                "--beam",
-                "2",
-                "--batch-size",
-                "20",
-                "--cpu",
-                "--model-overrides",
-                overrides,
-            ],
-            check=check,
-        )
+        options = ("--beam", "2", "--batch-size", "20", "--model-overrides", overrides)
+        return generate_test_split(trained, *options, check=check)
 
     keep = "'encoder_layers_to_keep': '1', 'decoder_layers_to_keep': '1'"
     refused = generate("{" + keep + "}", check=False)
     assert refused.returncode != 0
     assert "prunes the encoder layers that tag heads read (pos:1" in refused.stderr
     pruned = generate("{" + keep + ", 'encoder_tag_layers': ''}")
-    assert len([line for line in pruned.stdout.splitlines() if line.startswith("H-")]) == 20
+    assert len(hypothesis_lines(pruned)) == 20
 
 
 def test_the_documented_interactive_line_translates_raw_text(trained, tmp_path):

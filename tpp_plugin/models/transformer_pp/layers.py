@@ -21,13 +21,7 @@ class TransformerPPEncoderLayer(transformer_layer.TransformerEncoderLayerBase):
     def build_self_attention(self, embed_dim, cfg):
         if self.conv.conv_heads == 0:
             return super().build_self_attention(embed_dim, cfg)
-        return self.conv.attention(
-            self.layer_idx,
-            cfg.attention_dropout,
-            causal=False,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
-        )
+        return hybrid_self_attention(self, cfg, causal=False)
 
 
 class TransformerPPDecoderLayer(transformer_layer.TransformerDecoderLayerBase):
@@ -44,13 +38,20 @@ class TransformerPPDecoderLayer(transformer_layer.TransformerDecoderLayerBase):
             return super().build_self_attention(
                 embed_dim, cfg, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn
             )
-        return self.conv.attention(
-            self.layer_idx,
-            cfg.attention_dropout,
-            causal=True,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
-        )
+        return hybrid_self_attention(self, cfg, causal=True)
+
+
+def hybrid_self_attention(layer, cfg, causal: bool):
+    """``layer``'s hybrid self-attention, with the attention dropout and quantization
+    noise (read by fairseq's ``__init__`` before it builds the attention) that fairseq
+    gives its own."""
+    return layer.conv.attention(
+        layer.layer_idx,
+        cfg.attention_dropout,
+        causal=causal,
+        q_noise=layer.quant_noise,
+        qn_block_size=layer.quant_noise_block_size,
+    )
 
 
 def wrap_layer(layer, cfg):
