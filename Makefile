@@ -1,5 +1,6 @@
 # The two entry points of the project (see README.md). Both set up the environment first.
-VENV ?= $(CURDIR)/.venv
+# the environment: VENV, else TPP_VENV (as scripts/setup_env.sh reads it), else ./.venv
+VENV ?= $(or $(TPP_VENV),$(CURDIR)/.venv)
 export TPP_VENV := $(VENV)
 export PATH := $(VENV)/bin:$(PATH)
 

@@ -92,6 +92,11 @@ stage_index() {
 first=$(stage_index "$from")
 last=$(stage_index "$to")
 (( first <= last )) || die "--from $from comes after --to $to"
+# only the WMT'14 presets know their test reference: the others would fail at the end
+if (( last >= $(stage_index evaluate) )) && [[ ${PRESET:-en-de} != *-* && -z ${REFERENCE:-} ]]; then
+  die "--preset ${PRESET}: give the raw reference of the test split (--reference FILE)," \
+      "which only the en-de and en-fr presets find by themselves"
+fi
 
 # Cluster resources
 CPU_ONLY=${CPU_ONLY:-0}

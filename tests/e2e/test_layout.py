@@ -3,6 +3,7 @@ module finds another by editing sys.path."""
 
 import os
 import re
+import subprocess
 
 import pytest
 
@@ -181,3 +182,15 @@ def test_the_package_version_is_the_changelogs_newest_release():
         releases[:1],
         tpp_plugin.__version__,
     )
+
+
+@pytest.mark.parametrize("variable", ["TPP_VENV", "VENV"])
+def test_make_puts_the_environment_where_the_variable_says(variable, tmp_path):
+    """docs/install.md: ``TPP_VENV`` (or the Makefile's ``VENV``) puts the environment
+    elsewhere, for ``make`` as for ``scripts/setup_env.sh``."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TPP_VENV", "VENV")}
+    env[variable] = str(tmp_path / "elsewhere")
+    planned = subprocess.run(
+        ["make", "-n", "demo"], cwd=REPO, env=env, capture_output=True, text=True, check=True
+    )
+    assert f"{tmp_path / 'elsewhere'}/bin/tpp-demo" in planned.stdout

@@ -246,6 +246,23 @@ def test_more_training_tasks_than_gpus_is_refused_before_submitting(tmp_path):
     assert not result.stdout
 
 
+@pytest.mark.parametrize("reference", [False, True], ids=["refused", "given"])
+def test_a_preset_without_a_known_reference_needs_one_before_submitting(tmp_path, reference):
+    """Only the WMT'14 presets find their test reference: a chain with another preset
+    that ends in evaluation is refused before anything is submitted, not at its end."""
+    command = ["bash", str(SLURM / "submit.sh"), "--dry-run", "--preset", "base"]
+    command += ["--data-bin", "data-bin/mine", "--log-dir", str(tmp_path / "logs")]
+    command += ["--reference", "raw/test.de"] if reference else []
+    result = subprocess.run(command, env=tool_env(), capture_output=True, text=True)
+    if reference:
+        assert result.returncode == 0 and len(result.stdout.splitlines()) == 5
+    else:
+        assert result.returncode == 2 and "--reference FILE" in result.stderr
+        assert not result.stdout
+    to_train = subprocess.run(command + ["--to", "train"], env=tool_env(), capture_output=True)
+    assert to_train.returncode == 0
+
+
 @pytest.mark.parametrize("tasks", [1, 2])
 def test_training_job_requeues_itself_and_resumes(cluster, nmt_corpus, tmp_path, tasks):
     """USR1 (what --signal=B:USR1@120 sends before the time limit) makes train.sbatch

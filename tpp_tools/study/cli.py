@@ -22,10 +22,11 @@ folder (``--data``) with its raw test reference (``--test-reference``).
     tpp-study --config wmt14-big --launcher slurm --partition gpu --data data-bin/wmt14_en_de \\
         --test-reference work/wmt14_en_de/raw/test.de --variants transformer,hybrid,hybrid+tags --out runs/wmt14
 
-Runs live in ``OUT/runs/<variant>-s<seed>-<id>/``, ``<id>`` a hash of everything that
-defines the run: a re-run reuses finished runs and resumes interrupted ones, and any
-change of a setting is a new run; a finished run's record (``record.json.gz``) is all
-the report reads. Options after ``--`` go to every fairseq-train command.
+Runs live in ``OUT/runs/<variant>-s<seed>-<id>/`` (``hybrid_tags`` for ``hybrid+tags``),
+``<id>`` a hash of everything that defines the run: a re-run reuses finished runs and
+resumes interrupted ones, and any change of a setting is a new run; a finished run's
+record (``record.json.gz``) is all the report reads. Options after ``--`` go to every
+fairseq-train command.
 """
 
 import argparse
