@@ -389,6 +389,19 @@ def _publish(staging, out, names):
 # --------------------------------------------------------------------------- evaluation
 
 
+#: fairseq-generate's options that tpp-evaluate sets itself, refused after ``--``: fairseq
+#: would take the last value, and the scores would not be of what the report names
+OWN_GENERATE_OPTIONS = {
+    **dict.fromkeys(("--gen-subset", "--path"), "use --split and --checkpoint"),
+    **dict.fromkeys(("--source-lang", "-s", "--target-lang", "-t"), "give it before --"),
+    **dict.fromkeys(("--task", "--user-dir"), "give it before --"),
+    **dict.fromkeys(
+        ("--tokenizer", "--bpe", "--remove-bpe", "--post-process", "--results-path"),
+        "tpp-evaluate removes the BPE and detokenises fairseq-generate's output itself",
+    ),
+}
+
+
 def _checked_inputs(
     data, checkpoint, reference, out, split, source_lang, target_lang, beam, max_tokens,
     user_dir, force, generate_args, log,
@@ -403,6 +416,10 @@ def _checked_inputs(
     for name, value in (("--beam", beam), ("--max-tokens", max_tokens)):
         if not (isinstance(value, int) and value >= 1):
             raise EvaluationError(f"{name} must be a whole number of at least 1, not {value}")
+    for word in map(str, generate_args):
+        option = word.split("=", 1)[0]
+        if option in OWN_GENERATE_OPTIONS:
+            raise EvaluationError(f"{option} after --: {OWN_GENERATE_OPTIONS[option]}")
     if not data.is_dir():
         raise EvaluationError(f"{data}: data folder does not exist")
     if not checkpoint.is_file():

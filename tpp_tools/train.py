@@ -241,6 +241,13 @@ def fairseq_command(args):
             args.user_dir = str(plugin_dir())
         except PluginNotFound as error:
             raise TrainError(str(error)) from None
+    for word in args.extra:  # the folders tpp-train locks, recovers and logs in are its own
+        option = word.split("=", 1)[0]
+        if option in ("--save-dir", "--log-file"):
+            raise TrainError(
+                f"{option} after --: give it before -- (tpp-train takes the save dir's lock, "
+                "recovers its checkpoint and writes its log where these options point)"
+            )
     given = dict(zip(args.extra, args.extra[1:]))  # options after --: fairseq keeps the last
     for option in ("--max-update", "--max-tokens", "--update-freq", "--lr", "--warmup-updates"):
         if option in args.extra:

@@ -359,6 +359,25 @@ def test_a_beam_or_batch_of_zero_is_refused_before_translating(evaluated, tmp_pa
     assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--gen-subset", "valid"], "--gen-subset after --: use --split and --checkpoint"),
+        (["--path=other.pt"], "--path after --: use --split and --checkpoint"),
+        (["--tokenizer", "moses"], "--tokenizer after --: tpp-evaluate removes the BPE"),
+    ],
+)
+def test_generate_options_it_sets_itself_are_refused_after_the_separator(
+    evaluated, tmp_path, extra, message
+):
+    """fairseq-generate keeps the last value of an option: after ``--`` these would
+    translate another split or checkpoint, or score differently tokenised text, under
+    the names tpp-evaluate's report gives."""
+    result = run_evaluate(*model_and_data(evaluated, tmp_path / "out"), "--", *extra)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
+
+
 def test_a_sentence_over_the_length_limit_is_named_before_translating(evaluated, tmp_path):
     """Issue 49.6: fairseq-generate refused a split with one sentence over the limit
     after loading everything, with a hint about an option that drops it from the score.

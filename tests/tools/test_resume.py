@@ -515,11 +515,14 @@ def test_max_update_must_be_a_positive_number(value, tmp_path):
         (["--max-tokens", "0"], "--max-tokens must be a positive whole number, not '0'"),
         (["--", "--max-update", "0"], "--max-update must be a positive number of updates"),
         (["--", "--lr", "0"], "--lr must be a positive number, not '0'"),
+        (["--", "--save-dir", "elsewhere"], "--save-dir after --: give it before --"),
+        (["--", "--log-file=train.log"], "--log-file after --: give it before --"),
     ],
 )
 def test_values_fairseq_would_misread_are_refused_before_training(options, message):
     """Issue probes: gradient ascent (--lr -1), label smoothing above 1, divisions by
-    zero and an empty dataset deep inside fairseq; --max-update 0 after -- (no limit)."""
+    zero and an empty dataset deep inside fairseq; --max-update 0 after -- (no limit); a
+    save dir or log file after -- (fairseq's, while the lock guards another folder)."""
     bad = subprocess.run(
         ["bash", str(SCRIPTS / "train.sh"), "--dry-run", *options],
         capture_output=True,
