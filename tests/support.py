@@ -84,7 +84,7 @@ def pipeline_command(name, *args):
     return [name, *map(str, args)]
 
 
-def run_pipeline(name, *args, check=True, timeout=600):
+def run_pipeline(name, *args, check=True, timeout=600, cwd=None):
     """Run the data pipeline's console script ``name``; returns the CompletedProcess."""
     result = subprocess.run(
         pipeline_command(name, *args),
@@ -92,6 +92,7 @@ def run_pipeline(name, *args, check=True, timeout=600):
         text=True,
         env=tool_env(),
         timeout=timeout,
+        cwd=cwd,
     )
     if check and result.returncode != 0:
         raise AssertionError(f"{name} failed ({result.returncode}):\n{result.stderr[-4000:]}")

@@ -160,7 +160,8 @@ class StepLedger:
                     "stamp": stamp,
                     "settings": settings,
                     "upstream": upstream,
-                    "outputs": list(outputs),
+                    # absolute: the step is done whatever folder the command runs from
+                    "outputs": [os.path.abspath(p) for p in outputs],
                 },
                 handle,
                 indent=1,

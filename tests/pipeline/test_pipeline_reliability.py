@@ -650,6 +650,41 @@ def _binarized(folder):
     }
 
 
+def test_a_run_from_another_folder_finds_its_steps_done(corpus):
+    """Relative paths, as typed, from two folders: the second run finds every step done
+    (the step records hold their outputs' absolute paths) and leaves the data folder as
+    it was; it redid every step and rebuilt the data folder without --force."""
+    (corpus / "elsewhere").mkdir()
+    options = ["-s", "en", "-t", "de", "--name", "rel", "--quiet"]
+    for prefix, split in (
+        ("--trainpref", "train"),
+        ("--validpref", "valid"),
+        ("--testpref", "test"),
+    ):
+        options += [prefix, split]
+    first = run_pipeline(
+        "tpp-prepare-corpus", *options, "--work-dir", "work", "--data-bin", "bin", cwd=corpus
+    )
+    assert first.returncode == 0, first.stderr
+    made = (corpus / "bin" / "rel" / "dict.en.txt").stat().st_mtime_ns
+    moved = [
+        o if o in ("-s", "-t", "en", "de", "rel") or o.startswith("-") else f"../{o}"
+        for o in options
+    ]
+    again = run_pipeline(
+        "tpp-prepare-corpus",
+        *moved,
+        "--work-dir",
+        "../work",
+        "--data-bin",
+        "../bin",
+        cwd=corpus / "elsewhere",
+    )
+    assert again.returncode == 0, again.stderr
+    assert "running" not in again.stderr and "redoing" not in again.stderr, again.stderr
+    assert (corpus / "bin" / "rel" / "dict.en.txt").stat().st_mtime_ns == made
+
+
 @pytest.mark.slow  # the whole pipeline, tagging included, four times
 def test_a_changed_setting_is_named_and_force_redoes_only_what_depends_on_it(corpus):
     """Issue 33.12: re-running with only --data-bin changed said "different settings or
