@@ -24,6 +24,7 @@ writes ``work/study/raw/{train,valid,test}.{en,de}``.
 """
 
 import argparse
+import json
 import lzma
 import random
 import re
@@ -43,21 +44,25 @@ def normalise(text: str) -> str:
     return _SPACE.sub(" ", unicodedata.normalize("NFKC", text).casefold()).strip()
 
 
-def open_text(path: Path):
-    """A text file, xz-compressed when its name ends in ``.xz``."""
+def open_bytes(path: Path):
+    """A file's bytes, xz-decompressed when its name ends in ``.xz``."""
     if str(path).endswith(".xz"):
-        return lzma.open(path, "rt", encoding="utf-8", newline="\n")
-    return open(path, "r", encoding="utf-8", newline="\n")
+        return lzma.open(path, "rb")
+    return open(path, "rb")
 
 
 def read_side(path: Path) -> List[str]:
     """The lines of ``path`` split on ``\n`` only (the segments may contain other
     Unicode line separators); a last line without newline counts."""
     try:
-        with open_text(path) as handle:
-            lines = handle.read().split("\n")
+        with open_bytes(path) as handle:
+            data = handle.read()
+        lines = data.decode("utf-8").split("\n")
     except UnicodeDecodeError as exc:
-        raise DataError(f"not UTF-8 ({exc.reason})", path) from None
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        bad = data[exc.start : exc.end]
+        raise DataError(f"invalid UTF-8 byte {bad!r} at column {column}", path, line) from None
     except (lzma.LZMAError, EOFError) as exc:
         raise DataError(f"not a valid xz file ({exc})", path) from None
     except OSError as exc:
@@ -103,6 +108,8 @@ def carve(
     splits: Dict[str, List[int]] = {name: [] for name in sizes}
     names = iter(sizes)
     current = next(names, None)
+    while current is not None and sizes[current] <= 0:  # nothing to hold out for it
+        current = next(names, None)
     for index in order:
         if current is None:
             break
@@ -167,15 +174,40 @@ def carve_corpus(
     ``out_dir/{train,<held-out names>}.{src,tgt}``. ``given`` held-out sets (name ->
     prefix, e.g. your own test set) are copied as they are and reserved: training
     keeps no pair sharing a side with them. Returns the written files per split.
-    Existing outputs are kept (the carving is deterministic) unless ``force``."""
+    Existing outputs are kept (the carving is deterministic) unless ``force``; made
+    from another corpus or with other settings (:data:`SETTINGS` records them), they are
+    an error without ``force``."""
     out_dir = Path(out_dir)
     given = dict(given or {})
+    for name, size in sizes.items():
+        if size < 0:
+            raise DataError(f"--{name} must be 0 or more pairs, not {size}")
     names = ["train", *sizes, *given]
     outputs = {
         name: (out_dir / f"{name}.{src_lang}", out_dir / f"{name}.{tgt_lang}") for name in names
     }
+    record = out_dir / SETTINGS
     if not force and all(p.exists() for pair in outputs.values() for p in pair):
-        return outputs
+        if not record.exists():  # carved before the record existed: kept as they are
+            return outputs
+        settings = carving_settings(prefix, src_lang, tgt_lang, sizes, seed, given)
+        try:
+            made = json.loads(record.read_text(encoding="utf-8"))
+        except ValueError:
+            made = {}
+        if made == settings:
+            return outputs
+        changed = ", ".join(
+            f"{key} {made.get(key)} -> {value}"
+            for key, value in settings.items()
+            if made.get(key) != value
+        )
+        raise DataError(
+            f"carved before with other settings ({changed}): use --force to carve again, "
+            "or another --out",
+            record,
+        )
+    settings = carving_settings(prefix, src_lang, tgt_lang, sizes, seed, given)
     sources, targets = read_pairs(prefix, src_lang, tgt_lang)
     reserved = []
     for name, held_prefix in given.items():
@@ -188,7 +220,24 @@ def carve_corpus(
         src_out, tgt_out = outputs[name]
         write_lines(src_out, [sources[i] for i in splits[name]])
         write_lines(tgt_out, [targets[i] for i in splits[name]])
+    with atomic_open(record) as handle:
+        json.dump(settings, handle, indent=1, sort_keys=True)
     return outputs
+
+
+#: the file in ``--out`` that records what a carving was made from and with
+SETTINGS = ".carve-settings.json"
+
+
+def carving_settings(prefix, src_lang, tgt_lang, sizes, seed, given) -> Dict[str, object]:
+    """What a carving depends on: the corpus (both sides' absolute paths and sizes in
+    bytes), the held-out sizes, the seed and the held-out sets given."""
+    corpus = {}
+    for lang in (src_lang, tgt_lang):
+        path = side_path(prefix, lang)
+        corpus[lang] = [str(path.resolve()), path.stat().st_size]
+    held = {name: str(Path(held_prefix).resolve()) for name, held_prefix in given.items()}
+    return {"corpus": corpus, "sizes": dict(sizes), "seed": seed, "given": held}
 
 
 def main(argv=None) -> int:

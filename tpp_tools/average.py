@@ -377,6 +377,8 @@ def main(argv=None):
         output = os.path.abspath(args.output)
         if any(os.path.abspath(p) == output for p in paths):
             raise AveragingError(f"{args.output}: the output is one of the inputs")
+        if os.path.isdir(output):
+            raise AveragingError(f"{output}: is a folder: --output names the averaged file")
         if os.path.exists(output) and not args.force:  # fail before the long part
             raise AveragingError(f"{output}: already exists (use --force to replace it)")
         from .evaluate import writable_folder

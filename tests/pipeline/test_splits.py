@@ -155,3 +155,54 @@ def test_an_output_folder_that_cannot_be_created_is_an_error(tmp_path):
     assert f"tpp-carve-splits: error: {tmp_path / 'taken'}" in shown.stderr
     assert "cannot create the output folder (Not a directory)" in shown.stderr, shown.stderr
     assert "Traceback" not in shown.stderr
+
+
+def carve(corpus, out, *options, check=True):
+    command = ["tpp-carve-splits", "--corpus", corpus, "-s", "en", "-t", "de", "--out", out]
+    return run([*command, *options], check=check)
+
+
+def test_a_carving_with_other_settings_is_refused_over_an_earlier_one(tmp_path):
+    """The same command again keeps the held-out sets; another seed, size or corpus over
+    them is refused, naming what changed, until --force carves again."""
+    corpus = corpus_with_repeats(tmp_path / "raw")
+    out = tmp_path / "carved"
+    carve(corpus, out, "--valid", "3", "--test", "4")
+    test = read(out / "test.de")
+    assert carve(corpus, out, "--valid", "3", "--test", "4").returncode == 0
+    other = carve(corpus, out, "--valid", "3", "--test", "4", "--seed", "3", check=False)
+    assert other.returncode == 2 and "seed 1 -> 3" in other.stderr, other.stderr
+    assert "use --force to carve again" in other.stderr and read(out / "test.de") == test
+    with open(f"{corpus}.de", "a", encoding="utf-8") as handle:  # the corpus changed
+        handle.write("x\n")
+    with open(f"{corpus}.en", "a", encoding="utf-8") as handle:
+        handle.write("x\n")
+    changed = carve(corpus, out, "--valid", "3", "--test", "4", check=False)
+    assert changed.returncode == 2 and "corpus" in changed.stderr
+    carve(corpus, out, "--valid", "3", "--test", "5", "--force")
+    assert len(read(out / "test.de")) == 5
+
+
+def test_an_empty_held_out_set_takes_no_pair_and_a_negative_one_is_refused(tmp_path):
+    corpus = corpus_with_repeats(tmp_path / "raw")
+    shown = carve(corpus, tmp_path / "carved", "--valid", "0", "--test", "0")
+    assert "test: 0 pairs" in shown.stdout and "valid: 0 pairs" in shown.stdout
+    assert len(read(tmp_path / "carved" / "train.en")) == 40
+    negative = carve(corpus, tmp_path / "other", "--valid", "-3", check=False)
+    assert negative.returncode == 2 and "--valid must be 0 or more pairs, not -3" in negative.stderr
+
+
+def test_invalid_utf8_is_named_with_its_line_and_column(tmp_path):
+    import lzma
+
+    corpus = corpus_with_repeats(tmp_path / "raw")
+    lines = (tmp_path / "raw" / "all.de").read_bytes().split(b"\n")
+    lines[7] = b"Datei \xff"
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    (packed / "all.en").write_bytes((tmp_path / "raw" / "all.en").read_bytes())
+    with lzma.open(packed / "all.de.xz", "wb") as handle:
+        handle.write(b"\n".join(lines))
+    shown = carve(packed / "all", tmp_path / "carved", check=False)
+    assert shown.returncode == 2
+    assert f"{packed / 'all.de.xz'}:8: invalid UTF-8 byte b'\\xff' at column 7" in shown.stderr

@@ -87,6 +87,16 @@ def test_an_output_folder_that_cannot_be_written_is_an_error_before_averaging(tm
     assert "averaging" not in result.stderr, "refused before the long part"
 
 
+def test_an_output_that_is_a_folder_is_an_error_before_averaging(tmp_path):
+    good = fake_checkpoint(tmp_path / "a.pt", seed=1)
+    (tmp_path / "avg").mkdir()
+    command = ["tpp-average-checkpoints", "--inputs", str(good), "--output", str(tmp_path / "avg")]
+    result = subprocess.run([*command, "--force"], env=tool_env(), capture_output=True, text=True)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"{tmp_path / 'avg'}: is a folder: --output names the averaged file" in result.stderr
+    assert "averaging" not in result.stderr and (tmp_path / "avg").is_dir()
+
+
 def load(path):
     return torch.load(path, map_location="cpu", weights_only=True)
 
