@@ -43,6 +43,7 @@ def apply(root_level_before_fairseq=None) -> None:
     fixes.bf16_without_tpu()
     fixes.leave_process_groups()
     fixes.stop_prefetching_at_exit()
+    fixes.block_ngrams_of_the_prefix()
     speed.states_of_either_layout()
     for name in chosen("TPP_FAIRSEQ_CHECKS", CHECKS, DEFAULT_CHECKS, "the checks"):
         CHECKS[name]()

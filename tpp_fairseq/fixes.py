@@ -16,6 +16,9 @@ answers, in docs/fairseq_notes.md.
 - **Prefetching threads at exit**: fairseq's batch prefetchers are daemon threads; one
   inside torch's C++ code as Python finalizes aborts a command that succeeded (SIGABRT).
   They are stopped at exit.
+- **``--no-repeat-ngram-size`` without fairseq's CUDA extension** (fairseq issue #4709):
+  the Python fallback compared the n-gram at the end of the whole token buffer, padding,
+  so it blocked nothing. It is given the generated prefix.
 - **Debug logging switched on by ``import fairseq``** (a wav2vec module calls
   ``logging.basicConfig(level=DEBUG)``). The root level goes back to ``$LOGLEVEL``
   (default INFO), unless the program asked for DEBUG before.
@@ -281,6 +284,34 @@ def stop_prefetching_at_exit() -> None:
     """Register :func:`stop_prefetching` to run at exit (idempotent: registered once)."""
     atexit.unregister(stop_prefetching)
     atexit.register(stop_prefetching)
+
+
+# --------------------------------------------------------------------------- n-gram blocking
+
+
+def block_ngrams_of_the_prefix() -> None:
+    """fairseq's ``NGramRepeatBlock`` without its CUDA extension reads the last
+    ``n - 1`` tokens of what it is given as the n-gram to block; beam search gives it
+    the whole buffer, whose last columns are padding until the last step. Its fallback
+    gets the generated prefix, ``tokens[:, : step + 1]`` (idempotent)."""
+    from fairseq.ngram_repeat_block import NGramRepeatBlock
+
+    if getattr(NGramRepeatBlock.forward, "_tpp_prefix", False):
+        return
+    original = NGramRepeatBlock.forward
+
+    def forward(self, tokens, lprobs, bsz: int, beam_size: int, step: int):
+        if not self.use_extension and tokens.size(1) > step + 1:
+            _log_once(
+                "ngram_block",
+                "--no-repeat-ngram-size without fairseq's CUDA extension: its fallback given "
+                "the generated prefix, not the padded buffer (fairseq issue #4709)",
+            )
+            tokens = tokens[:, : step + 1]
+        return original(self, tokens, lprobs, bsz, beam_size, step)
+
+    forward._tpp_prefix = True
+    NGramRepeatBlock.forward = forward
 
 
 # --------------------------------------------------------------------------- logging
