@@ -24,6 +24,7 @@ writes ``work/study/raw/{train,valid,test}.{en,de}``.
 """
 
 import argparse
+import hashlib
 import json
 import lzma
 import random
@@ -61,7 +62,7 @@ def read_side(path: Path) -> List[str]:
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        bad = data[exc.start : exc.end]
+        bad = data[exc.start : exc.start + 1]
         raise DataError(f"invalid UTF-8 byte {bad!r} at column {column}", path, line) from None
     except (lzma.LZMAError, EOFError) as exc:
         raise DataError(f"not a valid xz file ({exc})", path) from None
@@ -190,10 +191,15 @@ def carve_corpus(
     if not force and all(p.exists() for pair in outputs.values() for p in pair):
         if not record.exists():  # carved before the record existed: kept as they are
             return outputs
-        settings = carving_settings(prefix, src_lang, tgt_lang, sizes, seed, given)
+        try:
+            settings = carving_settings(prefix, src_lang, tgt_lang, sizes, seed, given)
+        except DataError:  # the corpus is gone: nothing to compare the carving with
+            return outputs
         try:
             made = json.loads(record.read_text(encoding="utf-8"))
         except ValueError:
+            made = None
+        if not isinstance(made, dict):
             made = {}
         if made == settings:
             return outputs
@@ -230,14 +236,22 @@ SETTINGS = ".carve-settings.json"
 
 
 def carving_settings(prefix, src_lang, tgt_lang, sizes, seed, given) -> Dict[str, object]:
-    """What a carving depends on: the corpus (both sides' absolute paths and sizes in
-    bytes), the held-out sizes, the seed and the held-out sets given."""
-    corpus = {}
-    for lang in (src_lang, tgt_lang):
-        path = side_path(prefix, lang)
-        corpus[lang] = [str(path.resolve()), path.stat().st_size]
-    held = {name: str(Path(held_prefix).resolve()) for name, held_prefix in given.items()}
-    return {"corpus": corpus, "sizes": dict(sizes), "seed": seed, "given": held}
+    """What a carving depends on: the corpus's content (each side's SHA-256, wherever it
+    lies: a corpus moved or copied is the same corpus), the held-out sizes, the seed and
+    the content of the held-out sets given."""
+
+    def content(held_prefix) -> Dict[str, str]:
+        digests = {}
+        for lang in (src_lang, tgt_lang):
+            digest = hashlib.sha256()
+            with open(side_path(held_prefix, lang), "rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+            digests[lang] = digest.hexdigest()
+        return digests
+
+    held = {name: content(held_prefix) for name, held_prefix in given.items()}
+    return {"corpus": content(prefix), "sizes": dict(sizes), "seed": seed, "given": held}
 
 
 def main(argv=None) -> int:

@@ -181,6 +181,12 @@ def test_a_carving_with_other_settings_is_refused_over_an_earlier_one(tmp_path):
     assert changed.returncode == 2 and "corpus" in changed.stderr
     carve(corpus, out, "--valid", "3", "--test", "5", "--force")
     assert len(read(out / "test.de")) == 5
+    moved = tmp_path / "moved"  # the same corpus elsewhere: the same carving
+    (tmp_path / "raw").rename(moved)
+    assert carve(moved / "all", out, "--valid", "3", "--test", "5").returncode == 0
+    (out / ".carve-settings.json").write_text("[]")  # a record that is no record
+    damaged = carve(moved / "all", out, "--valid", "3", "--test", "5", check=False)
+    assert damaged.returncode == 2 and "Traceback" not in damaged.stderr
 
 
 def test_an_empty_held_out_set_takes_no_pair_and_a_negative_one_is_refused(tmp_path):

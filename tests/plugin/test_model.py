@@ -264,6 +264,14 @@ def test_layers_to_keep_prunes_a_model_as_fairseq_prunes_its_transformer():
         build_model(**keep, dictionary=d, tag_dictionaries=tags)
     with pytest.raises(ValueError, match=r"keeps layer 2, but --encoder-conv-kernel-sizes gives 2"):
         build_model(encoder_layers_to_keep="0,2", dictionary=d)
+    for bad in ("-1", "0,0"):
+        with pytest.raises(ValueError, match=r"--decoder-layers-to-keep: distinct 0-based"):
+            build_model(decoder_layers_to_keep=bad, dictionary=d)
+    # several layers kept, in any order: fairseq numbers them in increasing order
+    deep = dict(encoder_layers=3, encoder_conv_kernel_sizes="3,5,7", encoder_tag_layers="ner:3")
+    three = build_model(encoder_layers_to_keep="2,0", dictionary=d, tag_dictionaries=tags, **deep)
+    assert [layer.self_attn.local_conv.kernel_size for layer in three.encoder.layers] == [3, 7]
+    assert three.encoder.tag_heads.layers == {"ner": 2}
 
 
 @pytest.mark.parametrize(

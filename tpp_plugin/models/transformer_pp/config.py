@@ -185,7 +185,10 @@ def kept_layers(args, side: str) -> Optional[List[int]]:
     value = getattr(args, f"{side}_layers_to_keep", None)
     if not value:
         return None
-    return sorted(parse_int_list(value, f"{side}-layers-to-keep"))
+    keep = sorted(parse_int_list(value, f"{side}-layers-to-keep"))
+    if keep[0] < 0 or len(set(keep)) < len(keep):
+        raise ValueError(f"--{side}-layers-to-keep: distinct 0-based layer numbers, got {value!r}")
+    return keep
 
 
 def tag_layers_of(args) -> Dict[str, int]:
