@@ -24,7 +24,6 @@ writes ``work/study/raw/{train,valid,test}.{en,de}``.
 """
 
 import argparse
-import hashlib
 import json
 import lzma
 import random
@@ -34,6 +33,7 @@ import unicodedata
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
+from .download import sha256_of
 from .errors import DataError, from_os_error, report
 from .textio import atomic_open
 
@@ -195,12 +195,7 @@ def carve_corpus(
             settings = carving_settings(prefix, src_lang, tgt_lang, sizes, seed, given)
         except DataError:  # the corpus is gone: nothing to compare the carving with
             return outputs
-        try:
-            made = json.loads(record.read_text(encoding="utf-8"))
-        except ValueError:
-            made = None
-        if not isinstance(made, dict):
-            made = {}
+        made = recorded_settings(record)
         if made == settings:
             return outputs
         changed = ", ".join(
@@ -241,17 +236,19 @@ def carving_settings(prefix, src_lang, tgt_lang, sizes, seed, given) -> Dict[str
     the content of the held-out sets given."""
 
     def content(held_prefix) -> Dict[str, str]:
-        digests = {}
-        for lang in (src_lang, tgt_lang):
-            digest = hashlib.sha256()
-            with open(side_path(held_prefix, lang), "rb") as handle:
-                for block in iter(lambda: handle.read(1 << 20), b""):
-                    digest.update(block)
-            digests[lang] = digest.hexdigest()
-        return digests
+        return {lang: sha256_of(side_path(held_prefix, lang)) for lang in (src_lang, tgt_lang)}
 
     held = {name: content(held_prefix) for name, held_prefix in given.items()}
     return {"corpus": content(prefix), "sizes": dict(sizes), "seed": seed, "given": held}
+
+
+def recorded_settings(record: Path) -> Dict[str, object]:
+    """:func:`carving_settings` as :data:`SETTINGS` recorded them (empty if unreadable)."""
+    try:
+        made = json.loads(record.read_text(encoding="utf-8"))
+    except ValueError:
+        return {}
+    return made if isinstance(made, dict) else {}
 
 
 def main(argv=None) -> int:
