@@ -193,6 +193,28 @@ def test_triton_kernels_accept_empty_batches_and_single_positions():
     assert torch.allclose(grad_u, kernel[-1].expand_as(u))
 
 
+@pytest.mark.parametrize("version,refused", [("3.6.0", True), ("3.7.0", False), ("4.0.1", False)])
+def test_an_interpreter_that_cannot_run_the_kernels_is_refused_with_the_reason(
+    version, refused, monkeypatch
+):
+    """Triton 3.6's interpreter fails deep inside every launch with NumPy 2.4 (it reads
+    integer arguments as one-element arrays), and on the decoding step's kernel."""
+    if DEVICE == "cuda":
+        pytest.skip("the interpreter runs only where there is no GPU")
+    monkeypatch.setattr(triton, "__version__", version)
+    conv_heads_triton.interpreter_problem.cache_clear()
+    try:
+        kernel = torch.randn(4, 3).softmax(-1).t()
+        u = torch.randn(5, 2, 4)
+        if refused:
+            with pytest.raises(RuntimeError, match=r"Triton 3\.6\.0's interpreter .* triton>=3\.7"):
+                TritonConv.apply(u, kernel, 1, 5, 0)
+        else:
+            assert TritonConv.apply(u, kernel, 1, 5, 0).shape == u.shape
+    finally:
+        conv_heads_triton.interpreter_problem.cache_clear()
+
+
 def test_local_conv_uses_triton_only_where_asked_and_possible(monkeypatch):
     u = torch.randn(6, 2, 8, device=DEVICE)
     assert LocalConv(8, 3, impl="taps")._convolution(u) is DilatedDepthwiseConv

@@ -67,6 +67,22 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+@functools.lru_cache(maxsize=None)
+def interpreter_problem() -> Optional[str]:
+    """Why Triton's interpreter cannot run these kernels here, or ``None``: before 3.7 it
+    reads integer arguments as one-element arrays, which NumPy 2.4 does not convert to
+    int (triton-lang/triton#9171), and cannot rewrite the decoding step's kernel."""
+    import triton
+
+    if tuple(int(part) for part in triton.__version__.split(".")[:2]) >= (3, 7):
+        return None
+    return (
+        f"Triton {triton.__version__}'s interpreter (TRITON_INTERPRET=1) cannot run the conv "
+        "heads' kernels: install triton>=3.7 to run them on the CPU, or use "
+        "--conv-heads-impl taps"
+    )
+
+
 def usable_on(t: Tensor) -> bool:
     """Whether these kernels can run on ``t``'s device and dtype."""
     return (t.is_cuda or interpreting()) and t.dtype in (
@@ -368,8 +384,13 @@ def _multiprocessors(device: torch.device) -> int:
 
 def _device_of(t: Tensor):
     """Launches on ``t``'s GPU (Triton launches on the current one); no device switch
-    where it is the current one already."""
-    if t.is_cuda and t.device.index != torch.cuda.current_device():
+    where it is the current one already. A CPU tensor goes to Triton's interpreter,
+    refused with the reason where it cannot run the kernels."""
+    if not t.is_cuda:
+        problem = interpreter_problem()
+        if problem:
+            raise RuntimeError(problem)
+    elif t.device.index != torch.cuda.current_device():
         return torch.cuda.device(t.device)
     return contextlib.nullcontext()
 
