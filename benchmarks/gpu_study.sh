@@ -64,7 +64,9 @@ for try in 1 2; do  # a run that failed (e.g. out of memory beside the others) i
     timeout -k 20 "$left" "${study[@]}" "$@" >>"$RESULTS/study.log" 2>&1 && break
 done
 stamp "packing"
-"${study[@]}" --report-only --pack "$RESULTS/records.tar.gz" "$@" >>"$RESULTS/study.log" 2>&1
+pack=$RESULTS/records.tar.gz  # (a second call into the same RESULTS packs beside the first)
+for n in 2 3 4 5 6 7 8 9; do [[ -e $pack ]] && pack=$RESULTS/records-$n.tar.gz; done
+"${study[@]}" --report-only --pack "$pack" "$@" >>"$RESULTS/study.log" 2>&1
 tar -czf "$RESULTS/logs.tar.gz" --exclude='*.pt' --exclude='hyp*' --exclude='*.detok' \
     --exclude='*.tok' --exclude=eval runs/study_gpu/runs 2>/dev/null
 grep -h '^\[study' "$RESULTS/study.log" | tail -40

@@ -3,8 +3,10 @@
 import argparse
 import gzip
 import json
+import math
 import shlex
 import shutil
+import statistics
 import sys
 import tarfile
 from pathlib import Path
@@ -547,6 +549,17 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
     none = run(command + ["--max-update", "5", "--report-only"], timeout=300, check=False)
     assert none.returncode == 1 and "no run of the baseline transformer has finished" in none.stderr
 
+    # a run scored but stopped before its record was written: --dry-run writes nothing,
+    # the report writes the record, naming the device the run trained on
+    record = (first / "record.json.gz").read_bytes()
+    (first / "record.json.gz").unlink()
+    planned = run(command + ["--max-update", "4", "--dry-run"], timeout=300).stdout
+    assert "transformer-s1 [done]" in planned and not (first / "record.json.gz").exists()
+    run(command + ["--max-update", "4", "--report-only"], timeout=300)
+    assert _record(first)["device"] == json.loads((first / "run.json").read_text())["device"]
+    assert _record(first)["device"].startswith("CPU (")
+    assert _record(first)["statistics"] == _record_of(record)["statistics"]
+
     # records: packed without checkpoints, merged into another study folder (as on another
     # machine) into the same tables and bootstrap; from the records alone (numbers, no
     # translations) too; refused when made with other settings or data
@@ -578,13 +591,22 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
     again = run(merge + ["--max-update", "4"], timeout=300)
     assert ": training (" not in again.stdout and ": translating" not in again.stdout, again.stdout
     assert _tables(third) == in_place
+    # records of the same runs' names made with other settings or data (another study's,
+    # in the same folder of records) are left out, named with what differs
+    other_budget = tmp_path / "other-budget"
+    merge = [*command[: command.index("--out") + 1], other_budget]
+    merge += command[command.index("--out") + 2 :]
     refused = run(
         merge + ["--max-update", "5", "--records", archive, "--report-only"],
         timeout=300,
         check=False,
     )
-    assert refused.returncode == 2, refused.stderr
-    assert "config.max_update (record 4, this study 5)" in refused.stderr, refused.stderr
+    assert refused.returncode == 1, refused.stderr
+    assert "no run of the baseline transformer has finished" in refused.stderr
+    assert (
+        "transformer-s1 of other settings or data: config.max_update (record 4, "
+        "this study 5)" in refused.stdout
+    ), refused.stdout
     other_data = tmp_path / "other-data"
     shutil.copytree(data, other_data)
     with open(other_data / "dict.de.txt", "a", encoding="utf-8") as handle:
@@ -596,8 +618,32 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
         timeout=300,
         check=False,
     )
-    assert refused.returncode == 2 and "data (record '" in refused.stderr, refused.stderr
-    assert "records.tar.gz:runs/hybrid_tags-s1-" in refused.stderr, refused.stderr
+    assert refused.returncode == 1 and "data (record '" in refused.stdout, refused.stdout
+    assert "records.tar.gz:runs/hybrid_tags-s1-" in refused.stdout, refused.stdout
+    # translations that are not the ones a record scored are refused, nothing merged
+    forged = tmp_path / "forged"
+    shutil.copytree(numbers, forged)
+    victim = next(forged.glob("hybrid_tags-s2-*"))
+    (victim / "eval").mkdir()
+    (victim / "eval" / "hyp.detok").write_text("not the translation\n" * 3)
+    fourth = tmp_path / "fourth"
+    merge = [*command[: command.index("--out") + 1], fourth, *command[command.index("--out") + 2 :]]
+    refused = run(
+        merge + ["--max-update", "4", "--records", forged, "--report-only"],
+        timeout=300,
+        check=False,
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert "are not the ones it scored" in refused.stderr and not (fourth / "runs").exists()
+    # an archive is a new file: an existing one is replaced only with --force
+    again = run(
+        command + ["--max-update", "4", "--report-only", "--pack", archive],
+        timeout=300,
+        check=False,
+    )
+    assert again.returncode == 2 and "already exists (use --force" in again.stderr
+    with tarfile.open(archive) as tar:
+        assert sorted(tar.getnames()) == packed
 
     # a changed budget is a new run, never a silent reuse (the plan the real run follows)
     planned = run(command + ["--max-update", "6", "--dry-run"], timeout=300).stdout
@@ -853,22 +899,15 @@ def test_a_new_run_version_makes_new_runs_of_every_variant(tmp_path, monkeypatch
     assert all(a.variant == b.variant and a.seed == b.seed for a, b in zip(now, later))
 
 
-def test_a_variant_translating_word_for_word_as_the_baseline_is_marked_identical(tmp_path):
-    """sacreBLEU gives a system compared with an identical one its smallest p-value; the
-    study marks the pair instead of quoting that figure as a significant difference."""
-    reference = tmp_path / "ref.txt"
-    reference.write_text("a small house .\nthe red cat runs .\nit is cold .\n")
-    outputs = {
-        "transformer": "a small house .\nthe cat runs .\nit is warm .\n",
-        "control": "a small house .\nthe cat runs .\nit is warm .\n",
-        "hybrid": "a house .\nthe red cat .\nit is cold .\n",
-    }
+def _bootstrap_inputs(tmp_path, outputs):
+    """Runs and records of translations given as ``{variant: {seed: text}}``, scored
+    against a three-sentence reference."""
     from tpp_tools.study.records import file_sha256, sentence_statistics
 
-    refs = reference.read_text().splitlines()
+    refs = ["a small house .", "the red cat runs .", "it is cold ."]
     runs, records = {}, {}
-    for variant, text in outputs.items():
-        for seed in (1, 2):
+    for variant, texts in outputs.items():
+        for seed, text in texts.items():
             folder = tmp_path / f"{variant}-{seed}"
             (folder / "eval").mkdir(parents=True)
             (folder / "eval" / "hyp.detok").write_text(text)
@@ -879,10 +918,65 @@ def test_a_variant_translating_word_for_word_as_the_baseline_is_marked_identical
                 "translations_sha256": file_sha256(folder / "eval" / "hyp.detok"),
                 "reference": {"lines": len(refs)},
             }
-    boot, _, pooled = study.significance(runs, records, 50)
-    assert pooled == 2
+    return runs, records
+
+
+def test_a_variant_translating_word_for_word_as_the_baseline_is_marked_identical(tmp_path):
+    """sacreBLEU gives a system compared with an identical one its smallest p-value; the
+    study marks the pair instead of quoting that figure as a significant difference."""
+    same = "a small house .\nthe cat runs .\nit is warm .\n"
+    other = "a house .\nthe red cat .\nit is cold .\n"
+    runs, records = _bootstrap_inputs(
+        tmp_path,
+        {
+            "transformer": {1: same, 2: same},
+            "control": {1: same, 2: same},
+            "hybrid": {1: other, 2: other},
+        },
+    )
+    boot, _ = study.significance(runs, records, 50)
     assert boot["control"]["identical"] is True and boot["hybrid"]["identical"] is False
     assert boot["transformer"]["identical"] is False
+    assert all(boot[v]["seeds"] == [1, 2] for v in boot)
+
+
+def test_the_bootstrap_pairs_each_variant_with_the_baseline_seed_by_seed(tmp_path):
+    """A partial study (runs of several allocations): every variant is compared with the
+    baseline on the seeds both have finished, seed with seed, whatever the others have;
+    a variant with no seed in common is compared with nothing."""
+    texts = {
+        1: "a house .\nthe cat .\nit is warm .\n",
+        2: "a small house .\nthe cat runs .\nit is warm .\n",
+        3: "a small house .\nthe red cat .\nit is cold .\n",
+        4: "the house .\nred cat runs .\ncold .\n",
+    }
+    runs, records = _bootstrap_inputs(
+        tmp_path,
+        {
+            "transformer": {1: texts[1], 2: texts[2], 3: texts[3]},
+            # the baseline's own translations of seeds 2 and 3: identical only if paired
+            # by seed (the first two seeds of each would pair 1 with 2 and 2 with 3)
+            "control": {2: texts[2], 3: texts[3]},
+            "hybrid": {1: texts[4]},  # one seed: the others keep theirs
+            "hybrid+tags": {4: texts[4]},
+        },
+    )
+    boot, _ = study.significance(runs, records, 50)
+    assert boot["transformer"]["seeds"] == [1, 2, 3]
+    assert boot["control"]["seeds"] == [2, 3] and boot["control"]["identical"] is True
+    assert boot["hybrid"]["seeds"] == [1] and boot["hybrid"]["compared"] is True
+    assert boot["hybrid+tags"]["compared"] is False and boot["hybrid+tags"]["seeds"] == [4]
+
+
+def test_the_confidence_interval_takes_students_t_for_any_number_of_seeds():
+    from scipy.stats import t
+
+    from tpp_tools.study.report import t_interval
+
+    for n in (2, 3, 11, 31, 32, 45, 200):
+        values = [float(i % 3) for i in range(n)]
+        expected = t.ppf(0.975, n - 1) * statistics.stdev(values) / math.sqrt(n)
+        assert abs(t_interval(values) - expected) <= 2e-4 * expected, n
 
 
 def test_a_wrong_reference_or_variant_is_refused_before_any_training(tmp_path):

@@ -245,16 +245,18 @@ def _add_mode_arguments(p) -> None:
         type=Path,
         metavar="FOLDER|ARCHIVE",
         help="merge the records of runs finished elsewhere (folders, searched recursively, or "
-        "--pack archives): each is checked against this study's run of the same name (settings, "
-        "data, test reference) and is then a finished run, not trained again",
+        "--pack archives): each goes to this study's run of the same identity (settings, data), "
+        "checked against its test reference, and is then a finished run, not trained again; "
+        "records of other runs or studies are left out and named",
     )
     p.add_argument(
         "--pack",
         type=Path,
         metavar="ARCHIVE",
         help="at the end, write the finished runs' records and translations (no checkpoints) "
-        "to this .tar.gz",
+        "to this .tar.gz (a new file: an existing one only with --force)",
     )
+    p.add_argument("--force", action="store_true", help="let --pack replace an existing archive")
     p.add_argument("--bootstrap-samples", type=int, default=1000)
     p.add_argument(
         "--keep-checkpoints", action="store_true", help="keep every run's interval checkpoints"
@@ -301,6 +303,8 @@ def _check_arguments(p, args) -> None:
         args.only = [name for name in args.only.split(",") if name]
         if not args.only:
             p.error("--only: name at least one run, e.g. transformer-s1")
+    if args.pack is not None and args.pack.exists() and not args.force:
+        p.error(f"--pack {args.pack} already exists (use --force to replace it)")
     args.variants_need_tags = "hybrid+tags" in args.variants
 
 

@@ -37,7 +37,7 @@ def report_finished(args, cfg: Config, paths, runs, command: str, started: float
     done = [run for run in runs if run.name in records]
     missing = [run for run in runs if run.name not in records]
     if args.pack:
-        size = pack_records(done, args.pack, args.out)
+        size = pack_records(done, args.pack, args.out, force=args.force)
         log(
             f"records of {len(done)} finished run(s) packed into {args.pack} ({size / 2**20:.1f} MiB)"
         )

@@ -133,6 +133,10 @@ def write_record(run, reference: Path, device: str) -> dict:
         "spec": run.spec,
         "train_command": _portable(run.train_cmd),
         "code": code_version(),
+        # the plugin's switches of fairseq's loop the run trained under (not its identity)
+        "environment": {
+            k: v for k, v in sorted(os.environ.items()) if k.startswith("TPP_FAIRSEQ_")
+        },
         "device": device,
         "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "parameters": parameter_count(run),
@@ -178,48 +182,68 @@ def read_record(path: Path) -> dict:
 
 
 def load_record(run, reference: Path) -> Optional[dict]:
-    """``run``'s record if it has one for this test reference, else None. A run evaluated
-    before records existed gets its record now."""
+    """``run``'s record if it has one for this test reference, else None. A run scored
+    but without its record (a study stopped in between, or evaluated before records
+    existed) gets its record now, with the device its ``run.json`` names."""
     path = run.folder / RECORD
     if not path.exists():
-        hyp = run.folder / "eval" / "hyp.detok"
-        if not (
-            (run.folder / "eval" / "bleu.txt").exists()
-            and hyp.exists()
-            and (run.folder / "checkpoint_avg.pt").exists()
-            and count_lines(hyp) == count_lines(reference)
-        ):
+        if not evaluated(run, reference):
             return None
-        return write_record(run, reference, device="not recorded (evaluated before run records)")
+        try:
+            device = json.loads((run.folder / "run.json").read_text())["device"]
+        except (OSError, ValueError, KeyError, TypeError):
+            device = "not recorded (evaluated before run records)"
+        return write_record(run, reference, device=device)
     record = read_record(path)
     if record["reference"]["sha256"] != file_sha256(reference):
         return None  # scored against another test set: translated and scored again
     return record
 
 
+def evaluated(run, reference: Path) -> bool:
+    """Averaged, and its translations of the whole test set scored."""
+    hyp = run.folder / "eval" / "hyp.detok"
+    return (
+        (run.folder / "eval" / "bleu.txt").exists()
+        and hyp.exists()
+        and (run.folder / "checkpoint_avg.pt").exists()
+        and count_lines(hyp) == count_lines(reference)
+    )
+
+
 def finished(run, reference: Path) -> bool:
-    """Trained, translated and scored: the run has its record."""
-    return load_record(run, reference) is not None
+    """Trained, translated and scored: the run has its record (or can have it, which
+    this does not write)."""
+    path = run.folder / RECORD
+    if not path.exists():
+        return evaluated(run, reference)
+    return read_record(path)["reference"]["sha256"] == file_sha256(reference)
 
 
-def check_record(record: dict, run, where: str, reference_sha256: str) -> None:
-    """Refuse a record made with other settings, data or test set than ``run``."""
-    if record["spec"] != run.spec:
-        theirs, ours = record["spec"], run.spec
-        differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
-        if "config" in differ:
-            fields = set(theirs.get("config", {})) | set(ours.get("config", {}))
-            differ = [d for d in differ if d != "config"] + sorted(
-                f"config.{f}"
-                for f in fields
-                if theirs.get("config", {}).get(f) != ours.get("config", {}).get(f)
-            )
-        what = ", ".join(
-            f"{d} (record {_get(theirs, d)!r}, this study {_get(ours, d)!r})" for d in differ
+def spec_differences(record: dict, run) -> str:
+    """What differs between the settings and data of ``record`` and of ``run`` (empty
+    where the record is of this very run)."""
+    theirs, ours = record["spec"], run.spec
+    differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+    if "config" in differ:
+        fields = set(theirs.get("config", {})) | set(ours.get("config", {}))
+        differ = [d for d in differ if d != "config"] + sorted(
+            f"config.{f}"
+            for f in fields
+            if theirs.get("config", {}).get(f) != ours.get("config", {}).get(f)
         )
+    return ", ".join(
+        f"{d} (record {_get(theirs, d)!r}, this study {_get(ours, d)!r})" for d in differ
+    )
+
+
+def check_record(record: dict, where: str, reference_sha256: str, hyp: Optional[bytes]) -> None:
+    """Refuse a record of this study's run scored against another test set, or whose
+    translations are not the ones it scored."""
+    if hyp is not None and hashlib.sha256(hyp).hexdigest() != record["translations_sha256"]:
         raise StudyError(
-            f"{where}: the record of {record['run']} was made with other settings or data than this "
-            f"study's run: {what}"
+            f"{where}: the translations beside the record of {record['run']} are not the ones it "
+            "scored (their sha256 differs from the record's)"
         )
     if record["reference"]["sha256"] != reference_sha256:
         raise StudyError(
@@ -247,7 +271,8 @@ def _found(source: Path):
         raise StudyError(f"--records {source}: no such file or folder")
     try:
         with tarfile.open(source) as tar:
-            members = {m.name: m for m in tar.getmembers() if m.isfile()}
+            # (by normalised path: an archive made of "./runs/..." names them so)
+            members = {os.path.normpath(m.name): m for m in tar.getmembers() if m.isfile()}
             for name in sorted(n for n in members if Path(n).name == RECORD):
                 hyp = str(Path(name).parent / "eval" / "hyp.detok")
                 yield (
@@ -262,8 +287,9 @@ def _found(source: Path):
 def import_records(sources: List[Path], runs, reference: Path) -> List[str]:
     """Copy the records found in ``sources`` into the folders of ``runs`` with the same
     identity; every record is checked first and nothing is copied if one is refused.
-    Records of runs this study does not plan (other variants or seeds) are left out and
-    named. Returns the names of the runs whose records were copied."""
+    Records of runs this study does not plan (other variants or seeds, or the same run
+    name with other settings or data: another study's) are left out and named, with
+    what differs. Returns the names of the runs whose records were copied."""
     planned = {run.name: run for run in runs}
     reference_sha256 = file_sha256(reference)
     accepted, other = {}, []
@@ -280,7 +306,11 @@ def import_records(sources: List[Path], runs, reference: Path) -> List[str]:
             if run is None:
                 other.append(f"{record['run']} ({where})")
                 continue
-            check_record(record, run, where, reference_sha256)
+            differ = spec_differences(record, run)
+            if differ:
+                other.append(f"{record['run']} of other settings or data: {differ} ({where})")
+                continue
+            check_record(record, where, reference_sha256, hyp)
             before = accepted.get(run.name)
             if before is not None and before[1] != data:
                 raise StudyError(
@@ -312,7 +342,7 @@ def import_records(sources: List[Path], runs, reference: Path) -> List[str]:
         copied.append(name)
         log(f"{name}: record taken from {where}")
     if other:
-        log(f"records of runs this study does not plan, left out: {', '.join(other)}")
+        log(f"records of runs this study does not plan, left out: {'; '.join(other)}")
     return copied
 
 
@@ -322,10 +352,13 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def pack_records(runs, archive: Path, out: Path) -> int:
+def pack_records(runs, archive: Path, out: Path, force: bool = False) -> int:
     """A gzipped tar of the finished runs' records and translations (no checkpoints),
-    paths relative to the study folder ``out``; written atomically. Returns its size."""
+    paths relative to the study folder ``out``; written atomically, never over an
+    existing file without ``force``. Returns its size."""
     archive = Path(archive)
+    if archive.exists() and not force:
+        raise StudyError(f"--pack {archive} already exists (use --force to replace it)")
     archive.parent.mkdir(parents=True, exist_ok=True)
     tmp = archive.with_name(f".{archive.name}.{os.getpid()}.tmp")
     with tarfile.open(tmp, "w:gz") as tar:

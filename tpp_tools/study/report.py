@@ -18,23 +18,26 @@ from .records import validation_curve
 from .runs import Run
 
 
+#: Student's t 0.975 quantiles for 1 ... 30 degrees of freedom
+T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
 def t_interval(values: List[float]) -> float:
     """Half-width of the 95% confidence interval of the mean over seeds (Student's t)."""
     n = len(values)
     if n < 2:
         return float("nan")
-    t95 = {
-        2: 12.706,
-        3: 4.303,
-        4: 3.182,
-        5: 2.776,
-        6: 2.571,
-        7: 2.447,
-        8: 2.365,
-        9: 2.306,
-        10: 2.262,
-    }
-    return t95.get(n, 1.96) * statistics.stdev(values) / math.sqrt(n)
+    df = n - 1
+    if df <= len(T975):
+        t95 = T975[df - 1]
+    else:  # Cornish-Fisher's expansion about the normal quantile: within 1e-4 from 30 on
+        z = statistics.NormalDist().inv_cdf(0.975)
+        t95 = z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+    return t95 * statistics.stdev(values) / math.sqrt(n)
 
 
 class _Recorded:
@@ -53,44 +56,57 @@ class _Recorded:
 
 
 def significance(runs_by_variant: Dict[str, List[Run]], records: Dict[str, dict], samples: int):
-    """sacreBLEU's paired bootstrap of every variant against the baseline, each
-    variant's seeds pooled (its translations of the test set, seed after seed, against
-    the reference repeated as often), from the runs' per-sentence statistics."""
+    """sacreBLEU's paired bootstrap of every variant against the baseline (the first),
+    on the seeds both have finished, seed paired with seed: each system is its seeds'
+    translations of the test set one after the other, against the reference repeated as
+    often. The baseline's own row, and a variant with no seed in common with it,
+    resample all of their seeds. From the runs' per-sentence statistics; returns the
+    results by variant (with the ``seeds`` resampled, whether ``compared``) and the
+    signatures."""
     from sacrebleu.metrics import BLEU, CHRF
     from sacrebleu.significance import PairedTest
 
     names = list(runs_by_variant)
-    seeds = min(len(runs_by_variant[n]) for n in names)
+    by_seed = {name: {run.seed: run for run in runs_by_variant[name]} for name in names}
     tables = {"BLEU": {}, "chrF": {}}
-    systems, digests = [], {}
-    for name in names:
-        keys, digests[name] = [], []
-        for run in sorted(runs_by_variant[name], key=lambda r: r.seed)[:seeds]:
-            record = records[run.name]
-            for metric, table in tables.items():
-                for i, stats in enumerate(record["statistics"][metric]):
-                    table[f"{run.name}:{i}"] = stats
-            keys += [f"{run.name}:{i}" for i in range(record["reference"]["lines"])]
-            digests[name].append(record["translations_sha256"])
-        systems.append((name, keys))
+    for run in (run for runs in runs_by_variant.values() for run in runs):
+        for metric, table in tables.items():
+            for i, stats in enumerate(records[run.name]["statistics"][metric]):
+                table[f"{run.name}:{i}"] = stats
     metrics = {"BLEU": _Recorded(BLEU(), tables["BLEU"]), "chrF": _Recorded(CHRF(), tables["chrF"])}
-    test = PairedTest(systems, metrics, None, test_type="bs", n_samples=samples)
-    signatures, scores = test()
-    # sacreBLEU names the metrics by their own names (e.g. "chrF2")
-    bleu_key = next(k for k in scores if k.startswith("BLEU"))
-    chrf_key = next(k for k in scores if k.startswith("chrF"))
-    out = {}
-    for i, name in enumerate(scores["System"]):
+
+    def system(name, seeds):
+        runs = [by_seed[name][seed] for seed in seeds]
+        keys = [f"{r.name}:{i}" for r in runs for i in range(records[r.name]["reference"]["lines"])]
+        return (name, keys), [records[r.name]["translations_sha256"] for r in runs]
+
+    out, signatures = {}, None
+    for name in names:
+        seeds = sorted(by_seed[name])
+        common = [seed for seed in seeds if seed in by_seed[names[0]]]
+        if name == names[0] or not common:
+            systems = [system(name, seeds)]  # its own resampling, compared with nothing
+        else:
+            seeds = common
+            systems = [system(names[0], seeds), system(name, seeds)]
+        signatures, scores = PairedTest(
+            [named for named, _ in systems], metrics, None, test_type="bs", n_samples=samples
+        )()
+        # sacreBLEU names the metrics by their own names (e.g. "chrF2")
+        bleu_key = next(k for k in scores if k.startswith("BLEU"))
+        chrf_key = next(k for k in scores if k.startswith("chrF"))
         out[name] = {
-            "BLEU": scores[bleu_key][i],
-            "chrF": scores[chrf_key][i],
+            "BLEU": scores[bleu_key][-1],
+            "chrF": scores[chrf_key][-1],
+            "seeds": seeds,
+            "compared": len(systems) == 2,
             # sacreBLEU gives a system compared with an identical one its smallest
             # p-value ("a zero difference should not be attributed to chance"):
             # the report says "identical" instead of quoting it
-            "identical": i > 0 and digests[name] == digests[names[0]],
+            "identical": len(systems) == 2 and systems[0][1] == systems[1][1],
         }
     sigs = {"BLEU": str(signatures[bleu_key]), "chrF": str(signatures[chrf_key])}
-    return out, sigs, seeds
+    return out, sigs
 
 
 def plot_curves(
@@ -261,6 +277,8 @@ def _table_rows(args, by_variant, facts, boot) -> List[str]:
         b, c = boot[variant]["BLEU"], boot[variant]["chrF"]
         if variant == args.variants[0]:
             p_b = p_c = "—"
+        elif not boot[variant]["compared"]:
+            p_b = p_c = "no seed in common"
         elif boot[variant]["identical"]:
             p_b = p_c = "identical translations"
         else:
@@ -276,16 +294,23 @@ def _table_rows(args, by_variant, facts, boot) -> List[str]:
     return lines
 
 
-def _closing_lines(args, by_variant, records, facts, paths, signatures, pooled, command, runs):
+def _closing_lines(args, by_variant, records, facts, paths, signatures, boot, command, runs):
     """What the bootstrap is, the signatures, the curves, the commands and the analyses."""
     lines = []
     first = runs[0]
     sig = facts[first.name]["scores"]
+    seeds = "; ".join(
+        f"{VARIANTS[v]['label'].split()[0]} {', '.join(map(str, boot[v]['seeds']))}"
+        for v in by_variant
+    )
     lines += [
         "",
         f"Bootstrap: sacreBLEU's paired bootstrap resampling ({args.bootstrap_samples} resamples) of each variant "
-        f"against {VARIANTS[args.variants[0]]['label']}, each system being its {pooled} seeds' translations "
-        "of the test set one after the other (the reference repeated as often); p is the probability of the "
+        f"against {VARIANTS[args.variants[0]]['label']} on the seeds both have finished, each system being "
+        "those seeds' translations of the test set one after the other (the reference repeated as often), "
+        "seed paired with seed; the baseline's own row (and a variant without a seed in common with it) "
+        "resamples all of its seeds. Seeds resampled: "
+        f"{seeds}. p is the probability of the "
         "observed difference under the null hypothesis that the two systems are the same. A variant whose "
         "translations are word for word the baseline's is marked \"identical translations\" (sacreBLEU "
         "gives such a pair its smallest p-value by design).",
@@ -335,7 +360,7 @@ def _write_summary(args, cfg, command, runs, facts, boot, signatures) -> None:
             for r in runs
         },
         "bootstrap": {
-            v: {m: (vars(x) if m != "identical" else x) for m, x in d.items()}
+            v: {m: (vars(x) if m in ("BLEU", "chrF") else x) for m, x in d.items()}
             for v, d in boot.items()
         },
         "signatures": signatures,
@@ -365,7 +390,7 @@ def write_report(
         if any(run.variant == v for run in runs)
     }
     facts = {run.name: run_facts(records[run.name]) for run in runs}
-    boot, signatures, pooled = significance(by_variant, records, args.bootstrap_samples)
+    boot, signatures = significance(by_variant, records, args.bootstrap_samples)
     plot = args.out / "curves.png"
     plot_curves(runs, records, plot, unfinished=missing or [])
     devices: Dict[str, List[str]] = {}
@@ -384,7 +409,7 @@ def write_report(
     )
     lines += _table_rows(args, by_variant, facts, boot)
     lines += _closing_lines(
-        args, by_variant, records, facts, paths, signatures, pooled, command, runs
+        args, by_variant, records, facts, paths, signatures, boot, command, runs
     )
     report = args.out / "report.md"
     tmp = report.with_suffix(f".md.{os.getpid()}.tmp")

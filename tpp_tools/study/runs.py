@@ -275,7 +275,12 @@ def _steps(run: Run, cfg: Config, paths, args, env_extra: Dict[str, str], lock) 
     """The steps of :func:`_execute`, each command holding the run folder's ``lock``."""
     (run.folder / "run.json").write_text(
         json.dumps(
-            {**run.spec, "train_command": " ".join(shlex.quote(c) for c in run.train_cmd)}, indent=1
+            {
+                **run.spec,
+                "train_command": " ".join(shlex.quote(c) for c in run.train_cmd),
+                "device": args.device_name,
+            },
+            indent=1,
         )
         + "\n"
     )
