@@ -9,9 +9,9 @@
 #
 #   --budget   seconds this command may take in all, install included; the study is
 #              stopped in time to pack what finished (default 540)
-#   --results  a folder that comes back: records.tar.gz (finished runs' records and
-#              translations), logs.tar.gz (every run's logs, finished or not), study.log,
-#              install.log, device.txt
+#   --results  a folder that comes back: records.tar.gz (the finished runs' records and
+#              translations; records-2.tar.gz where one is there already), logs.tar.gz
+#              (every run's logs, finished or not), study.log, install.log, device.txt
 #   --only     the runs to train, e.g. transformer-s1,hybrid-s1,hybrid+tags-s1; as many
 #              go at once (--parallel)
 # Other options go to tpp-study (e.g. --records records/gpu, to skip runs already
@@ -66,7 +66,8 @@ done
 stamp "packing"
 pack=$RESULTS/records.tar.gz  # (a second call into the same RESULTS packs beside the first)
 for n in 2 3 4 5 6 7 8 9; do [[ -e $pack ]] && pack=$RESULTS/records-$n.tar.gz; done
-"${study[@]}" --report-only --pack "$pack" "$@" >>"$RESULTS/study.log" 2>&1
+"${study[@]}" --report-only --pack "$pack" "$@" >>"$RESULTS/study.log" 2>&1 ||
+    { stamp "packing failed:"; tail -5 "$RESULTS/study.log"; }
 tar -czf "$RESULTS/logs.tar.gz" --exclude='*.pt' --exclude='hyp*' --exclude='*.detok' \
     --exclude='*.tok' --exclude=eval runs/study_gpu/runs 2>/dev/null
 grep -h '^\[study' "$RESULTS/study.log" | tail -40

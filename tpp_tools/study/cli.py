@@ -44,6 +44,7 @@ from .config import CONFIGS, PROG, VARIANTS, Config, StudyError, check_config, c
 from .data import prepare_data
 from .records import (
     RECORD,
+    check_pack,
     import_records,
     read_record,
     validation_curve,
@@ -254,9 +255,13 @@ def _add_mode_arguments(p) -> None:
         type=Path,
         metavar="ARCHIVE",
         help="at the end, write the finished runs' records and translations (no checkpoints) "
-        "to this .tar.gz (a new file: an existing one only with --force)",
+        "to this .tar.gz (replacing one that holds records of other runs only with --force)",
     )
-    p.add_argument("--force", action="store_true", help="let --pack replace an existing archive")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="let --pack replace an archive that holds records of runs it would not pack again",
+    )
     p.add_argument("--bootstrap-samples", type=int, default=1000)
     p.add_argument(
         "--keep-checkpoints", action="store_true", help="keep every run's interval checkpoints"
@@ -303,8 +308,6 @@ def _check_arguments(p, args) -> None:
         args.only = [name for name in args.only.split(",") if name]
         if not args.only:
             p.error("--only: name at least one run, e.g. transformer-s1")
-    if args.pack is not None and args.pack.exists() and not args.force:
-        p.error(f"--pack {args.pack} already exists (use --force to replace it)")
     args.variants_need_tags = "hybrid+tags" in args.variants
 
 
@@ -484,6 +487,8 @@ def study(args, cfg: Config, command: str) -> int:
     except RuntimeError as err:  # the data pipeline failed: its log's last lines
         raise StudyError(f"preparing the data: {err}", status=1) from None
     runs = plan_runs(args, cfg, paths["data"])
+    if args.pack:  # refused now, not after the runs
+        check_pack(args.pack, [str(run.folder.relative_to(args.out)) for run in runs], args.force)
     if args.records:
         import_records(args.records, runs, paths["reference"])
     todo = select_runs(args, runs)

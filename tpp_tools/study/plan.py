@@ -8,7 +8,7 @@ import time
 from .commands import log
 from .config import Config, StudyError
 from .data import prepare_data
-from .records import finished, import_records, load_record, pack_records
+from .records import check_pack, finished, import_records, load_record, pack_records
 from .report import write_report
 from .runs import plan_runs, trained_updates
 
@@ -36,16 +36,17 @@ def report_finished(args, cfg: Config, paths, runs, command: str, started: float
             records[run.name] = record
     done = [run for run in runs if run.name in records]
     missing = [run for run in runs if run.name not in records]
-    if args.pack:
+    if missing:
+        log(f"not finished ({len(missing)} of {len(runs)}): {', '.join(r.name for r in missing)}")
+    report = None
+    if any(run.variant == args.variants[0] for run in done):
+        elapsed = time.time() - started
+        report = write_report(args, cfg, paths, done, records, command, elapsed, missing)
+    if args.pack:  # (also without a report: no run of the baseline has finished)
         size = pack_records(done, args.pack, args.out, force=args.force)
         log(
             f"records of {len(done)} finished run(s) packed into {args.pack} ({size / 2**20:.1f} MiB)"
         )
-    if missing:
-        log(f"not finished ({len(missing)} of {len(runs)}): {', '.join(r.name for r in missing)}")
-    if not any(run.variant == args.variants[0] for run in done):
-        return None, done
-    report = write_report(args, cfg, paths, done, records, command, time.time() - started, missing)
     return report, done
 
 
@@ -76,6 +77,8 @@ def plan_or_report(args, cfg: Config, command: str) -> int:
             f"--report-only: the data folder {paths['data']} is not prepared: no run has finished",
             status=1,
         )
+    if args.pack:
+        check_pack(args.pack, [str(run.folder.relative_to(args.out)) for run in runs], args.force)
     if args.records:
         import_records(args.records, runs, paths["reference"])
     report, done = report_finished(args, cfg, paths, runs, command, started)

@@ -115,9 +115,18 @@ def parameter_count(run) -> int:
     )
 
 
-def write_record(run, reference: Path, device: str) -> dict:
+def training_environment() -> Dict[str, str]:
+    """The plugin's switches of fairseq's loop (``TPP_FAIRSEQ_*``) that runs started from
+    here train under: recorded, not part of a run's identity."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("TPP_FAIRSEQ_")}
+
+
+def write_record(
+    run, reference: Path, device: str, environment: Optional[Dict[str, str]] = None
+) -> dict:
     """The record of ``run``, evaluated in its folder (``eval/``, ``train.log``,
-    ``checkpoint_avg.pt``), written atomically."""
+    ``checkpoint_avg.pt``), written atomically; ``environment`` the run trained under
+    (by default this process's)."""
     import sacrebleu
 
     hyp_path = run.folder / "eval" / "hyp.detok"
@@ -133,10 +142,7 @@ def write_record(run, reference: Path, device: str) -> dict:
         "spec": run.spec,
         "train_command": _portable(run.train_cmd),
         "code": code_version(),
-        # the plugin's switches of fairseq's loop the run trained under (not its identity)
-        "environment": {
-            k: v for k, v in sorted(os.environ.items()) if k.startswith("TPP_FAIRSEQ_")
-        },
+        "environment": training_environment() if environment is None else environment,
         "device": device,
         "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "parameters": parameter_count(run),
@@ -190,10 +196,11 @@ def load_record(run, reference: Path) -> Optional[dict]:
         if not evaluated(run, reference):
             return None
         try:
-            device = json.loads((run.folder / "run.json").read_text())["device"]
+            trained = json.loads((run.folder / "run.json").read_text())
+            device, environment = trained["device_name"], trained["environment"]
         except (OSError, ValueError, KeyError, TypeError):
-            device = "not recorded (evaluated before run records)"
-        return write_record(run, reference, device=device)
+            device, environment = "not recorded (evaluated before run records)", None
+        return write_record(run, reference, device, environment)
     record = read_record(path)
     if record["reference"]["sha256"] != file_sha256(reference):
         return None  # scored against another test set: translated and scored again
@@ -352,13 +359,37 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def packed_runs(archive: Path) -> List[str]:
+    """The run folders (relative to a study folder) whose records ``archive`` holds."""
+    try:
+        with tarfile.open(archive) as tar:
+            names = [os.path.normpath(m.name) for m in tar.getmembers() if m.isfile()]
+    except (OSError, tarfile.TarError) as err:
+        raise StudyError(f"--pack {archive}: exists and is not a readable archive ({err})")
+    return sorted(str(Path(n).parent) for n in names if Path(n).name == RECORD)
+
+
+def check_pack(archive: Path, folders: List[str], force: bool) -> None:
+    """Refuse to replace ``archive`` (unless ``force``) where it holds the records of runs
+    other than ``folders`` (relative to the study folder): they would be lost. The same
+    study packing again (a resumed or re-reported study) replaces it."""
+    archive = Path(archive)
+    if force or not archive.exists():
+        return
+    lost = [name for name in packed_runs(archive) if name not in set(folders)]
+    if lost:
+        raise StudyError(
+            f"--pack {archive} already holds the records of runs this would not pack again "
+            f"({', '.join(lost)}): give another name, or --force to replace it"
+        )
+
+
 def pack_records(runs, archive: Path, out: Path, force: bool = False) -> int:
     """A gzipped tar of the finished runs' records and translations (no checkpoints),
-    paths relative to the study folder ``out``; written atomically, never over an
-    existing file without ``force``. Returns its size."""
+    paths relative to the study folder ``out``; written atomically, never losing the
+    records an existing archive holds (:func:`check_pack`). Returns its size."""
     archive = Path(archive)
-    if archive.exists() and not force:
-        raise StudyError(f"--pack {archive} already exists (use --force to replace it)")
+    check_pack(archive, [str(run.folder.relative_to(out)) for run in runs], force)
     archive.parent.mkdir(parents=True, exist_ok=True)
     tmp = archive.with_name(f".{archive.name}.{os.getpid()}.tmp")
     with tarfile.open(tmp, "w:gz") as tar:

@@ -56,13 +56,10 @@ class _Recorded:
 
 
 def significance(runs_by_variant: Dict[str, List[Run]], records: Dict[str, dict], samples: int):
-    """sacreBLEU's paired bootstrap of every variant against the baseline (the first),
-    on the seeds both have finished, seed paired with seed: each system is its seeds'
-    translations of the test set one after the other, against the reference repeated as
-    often. The baseline's own row, and a variant with no seed in common with it,
-    resample all of their seeds. From the runs' per-sentence statistics; returns the
-    results by variant (with the ``seeds`` resampled, whether ``compared``) and the
-    signatures."""
+    """sacreBLEU's paired bootstrap, from the runs' per-sentence statistics, of every
+    variant against the baseline (the first) on the seeds both have finished, seed with
+    seed, each system its seeds' translations one after the other; the baseline alone
+    on all of its seeds. Returns results by variant (``seeds``, ``compared``), signatures."""
     from sacrebleu.metrics import BLEU, CHRF
     from sacrebleu.significance import PairedTest
 
@@ -283,6 +280,10 @@ def _table_rows(args, by_variant, facts, boot) -> List[str]:
             p_b = p_c = "identical translations"
         else:
             p_b, p_c = _fmt(b.p_value, 4), _fmt(c.p_value, 4)
+            seeds = boot[variant]["seeds"]
+            if seeds != boot[args.variants[0]]["seeds"]:  # on some of the baseline's seeds
+                on = f" (seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))})"
+                p_b, p_c = p_b + on, p_c + on
         lines.append(
             f"| {VARIANTS[variant]['label']} | {VARIANTS[variant]['what']} | {facts[vruns[0].name]['parameters'] / 1e6:.2f}M "
             f"| {statistics.mean(bleus):.2f} ± {_fmt(t_interval(bleus))} | {' / '.join(f'{x:.2f}' for x in bleus)} "

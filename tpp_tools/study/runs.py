@@ -19,7 +19,7 @@ from ..user_dir import plugin_dir
 from .commands import CHILDREN, RunLock, StepTimeout, json_records, log, run_command
 from .config import TAG_FIELDS, VARIANTS, Config, StudyError, identity_config
 from .data import fingerprint, split_size
-from .records import load_record, validation_curve, write_record
+from .records import load_record, training_environment, validation_curve, write_record
 
 #: part of every run's identity: raised whenever a change of the code changes what a
 #: run computes from the same command (initial weights, numerics), so that runs made
@@ -278,7 +278,8 @@ def _steps(run: Run, cfg: Config, paths, args, env_extra: Dict[str, str], lock) 
             {
                 **run.spec,
                 "train_command": " ".join(shlex.quote(c) for c in run.train_cmd),
-                "device": args.device_name,
+                "device_name": args.device_name,
+                "environment": training_environment(),
             },
             indent=1,
         )
