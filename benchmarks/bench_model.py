@@ -45,9 +45,16 @@ from pathlib import Path
 from benchmarks import harness
 
 #: bf16 dense matrix-multiply peak of the GPUs we report on (datasheet, TFLOP/s), by a
-#: part of the device's name: the first that matches (the PCIe and NVL H100s are slower
-#: than the SXM one, whose name says neither). The MFU of every dtype is of this peak.
-PEAK_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0, "H200": 989.0, "A100": 312.0}
+#: part of the device's name: the first that matches (the PCIe and NVL parts are slower
+#: than the SXM ones, whose names say neither). The MFU of every dtype is of this peak.
+PEAK_TFLOPS = {
+    "H100 PCIe": 756.0,
+    "H100 NVL": 835.0,
+    "H100": 989.0,
+    "H200 NVL": 835.0,
+    "H200": 989.0,
+    "A100": 312.0,
+}
 
 
 def parse_args(argv=None):
@@ -147,6 +154,12 @@ def _add_measurement_arguments(p) -> None:
         default=None,
         help="batches per timed training step (fairseq's --update-freq: gradients of N "
         "batches accumulated, one optimizer step; default 1 on CPU, 2 on GPU)",
+    )
+    p.add_argument(
+        "--no-tf32",
+        action="store_true",
+        help="GPU, --dtype fp32: float32 matrix products as fairseq-train computes them "
+        "(TF32 is used otherwise)",
     )
     p.add_argument(
         "--cudnn-attention",
@@ -479,13 +492,14 @@ def report(size, args, results, device_name):
     if "train_memory" in results[args.models[0]]:
         head += " training memory |"
         rule += "---:|"
-    if args.mfu and trained:
-        head += " model TFLOP/s | MFU (of the bf16 peak) |"
-        rule += "---:|---:|"
-    lines += [head, rule]
     peak = None
     if args.mfu and args.device == "cuda":
         peak = peak_tflops(device_name)
+    if args.mfu and trained:
+        of = f"{peak:g} TFLOP/s" if peak else "unknown"
+        head += f" model TFLOP/s | MFU (of the bf16 peak, {of}) |"
+        rule += "---:|---:|"
+    lines += [head, rule]
     for name in args.models:
         r = results[name]
         row = f"| {name} | {r['params'] / 1e6:.1f}M |"
@@ -576,6 +590,8 @@ def child_command(name, size, args):
     cmd += ["--update-freq", str(args.update_freq)]
     if args.cudnn_attention:
         cmd.append("--cudnn-attention")
+    if args.no_tf32:
+        cmd.append("--no-tf32")
     if args.no_generation:
         cmd.append("--no-generation")
     if args.mfu:
@@ -673,9 +689,12 @@ def main(argv=None):
         how += f" of {args.update_freq} batches each (--update-freq)"
     if args.cudnn_attention:
         how += "; cuDNN attention allowed"
+    if args.dtype == "fp32" and args.device == "cuda":
+        how += "; float32 matrix products " + ("without TF32" if args.no_tf32 else "in TF32")
+    if not args.no_generation:
+        how += f", {args.gen_batches} generation batches of {args.gen_batch} sentences"
     print(
-        f"{how}, {args.gen_batches} generation "
-        f"batches of {args.gen_batch} sentences, --max-tokens {args.max_tokens}, data {args.data}; "
+        f"{how}, --max-tokens {args.max_tokens}, data {args.data}; "
         f"total {(time.perf_counter() - started) / 60:.1f} min."
     )
     if args.json:

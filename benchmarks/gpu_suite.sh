@@ -131,7 +131,8 @@ FAILED=0
 # What the figures were measured on, for their report: the GPU, the driver, the versions
 {  # appended: a later run that skips existing tables must not rewrite where they came from
     echo "== $(date -u '+%Y-%m-%d %H:%M:%S UTC'): gpu_suite.sh ${STAGES[*]}"
-    git describe --always --dirty 2>/dev/null || echo "(not a git checkout)"
+    git describe --always --dirty 2>/dev/null || echo "commit ${TPP_COMMIT:-unknown (not a git checkout; TPP_COMMIT unset)}"
+    echo "TPP_FAIRSEQ_SPEEDUPS=${TPP_FAIRSEQ_SPEEDUPS-(unset: the defaults of the plugin)}"
     "$PY" -c 'import sys, torch; print(f"Python {sys.version.split()[0]}, torch {torch.__version__}, CUDA {torch.version.cuda}"); print(torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device")' 2>&1
     "$PY" -c 'import triton; print(f"Triton {triton.__version__}")' 2>&1 | tail -1
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit --format=csv 2>&1 \
@@ -152,9 +153,10 @@ end_group() {  # end_group SIGNAL: what is left of the command's process group, 
 
 # interrupted, the suite ends the running command's processes as well (they are in a
 # process group of their own, which neither Ctrl-C nor a signal to the suite reaches)
-trap 'end_group TERM; end_group KILL; exit 130' INT
-trap 'end_group TERM; end_group KILL; exit 143' TERM
-trap 'end_group TERM; end_group KILL; exit 129' HUP
+# and packs what it has (a command's table so far in its .progress file)
+trap 'end_group TERM; end_group KILL; pack; exit 130' INT
+trap 'end_group TERM; end_group KILL; pack; exit 143' TERM
+trap 'end_group TERM; end_group KILL; pack; exit 129' HUP
 
 run() {  # run STAGE FILE COMMAND...: stdout to OUT/FILE, stderr to OUT/FILE.log
     local stage=$1 file=$2
@@ -200,8 +202,10 @@ run() {  # run STAGE FILE COMMAND...: stdout to OUT/FILE, stderr to OUT/FILE.log
 }
 
 output() {  # output FILE [LINES]: a command's table, or what it wrote before it stopped and why
-    local f
-    if [[ -e $OUT/$1 ]]; then
+    local f last
+    if [[ -e $OUT/$1 ]]; then  # (kept where a command run again with --force failed)
+        last=$(awk -F'\t' -v f="$1" '$2 == f { s = $3 } END { print s }' "$OUT/status.txt")
+        [[ $last == "exit 0" || $last == skipped* ]] || echo "($1 is an earlier run's: this one ended: $last)"
         tail -n "${2:-60}" "$OUT/$1"
         return
     fi
@@ -270,9 +274,13 @@ decided() {  # decided FILE: one of the decide stage's tables, printed, appended
 
 BENCH=("$PY" -m benchmarks.bench_model --data "$DATA" --device cuda --dtype bf16 --sizes 1024)
 # the decide stage: the same commands on a GPU or, --stand-in, small on the CPU
+# At base size a step is short and bound by the host, its time spread wide: more rounds
+# there, a multiple of the models' number so that each takes every turn equally often.
 DEVICE=cuda BASE=512 BASE_TOKENS=8192 BIG=1024 BIG_TOKENS=16384 ROUNDS=8 COLLECT=() STAND=()
+BASE_ROUNDS=32 SYNC_ROUNDS=30 FP32_ROUNDS=24
 if [[ $STAND_IN -eq 1 ]]; then  # the kernels never in the interpreter: it would take hours
     DEVICE=cpu BASE=128 BASE_TOKENS=1024 BIG=256 BIG_TOKENS=1024 ROUNDS=2
+    BASE_ROUNDS=2 SYNC_ROUNDS=2 FP32_ROUNDS=2
     COLLECT=(--collect-only) STAND=(env TRITON_INTERPRET=0)
 fi
 DECIDE=("${STAND[@]}" "$PY" -m benchmarks.bench_model --data "$DATA" --device "$DEVICE" --layers 6 --no-generation
@@ -312,26 +320,31 @@ for stage in "${STAGES[@]}"; do
     tests)  # the ahead-of-time compile test is for machines without a GPU
         run tests tests.txt "$PY" -m pytest -q -p no:cacheprovider --tb=line -rfE \
             tests/plugin/test_cuda.py tests/plugin/test_conv_heads_triton.py -k "not hopper" ;;
-    decide)
-        run decide decide_tests.txt "$PY" -m pytest -q -p no:cacheprovider --tb=line -rfE "${COLLECT[@]}" \
-            tests/plugin/test_query_triton.py
-        decided decide_tests.txt
+    decide)  # the two tables that decide the fused kernels first, then their tests on CUDA
         run decide decide_base.md "${DECIDE[@]}" --dtype bf16 --sizes "$BASE" --max-tokens "$BASE_TOKENS" \
-            --update-freq 1 --rounds "$ROUNDS" --mfu --models "$DECIDE_MODELS" --partial "$OUT/decide_base.md.progress"
+            --update-freq 1 --rounds "$BASE_ROUNDS" --mfu --models "$DECIDE_MODELS" \
+            --partial "$OUT/decide_base.md.progress" --json "$OUT/decide_base.json"
         decided decide_base.md
         run decide decide_big.md "${DECIDE[@]}" --dtype bf16 --sizes "$BIG" --max-tokens "$BIG_TOKENS" \
             --update-freq 2 --rounds "$ROUNDS" --mfu --models "$DECIDE_MODELS" --partial "$OUT/decide_big.md.progress"
         decided decide_big.md
+        run decide decide_tests.txt "$PY" -m pytest -q -p no:cacheprovider --tb=line -rfE "${COLLECT[@]}" \
+            tests/plugin/test_query_triton.py
+        decided decide_tests.txt
         run decide decide_sync.md "${DECIDE[@]}" --dtype bf16 --sizes "$BASE" --max-tokens "$BASE_TOKENS" \
-            --update-freq 1 --rounds "$ROUNDS" --models transformer,transformer-b,transformer-sync,tpp-fused,tpp-fused-sync \
+            --update-freq 1 --rounds "$SYNC_ROUNDS" \
+            --models transformer,transformer-b,transformer-sync,tpp-fused,tpp-fused-sync \
             --partial "$OUT/decide_sync.md.progress"
         decided decide_sync.md
         run decide decide_counts.md "${STAND[@]}" "$PY" -m benchmarks.count_ops --data "$DATA" --device "$DEVICE" --dtype bf16 \
             --size "$BIG" --layers 6 --max-tokens "$BIG_TOKENS" --models transformer,transformer-sync,tpp,tpp-fused
         decided decide_counts.md
-        run decide decide_fp32.md "${DECIDE[@]}" --dtype fp32 --sizes "$BASE" --max-tokens "$BASE_TOKENS" --update-freq 1 \
-            --rounds "$((ROUNDS / 2))" --models transformer,tpp,tpp-fused --partial "$OUT/decide_fp32.md.progress"
-        decided decide_fp32.md ;;
+        run decide decide_fp32.md "${DECIDE[@]}" --dtype fp32 --no-tf32 --sizes "$BASE" --max-tokens "$BASE_TOKENS" \
+            --update-freq 1 --rounds "$FP32_ROUNDS" --models transformer,tpp,tpp-fused \
+            --partial "$OUT/decide_fp32.md.progress" --json "$OUT/decide_fp32.json"
+        decided decide_fp32.md
+        run decide decide_precision.md "$PY" -m benchmarks.precision_ratio "$OUT/decide_base.json" "$OUT/decide_fp32.json"
+        decided decide_precision.md ;;
     compiled)
         run compiled compiled.md "${DECIDE[@]}" --dtype bf16 --sizes "$BASE" --max-tokens "$BASE_TOKENS" \
             --update-freq 1 --rounds "$ROUNDS" --mfu --partial "$OUT/compiled.md.progress" \

@@ -209,8 +209,15 @@ def build_trainer(name, size, args, cfg=None, task=None):
 
         from tpp_fairseq import speed
 
-        if isinstance(trainer.optimizer, FP16Optimizer):  # (built here, not at the first step)
-            speed.multi_tensor_sync(trainer.optimizer)
+        optimizer = trainer.optimizer  # (built here, not at the first step)
+        if isinstance(optimizer, FP16Optimizer) and optimizer.has_flat_params:
+            speed.multi_tensor_sync(optimizer)
+        elif args.device == "cuda":  # (the CPU has no flat copy: a stand-in times the rest)
+            raise SystemExit(
+                f"{name}: fairseq's optimizer has no flat master copy here (--dtype "
+                f"{args.dtype}, TPP_FAIRSEQ_SPEEDUPS={os.environ.get('TPP_FAIRSEQ_SPEEDUPS')!r}): "
+                "there is nothing for the multi-tensor sync to do"
+            )
     if name in COMPILED:
         from tpp_fairseq.compiled import compile_layers
 
@@ -292,15 +299,16 @@ def generation_turns(runs, samples, args, before=None):
 
 
 def gpu_settings(args):
-    """The same backend settings for every model: TF32 matrix products (float32 runs),
-    and cuDNN's attention kept on where ``--cudnn-attention`` asks (the plugin, loaded
-    with the first model, switches it off otherwise)."""
+    """The same backend settings for every model: TF32 matrix products in float32 runs
+    (not with ``--no-tf32``: float32 as fairseq-train computes it), and cuDNN's attention
+    kept on where ``--cudnn-attention`` asks (the plugin, loaded with the first model,
+    switches it off otherwise)."""
     import torch
 
     if args.device != "cuda":
         return
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cuda.matmul.allow_tf32 = not getattr(args, "no_tf32", False)
+    torch.backends.cudnn.allow_tf32 = not getattr(args, "no_tf32", False)
     if args.cudnn_attention:
         os.environ["TPP_FAIRSEQ_SPEEDUPS"] = CUDNN_KEPT  # read when the plugin is loaded
 

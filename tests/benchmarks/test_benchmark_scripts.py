@@ -240,6 +240,8 @@ def test_gpu_suite_records_failures_keeps_tables_and_replaces_only_with_force(da
     res = run([suite, "--force", data, out, "counts"], cwd=REPO, check=False)
     assert res.returncode == 1 and "\ncounts\tcounts.md\texit 2" in res.stdout
     assert (out / "counts.md").read_text() == "an earlier table\n"
+    # ... and not shown as this run's
+    assert "(counts.md is an earlier run's: this one ended: exit 2)\nan earlier table" in res.stdout
 
 
 def test_gpu_suite_takes_folders_relative_to_where_it_is_run(data, tmp_path):
@@ -358,10 +360,10 @@ def test_gpu_suite_cudnn_stage_trains_transformer_with_cudnns_attention_kept_on(
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the stage would run for real")
 def test_gpu_suite_decide_stage_stands_in_on_the_cpu(data, tmp_path):
-    """--stand-in: the decide stage's six commands run on the CPU, small, each table
-    printed and packed as its command ends: the fused conv heads' tests (collected),
-    training at two sizes and in float32 with tpp-fused beside tpp and the control, the
-    multi-tensor sync of the master copy, the operator counts."""
+    """--stand-in: the decide stage's seven commands run on the CPU, small, each table
+    printed and packed as its command ends: training at two sizes with tpp-fused beside
+    tpp and the control, then the fused conv heads' tests (collected), the multi-tensor
+    sync of the master copy, the operator counts, float32 and bf16's speed-up over it."""
     out, pack = tmp_path / "results", tmp_path / "pack"
     res = run(
         ["benchmarks/gpu_suite.sh", "--stand-in", "--pack", pack, data, out, "decide"],
@@ -371,12 +373,13 @@ def test_gpu_suite_decide_stage_stands_in_on_the_cpu(data, tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     lines = [line.split("\t")[:3] for line in (out / "status.txt").read_text().splitlines()]
     files = [
-        "decide_tests.txt",
         "decide_base.md",
         "decide_big.md",
+        "decide_tests.txt",
         "decide_sync.md",
         "decide_counts.md",
         "decide_fp32.md",
+        "decide_precision.md",
     ]
     assert lines == [["decide", f, "exit 0"] for f in files], lines
     summary = (pack / "summary.md").read_text()
@@ -390,6 +393,9 @@ def test_gpu_suite_decide_stage_stands_in_on_the_cpu(data, tmp_path):
     assert "| transformer-sync |" in (out / "decide_sync.md").read_text()
     assert "tpp-fused" in (out / "decide_counts.md").read_text()
     assert "fp32" in (out / "decide_fp32.md").read_text()
+    ratios = (out / "decide_precision.md").read_text()
+    for model in ("transformer", "tpp", "tpp-fused"):
+        assert re.search(rf"\| 128 \| {model} \| [\d,]+ \| [\d,]+ \| \d+\.\d\d× \|", ratios), ratios
     # printed as each command ends, before the next one's status line
     assert res.stdout.index("### decide: decide_base.md") < res.stdout.index(
         "decide\tdecide_big.md"
