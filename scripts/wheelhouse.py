@@ -180,6 +180,8 @@ def download(args):
         (tmp / "constraints.txt").write_text((torch or "torch<0") + "\n")
         env["PIP_CONSTRAINT"] = str(tmp / "constraints.txt")
         env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+        # (downloads, wheels and a --target folder install nothing into this Python)
+        env["PIP_REQUIRE_VIRTUALENV"] = "0"
         say("1/3 fairseq-fixed (sdist; built on the node against its torch)")
         download_fairseq_sdist(dest, env, tmp)
         say("2/3 antlr4-python3-runtime (sdist only: made into a pure-Python wheel)")

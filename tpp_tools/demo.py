@@ -33,6 +33,7 @@ from pathlib import Path
 
 from tpp_pipeline.errors import UserError, report
 
+from . import checkout
 from .train import option_words
 
 PROG = "tpp-demo"
@@ -52,13 +53,6 @@ class DemoError(UserError):
     def __init__(self, message, status=1):
         super().__init__(message)
         self.status = status
-
-
-def checkout():
-    """The repository this package runs from (the demo needs its sample corpus and
-    scripts/train.sh), or None."""
-    root = Path(__file__).resolve().parents[1]
-    return root if (root / "scripts" / "train.sh").is_file() else None
 
 
 def build_parser(root):
@@ -415,6 +409,7 @@ def run_demo(args, root):
 
 def main(argv=None):
     root = checkout()
+    args = build_parser(root or Path("<checkout>")).parse_args(argv)  # (--help anywhere)
     if root is None:
         print(
             f"{PROG}: error: the demo runs from a checkout of the repository (its sample "
@@ -422,7 +417,6 @@ def main(argv=None):
             file=sys.stderr,
         )
         return 2
-    args = build_parser(root).parse_args(argv)
     # before torch is imported (the plots and analyses run in this process)
     os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
     try:

@@ -31,7 +31,12 @@ import math
 import sys
 from pathlib import Path
 
-import matplotlib
+try:
+    import matplotlib
+except ImportError:  # (an extra of the package)
+    raise SystemExit(
+        "tpp-plot-attention: error: needs matplotlib, which is not installed: pip install 'tpp-plugin[plots]'"
+    ) from None
 
 matplotlib.use("Agg")  # no display on cluster nodes; set before pyplot is imported
 import matplotlib.pyplot as plt  # noqa: E402

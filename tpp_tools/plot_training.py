@@ -40,7 +40,12 @@ from pathlib import Path
 
 from tpp_pipeline.errors import UserError, report
 
-import matplotlib
+try:
+    import matplotlib
+except ImportError:  # (an extra of the package)
+    raise SystemExit(
+        "tpp-plot-training: error: needs matplotlib, which is not installed: pip install 'tpp-plugin[plots]'"
+    ) from None
 
 matplotlib.use("Agg")  # no display on cluster nodes; set before pyplot is imported
 import matplotlib.pyplot as plt  # noqa: E402

@@ -35,6 +35,7 @@ from typing import List, Mapping, Sequence
 
 from tpp_pipeline.errors import UserError, report
 
+from . import checkout
 from .user_dir import PluginNotFound, plugin_dir
 
 PROG = "tpp-train"
@@ -110,7 +111,9 @@ class TrainError(UserError):
 
 
 def project_root() -> Path:
-    return Path(__file__).resolve().parent.parent
+    """Where the presets' data and save dirs are, relative: the checkout this runs from,
+    else (an installed wheel) the current folder, as for ``tpp-prepare-corpus``."""
+    return checkout() or Path.cwd()
 
 
 def gpu_visible() -> bool:

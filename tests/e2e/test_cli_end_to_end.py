@@ -726,7 +726,11 @@ def test_fp16_without_cuda_keeps_fairseqs_own_error(trained, tmp_path):
         timeout=300,
     )
     assert proc.returncode != 0
-    assert "Torch not compiled with CUDA enabled" in proc.stderr
+    # torch's own words: a CPU build's, or a CUDA build's on a machine without a GPU
+    assert (
+        "Torch not compiled with CUDA enabled" in proc.stderr
+        or "Found no NVIDIA driver on your system" in proc.stderr
+    ), proc.stderr[-2000:]
 
 
 OLD = REPO / "tests" / "data" / "checkpoint_v0.1.0"

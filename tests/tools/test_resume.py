@@ -101,6 +101,28 @@ def test_paper_recipe_defaults_and_overrides():
     assert bad.returncode != 0 and "--no-such-option" in bad.stderr
 
 
+def test_installed_from_a_wheel_the_default_folders_are_in_the_current_folder(
+    tmp_path, monkeypatch, capsys
+):
+    """Without a checkout around the package (a wheel's install), tpp-train's default data
+    and save dir are in the current folder, as tpp-prepare-corpus's outputs are, never in
+    site-packages; tpp-demo, which needs the checkout's sample, says so (--help still
+    works)."""
+    from tpp_tools import demo, train
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(train, "checkout", lambda: None)
+    args = train.parse_args(["--preset", "tiny", "--dry-run"])
+    command = train.fairseq_command(args)
+    assert command[1] == str(tmp_path / "data-bin" / "sample")
+    assert args.save_dir == str(tmp_path / "checkpoints" / "tiny")
+    monkeypatch.setattr(demo, "checkout", lambda: None)
+    with pytest.raises(SystemExit) as shown:
+        demo.main(["--help"])
+    assert shown.value.code == 0 and "usage: tpp-demo" in capsys.readouterr().out
+    assert demo.main([]) == 2 and "runs from a checkout" in capsys.readouterr().err
+
+
 def test_one_builder_makes_every_fairseq_train_command_line():
     """Issue 48.2: tpp-train, the study (through tpp-train) and the benchmarks build
     fairseq-train's arguments with one function: the recipe's optimiser, schedule and

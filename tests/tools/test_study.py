@@ -994,6 +994,29 @@ def test_the_confidence_interval_takes_students_t_for_any_number_of_seeds():
         assert abs(t_interval(values) - expected) <= 6e-4 * expected, n
 
 
+def test_without_matplotlib_the_study_is_refused_before_it_trains(tmp_path, monkeypatch, capsys):
+    """The report draws its curves with matplotlib (an extra of the package): without
+    it, a study stops at once, not after every run has trained; --dry-run still plans."""
+    import importlib.util
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "matplotlib" else found(name, *a),
+    )
+    data = binarize_tagged(tmp_path / "text", tmp_path / "data-bin", n_train=60)
+    argv = [
+        *("--config", "cpu", "--data", str(data), "--out", str(tmp_path / "out")),
+        *("--test-reference", str(tmp_path / "text" / "test.tgt"), "--device", "cpu"),
+        *("--variants", "transformer,hybrid", "--seeds", "1,2"),
+    ]
+    assert study.main(argv) == 2
+    assert "pip install 'tpp-plugin[plots]'" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "runs").exists()
+    assert study.main([*argv, "--dry-run"]) == 0
+
+
 def test_a_wrong_reference_or_variant_is_refused_before_any_training(tmp_path):
     data = binarize_tagged(tmp_path / "text", tmp_path / "data-bin", n_train=60)
     lines = (tmp_path / "text" / "test.tgt").read_text().splitlines()

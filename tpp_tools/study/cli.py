@@ -30,6 +30,7 @@ fairseq-train command.
 """
 
 import argparse
+import importlib.util
 import os
 import shlex
 import signal
@@ -415,6 +416,11 @@ def _main(argv) -> int:
 
     if args.status:
         return show_status(args, cfg)
+    if not args.dry_run and importlib.util.find_spec("matplotlib") is None:
+        raise StudyError(  # (found now, not at the report after every run)
+            "the report draws its curves with matplotlib, which is not installed: "
+            "pip install 'tpp-plugin[plots]'"
+        )
     if args.dry_run or args.report_only:  # they write no run: no lock, another study may be running
         status = plan_or_report(args, cfg, command)
         if args.dry_run and args.launcher == "slurm" and status == 0:

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from .. import checkout
 from .commands import count_lines, json_records, log
 from .config import StudyError
 
@@ -45,8 +46,8 @@ def code_version() -> Dict[str, Optional[str]]:
     from tpp_plugin import __version__ as tpp
 
     commit = os.environ.get("TPP_COMMIT") or None
-    root = Path(__file__).resolve().parents[2]
-    if commit is None:
+    root = checkout()  # (an installed wheel has no history to read)
+    if commit is None and root is not None:
         try:
             head = subprocess.run(
                 ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True

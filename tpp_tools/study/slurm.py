@@ -124,7 +124,7 @@ def check_options(args, cfg: Config) -> Optional[str]:
     except ImportError:
         return (
             "--launcher slurm submits the jobs with submitit, which is not installed here: "
-            "pip install -r requirements-train.txt (or scripts/setup_env.sh)"
+            "pip install 'tpp-plugin[slurm]' (in a checkout: scripts/setup_env.sh)"
         )
     try:
         args.time_minutes = time_minutes(args.time_limit or DEFAULT_TIME)
