@@ -21,3 +21,22 @@ Command lines: ``tpp-prepare-corpus`` (``pipeline``), ``tpp-prepare-wmt14`` (``w
 - ``download``     -- resumable, checked downloads;
 - ``wmt14``        -- WMT'14 En-De / En-Fr corpora: archives, extraction, SGM test sets.
 """
+
+import os
+from pathlib import Path
+from typing import Optional
+
+
+def checkout() -> Optional[Path]:
+    """The repository these packages run from (the checkout itself, or an editable
+    install of it), known by its setup.cfg; None where they are installed from a wheel."""
+    root = Path(__file__).resolve().parents[1]
+    return root if (root / "setup.cfg").is_file() else None
+
+
+def project_root() -> Path:
+    """Where the commands' default folders (``work/``, ``data-bin/``, ``checkpoints/``)
+    are: ``$TPP_ROOT`` where set (the repository a SLURM job was submitted from), else
+    the checkout these packages run from, else (a wheel's install) the current folder."""
+    root = os.environ.get("TPP_ROOT")
+    return Path(root).resolve() if root else (checkout() or Path.cwd())

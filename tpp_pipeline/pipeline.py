@@ -31,6 +31,7 @@ import sys
 from collections.abc import Callable
 
 from . import binarize as binarize_mod
+from . import project_root
 from . import bpe, cleaning, moses, tagging
 from .contract import TAG_KINDS
 from .errors import DataError, from_os_error
@@ -42,16 +43,7 @@ log = logging.getLogger("tpp_pipeline")
 SPLITS = binarize_mod.SPLITS
 
 
-def project_root():
-    """Where ``work/`` and ``data-bin/`` go by default: the repository when the package
-    runs from a checkout (as the editable install does), else the current folder."""
-    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if os.path.isfile(os.path.join(checkout, "setup.cfg")):
-        return checkout
-    return os.getcwd()
-
-
-REPO_ROOT = project_root()
+REPO_ROOT = str(project_root())
 
 
 def _at_least(text, convert, minimum, kind):

@@ -33,9 +33,9 @@ import time
 from pathlib import Path
 from typing import List, Mapping, Sequence
 
+from tpp_pipeline import project_root
 from tpp_pipeline.errors import UserError, report
 
-from . import checkout
 from .user_dir import PluginNotFound, plugin_dir
 
 PROG = "tpp-train"
@@ -108,12 +108,6 @@ PRECISIONS = (
 
 class TrainError(UserError):
     """Bad input: reported as one line, exit status 2."""
-
-
-def project_root() -> Path:
-    """Where the presets' data and save dirs are, relative: the checkout this runs from,
-    else (an installed wheel) the current folder, as for ``tpp-prepare-corpus``."""
-    return checkout() or Path.cwd()
 
 
 def gpu_visible() -> bool:

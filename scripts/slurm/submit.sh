@@ -138,7 +138,8 @@ done
 
 cd "$repo"  # relative paths (logs, data) are relative to the repository
 mkdir -p "$LOG_DIR"
-common=(--parsable --export=ALL)
+# a stage whose dependency failed is cancelled, not left pending for ever
+common=(--parsable --export=ALL --kill-on-invalid-dep=yes)
 [[ -n ${PARTITION:-} ]] && common+=(--partition "$PARTITION")
 [[ -n ${ACCOUNT:-} ]] && common+=(--account "$ACCOUNT")
 # shellcheck disable=SC2206

@@ -573,6 +573,29 @@ def test_study_jobs_that_fail_are_named_with_their_logs_and_how_to_resume(
     assert "--no-such-option" in report_log.split("to resume")[-1]  # the command, as it was given
 
 
+def test_submitting_a_study_again_replaces_its_queued_report_job(cluster, tagged_data, tmp_path):
+    """The same command again while the runs' jobs wait: no run is submitted twice, and the
+    earlier report job (which waits for the earlier jobs only) is cancelled for a new one."""
+    out = tmp_path / "study"
+    tiny = [*STUDY[: STUDY.index("--max-update")], "--max-update", "2", "--variants", "transformer"]
+    later = ("--launcher", "slurm", "--sbatch-option", "begin=now+600")  # (kept pending)
+    command = study_command(tagged_data, out, *later, study=tiny)
+    jobs = []
+    try:
+        for _ in range(2):
+            done = subprocess.run(command, env=cluster, capture_output=True, text=True, timeout=300)
+            assert done.returncode == 0, done.stdout + done.stderr
+            record = json.loads((out / "slurm" / "jobs.json").read_text())
+            jobs.append(record["report"]["job"])
+        assert "not submitted again" in done.stdout and "is cancelled" in done.stdout, done.stdout
+        runs = [entry["job"] for entry in record["runs"].values()]
+        assert len(runs) == 2 and jobs[0] != jobs[1]
+        assert job_states(cluster, jobs[0])[jobs[0]] == "CANCELLED"
+        assert job_states(cluster, jobs[1])[jobs[1]] == "PENDING"
+    finally:
+        subprocess.run(["scancel", *jobs, *runs], env=cluster, capture_output=True)
+
+
 def test_a_dry_run_checks_the_partition_on_the_cluster(cluster, tagged_data, tmp_path):
     """The dry run shows the job before anything is submitted, and a partition the
     cluster does not have is refused there already, naming the ones it has."""

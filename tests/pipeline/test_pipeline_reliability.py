@@ -50,6 +50,19 @@ def _run(corpus, *extra, src="en", tgt="de", timeout=600):
     )
 
 
+def test_the_default_folders_are_in_tpp_root_where_it_is_set(tmp_path):
+    """A SLURM job's data stages run in $TPP_ROOT (the repository it was submitted from,
+    common.sh exports it): their default work/ and data-bin/ are there, not in the
+    checkout the environment happens to be installed from."""
+    show = "import tpp_pipeline.pipeline as p; print(p.REPO_ROOT)"
+    env = dict(os.environ, TPP_ROOT=str(tmp_path))
+    shown = subprocess.run([sys.executable, "-c", show], env=env, capture_output=True, text=True)
+    assert shown.stdout.strip() == str(tmp_path.resolve()), shown.stderr
+    env.pop("TPP_ROOT")
+    shown = subprocess.run([sys.executable, "-c", show], env=env, capture_output=True, text=True)
+    assert shown.stdout.strip() != str(tmp_path.resolve()), "the checkout otherwise"
+
+
 def test_line_count_mismatch_names_the_files(corpus):
     with open(corpus / "valid.de", "a", encoding="utf-8") as out:
         out.write("one more line\n")

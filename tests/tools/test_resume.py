@@ -106,16 +106,23 @@ def test_installed_from_a_wheel_the_default_folders_are_in_the_current_folder(
 ):
     """Without a checkout around the package (a wheel's install), tpp-train's default data
     and save dir are in the current folder, as tpp-prepare-corpus's outputs are, never in
-    site-packages; tpp-demo, which needs the checkout's sample, says so (--help still
-    works)."""
+    site-packages; in a SLURM job, in $TPP_ROOT (the repository it was submitted from)
+    whatever checkout the environment was installed from. tpp-demo, which needs the
+    checkout's sample, says so (--help still works)."""
+    import tpp_pipeline
     from tpp_tools import demo, train
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(train, "checkout", lambda: None)
+    monkeypatch.delenv("TPP_ROOT", raising=False)
+    monkeypatch.setattr(tpp_pipeline, "checkout", lambda: None)
     args = train.parse_args(["--preset", "tiny", "--dry-run"])
     command = train.fairseq_command(args)
     assert command[1] == str(tmp_path / "data-bin" / "sample")
     assert args.save_dir == str(tmp_path / "checkpoints" / "tiny")
+    monkeypatch.undo()
+    monkeypatch.setenv("TPP_ROOT", str(tmp_path / "submitted"))
+    args = train.parse_args(["--preset", "tiny", "--dry-run"])
+    assert train.fairseq_command(args)[1] == str(tmp_path / "submitted" / "data-bin" / "sample")
     monkeypatch.setattr(demo, "checkout", lambda: None)
     with pytest.raises(SystemExit) as shown:
         demo.main(["--help"])

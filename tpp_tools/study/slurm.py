@@ -244,7 +244,9 @@ def dry_run(args, cfg: Config) -> int:
 def cluster_problem(args) -> Optional[str]:
     """Why jobs cannot be submitted from here (or None): SLURM's commands, the partition."""
     missing = [
-        c for c in ("sbatch", "srun", "squeue", "sinfo", "scontrol") if shutil.which(c) is None
+        c
+        for c in ("sbatch", "srun", "squeue", "sinfo", "scontrol", "scancel")
+        if shutil.which(c) is None
     ]
     if missing:
         return (
@@ -454,6 +456,18 @@ class ReportJob:
 # ----------------------------------------------------------------------------- submitting
 
 
+def cancel_superseded_report(record: dict) -> None:
+    """The report job of an earlier submission, if still queued, cancelled: it waits for
+    the runs' earlier jobs only, and would report (and fail) before the new ones end."""
+    earlier = (record.get("report") or {}).get("job")
+    state = queue_states([earlier]).get(earlier) if earlier else None
+    if state:
+        subprocess.run(["scancel", earlier], capture_output=True)
+        log(
+            f"the earlier report job {earlier} ({state}) is cancelled: a new one waits for every run"
+        )
+
+
 def submit(args, cfg: Config, command: str) -> int:
     """Submit a job for every run neither finished nor queued, and the report job after
     them (the study folder's lock held)."""
@@ -504,6 +518,7 @@ def submit(args, cfg: Config, command: str) -> int:
         save_jobs(args.out, record)
         waiting_on.append(job.job_id)
         log(f"{run.name}: job {job.job_id}, log {job.paths.stdout}")
+    cancel_superseded_report(record)
     report_params = {k: v for k, v in params.items() if k != "gpus_per_node"}
     report_params.update(job_name="tpp-study-report", cpus_per_task=1, time=REPORT_TIME_MIN)
     if waiting_on:
