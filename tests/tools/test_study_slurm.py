@@ -290,7 +290,8 @@ def test_without_slurm_commands_nothing_is_prepared_or_submitted(tmp_path):
     )
     assert shown.returncode == 2, shown.stderr
     assert (
-        "--launcher slurm: sbatch, srun, squeue, sinfo, scontrol not found on PATH" in shown.stderr
+        "--launcher slurm: sbatch, srun, squeue, sinfo, scontrol, scancel not found on PATH"
+        in shown.stderr
     )
     assert "--launcher local" in shown.stderr
     assert not (out / "slurm").exists() and not (out / "runs").exists()
