@@ -1,5 +1,3 @@
 """The tools around the model: checkpoint averaging and recovery, evaluation, plots and
 analyses, the quality study and the demo. Each command-line tool is a module with a
 ``main`` and a console script (``tpp-...``; see setup.cfg)."""
-
-from tpp_pipeline import checkout  # noqa: F401  (the tools' one way to ask)

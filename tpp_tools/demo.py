@@ -31,9 +31,9 @@ import time
 from contextlib import redirect_stdout
 from pathlib import Path
 
+from tpp_pipeline import checkout
 from tpp_pipeline.errors import UserError, report
 
-from . import checkout
 from .train import option_words
 
 PROG = "tpp-demo"

@@ -494,7 +494,7 @@ def study(args, cfg: Config, command: str) -> int:
         raise StudyError(f"preparing the data: {err}", status=1) from None
     runs = plan_runs(args, cfg, paths["data"])
     if args.pack:  # refused now, not after the runs
-        check_pack(args.pack, [str(run.folder.relative_to(args.out)) for run in runs], args.force)
+        check_pack(args.pack, runs, args.out, args.force)
     if args.records:
         import_records(args.records, runs, paths["reference"])
     todo = select_runs(args, runs)

@@ -78,7 +78,7 @@ def plan_or_report(args, cfg: Config, command: str) -> int:
             status=1,
         )
     if args.pack:
-        check_pack(args.pack, [str(run.folder.relative_to(args.out)) for run in runs], args.force)
+        check_pack(args.pack, runs, args.out, args.force)
     if args.records:
         import_records(args.records, runs, paths["reference"])
     report, done = report_finished(args, cfg, paths, runs, command, started)

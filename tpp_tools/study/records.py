@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .. import checkout
+from tpp_pipeline import checkout
+
 from .commands import count_lines, json_records, log
 from .config import StudyError
 
@@ -222,10 +223,9 @@ def evaluated(run, reference: Path) -> bool:
 def finished(run, reference: Path) -> bool:
     """Trained, translated and scored: the run has its record (or can have it, which
     this does not write)."""
-    path = run.folder / RECORD
-    if not path.exists():
+    if not (run.folder / RECORD).exists():
         return evaluated(run, reference)
-    return read_record(path)["reference"]["sha256"] == file_sha256(reference)
+    return load_record(run, reference) is not None
 
 
 def spec_differences(record: dict, run) -> str:
@@ -370,14 +370,15 @@ def packed_runs(archive: Path) -> List[str]:
     return sorted(str(Path(n).parent) for n in names if Path(n).name == RECORD)
 
 
-def check_pack(archive: Path, folders: List[str], force: bool) -> None:
+def check_pack(archive: Path, runs, out: Path, force: bool) -> None:
     """Refuse to replace ``archive`` (unless ``force``) where it holds the records of runs
-    other than ``folders`` (relative to the study folder): they would be lost. The same
-    study packing again (a resumed or re-reported study) replaces it."""
+    other than ``runs`` (of the study folder ``out``): they would be lost. The same study
+    packing again (a resumed or re-reported study) replaces it."""
     archive = Path(archive)
     if force or not archive.exists():
         return
-    lost = [name for name in packed_runs(archive) if name not in set(folders)]
+    folders = {str(run.folder.relative_to(out)) for run in runs}
+    lost = [name for name in packed_runs(archive) if name not in folders]
     if lost:
         raise StudyError(
             f"--pack {archive} already holds the records of runs this would not pack again "
@@ -390,7 +391,7 @@ def pack_records(runs, archive: Path, out: Path, force: bool = False) -> int:
     paths relative to the study folder ``out``; written atomically, never losing the
     records an existing archive holds (:func:`check_pack`). Returns its size."""
     archive = Path(archive)
-    check_pack(archive, [str(run.folder.relative_to(out)) for run in runs], force)
+    check_pack(archive, runs, out, force)
     archive.parent.mkdir(parents=True, exist_ok=True)
     tmp = archive.with_name(f".{archive.name}.{os.getpid()}.tmp")
     with tarfile.open(tmp, "w:gz") as tar:
