@@ -212,6 +212,28 @@ def test_dry_run_plans_the_paper_scale_jobs_without_a_cluster(tmp_path):
     )
     assert "#SBATCH --mem=48G" in default.stdout.splitlines(), default.stdout[-2000:]
     assert not (out / "slurm").exists() and not (out / "runs").exists()
+    # --mem 0: all of the node's memory, as sbatch reads it; --mem wins over mem=
+    whole = tpp_study(
+        "--config",
+        "wmt14-big",
+        "--launcher",
+        "slurm",
+        "--mem",
+        "0",
+        "--sbatch-option",
+        "mem=8G",
+        "--data",
+        data,
+        "--test-reference",
+        tmp_path / "test.de",
+        "--out",
+        out,
+        "--dry-run",
+    )
+    assert [l for l in whole.stdout.splitlines() if l.startswith("#SBATCH --mem")] == [
+        "#SBATCH --mem=0"
+    ], whole.stdout[-2000:] + whole.stderr[-2000:]
+    assert "--mem=0 (all of a node's memory)" in whole.stdout, whole.stdout[-2000:]
 
 
 def test_the_report_hint_puts_report_only_among_the_studys_options():
@@ -244,6 +266,7 @@ def test_time_limits_in_slurm_formats():
         ),
         (["--launcher", "slurm", "--sbatch-option", "mem"], "--sbatch-option: expected KEY=VALUE"),
         (["--launcher", "slurm", "--mem", "1.5G"], "--mem: expected a size as sbatch takes it"),
+        (["--launcher", "slurm", "--mem", "00"], "--mem: expected a size as sbatch takes it"),
         (
             ["--gpus-per-run", "2"],
             "--gpus-per-run 2 trains each run on GPUs: not with --device cpu",

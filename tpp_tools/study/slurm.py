@@ -85,8 +85,8 @@ def add_arguments(parser) -> None:
     )
     group.add_argument(
         "--mem",
-        help=f"host memory of a run's job, in sbatch's form (default {MEM_PER_GPU_GB}G per GPU; "
-        "with --device cpu the cluster's default)",
+        help=f"host memory of a run's job, in sbatch's form, 0 for all of a node's memory "
+        f"(default {MEM_PER_GPU_GB}G per GPU; with --device cpu the cluster's default)",
     )
     group.add_argument("--account", help="SLURM account to charge")
     group.add_argument(
@@ -140,12 +140,16 @@ def check_options(args, cfg: Config) -> Optional[str]:
         args.cpus_per_run = CPUS_PER_GPU * cfg.gpus if args.device == "cuda" else args.threads
     if args.cpus_per_run < 1:
         return f"--cpus-per-run must be at least 1, not {args.cpus_per_run}"
-    if "mem" in args.sbatch_options:  # (an earlier way to ask for it)
-        args.mem = args.mem or args.sbatch_options.pop("mem")
+    if "mem" in args.sbatch_options:  # (an earlier way to ask for it; --mem wins)
+        mem = args.sbatch_options.pop("mem")
+        args.mem = args.mem or mem
     if args.mem is None and args.device == "cuda":
         args.mem = f"{MEM_PER_GPU_GB * cfg.gpus}G"
-    if args.mem is not None and not re.fullmatch(r"[1-9][0-9]*[KMGT]?", args.mem):
-        return f"--mem: expected a size as sbatch takes it (e.g. 64G), not {args.mem!r}"
+    if args.mem is not None and not re.fullmatch(r"0|[1-9][0-9]*[KMGT]?", args.mem):
+        return (
+            f"--mem: expected a size as sbatch takes it (e.g. 64G, or 0 for all of a node's "
+            f"memory), not {args.mem!r}"
+        )
     for name in ("out", "data", "test_reference", "test_source", "bpe_codes"):
         if getattr(args, name) is not None:
             setattr(args, name, getattr(args, name).absolute())
@@ -180,6 +184,13 @@ def resources(args, cfg: Config) -> Dict[str, object]:
     return params
 
 
+def memory(mem: Optional[str]) -> str:
+    """--mem in words."""
+    if mem is None:
+        return "the default memory"
+    return f"--mem={mem}" + (" (all of a node's memory)" if mem == "0" else "")
+
+
 def describe(args, cfg: Config) -> str:
     """The jobs in words (``--dry-run``)."""
     hours, minutes = divmod(args.time_minutes, 60)
@@ -193,7 +204,7 @@ def describe(args, cfg: Config) -> str:
     )
     return (
         f"SLURM: one job per run not finished: partition {args.partition or '(the default)'}, {gpus}"
-        f"{args.cpus_per_run} CPUs, {f'--mem={args.mem}' if args.mem else 'the default memory'}, time limit {hours}:{minutes:02d}:00{extra}, --requeue "
+        f"{args.cpus_per_run} CPUs, {memory(args.mem)}, time limit {hours}:{minutes:02d}:00{extra}, --requeue "
         f"(put back in the queue at the time limit and on preemption, resuming from its checkpoint); then one "
         f"report job (1 CPU) after all of them; job files and logs in {args.out / 'slurm'}.{ranks}"
     )
