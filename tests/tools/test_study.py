@@ -171,6 +171,28 @@ def test_the_training_eta_is_the_time_per_update_so_far_times_the_updates_left()
     assert training_eta(records[1:2], 2200) is None and eta_text(None) == "—"
 
 
+def test_a_running_runs_state_names_its_process_and_whole_start_time(tmp_path):
+    import os
+    import re
+    import types
+
+    from tpp_tools.study.commands import RunLock
+    from tpp_tools.study.runs import run_state
+
+    run = types.SimpleNamespace(folder=tmp_path)
+    assert run_state(run) == "not started"
+    lock = RunLock(tmp_path, "transformer-s1")
+    try:
+        state = run_state(run)
+    finally:
+        lock.close()
+    assert re.fullmatch(
+        rf"running \(process {os.getpid()} on host \S+, since " r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\)",
+        state,
+    ), state
+    assert run_state(run) == "not started", "a lock no process holds"
+
+
 def test_dry_run_plans_every_variant_and_seed(tmp_path):
     shown, out = dry_run(tmp_path, "transformer,hybrid+tags")
     lines = shown.stdout.splitlines()

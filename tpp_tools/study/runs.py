@@ -179,7 +179,8 @@ def run_state(run: Run) -> str:
                 fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = handle.read(300).decode("utf-8", "replace").strip()
-                return f"running ({holder.split(':')[0]})" if holder else "running"
+                # "process P on host H, since DATE TIME: command"
+                return f"running ({holder.split(': ', 1)[0]})" if holder else "running"
     if (run.folder / "train.done").exists():
         return "trained, not scored"
     if (run.folder / "train.log").exists():
