@@ -3,11 +3,12 @@ forward (with beam reordering), causality, padding invariance, the plain-Transfo
 ablation, gradients, option validation and the presets' sizes."""
 
 import argparse
+import copy
 
 import pytest
 import torch
 from fairseq.models import ARCH_CONFIG_REGISTRY
-from fairseq.modules import MultiheadAttention
+from fairseq.modules import LayerDropModuleList, MultiheadAttention
 
 from tpp_plugin.modules import HybridMultiheadAttention
 
@@ -235,6 +236,47 @@ def test_tag_heads_read_their_layers_and_cost_nothing_by_default():
         _, extra = model(src, torch.full((2,), 5), src)
     assert "tag_logits" not in extra and not calls
     hook.remove()
+
+
+def test_under_layerdrop_each_tag_head_reads_its_layers_output():
+    """With ``--encoder-layerdrop`` fairseq's encoder returns the states of the layers
+    that ran only: a tag head still reads the output of its layer, a skipped layer
+    passing its input on (the state of the last layer run before it, or the
+    embeddings), and the layers are dropped with fairseq's own random draws."""
+    d = make_dictionary()
+    tags = {"pos": make_dictionary(6), "ner": make_dictionary(5)}
+    options = dict(dictionary=d, tag_dictionaries=tags, encoder_layers=4)
+    options.update(encoder_conv_kernel_sizes="3,3,5,5", encoder_tag_layers="pos:1,ner:3")
+    torch.manual_seed(0)
+    model = build_model(encoder_layerdrop=0.5, **options).train()
+    torch.manual_seed(0)
+    plain = build_model(**options).train()
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), plain.parameters()))
+    fairseqs = copy.deepcopy(model)
+    layers = list(torch.nn.ModuleList.__iter__(fairseqs.encoder.layers))
+    fairseqs.encoder.layers = LayerDropModuleList(0.5, layers)
+    outputs = {}
+    for i, layer in enumerate(torch.nn.ModuleList.__iter__(model.encoder.layers)):  # all 4
+        layer.register_forward_hook(lambda m, inputs, out, i=i: outputs.__setitem__(i, out))
+    src, lengths = random_tokens(d, 2, 7), torch.full((2,), 7)
+    seen = set()
+    for seed in range(30):
+        outputs.clear()
+        with torch.no_grad():
+            torch.manual_seed(seed)
+            encoder_out = model.encoder(src, src_lengths=lengths, return_all_hiddens=True)
+            logits = model.encoder.tag_logits(encoder_out)
+            torch.manual_seed(seed)
+            expected = fairseqs.encoder(src, src_lengths=lengths, return_all_hiddens=True)
+        assert torch.equal(encoder_out["encoder_out"][0], expected["encoder_out"][0])
+        assert len(encoder_out["encoder_states"]) == len(outputs) + 1
+        for name, layer in model.encoder.tag_heads.layers.items():
+            before = [i for i in outputs if i < layer]
+            state = outputs[max(before)] if before else encoder_out["encoder_states"][0]
+            expected = model.encoder.tag_heads.heads[name](state).transpose(0, 1)
+            assert torch.allclose(logits[name], expected, atol=1e-6), (seed, name, sorted(outputs))
+            seen.add((name, len(before)))
+    assert {("pos", 0), ("ner", 0), ("ner", 1), ("ner", 2)} <= seen, seen
 
 
 def test_layers_to_keep_prunes_a_model_as_fairseq_prunes_its_transformer():

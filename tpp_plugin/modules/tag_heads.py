@@ -10,7 +10,7 @@ where ``h^{(l)}`` is the output of encoder layer ``l`` (1-based). The heads retu
 logits; the softmax and the cross-entropy are the criterion's job.
 """
 
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from fairseq.models.transformer import Linear
 from torch import Tensor, nn
@@ -35,15 +35,29 @@ class TagHeads(nn.Module):
     def __len__(self) -> int:
         return len(self.heads)
 
-    def forward(self, encoder_states: List[Tensor]) -> Dict[str, Tensor]:
+    def forward(
+        self, encoder_states: List[Tensor], ran: Optional[List[int]] = None
+    ) -> Dict[str, Tensor]:
         """``encoder_states``: the encoder's ``T x B x d`` states, embeddings first (as
-        fairseq returns them with ``return_all_hiddens``). Returns ``B x T x classes``."""
+        fairseq returns them with ``return_all_hiddens``); ``ran``: the 0-based layers
+        whose states follow the embeddings when LayerDrop skipped some (None: all).
+        Returns ``B x T x classes``."""
         if len(self.heads) and not encoder_states:
             raise RuntimeError(
                 "tag heads need the encoder's hidden states (return_all_hiddens=True)"
             )
+        if ran is not None and len(encoder_states) != len(ran) + 1:
+            raise RuntimeError(
+                f"{len(encoder_states)} encoder states for {len(ran)} layers run: the "
+                "states of another pass of the encoder"
+            )
+        # the output of layer l: the state after the last layer run of the first l
+        state = {
+            name: layer if ran is None else sum(i < layer for i in ran)
+            for name, layer in self.layers.items()
+        }
         return {
-            name: head(encoder_states[self.layers[name]]).transpose(0, 1)  # T x B x K -> B x T x K
+            name: head(encoder_states[state[name]]).transpose(0, 1)  # T x B x K -> B x T x K
             for name, head in self.heads.items()
         }
 

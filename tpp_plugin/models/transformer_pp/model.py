@@ -23,7 +23,8 @@ from fairseq.models.transformer import (
     TransformerEncoderBase,
     TransformerModel,
 )
-from torch import Tensor
+from fairseq.modules import LayerDropModuleList
+from torch import Tensor, nn
 
 from ...modules import TagHeads
 from ...options import format_named, parse_named
@@ -52,6 +53,23 @@ class LayerCounter:
         return self.built - 1
 
 
+class RecordedLayerDrop(LayerDropModuleList):
+    """fairseq's LayerDrop (its own random draws) remembering the layers its last pass
+    ran, in ``ran``: fairseq's encoder returns the states of those layers only, and a
+    tag head reads the output of its layer, a skipped layer passing its input on."""
+
+    def __init__(self, p: float, modules):
+        super().__init__(p, modules)
+        self.ran: List[int] = list(range(len(self)))
+
+    def __iter__(self):
+        index = {id(m): i for i, m in enumerate(nn.ModuleList.__iter__(self))}
+        self.ran = []
+        for m in super().__iter__():
+            self.ran.append(index[id(m)])
+            yield m
+
+
 class TransformerPPEncoder(TransformerEncoderBase):
     """Transformer encoder with hybrid self-attention and token-tagging heads on the
     base encoder layers."""
@@ -62,6 +80,9 @@ class TransformerPPEncoder(TransformerEncoderBase):
         self.conv = ConvHeadsConfig(cfg, "encoder")
         self.layer_counter = LayerCounter("encoder")
         super().__init__(cfg, dictionary, embed_tokens)
+        if isinstance(self.layers, LayerDropModuleList):  # --encoder-layerdrop
+            layers = list(nn.ModuleList.__iter__(self.layers))  # all, no draws
+            self.layers = RecordedLayerDrop(self.layers.p, layers)
         self.tag_heads = TagHeads(cfg.encoder.embed_dim, tag_classes, tag_layers)
 
     def build_encoder_layer(self, cfg, layer_idx: Optional[int] = None):
@@ -73,7 +94,7 @@ class TransformerPPEncoder(TransformerEncoderBase):
     def tag_logits(self, encoder_out: Dict[str, List[Tensor]]) -> Dict[str, Tensor]:
         """Per-token tag scores (``B x T x classes`` per tag kind) from the hidden states
         the encoder returned (it must have run with ``return_all_hiddens=True``)."""
-        return self.tag_heads(encoder_out["encoder_states"])
+        return self.tag_heads(encoder_out["encoder_states"], getattr(self.layers, "ran", None))
 
 
 class TransformerPPDecoder(TransformerDecoderBase):
