@@ -238,6 +238,22 @@ def test_tag_heads_read_their_layers_and_cost_nothing_by_default():
     hook.remove()
 
 
+@pytest.mark.parametrize("kept", ["pos:1", "ner:2", ""])
+def test_a_checkpoint_loads_into_a_model_with_fewer_tag_heads(kept):
+    """``--model-overrides "{'encoder_tag_layers': 'pos:1'}"``: the heads are for training
+    only, the weights of those the model has not are dropped as it loads."""
+    torch.manual_seed(0)
+    d = make_dictionary()
+    tags = {"pos": make_dictionary(6), "ner": make_dictionary(5)}
+    full = build_model(dictionary=d, tag_dictionaries=tags)
+    fewer = build_model(dictionary=d, tag_dictionaries=tags, encoder_tag_layers=kept)
+    assert sorted(fewer.encoder.tag_heads.heads) == sorted(n.split(":")[0] for n in [kept] if n)
+    fewer.load_state_dict(full.state_dict(), strict=True)
+    for name, head in fewer.encoder.tag_heads.heads.items():
+        assert torch.equal(head.weight, full.encoder.tag_heads.heads[name].weight)
+    assert torch.equal(fewer.encoder.embed_tokens.weight, full.encoder.embed_tokens.weight)
+
+
 def test_under_layerdrop_each_tag_head_reads_its_layers_output():
     """With ``--encoder-layerdrop`` fairseq's encoder returns the states of the layers
     that ran only: a tag head still reads the output of its layer, a skipped layer

@@ -233,9 +233,10 @@ class TransformerPPModel(TransformerModel):
 
     def upgrade_state_dict_named(self, state_dict, name):
         super().upgrade_state_dict_named(state_dict, name)
-        # A checkpoint trained with tag heads loads into a model built without them
-        # (--encoder-tag-layers ''): the heads are training-only, drop their weights.
-        prefix = f"{name}." if name else ""
-        if not len(self.encoder.tag_heads):
-            for key in [k for k in state_dict if k.startswith(prefix + "encoder.tag_heads.")]:
+        # A checkpoint trained with tag heads loads into a model built without some or
+        # all of them (--encoder-tag-layers): the heads are training-only, drop the
+        # weights of those it has not.
+        heads = f"{name}.encoder.tag_heads.heads." if name else "encoder.tag_heads.heads."
+        for key in [k for k in state_dict if k.startswith(heads)]:
+            if key[len(heads) :].split(".")[0] not in self.encoder.tag_heads.heads:
                 del state_dict[key]
