@@ -513,6 +513,53 @@ def test_a_folder_without_tags_is_one_error_line_of_fairseq_train(tmp_path):
     ) in proc.stderr, proc.stderr[-3000:]
 
 
+def test_validating_a_tagged_checkpoint_on_a_folder_without_tags_says_the_working_way(
+    tmp_path,
+):
+    """fairseq-validate takes the task from the checkpoint, whatever --task says: on a
+    folder without label files the error names the override that works, and it works."""
+    tagged = binarize_tagged(tmp_path / "text", tmp_path / "tagged", n_train=60)
+    plain = binarize_tagged(tmp_path / "text", tmp_path / "plain", n_train=60, tags=False)
+    run(
+        [
+            "fairseq-train",
+            tagged,
+            "--user-dir",
+            REPO / "tpp_plugin",
+            "--arch",
+            "transformer_pp_tiny",
+            "--task",
+            "translation_with_tags",
+            "--criterion",
+            "label_smoothed_cross_entropy_with_tags",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "1e-3",
+            "--max-tokens",
+            "500",
+            "--max-update",
+            "1",
+            "--cpu",
+            "--num-workers",
+            "0",
+            "--save-dir",
+            tmp_path / "checkpoints",
+        ]
+    )
+    validate = ["fairseq-validate", plain, "--user-dir", REPO / "tpp_plugin", "--cpu"]
+    validate += ["--max-tokens", "500"]
+    validate += ["--path", tmp_path / "checkpoints" / "checkpoint_last.pt", "--task", "translation"]
+    refused = run(validate, check=False)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    advice = "where the task is the checkpoint's (fairseq-validate), pass --model-overrides"
+    assert advice in refused.stderr, refused.stderr[-3000:]
+    override = refused.stderr.split(advice, 1)[1].split('"')[1]
+    assert override == "{'tags': ''}", refused.stderr[-3000:]
+    validated = run(validate + ["--model-overrides", override])
+    assert "valid on 'valid' subset" in validated.stdout + validated.stderr
+
+
 def test_translating_a_sentence_over_the_limit_says_the_limit_and_how_to_raise_it(
     databin, tmp_path
 ):

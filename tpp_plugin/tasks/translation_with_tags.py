@@ -209,7 +209,8 @@ class TranslationWithTagsTask(TranslationTask):
                 f"the data folder has no label files for --tags {','.join(self.tag_names)} (expected "
                 f"{', '.join(self.missing_tag_dictionaries.values())}; a folder prepared with "
                 "tpp-prepare-corpus --no-tags has none): pass --tags '' (or --task translation) to "
-                "train without them, or prepare the data with tags"
+                "train without them, or prepare the data with tags; where the task is the "
+                "checkpoint's (fairseq-validate), pass --model-overrides \"{'tags': ''}\""
             )
         for name, path in self.missing_tag_dictionaries.items():
             raise MissingTagsError(
