@@ -112,6 +112,21 @@ def test_need_weights_averages_heads_and_rows_sum_to_one():
     assert torch.all(per_head.triu(1) == 0), "decoder maps must not look at the future"
 
 
+def test_need_weights_when_decoding_step_by_step_averages_the_dot_product_heads():
+    """The Query keeps a running sum while decoding, not its weights over the past: the
+    averaged map is the dot-product heads' (rows sum to one), as in the parallel forward."""
+    torch.manual_seed(0)
+    m = HybridMultiheadAttention(16, 4, 2, kernel_size=3, causal=True).eval()
+    x = torch.randn(5, 2, 16)
+    _, per_head = m(x, x, x, need_head_weights=True)
+    state = {}
+    for t in range(5):
+        step = x[t : t + 1]
+        _, mean = m(step, step, step, incremental_state=state)
+        assert mean.shape == (2, 1, t + 1)
+        assert torch.allclose(mean[:, 0], per_head[:2, :, t, : t + 1].mean(0), atol=1e-6)
+
+
 def test_local_conv_is_a_weighted_average_of_past_positions():
     conv = LocalConv(4, kernel_size=3, dilation=2).eval()
     u = torch.ones(9, 1, 4)

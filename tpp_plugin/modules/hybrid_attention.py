@@ -227,13 +227,15 @@ class HybridMultiheadAttention(nn.Module):
                 decoding that of the new positions (as fairseq's decoder passes it) or
                 ``B x S``, the cached past's included.
             incremental_state: when given, ``query`` holds only the new positions.
-            need_weights: also return attention maps, averaged over heads.
+            need_weights: also return attention maps, averaged over heads (in
+                incremental decoding over the dot-product heads: see below).
             attn_mask: additive (float) or boolean (True = masked) ``T x S`` mask for the
                 dot-product heads. A causal module is causal without it; when given it
                 is applied (explicitly: no fused causal kernel).
             need_head_weights: return the maps per head, ``H x B x T x S``: the first
                 ``H - H_c`` are the dot-product heads' attention, the last ``H_c`` the
-                conv heads' word-context (Query pooling) weights.
+                conv heads' word-context (Query pooling) weights; in incremental
+                decoding these are zeros (the Query keeps a running sum, not weights).
 
         Returns:
             ``(T x B x d output, weights or None)``
@@ -283,7 +285,8 @@ class HybridMultiheadAttention(nn.Module):
         if need_weights:
             weights = self._head_weights(proj["score"], new_padding, incremental_state, dot_weights)
             if not need_head_weights:
-                weights = weights.mean(dim=0)
+                kept = self.dot_heads if incremental_state is not None else 0
+                weights = weights[:kept].mean(dim=0) if kept else weights.mean(dim=0)
         return attn, weights
 
     def _one_search_step(
