@@ -254,6 +254,16 @@ def test_a_checkpoint_loads_into_a_model_with_fewer_tag_heads(kept):
     assert torch.equal(fewer.encoder.embed_tokens.weight, full.encoder.embed_tokens.weight)
 
 
+def test_from_pretrained_names_no_model_of_fairseqs_transformer(tmp_path, monkeypatch):
+    from tpp_plugin.models.transformer_pp.model import TransformerPPModel
+
+    assert TransformerPPModel.hub_models() == {}
+    monkeypatch.chdir(tmp_path)  # a name that is no folder here: not fairseq's archive
+    with pytest.raises(Exception) as raised:
+        TransformerPPModel.from_pretrained("transformer.wmt14.en-fr")
+    assert "dl.fbaipublicfiles.com" not in str(raised.value), raised.value
+
+
 def test_under_layerdrop_each_tag_head_reads_its_layers_output():
     """With ``--encoder-layerdrop`` fairseq's encoder returns the states of the layers
     that ran only: a tag head still reads the output of its layer, a skipped layer

@@ -148,6 +148,12 @@ class TransformerPPModel(TransformerModel):
         config.add_args(parser)
 
     @classmethod
+    def hub_models(cls):
+        """No published checkpoints: ``from_pretrained`` takes a folder (fairseq's
+        transformer's names would load fairseq's own models)."""
+        return {}
+
+    @classmethod
     def build_model(cls, args, task):
         from .presets import transformer_pp_base_architecture
 
