@@ -62,8 +62,8 @@ def add_args(parser) -> None:
                              "(default False: causal, as the paper describes it)")
     parser.add_argument('--conv-head-scaling', choices=OUTPUT_SCALINGS, metavar='SCALING',
                         help="scale of the conv heads' output LocalConv * Query: 'none' (the paper, "
-                             "default) or 'inv-sqrt-head-dim' (times 1/sqrt(d_h); trains far better "
-                             "in the study, see docs/results_cpu.md)")
+                             "default) or 'inv-sqrt-head-dim' (times 1/sqrt(d_h), as the dot-product "
+                             "heads' scores; its effect: docs/results_cpu.md)")
     parser.add_argument('--conv-query-temperature', type=float, metavar='T',
                         help="the conv heads' Query pools with softmax(scores / T) (default 1: "
                              "the paper, which has no temperature)")
