@@ -32,6 +32,7 @@ fairseq-generate failed.
 import argparse
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -47,8 +48,9 @@ from .user_dir import PluginNotFound, plugin_dir
 
 PROG = "tpp-evaluate"
 TEMP_PREFIX = ".evaluate-"
-# fairseq's scripts/compound_split_bleu.sh: s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g, then
-# Moses' aggressive hyphen splitting ("a @-@ b") brought to the same form
+# tensor2tensor's get_ende_bleu.sh and fairseq's compound_split_bleu.sh:
+# s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g on text without aggressive hyphen splits; ours has
+# them ("a @-@ b"), brought to the same form
 _COMPOUND = re.compile(r"(\S)-(\S)", re.ASCII)
 _MOSES_HYPHEN = " @ ##AT##-##AT## @ "
 
@@ -395,6 +397,7 @@ OWN_GENERATE_OPTIONS = {
     **dict.fromkeys(("--gen-subset", "--path"), "use --split and --checkpoint"),
     **dict.fromkeys(("--source-lang", "-s", "--target-lang", "-t"), "give it before --"),
     **dict.fromkeys(("--task", "--user-dir"), "give it before --"),
+    **dict.fromkeys(("--beam", "--lenpen", "--max-tokens"), "give it before --"),
     **dict.fromkeys(
         ("--tokenizer", "--bpe", "--remove-bpe", "--post-process", "--results-path"),
         "tpp-evaluate removes the BPE and detokenises fairseq-generate's output itself",
@@ -599,6 +602,8 @@ def evaluate(
             f"data: {data} split {split} ({src}-{tgt}), beam {beam}, lenpen {lenpen}, "
             f"{sentences} sentences",
         ]
+        if generate_args:
+            header.append(f"generate options: {shlex.join(map(str, generate_args))}")
         report = bleu_report(scores, header)
         (staging / "bleu.txt").write_text(report, encoding="utf-8")
         _publish(staging, out, [generated.name, *files, "bleu.txt"])

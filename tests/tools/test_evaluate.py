@@ -212,6 +212,22 @@ def test_python_api_returns_the_scores(evaluated, tmp_path):
     ).read_text()
 
 
+def test_the_report_names_the_options_given_to_fairseq_generate(evaluated, tmp_path):
+    scores = EVALUATE.evaluate(
+        evaluated["data"],
+        evaluated["checkpoint"],
+        evaluated["corpus"] / "raw" / "test.de",
+        tmp_path / "api",
+        cpu=True,
+        generate_args=["--unkpen", "0"],  # fairseq's default: the same translations
+    )
+    lines = (tmp_path / "api" / "bleu.txt").read_text().splitlines()
+    assert lines[2] == "generate options: --unkpen 0", lines
+    written = read_scores(evaluated["out"] / "bleu.txt")
+    assert f"{scores['sacrebleu_detok']:.2f}" == written["sacrebleu_detok"]
+    assert "generate options" not in written, "none given: no line"
+
+
 def test_refuses_to_overwrite_without_force(evaluated):
     before = folder_contents(evaluated["out"])
     result = run_evaluate(
@@ -365,6 +381,8 @@ def test_a_beam_or_batch_of_zero_is_refused_before_translating(evaluated, tmp_pa
         (["--gen-subset", "valid"], "--gen-subset after --: use --split and --checkpoint"),
         (["--path=other.pt"], "--path after --: use --split and --checkpoint"),
         (["--tokenizer", "moses"], "--tokenizer after --: tpp-evaluate removes the BPE"),
+        (["--beam", "1"], "--beam after --: give it before --"),
+        (["--lenpen=2"], "--lenpen after --: give it before --"),
     ],
 )
 def test_generate_options_it_sets_itself_are_refused_after_the_separator(
