@@ -36,12 +36,14 @@ LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19."
 
 
 class CheckpointError(UserError):
-    """A checkpoint file that cannot be used; ``str()`` is ``"<path>: <reason>"``."""
+    """A checkpoint file that cannot be used; ``str()`` is ``"<path>: <reason>"``.
+    ``refused``: the file is whole, but safe loading refuses what it holds (not damage)."""
 
-    def __init__(self, path, reason):
+    def __init__(self, path, reason, refused=False):
         super().__init__(f"{path}: {reason}")
         self.path = str(path)
         self.reason = reason
+        self.refused = refused
 
 
 def _as_text(head, truncated):
@@ -126,7 +128,7 @@ def load_checkpoint(path, mmap=False, verify_zip=False):
             lines[0] if lines else type(error).__name__,
         )
         raise CheckpointError(
-            path, "safe loading (weights_only) refuses its contents: " f"{detail}"
+            path, f"safe loading (weights_only) refuses its contents: {detail}", refused=True
         ) from None
     except Exception as error:  # anything torch's reader raises on a damaged file
         message = str(error).splitlines()[0] if str(error) else ""

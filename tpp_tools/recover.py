@@ -57,14 +57,14 @@ def _quiet_fairseq():
 
 
 def problem_with(path):
-    """None if ``path`` is a loadable checkpoint, else the reason it is not."""
+    """None if ``path`` is a loadable checkpoint, else its :class:`CheckpointError`."""
     _quiet_fairseq()
     from .checkpoint_files import CheckpointError, load_checkpoint
 
     try:
         load_checkpoint(path, mmap=True, verify_zip=True)
     except CheckpointError as error:
-        return error.reason
+        return error
     return None
 
 
@@ -89,12 +89,13 @@ def newest_readable(save_dir, suffix=""):
     Unreadable ones are reported and skipped."""
     from .checkpoint_files import CheckpointError, load_checkpoint, num_updates
 
-    best = None
+    best, refused = None, []
     for path, rank in candidates(save_dir, suffix):
         try:
             state = load_checkpoint(path, mmap=True, verify_zip=True)
         except CheckpointError as error:
             say(f"skipping {path}: {error.reason}")
+            refused += [path] if error.refused else []
             continue
         updates = num_updates(state)
         del state
@@ -105,6 +106,12 @@ def newest_readable(save_dir, suffix=""):
         key = (updates, -rank, path.stat().st_mtime)
         if best is None or key > best[0]:
             best = (key, path, updates)
+    if best is None and refused:
+        raise RecoveryError(
+            f"{save_dir}: no checkpoint to resume from that safe loading accepts; "
+            f"{', '.join(p.name for p in refused)}: whole, but refused (above), and training "
+            "from the beginning would overwrite them: move them away first if you mean to"
+        )
     return None if best is None else (best[1], best[2])
 
 
@@ -137,9 +144,16 @@ def recover(save_dir, restore_file=DEFAULT_RESTORE_FILE, suffix=""):
     last = save_dir / f"checkpoint_last{suffix}.pt"
     if not last.exists():
         return None
-    reason = problem_with(last)
-    if reason is None:
+    problem = problem_with(last)
+    if problem is None:
         return None
+    if problem.refused:  # whole, not torn: the user's to decide, nothing is moved
+        raise RecoveryError(
+            f"{last}: {problem.reason}. The file is whole (not torn), so it is left where "
+            "it is: resume from another checkpoint with --restore-file FILE, or move it "
+            "away to resume from the newest readable one"
+        )
+    reason = problem.reason
     aside = save_dir / f"{last.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
     number = 1
     while aside.exists():

@@ -459,6 +459,46 @@ def test_no_readable_checkpoint_is_an_error(torn_run, tmp_path):
     assert (save_dir / "checkpoint_last.pt").read_bytes() == torn_run["torn"]
 
 
+def test_a_whole_checkpoint_that_safe_loading_refuses_is_not_moved(torn_run, tmp_path):
+    """Not damage: a checkpoint holding an object safe loading does not allow stays
+    where it is, and no restart that would overwrite it is advised."""
+    import datetime
+
+    from tpp_tools.checkpoint_files import load_checkpoint
+
+    whole = tmp_path / "whole.pt"
+    whole.write_bytes(torn_run["intact"])
+    state = load_checkpoint(whole)
+    state["extra_state"]["saved_at"] = datetime.datetime(2026, 11, 29)
+    save_dir = tmp_path / "ckpt"
+    save_dir.mkdir()
+    torch.save(state, save_dir / "checkpoint_last.pt")
+    refused = (save_dir / "checkpoint_last.pt").read_bytes()
+
+    def recover_checkpoint():
+        return subprocess.run(
+            ["tpp-recover-checkpoint", "--save-dir", str(save_dir)],
+            cwd=REPO,
+            env=tool_env(),
+            capture_output=True,
+            text=True,
+        )
+
+    result = recover_checkpoint()
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "datetime" in result.stderr and "The file is whole (not torn)" in result.stderr
+    assert (save_dir / "checkpoint_last.pt").read_bytes() == refused
+    assert not list(save_dir.glob("*.damaged-*"))
+    # a torn checkpoint_last.pt beside it: moved aside, the refused one named, not advised away
+    os.replace(save_dir / "checkpoint_last.pt", save_dir / "checkpoint_1_5.pt")
+    (save_dir / "checkpoint_last.pt").write_bytes(torn_run["torn"])
+    result = recover_checkpoint()
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "checkpoint_1_5.pt: whole, but refused" in result.stderr, result.stderr
+    assert "start training from the beginning" not in result.stderr
+    assert (save_dir / "checkpoint_1_5.pt").read_bytes() == refused
+
+
 def test_a_finished_run_is_not_trained_again(trained_run, tmp_path):
     """Re-running the command of a finished run (checkpoint_last.pt at --max-update), or
     with a smaller --max-update, trains nothing and writes no checkpoint (fairseq alone
