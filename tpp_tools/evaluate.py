@@ -158,9 +158,10 @@ def reference_agreement(data, split, src, tgt, references, limit=500):
 DEFAULT_MAX_POSITIONS = 1024
 
 
-def oversized(data, split, src, tgt, limits):
+def oversized(data, split, src, tgt, limits, max_tokens=None):
     """A sentence of ``split`` longer than ``limits`` (source, target tokens), which
-    fairseq refuses to translate or validate, as an error message; None when all fit."""
+    fairseq refuses to translate or validate, or than a batch of ``max_tokens``, which
+    fairseq cannot batch, as an error message; None when all fit."""
     from fairseq.data import data_utils
 
     sizes = []
@@ -173,6 +174,15 @@ def oversized(data, split, src, tgt, limits):
         sizes.append([int(n) for n in dataset.sizes])  # copied: the sizes are mapped from the file
         del dataset
     over = [i for i, pair in enumerate(zip(*sizes)) if pair[0] > limits[0] or pair[1] > limits[1]]
+    if not over and max_tokens is not None:
+        longest = max(range(len(sizes[0])), key=lambda i: max(sizes[0][i], sizes[1][i]), default=0)
+        tokens = max(sizes[0][longest], sizes[1][longest]) if sizes[0] else 0
+        if tokens > max_tokens:
+            return (
+                f"--max-tokens {max_tokens} is smaller than sentence {longest} of split "
+                f"'{split}' of {data} (line {longest + 1} of its {src} and {tgt} files: "
+                f"{tokens} tokens after BPE, end of sentence included): give at least {tokens}"
+            )
     if not over:
         return None
     first = over[0]
@@ -447,7 +457,7 @@ def _checked_inputs(
     # fairseq-generate's limit: the smaller of the model's and the task's (its options)
     task_limits = max_positions_in(generate_args)
     too_long = oversized(
-        data, split, src, tgt, [min(pair) for pair in zip(model_limits, task_limits)]
+        data, split, src, tgt, [min(pair) for pair in zip(model_limits, task_limits)], max_tokens
     )
     if too_long is not None:
         raise EvaluationError(too_long)

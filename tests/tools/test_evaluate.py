@@ -412,6 +412,13 @@ def test_a_sentence_over_the_length_limit_is_named_before_translating(evaluated,
     assert "translating" not in result.stderr and not (tmp_path / "out").exists()
 
 
+def test_a_batch_smaller_than_a_sentence_is_named_before_translating(evaluated, tmp_path):
+    result = run_evaluate(*model_and_data(evaluated, tmp_path / "out"), "--max-tokens", "3")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "--max-tokens 3 is smaller than sentence " in result.stderr, result.stderr[-3000:]
+    assert "give at least" in result.stderr and not (tmp_path / "out").exists()
+
+
 def test_a_reference_that_is_a_folder_is_named_as_a_folder(evaluated, tmp_path):
     """Issue 33.12: --reference DIR said "no such file"."""
     folder = evaluated["corpus"] / "raw"
