@@ -347,7 +347,8 @@ def save_atomically(state, output, force):
         raise AveragingError(f"{output}: already exists (use --force to replace it)")
     directory = os.path.dirname(output)
     os.makedirs(directory, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=".averaging-", suffix=".pt.tmp", dir=directory)
+    # (not "*.pt.tmp": a training starting in this folder removes those as its own)
+    handle, temporary = tempfile.mkstemp(prefix=".averaging-", suffix=".tmp", dir=directory)
     os.close(handle)
     try:
         torch.save(state, temporary)
@@ -357,7 +358,8 @@ def save_atomically(state, output, force):
         os.chmod(temporary, 0o666 & ~umask)
         os.replace(temporary, output)
     except BaseException:
-        os.unlink(temporary)
+        if os.path.exists(temporary):
+            os.unlink(temporary)
         raise
 
 

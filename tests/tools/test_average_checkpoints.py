@@ -121,6 +121,26 @@ def test_output_is_elementwise_mean_of_inputs(tmp_path):
     assert state["averaged_checkpoints"] == ["c0.pt", "c1.pt", "c2.pt"]
 
 
+def test_a_training_starting_in_the_folder_leaves_the_averages_temporary_alone(
+    tmp_path, monkeypatch
+):
+    """tpp-train removes the ``*.pt.tmp`` files of its save dir as checkpoints nobody
+    finished; the average written there meanwhile is not one of them."""
+    from tpp_tools.train import remove_partial_checkpoints
+
+    saved = torch.save
+
+    def save_then_a_training_starts(state, path):
+        saved(state, path)
+        remove_partial_checkpoints(tmp_path)
+
+    monkeypatch.setattr(AVERAGE.torch, "save", save_then_a_training_starts)
+    AVERAGE.save_atomically({"model": {"w": torch.ones(2)}}, tmp_path / "avg.pt", force=False)
+    monkeypatch.undo()
+    assert torch.equal(torch.load(tmp_path / "avg.pt")["model"]["w"], torch.ones(2))
+    assert [p.name for p in tmp_path.iterdir()] == ["avg.pt"]
+
+
 def test_selects_last_n_by_update_and_by_epoch(tmp_path):
     for epoch, update in [(1, 100), (2, 200), (2, 300), (3, 1000)]:
         fake_checkpoint(tmp_path / f"checkpoint_{epoch}_{update}.pt", seed=update)
