@@ -368,6 +368,9 @@ def test_long_steps_log_their_progress_and_keep_their_time_limit(tmp_path, capsy
         (["--embed-dim", "32", "--heads", "3"], "--embed-dim 32 is not divisible by --heads 3"),
         (["--dropout", "1.5"], "--dropout must be in [0, 1), not 1.5"),
         (["--valid-size", "0"], "--valid-size must be at least 1, not 0"),
+        (["--workers", "0"], "--workers must be at least 1, not 0"),
+        (["--bootstrap-samples", "0"], "--bootstrap-samples must be at least 1, not 0"),
+        (["--gen-max-tokens", "-1"], "--gen-max-tokens must be at least 1, not -1"),
         (["-s", "en", "-t", "en"], "-s and -t are both 'en'"),
     ],
 )

@@ -345,8 +345,8 @@ def _config(args) -> Config:
         problem = (
             problem or f"-s and -t are both {args.source_lang!r}: a translation needs two languages"
         )
-    for name in ("valid_size", "test_size"):
-        if getattr(args, name) < 1:
+    for name in ("valid_size", "test_size", "workers", "bootstrap_samples", "gen_max_tokens"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             problem = (
                 problem
                 or f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}"
