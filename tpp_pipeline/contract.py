@@ -16,13 +16,16 @@ import collections
 import os
 from typing import Iterable, Mapping, Sequence
 
+from .errors import UserError
+
 #: the label streams the pipeline's tagger produces (POS, then NER)
 TAG_KINDS = ("pos", "ner")
 
 
-class TagAlignmentError(ValueError):
+class TagAlignmentError(UserError, ValueError):
     """A label stream does not line up with the source sentences. ``sentence`` is the
-    first misaligned sentence (0-based), None when the numbers of sentences differ."""
+    first misaligned sentence (0-based), None when the numbers of sentences differ. A
+    command (fairseq's too, with the plugin) reports it as one line."""
 
     def __init__(self, message, sentence=None):
         super().__init__(message)

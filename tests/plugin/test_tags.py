@@ -285,11 +285,19 @@ def test_misaligned_labels_name_split_sentence_and_lengths(databin, tmp_path):
         builder.add_item(labels)
     builder.finalize(prefix + ".idx")
     expected_len = len(original[3]) - 1
-    with pytest.raises(
-        TagAlignmentError,
-        match=rf"valid: sentence 3 has {expected_len + 1} pos labels for {expected_len} source tokens",
-    ):
+    message = (
+        f"valid: sentence 3 has {expected_len + 1} pos labels for {expected_len} source tokens"
+    )
+    with pytest.raises(TagAlignmentError, match=message):
         make_task(data).load_dataset("valid")
+    # fairseq-train says it in one line
+    train = ["fairseq-train", data, "--user-dir", REPO / "tpp_plugin", "--cpu", "--no-save"]
+    train += ["--arch", "transformer_pp_tiny", "--task", "translation_with_tags"]
+    train += ["--criterion", "label_smoothed_cross_entropy_with_tags", "--max-update", "1"]
+    train += ["--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "500", "--num-workers", "0"]
+    refused = run(train, check=False)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert f"fairseq-train: error: {message}" in refused.stderr, refused.stderr[-3000:]
 
 
 def test_missing_label_files_name_the_expected_path(databin, tmp_path):
