@@ -8,8 +8,9 @@ build a model or load a checkpoint). Importing this package changes nothing.
   with the fairseq behaviour it answers);
 - :data:`CHECKS`, what the plugin adds to every fairseq command that loads it
   (:mod:`.checkpoints`: checkpoints that know their data; :mod:`.errors`: one-line
-  errors), chosen by ``TPP_FAIRSEQ_CHECKS`` (default: :data:`DEFAULT_CHECKS`; the
-  project's ``tpp-train`` asks for all);
+  errors; :mod:`.data_files`: binarized files checked before fairseq reads them),
+  chosen by ``TPP_FAIRSEQ_CHECKS`` (default: :data:`DEFAULT_CHECKS`; the project's
+  ``tpp-train`` asks for all);
 - :mod:`.speed`: speed-ups of fairseq's training loop on GPUs, chosen by
   ``TPP_FAIRSEQ_SPEEDUPS`` (default: those a GPU figure shows to pay).
 
@@ -18,7 +19,7 @@ of them, and only that one, calls it (they are idempotent), e.g.
 :func:`allow_fairseq_checkpoints`.
 """
 
-from . import checkpoints, fixes, speed
+from . import checkpoints, data_files, fixes, speed
 from ._switch import chosen
 from .fixes import allow_fairseq_checkpoints  # noqa: F401  (for tools that load checkpoints)
 
@@ -28,10 +29,12 @@ CHECKS = {
     "checkpoints": checkpoints.checkpoints_that_know_their_data,
     "record-every-task": checkpoints.record_every_task,
     "one-line-errors": fixes.one_line_errors,
+    "data-files": data_files.check_every_data_file,
 }
 #: the checks of a fairseq command that loads the plugin: the checks of the checkpoints
-#: that carry a record (the plugin's task writes one) and the one-line errors
-DEFAULT_CHECKS = ("checkpoints", "one-line-errors")
+#: that carry a record (the plugin's task writes one), the one-line errors and the
+#: binarized files' checks
+DEFAULT_CHECKS = ("checkpoints", "one-line-errors", "data-files")
 
 
 def apply(root_level_before_fairseq=None) -> None:

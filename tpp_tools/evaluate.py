@@ -221,11 +221,16 @@ def model_max_positions(state):
 
 
 def count_sentences(data, split, src, tgt):
-    """Sentences in the binarized ``split`` (from the .idx files, with fairseq's reader)."""
+    """Sentences in the binarized ``split`` (from the .idx files, with fairseq's reader),
+    its files checked whole first."""
     import logging
 
     logging.getLogger("fairseq").setLevel(logging.WARNING)
     from fairseq.data import data_utils
+
+    from fairseq.data import Dictionary
+
+    from tpp_fairseq.data_files import check_binarized
 
     counts = {}
     for lang in (src, tgt):
@@ -235,6 +240,9 @@ def count_sentences(data, split, src, tgt):
                 f"{prefix}.idx: no such file (the split '{split}' needs its binarized source "
                 "and target; the target gives the tokenised reference)"
             )
+        dictionary = Path(data) / f"dict.{lang}.txt"
+        if dictionary.is_file():  # (whole, and within its dictionary: a DataFileError if not)
+            check_binarized(str(prefix), len(Dictionary.load(str(dictionary))), str(dictionary))
         try:
             dataset = data_utils.load_indexed_dataset(str(prefix), None)
         except Exception as error:

@@ -84,17 +84,19 @@ def documented():
 
 
 #: (TPP_FAIRSEQ_CHECKS, TPP_FAIRSEQ_SPEEDUPS) -> the choices they make (None: unset,
-#: the defaults: the checks checkpoints and one-line-errors, the speed-ups cudnn-off and
-#: flat-bf16)
+#: the defaults: the checks checkpoints, one-line-errors and data-files, the speed-ups
+#: cudnn-off and flat-bf16)
 SETTINGS = {
-    (None, None): {"checkpoints", "one-line-errors", "cudnn-off", "flat-bf16"},
+    (None, None): {"checkpoints", "one-line-errors", "data-files", "cudnn-off", "flat-bf16"},
     ("all", None): {
         "checkpoints",
         "record-every-task",
         "one-line-errors",
+        "data-files",
         "cudnn-off",
         "flat-bf16",
     },
+    ("data-files", "none"): {"data-files"},
     ("none", "none"): set(),
     ("checkpoints", "none"): {"checkpoints"},
     ("one-line-errors", "cudnn-off"): {"one-line-errors", "cudnn-off"},
@@ -157,7 +159,7 @@ def test_an_unknown_check_is_an_error_naming_the_variable_and_the_choices():
     assert proc.returncode != 0
     assert (
         "TPP_FAIRSEQ_CHECKS='records': unknown records; the checks are checkpoints, "
-        "record-every-task, one-line-errors (or all, none)" in proc.stderr
+        "record-every-task, one-line-errors, data-files (or all, none)" in proc.stderr
     ), proc.stderr[-2000:]
 
 

@@ -129,3 +129,20 @@ def test_damaged_data_is_one_error_naming_the_file(data, tmp_path, damage):
     assert "Traceback" not in trained.stderr, trained.stderr[-3000:]
     assert f"fairseq-train: error: {path}" in trained.stderr, trained.stderr[-3000:]
     assert message in trained.stderr, trained.stderr[-3000:]
+
+
+@pytest.mark.parametrize("damage", [damage_truncated_bin, damage_short_vocabulary])
+def test_fairseqs_own_task_and_model_get_the_same_checks(data, tmp_path, damage):
+    """Every task loads its files through fairseq's loader, which the plugin checks:
+    fairseq's ``translation`` and ``transformer`` too (``TPP_FAIRSEQ_CHECKS``' ``data-files``)."""
+    folder = tmp_path / "data"
+    shutil.copytree(data, folder)
+    path, message = damage(folder)
+    train = ["fairseq-train", folder, "--user-dir", PLUGIN_DIR, "--arch", "transformer_iwslt_de_en"]
+    train += ["--task", "translation", "--optimizer", "adam", "--lr", "1e-3", "--cpu"]
+    train += ["--max-tokens", "500", "--max-update", "2", "--num-workers", "0", "--no-save"]
+    trained = run(train, check=False, timeout=300)
+    assert trained.returncode != 0
+    assert "Traceback" not in trained.stderr, trained.stderr[-3000:]
+    assert f"fairseq-train: error: {path}" in trained.stderr, trained.stderr[-3000:]
+    assert message in trained.stderr, trained.stderr[-3000:]

@@ -412,6 +412,19 @@ def test_a_sentence_over_the_length_limit_is_named_before_translating(evaluated,
     assert "translating" not in result.stderr and not (tmp_path / "out").exists()
 
 
+def test_a_damaged_split_is_named_before_translating(evaluated, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(evaluated["data"], data)
+    damaged = data / "test.en-de.en.bin"
+    damaged.write_bytes(damaged.read_bytes()[:500])
+    options = model_and_data(evaluated, tmp_path / "out")
+    options[options.index("--data") + 1] = data
+    result = run_evaluate(*options)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert f"tpp-evaluate: error: {damaged}: 500 bytes, but its index" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_batch_smaller_than_a_sentence_is_named_before_translating(evaluated, tmp_path):
     result = run_evaluate(*model_and_data(evaluated, tmp_path / "out"), "--max-tokens", "3")
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]

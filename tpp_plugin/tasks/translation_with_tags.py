@@ -37,7 +37,7 @@ from tpp_pipeline.errors import UserError
 from ..criterions.label_smoothed_cross_entropy_with_tags import (
     LabelSmoothedCrossEntropyWithTagsCriterion,
 )
-from .data_checks import check_binarized, check_not_empty
+from tpp_fairseq.data_files import check_binarized, check_not_empty
 from .tagged_dataset import TaggedLanguagePairDataset
 
 logger = logging.getLogger(__name__)
@@ -226,7 +226,7 @@ class TranslationWithTagsTask(TranslationTask):
 
     def _check_text(self, split, data_path, combine):
         """The text of ``split`` (every shard) whole and within its dictionaries, before
-        fairseq reads it (:mod:`.data_checks`). Returns its source's prefix (None where
+        fairseq reads it (:mod:`tpp_fairseq.data_files`). Returns its source's prefix (None where
         fairseq finds no such split: its own error follows)."""
         src, tgt = self.cfg.source_lang, self.cfg.target_lang
         first = None

@@ -4,9 +4,12 @@ data folder is one error naming its file rather than a traceback at some batch.
 A split is ``PREFIX.idx`` (fairseq's mmap index: its sentence lengths and byte offsets)
 and ``PREFIX.bin`` (the ids): the index must be whole, the ``.bin`` exactly as long as
 the index says, and every id below its dictionary's size. Reading the index costs
-nothing; the ids are scanned once, at memory speed.
+nothing; the ids are scanned once, at memory speed. :func:`check_every_data_file` has
+every fairseq task check what it loads with a dictionary (the ``data-files`` check).
 """
 
+import functools
+import itertools
 import os
 import struct
 
@@ -26,10 +29,18 @@ class DataFileError(UserError, ValueError):
 def check_binarized(prefix: str, dictionary_size: int, dictionary_path: str = "") -> None:
     """Raise :class:`DataFileError` if ``prefix.idx``/``prefix.bin`` are not whole or hold
     an id outside a dictionary of ``dictionary_size`` entries; files that do not exist are
-    left to fairseq's own message."""
+    left to fairseq's own message. Files found whole are not read again unless changed."""
     idx, bin_ = prefix + ".idx", prefix + ".bin"
-    if not (os.path.exists(idx) and os.path.exists(bin_)):
+    try:
+        files = tuple((s.st_ino, s.st_size, s.st_mtime_ns) for s in map(os.stat, (idx, bin_)))
+    except OSError:
         return
+    _check_files(idx, bin_, files, dictionary_size, dictionary_path)
+
+
+@functools.lru_cache(maxsize=256)
+def _check_files(idx, bin_, files, dictionary_size, dictionary_path) -> None:
+    """:func:`check_binarized` of files whose (inode, size, mtime) are ``files``."""
     with open(idx, "rb") as handle:  # magic, version, dtype code, sentences; sizes, pointers
         header = handle.read(_HEADER)
     if len(header) < _HEADER or header[:9] != _MAGIC:
@@ -73,3 +84,38 @@ def check_not_empty(split: str, prefix: str, sizes) -> None:
         raise DataFileError(
             f"{prefix}.bin: every sentence of the {split} split is empty ({len(sizes)} blank lines)"
         )
+
+
+#: the mmap index's magic: other indexes (fairseq's "lazy" and "cached") are not checked
+_OTHER_MAGIC = b"TNTIDX\x00\x00"
+
+
+def check_every_data_file() -> None:
+    """Check each binarized file a fairseq task loads with its dictionary (every shard),
+    before fairseq reads it (idempotent)."""
+    from fairseq.data import data_utils
+
+    if getattr(data_utils.load_indexed_dataset, "checks_data_files", False):
+        return
+    original = data_utils.load_indexed_dataset
+
+    @functools.wraps(original)
+    def load_indexed_dataset(
+        path, dictionary=None, dataset_impl=None, combine=False, default="cached"
+    ):
+        if dictionary is not None and dataset_impl in (None, "mmap"):
+            for k in itertools.count():  # the shards fairseq combines: PATH, PATH1, PATH2...
+                prefix = path + (str(k) if k > 0 else "")
+                if (k > 0 and not combine) or not os.path.exists(prefix + ".idx"):
+                    break
+                with open(prefix + ".idx", "rb") as handle:
+                    other = handle.read(len(_OTHER_MAGIC)) == _OTHER_MAGIC
+                if not other:
+                    where = os.path.join(
+                        os.path.dirname(path), f"dict.{path.rsplit('.', 1)[-1]}.txt"
+                    )
+                    check_binarized(prefix, len(dictionary), where)
+        return original(path, dictionary, dataset_impl, combine, default)
+
+    load_indexed_dataset.checks_data_files = True
+    data_utils.load_indexed_dataset = load_indexed_dataset
