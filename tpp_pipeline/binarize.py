@@ -31,6 +31,7 @@ from .contract import (
     label_stream_prefix,
 )
 from .errors import FULL_DISK, DataError, full_disk_hint
+from .lock import held_locks
 from .textio import atomic_open, iter_lines
 
 log = logging.getLogger("tpp_pipeline")
@@ -42,7 +43,9 @@ def run_fairseq_preprocess(arguments, log_path, append=False):
     command = [sys.executable, "-m", "fairseq_cli.preprocess"] + [str(a) for a in arguments]
     log.info("running fairseq-preprocess %s", " ".join(str(a) for a in arguments))
     with open(log_path, "a" if append else "w", encoding="utf-8") as handle:
-        result = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT)
+        result = subprocess.run(
+            command, stdout=handle, stderr=subprocess.STDOUT, pass_fds=held_locks()
+        )
     if result.returncode != 0:
         with open(log_path, encoding="utf-8", errors="replace") as handle:
             tail = "".join(handle.readlines()[-15:])

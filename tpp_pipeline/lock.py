@@ -36,6 +36,10 @@ from .errors import DataError
 from .textio import ensure_writable_dir
 
 log = logging.getLogger("tpp_pipeline")
+
+#: path -> descriptor of the locks this process holds: the commands it runs inherit
+#: them (:func:`held_locks`), so that one left running by a killed run still holds them
+_HELD = {}
 LOCK_NAME = ".lock"
 
 
@@ -81,6 +85,31 @@ def _flock_holders(path):
     return sorted(set(pids))
 
 
+def _openers(path):
+    """PIDs of this host's processes with ``path`` open (a command that inherited the
+    lock from a run now gone), from /proc (may be empty)."""
+    try:
+        target = os.stat(path)
+        processes = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return []
+    pids = []
+    for pid in processes:
+        try:
+            descriptors = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in descriptors:
+            try:
+                found = os.stat(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if (found.st_dev, found.st_ino) == (target.st_dev, target.st_ino):
+                pids.append(pid)
+                break
+    return pids
+
+
 def _alive(pid):
     try:
         os.kill(pid, 0)
@@ -104,9 +133,12 @@ def _holder(handle, path):
         and (record.get("host") != here or _alive(record.get("pid")))
     ):
         return _describe(record)
-    pids = [pid for pid in _flock_holders(path) if pid != os.getpid()]
+    pids = [pid for pid in _flock_holders(path) if pid != os.getpid() and _alive(pid)]
+    # the lock's taker gone: a command it started holds it (inherited)
+    pids = pids or [pid for pid in _openers(path) if pid != os.getpid()]
     if pids:
-        return ", ".join(f"process {pid} on host {here}" for pid in pids)
+        left = f", left running by {_describe(record)}" if record and "pid" in record else ""
+        return ", ".join(f"process {pid} on host {here}" for pid in pids) + left
     return "another process, which has not recorded itself (a --tag-shard run?)"
 
 
@@ -178,9 +210,11 @@ def work_dir_lock(
                 + "\n"
             )
             handle.flush()
+        _HELD[path] = handle.fileno()
         try:
             yield path
         finally:
+            _HELD.pop(path, None)
             if not shared:
                 handle.seek(0)
                 handle.truncate()  # the record goes before the lock does
@@ -189,10 +223,19 @@ def work_dir_lock(
         handle.close()  # releases the flock
 
 
+def held_locks():
+    """The descriptors of the locks this process holds, for a command it starts to
+    inherit (``subprocess.run(..., pass_fds=held_locks())``): a command left running by
+    a run killed outright (SIGKILL) keeps them, and a run started again meanwhile is
+    refused, naming it, instead of writing beside it."""
+    return tuple(_HELD.values())
+
+
 def exit_cleanly_on_sigterm():
-    """Turn SIGTERM (kill, SLURM's time limit, scancel) into SystemExit in this process,
-    so that the lock record and temporary files are cleaned up on the way out. Worker
-    processes forked later keep the default behaviour."""
+    """Turn SIGTERM (kill, SLURM's time limit, scancel) and SIGHUP (a closed terminal)
+    into SystemExit in this process, so that the commands it runs are stopped and the
+    lock record and temporary files are cleaned up on the way out. Worker processes
+    forked later keep the default behaviour."""
     main_pid = os.getpid()
 
     def handler(signum, frame):
@@ -201,3 +244,4 @@ def exit_cleanly_on_sigterm():
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGHUP, handler)

@@ -296,6 +296,56 @@ def test_one_run_per_work_dir_and_stale_locks_are_taken_over(corpus):
     assert _lock_record(lock) is None
 
 
+def test_a_command_the_pipeline_runs_holds_its_locks(tmp_path):
+    """A command the pipeline runs (fairseq-preprocess) inherits its locks: left running
+    by a run killed outright, it still holds them, and a run started again is refused,
+    naming it, instead of clearing the staging folder it writes into."""
+    from tpp_pipeline.lock import held_locks, work_dir_lock
+
+    with work_dir_lock(tmp_path):
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import sys; sys.stdin.read()"],
+            stdin=subprocess.PIPE,
+            pass_fds=held_locks(),
+        )
+    assert held_locks() == ()
+    try:
+        with pytest.raises(DataError, match=rf"this work folder \(process {child.pid} on host"):
+            with work_dir_lock(tmp_path):
+                pass
+    finally:
+        child.stdin.close()
+        child.wait(timeout=60)
+    with work_dir_lock(tmp_path):  # free once the command has ended
+        pass
+
+
+def test_sighup_stops_the_pipelines_commands_and_clears_its_lock(tmp_path):
+    """A closed terminal (SIGHUP) ends a run as SIGTERM does: the command it runs is
+    stopped (subprocess.run kills it on the way out) and its lock's record cleared."""
+    from tpp_pipeline.lock import work_dir_lock
+
+    script = (
+        "import subprocess, sys\n"
+        "from tpp_pipeline.lock import exit_cleanly_on_sigterm, held_locks, work_dir_lock\n"
+        "exit_cleanly_on_sigterm()\n"
+        "with work_dir_lock(sys.argv[1]):\n"
+        "    waits = 'import os, signal; print(os.getpid(), flush=True); signal.pause()'\n"
+        "    subprocess.run([sys.executable, '-c', waits], pass_fds=held_locks())\n"
+    )
+    run = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    command = int(run.stdout.readline())  # the command has started, holding the lock
+    run.send_signal(signal.SIGHUP)
+    assert run.wait(timeout=60) == 128 + signal.SIGHUP
+    assert _lock_record(tmp_path / ".lock") is None
+    with work_dir_lock(tmp_path):  # its command, which held the lock too, is gone
+        pass
+    with pytest.raises(ProcessLookupError):
+        os.kill(command, 0)
+
+
 # ----------------------------------------------------------------- errors before the steps
 
 
