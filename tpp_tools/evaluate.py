@@ -30,6 +30,7 @@ fairseq-generate failed.
 """
 
 import argparse
+import math
 import os
 import re
 import shlex
@@ -584,6 +585,8 @@ def evaluate(
     ``out`` is left as it was.
     """
     data, checkpoint, reference, out = Path(data), Path(checkpoint), Path(reference), Path(out)
+    if not math.isfinite(lenpen):
+        raise EvaluationError(f"--lenpen must be a finite number, not {lenpen}")
     user_dir, src, tgt, sentences, references = _checked_inputs(
         data, checkpoint, reference, out, split, source_lang, target_lang, beam, max_tokens,
         user_dir, force, generate_args, log,

@@ -42,6 +42,7 @@ matplotlib.use("Agg")  # no display on cluster nodes; set before pyplot is impor
 import matplotlib.pyplot as plt  # noqa: E402
 
 from tpp_pipeline.errors import report
+from tpp_pipeline.pipeline import positive_int
 
 from .analysis_model import AnalysisError, add_model_arguments, encode, load_model, prepare_sentence
 
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--target", default=None, help="use this (prepared) translation instead of the model's own"
     )
-    parser.add_argument("--beam", type=int, default=5, help="beam size (default: 5)")
+    parser.add_argument("--beam", type=positive_int, default=5, help="beam size (default: 5)")
     parser.add_argument(
         "--out-dir",
         type=Path,

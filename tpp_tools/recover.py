@@ -159,7 +159,13 @@ def recover(save_dir, restore_file=DEFAULT_RESTORE_FILE, suffix=""):
     while aside.exists():
         number += 1
         aside = save_dir / f"{last.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{number}"
-    os.replace(last, aside)
+    try:
+        os.replace(last, aside)
+    except OSError as error:
+        raise RecoveryError(
+            f"{last} cannot be loaded ({reason}), and it cannot be moved aside to resume from "
+            f"another checkpoint: {error.strerror} (make {save_dir} writable)"
+        ) from None
     say(f"{last} cannot be loaded ({reason}); moved it to {aside}")
     found = newest_readable(save_dir, suffix)
     if found is None:

@@ -246,7 +246,15 @@ def fairseq_command(args):
                 "recovers its checkpoint and writes its log where these options point)"
             )
     given = dict(zip(args.extra, args.extra[1:]))  # options after --: fairseq keeps the last
-    for option in ("--max-update", "--max-tokens", "--update-freq", "--lr", "--warmup-updates"):
+    for option in (
+        "--max-update",
+        "--max-tokens",
+        "--update-freq",
+        "--lr",
+        "--warmup-updates",
+        "--seed",
+        "--label-smoothing",
+    ):
         if option in args.extra:
             setattr(args, option[2:].replace("-", "_"), given.get(option, ""))
     check_settings(args)
@@ -305,6 +313,8 @@ def check_settings(args) -> None:
         raise TrainError(
             f"--warmup-updates must be a whole number of updates, not '{args.warmup_updates}'"
         )
+    if not str(args.seed).isdigit() or int(args.seed) >= 2**32:
+        raise TrainError(f"--seed must be a whole number from 0 to 2**32 - 1, not '{args.seed}'")
     if not _positive_float(args.lr):
         raise TrainError(f"--lr must be a positive number, not '{args.lr}'")
     try:
@@ -501,6 +511,12 @@ def main(argv=None) -> int:
             raise TrainError(
                 f"plugin folder '{args.user_dir}' does not exist (set --user-dir or USER_DIR)"
             )
+        for name, folder in (
+            ("--save-dir", args.save_dir),
+            ("--log-file's folder", Path(args.log_file).parent),
+        ):
+            if Path(folder).exists() and not Path(folder).is_dir():
+                raise TrainError(f"{name} '{folder}' is a file, not a folder")
         Path(args.save_dir).mkdir(parents=True, exist_ok=True)
         Path(args.log_file).parent.mkdir(parents=True, exist_ok=True)
         job = JobVerdict.of_this_job()

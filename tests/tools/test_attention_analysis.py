@@ -232,6 +232,19 @@ def test_plot_attention_errors(trained, tmp_path, case, message):
     assert not (tmp_path / "att").exists()
 
 
+def test_plot_attention_refuses_a_beam_of_zero(trained, tmp_path):
+    checkpoint, data = trained
+    run = subprocess.run(
+        ["tpp-plot-attention", "--path", checkpoint, "--data", data, "--sentence", SENTENCE]
+        + ["--out-dir", tmp_path / "att", "--beam", "0"],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert "--beam: must be at least 1, not 0" in run.stderr, run.stderr
+    assert not (tmp_path / "att").exists()
+
+
 # --------------------------------------------------------------------------------------
 # tpp-embedding-similarity
 # --------------------------------------------------------------------------------------

@@ -362,16 +362,21 @@ def test_a_reference_that_is_not_the_split_s_target_is_warned_about(evaluated, t
     assert "does not read like" not in evaluated["stderr"]
 
 
-@pytest.mark.parametrize("option", ["--beam", "--max-tokens"])
-def test_a_beam_or_batch_of_zero_is_refused_before_translating(evaluated, tmp_path, option):
-    """Issue 49.6: --beam 0 crashed in fairseq."""
-    result = run_evaluate(
-        *model_and_data(evaluated, tmp_path / "out"),
-        option,
-        "0",
-    )
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("--beam", "0", "--beam must be a whole number of at least 1, not 0"),
+        ("--max-tokens", "0", "--max-tokens must be a whole number of at least 1, not 0"),
+        ("--lenpen", "nan", "--lenpen must be a finite number, not nan"),
+    ],
+)
+def test_a_beam_or_batch_of_zero_is_refused_before_translating(
+    evaluated, tmp_path, option, value, message
+):
+    """Issue 49.6: --beam 0 crashed in fairseq; a length penalty of nan scored silently."""
+    result = run_evaluate(*model_and_data(evaluated, tmp_path / "out"), option, value)
     assert result.returncode == 2
-    assert f"{option} must be a whole number of at least 1, not 0" in result.stderr
+    assert message in result.stderr, result.stderr[-2000:]
     assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
 
 

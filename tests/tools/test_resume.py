@@ -459,6 +459,27 @@ def test_no_readable_checkpoint_is_an_error(torn_run, tmp_path):
     assert (save_dir / "checkpoint_last.pt").read_bytes() == torn_run["torn"]
 
 
+def test_a_torn_checkpoint_in_a_folder_that_cannot_be_written_is_named(
+    torn_run, tmp_path, monkeypatch
+):
+    import errno
+
+    save_dir = tmp_path / "ckpt"
+    save_dir.mkdir()
+    (save_dir / "checkpoint_last.pt").write_bytes(torn_run["torn"])
+
+    def read_only(source, target):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(source))
+
+    monkeypatch.setattr(recover.os, "replace", read_only)
+    with pytest.raises(
+        recover.RecoveryError, match="cannot be moved aside .*Read-only file system"
+    ):
+        recover.recover(save_dir)
+    monkeypatch.undo()
+    assert (save_dir / "checkpoint_last.pt").read_bytes() == torn_run["torn"]
+
+
 def test_a_whole_checkpoint_that_safe_loading_refuses_is_not_moved(torn_run, tmp_path):
     """Not damage: a checkpoint holding an object safe loading does not allow stays
     where it is, and no restart that would overwrite it is advised."""
@@ -584,6 +605,8 @@ def test_max_update_must_be_a_positive_number(value, tmp_path):
         (["--max-tokens", "0"], "--max-tokens must be a positive whole number, not '0'"),
         (["--", "--max-update", "0"], "--max-update must be a positive number of updates"),
         (["--", "--lr", "0"], "--lr must be a positive number, not '0'"),
+        (["--seed", "-1"], "--seed must be a whole number from 0 to 2**32 - 1, not '-1'"),
+        (["--", "--seed", "4294967296"], "--seed must be a whole number from 0 to 2**32 - 1"),
         (["--", "--save-dir", "elsewhere"], "--save-dir after --: give it before --"),
         (["--", "--log-file=train.log"], "--log-file after --: give it before --"),
     ],
@@ -611,6 +634,15 @@ def test_a_data_file_is_not_called_missing(tmp_path):
     )
     assert bad.returncode == 2
     assert f"--data '{data}' is a file: give the data folder it is in" in bad.stderr
+    folder = tmp_path / "data"
+    folder.mkdir()
+    bad = subprocess.run(
+        ["bash", str(SCRIPTS / "train.sh"), "--data", folder, "--save-dir", data],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+    assert f"--save-dir '{data}' is a file, not a folder" in bad.stderr, bad.stderr
 
 
 def test_tpp_train_finds_fairseq_train_beside_its_python_without_the_environment(tmp_path):
