@@ -44,11 +44,14 @@ import time
 from pathlib import Path
 
 from tpp_pipeline.errors import UserError, report
+from tpp_pipeline.lock import held_locks, work_dir_lock
 
 from .user_dir import PluginNotFound, plugin_dir
 
 PROG = "tpp-evaluate"
 TEMP_PREFIX = ".evaluate-"
+#: one evaluation at a time in an --out folder (the lock file there)
+LOCK_NAME = ".evaluate.lock"
 # tensor2tensor's get_ende_bleu.sh and fairseq's compound_split_bleu.sh:
 # s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g on text without aggressive hyphen splits; ours has
 # them ("a @-@ b"), brought to the same form
@@ -525,7 +528,9 @@ def _run_generate(command, generated, sentences, split, log):
     hypothesis and target there (a :class:`GenerationError` where not)."""
     started = time.monotonic()
     with open(generated, "w", encoding="utf-8") as handle:
-        status = subprocess.run(command, stdout=handle).returncode
+        # (it inherits the --out folder's lock: one left running by a killed evaluation
+        # holds it)
+        status = subprocess.run(command, stdout=handle, pass_fds=held_locks()).returncode
     print(
         f"{PROG}: fairseq-generate exited after {time.monotonic() - started:.0f} s",
         file=log,
@@ -555,6 +560,32 @@ def _run_generate(command, generated, sentences, split, log):
             f"sentence {no_target[0]}: is the binarized target missing?"
         )
     return parsed
+
+
+def _translate_and_score(command, out, split, sentences, references, tgt, header, log):
+    """Run ``command`` (fairseq-generate) and score its output in a staging folder of
+    ``out``, then publish the files (:func:`_publish`): (scores, the report)."""
+    staging = Path(
+        tempfile.mkdtemp(
+            prefix=f"{TEMP_PREFIX}{socket.gethostname().replace('-', '_')}-{os.getpid()}-", dir=out
+        )
+    )
+    try:
+        generated = staging / f"generate-{split}.txt"
+        parsed = _run_generate(command, generated, sentences, split, log)
+        hypotheses = [parsed[i]["H"] for i in range(sentences)]
+        targets = [parsed[i]["T"] for i in range(sentences)]
+        started = time.monotonic()
+        scores, files = score_all(hypotheses, targets, references, tgt)
+        print(f"{PROG}: scored in {time.monotonic() - started:.0f} s", file=log, flush=True)
+        for name, lines in files.items():
+            _write_lines(staging / name, lines)
+        report = bleu_report(scores, header)
+        (staging / "bleu.txt").write_text(report, encoding="utf-8")
+        _publish(staging, out, [generated.name, *files, "bleu.txt"])
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return scores, report
 
 
 def evaluate(
@@ -592,14 +623,10 @@ def evaluate(
         user_dir, force, generate_args, log,
     )  # fmt: skip
     writable_folder(out, "--out folder", EvaluationError)
-    _remove_abandoned_temporaries(out)
-    staging = Path(
-        tempfile.mkdtemp(
-            prefix=f"{TEMP_PREFIX}{socket.gethostname().replace('-', '_')}-{os.getpid()}-", dir=out
-        )
-    )
-    try:
-        generated = staging / f"generate-{split}.txt"
+    with work_dir_lock(out, user="evaluation", folder="--out folder", lock_name=LOCK_NAME):
+        if (out / "bleu.txt").exists() and not force:  # (by another, since the check)
+            raise EvaluationError(f"{out / 'bleu.txt'}: already exists (use --force)")
+        _remove_abandoned_temporaries(out)
         command = _generate_command(
             data, checkpoint, split, src, tgt, user_dir, task, beam, lenpen, max_tokens, cpu,
             generate_args,
@@ -610,14 +637,6 @@ def evaluate(
             file=log,
             flush=True,
         )
-        parsed = _run_generate(command, generated, sentences, split, log)
-        hypotheses = [parsed[i]["H"] for i in range(sentences)]
-        targets = [parsed[i]["T"] for i in range(sentences)]
-        started = time.monotonic()
-        scores, files = score_all(hypotheses, targets, references, tgt)
-        print(f"{PROG}: scored in {time.monotonic() - started:.0f} s", file=log, flush=True)
-        for name, lines in files.items():
-            _write_lines(staging / name, lines)
         header = [
             f"checkpoint: {checkpoint}",
             f"data: {data} split {split} ({src}-{tgt}), beam {beam}, lenpen {lenpen}, "
@@ -625,11 +644,9 @@ def evaluate(
         ]
         if generate_args:
             header.append(f"generate options: {shlex.join(map(str, generate_args))}")
-        report = bleu_report(scores, header)
-        (staging / "bleu.txt").write_text(report, encoding="utf-8")
-        _publish(staging, out, [generated.name, *files, "bleu.txt"])
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        scores, report = _translate_and_score(
+            command, out, split, sentences, references, tgt, header, log
+        )
     scores["sentences"] = sentences
     scores["report"] = report
     return scores

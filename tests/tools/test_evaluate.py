@@ -267,8 +267,8 @@ def test_failed_forced_run_keeps_the_previous_results(evaluated, tmp_path):
     result = run_evaluate(*base, "--reference", short)
     assert result.returncode == 2, result.stderr
     assert folder_contents(out) == before
-    # fairseq-generate itself failing, after it has started (no sentence fits 3 tokens)
-    result = run_evaluate(*base, "--reference", reference, "--max-tokens", "3")
+    # fairseq-generate itself failing, after it has started (an option it does not know)
+    result = run_evaluate(*base, "--reference", reference, "--", "--no-such-generate-option")
     assert result.returncode == 1, result.stderr
     assert "fairseq-generate failed" in result.stderr
     assert folder_contents(out) == before  # no temporary files left behind either
@@ -428,6 +428,22 @@ def test_a_damaged_split_is_named_before_translating(evaluated, tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert f"tpp-evaluate: error: {damaged}: 500 bytes, but its index" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_one_evaluation_at_a_time_in_an_out_folder(evaluated, tmp_path):
+    """Two evaluations into one --out: the second is refused, naming the first, rather
+    than replacing its results without --force once they are published."""
+    import os
+
+    from tpp_pipeline.lock import work_dir_lock
+
+    out = tmp_path / "out"
+    with work_dir_lock(out, lock_name=EVALUATE.LOCK_NAME):  # as a running evaluation holds it
+        result = run_evaluate(*model_and_data(evaluated, out))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "another evaluation is using this --out folder (process " in result.stderr
+    assert f"process {os.getpid()} on host" in result.stderr, result.stderr[-3000:]
+    assert not (out / "bleu.txt").exists()
 
 
 def test_a_batch_smaller_than_a_sentence_is_named_before_translating(evaluated, tmp_path):
