@@ -90,13 +90,46 @@ def check_not_empty(split: str, prefix: str, sizes) -> None:
 _OTHER_MAGIC = b"TNTIDX\x00\x00"
 
 
+def _bad_dictionary_line(path):
+    """(number, text) of the first line of a fairseq dictionary that is not ``<token>
+    <count> [#fairseq:overwrite]``, or None."""
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        for number, line in enumerate(handle, 1):
+            fields = line.rstrip().rsplit(" ", 1)
+            if len(fields) == 2 and fields[1] == "#fairseq:overwrite":
+                fields = fields[0].rsplit(" ", 1)
+            if len(fields) != 2 or not fields[1].isdigit():
+                return number, line.rstrip("\n")
+    return None
+
+
 def check_every_data_file() -> None:
     """Check each binarized file a fairseq task loads with its dictionary (every shard),
-    before fairseq reads it (idempotent)."""
+    before fairseq reads it, and name the file and line of a dictionary fairseq cannot
+    read (idempotent)."""
     from fairseq.data import data_utils
+    from fairseq.data.dictionary import Dictionary
 
     if getattr(data_utils.load_indexed_dataset, "checks_data_files", False):
         return
+    add_from_file = Dictionary.add_from_file
+
+    @functools.wraps(add_from_file)
+    def add_from_named_file(self, f):
+        try:
+            return add_from_file(self, f)
+        except (ValueError, RuntimeError) as error:  # a malformed or a duplicate line
+            if not isinstance(f, str):
+                raise
+            bad = _bad_dictionary_line(f)
+            where = f"line {bad[0]} ({bad[1]!r}) is not '<token> <count>'" if bad else error
+            raise DataFileError(f"{f}: {where}: not a fairseq dictionary") from None
+        except Exception as error:  # fairseq's for a file that is not UTF-8
+            if isinstance(f, str) and "Incorrect encoding" in str(error):
+                raise DataFileError(f"{f}: not UTF-8 text: not a fairseq dictionary") from None
+            raise
+
+    Dictionary.add_from_file = add_from_named_file
     original = data_utils.load_indexed_dataset
 
     @functools.wraps(original)

@@ -46,6 +46,13 @@ def damage_short_vocabulary(folder):
     return folder / "valid.src-tgt.src.bin", "has 9 entries: the data was binarized with another"
 
 
+def damage_malformed_dictionary_line(folder):
+    path = folder / "dict.src.txt"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:4] + ["count_missing\n"] + lines[5:]))
+    return path, "line 5 ('count_missing') is not '<token> <count>'"
+
+
 def damage_blank_valid_set(folder):
     for lang in ("src", "tgt"):
         for ext in ("bin", "idx"):
@@ -61,6 +68,7 @@ def damage_blank_valid_set(folder):
         damage_truncated_idx,
         damage_short_tag_dictionary,
         damage_short_vocabulary,
+        damage_malformed_dictionary_line,
         damage_blank_valid_set,
     ],
 )
@@ -131,7 +139,9 @@ def test_damaged_data_is_one_error_naming_the_file(data, tmp_path, damage):
     assert message in trained.stderr, trained.stderr[-3000:]
 
 
-@pytest.mark.parametrize("damage", [damage_truncated_bin, damage_short_vocabulary])
+@pytest.mark.parametrize(
+    "damage", [damage_truncated_bin, damage_short_vocabulary, damage_malformed_dictionary_line]
+)
 def test_fairseqs_own_task_and_model_get_the_same_checks(data, tmp_path, damage):
     """Every task loads its files through fairseq's loader, which the plugin checks:
     fairseq's ``translation`` and ``transformer`` too (``TPP_FAIRSEQ_CHECKS``' ``data-files``)."""
