@@ -3,7 +3,7 @@ self-attention representation.
 
     tpp-embedding-similarity --path checkpoints/avg.pt --data data-bin/sample
     tpp-embedding-similarity --path avg.pt --data data-bin/wmt14_en_de \\
-        --bpe-codes data-bin/wmt14_en_de/code \\
+        --bpe-codes work/wmt14_en_de/bpe/codes \\
         --sentence "There is a fire in the mountain." --words fire mountain
 
 The paper argues that in "There is a fire in the mountain" the words "fire" and

@@ -399,11 +399,15 @@ def _write_lines(path, lines):
 
 
 def _publish(staging, out, names):
-    """Move the finished files into ``out``: the old bleu.txt goes first, the new one
-    comes last, so a bleu.txt is only ever next to the files it was computed from."""
+    """Move the finished files into ``out``: the old bleu.txt goes first (and fairseq's
+    output of another split), the new one comes last, so a bleu.txt is only ever next to
+    the files it was computed from."""
     bleu = out / "bleu.txt"
     if bleu.exists():
         bleu.unlink()
+    for earlier in out.glob("generate-*.txt"):  # (an earlier evaluation's, of another split)
+        if earlier.name not in names:
+            earlier.unlink()
     for name in names:
         if name != "bleu.txt":
             os.replace(staging / name, out / name)

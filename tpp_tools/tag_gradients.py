@@ -9,7 +9,10 @@ batches of a split and compared per encoder layer (and for the token embeddings)
 - ``cos(∇ translation, ∇ k)``: near 0, the tag loss moves the layer in directions the
   translation does not care about; negative, against it.
 
-The model is in eval mode (no dropout), so the figures are the same at every run.
+With shared embeddings (the presets share them) the embeddings' translation gradient
+also holds the decoder's input and output projection; the tag losses reach them from
+the encoder only. The model is in eval mode (no dropout): the figures are the same at
+every run.
 Example::
 
     tpp-tag-gradients --path runs/x/checkpoints/checkpoint_best.pt --data data-bin/ende
