@@ -560,10 +560,13 @@ def test_study_jobs_that_fail_are_named_with_their_logs_and_how_to_resume(
     assert (
         "control-s2 failed: command failed" in run_log and "--no-such-option" in run_log
     ), run_log[-3000:]
+    # the reason first, then submitit's traceback
+    assert run_log.index("FAILED: control-s2 failed") < run_log.index("Traceback"), run_log[-3000:]
     assert f"run log: {folder / 'run.log'}" in run_log
     assert f"job log: {out / 'slurm' / (jobs['control-s2'] + '_0_log.out')}" in run_log
     report_log = (out / "slurm" / f"{report_job}_0_log.out").read_text(errors="replace")
     assert "4 of 4 runs did not finish" in report_log, report_log[-3000:]
+    assert report_log.index("FAILED: 4 of 4") < report_log.index("Traceback"), report_log[-3000:]
     for run, job in jobs.items():
         assert re.search(
             rf"{re.escape(run)}: job {job} \(FAILED\), job log \S+{job}_0_log.out, run log ",

@@ -343,6 +343,13 @@ def resume_hint(command: str) -> str:
 # ----------------------------------------------------------------------------- the jobs
 
 
+def failed(message: str) -> None:
+    """End a job as failed: ``message`` logged first, so that a job log says why above
+    submitit's traceback (which ends with it again), then raised for submitit."""
+    log(f"FAILED: {message}")
+    raise RuntimeError(message)
+
+
 class RunJob:
     """One run's job: :func:`execute` in a thread (the main thread keeps the signals), the
     run's save-dir lock held. SIGTERM (preemption, ``scontrol requeue``, ``scancel``)
@@ -413,7 +420,7 @@ class RunJob:
             worker.join(1.0)
         if failure:
             job_log = submitit.JobEnvironment().paths.stdout
-            raise RuntimeError(
+            failed(
                 f"{run.name} failed: {failure[0]}\n  run log: {run.folder / 'run.log'}\n"
                 f"  job log: {job_log}\n" + resume_hint(self.command)
             )
@@ -452,7 +459,7 @@ class ReportJob:
                     else "no job recorded"
                 )
                 said.append(f"  {run.name}: {where}, run log {run.folder / 'run.log'}")
-            raise RuntimeError(
+            failed(
                 f"{len(missing)} of {len(runs)} runs did not finish"
                 f"{'' if status == 0 else ' (no report: see above)'}:\n"
                 + "\n".join(said)
@@ -460,7 +467,7 @@ class ReportJob:
                 + resume_hint(self.command)
             )
         if status != 0:
-            raise RuntimeError("the report failed (see above)")
+            failed("the report failed (see above)")
         return str(args.out / "report.md")
 
 
