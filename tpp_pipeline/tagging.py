@@ -101,6 +101,32 @@ def unescape_moses_token(token):
     return token
 
 
+#: the commonest English function words: about a third of the words of English prose,
+#: a few hundredths of German's or French's
+_ENGLISH_WORDS = frozenset(
+    "the of and to a in is that for it on with as was be by are this at from or have an "
+    "not which we you he they has but were their will i".split()
+)
+#: below this share of them, a source is not taken for English
+ENGLISH_SHARE = 0.12
+
+
+def english_share(path, lines=2000):
+    """The share of :data:`_ENGLISH_WORDS` among the words of the first ``lines`` lines
+    of ``path`` (None when they hold no word): a check that the source an English model
+    tags is English."""
+    from .textio import iter_lines
+
+    words = found = 0
+    for number, text in iter_lines(path, utf8_errors="replace"):
+        if number > lines:
+            break
+        tokens = text.lower().split()
+        words += len(tokens)
+        found += sum(token in _ENGLISH_WORDS for token in tokens)
+    return found / words if words else None
+
+
 def default_model_name():
     """The first installed English spaCy model of :data:`DEFAULT_MODELS`."""
     for name in DEFAULT_MODELS:

@@ -293,7 +293,21 @@ def test_one_run_per_work_dir_and_stale_locks_are_taken_over(corpus):
     result = _run(corpus, "--stop-after", "tokenize")
     assert result.returncode == 0, result.stderr
     assert "taking over" not in result.stderr
+    assert "does not read like English" not in result.stderr
     assert _lock_record(lock) is None
+
+
+def test_a_source_that_does_not_read_like_english_is_warned_about(tmp_path):
+    """The source is tagged by an English model: German text in the .en files (the
+    languages swapped) is said before anything runs; English text is not."""
+    pairs = [(german, english) for english, german in english_pairs(30)]
+    write_corpus(tmp_path, {split: pairs for split in ("train", "valid", "test")}, "en", "de")
+    swapped = _run(tmp_path, "--stop-after", "tokenize")
+    assert swapped.returncode == 0, swapped.stderr[-3000:]
+    assert f"{tmp_path / 'train.en'} does not read like English: 2% of its words" in (
+        swapped.stderr
+    ), swapped.stderr[-3000:]
+    assert "Are -s and -t swapped?" in swapped.stderr
 
 
 def test_a_command_the_pipeline_runs_holds_its_locks(tmp_path):
