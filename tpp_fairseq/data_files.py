@@ -19,7 +19,21 @@ from tpp_pipeline.errors import UserError
 
 _MAGIC = b"MMIDIDX\x00\x00"
 _HEADER = 9 + 8 + 1 + 8
-_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 8: np.uint16}
+#: fairseq's dtype codes (``indexed_dataset._code_to_dtype``; uint32 from 65,500 types)
+_DTYPES = {
+    1: np.uint8,
+    2: np.int8,
+    3: np.int16,
+    4: np.int32,
+    5: np.int64,
+    6: np.float64,
+    7: np.double,
+    8: np.uint16,
+    9: np.uint32,
+    10: np.uint64,
+}
+#: the indexes of fairseq's other formats ("lazy", "cached", "huffman"), not checked here
+_OTHER_MAGICS = (b"TNTIDX\x00\x00", b"HUFFIDX\x00")
 
 
 class DataFileError(UserError, ValueError):
@@ -43,6 +57,8 @@ def _check_files(idx, bin_, files, dictionary_size, dictionary_path) -> None:
     """:func:`check_binarized` of files whose (inode, size, mtime) are ``files``."""
     with open(idx, "rb") as handle:  # magic, version, dtype code, sentences; sizes, pointers
         header = handle.read(_HEADER)
+    if header.startswith(_OTHER_MAGICS):
+        return
     if len(header) < _HEADER or header[:9] != _MAGIC:
         raise DataFileError(f"{idx}: not a whole fairseq index (binarize the split again)")
     code = header[17]
@@ -67,6 +83,8 @@ def _check_files(idx, bin_, files, dictionary_size, dictionary_path) -> None:
             "binarize the split again"
         )
     ids = np.memmap(bin_, dtype=dtype, mode="r")
+    if not np.issubdtype(dtype, np.integer):  # (not ids)
+        return
     largest = int(ids.max())
     if largest >= dictionary_size:
         where = int(np.searchsorted(pointers, np.argmax(ids) * np.dtype(dtype).itemsize, "right"))
@@ -86,10 +104,6 @@ def check_not_empty(split: str, prefix: str, sizes) -> None:
         )
 
 
-#: the mmap index's magic: other indexes (fairseq's "lazy" and "cached") are not checked
-_OTHER_MAGIC = b"TNTIDX\x00\x00"
-
-
 def _bad_dictionary_line(path):
     """(number, text) of the first line of a fairseq dictionary that is not ``<token>
     <count> [#fairseq:overwrite]``, or None."""
@@ -98,7 +112,9 @@ def _bad_dictionary_line(path):
             fields = line.rstrip().rsplit(" ", 1)
             if len(fields) == 2 and fields[1] == "#fairseq:overwrite":
                 fields = fields[0].rsplit(" ", 1)
-            if len(fields) != 2 or not fields[1].isdigit():
+            try:
+                int(fields[1])
+            except (IndexError, ValueError):
                 return number, line.rstrip("\n")
     return None
 
@@ -141,13 +157,9 @@ def check_every_data_file() -> None:
                 prefix = path + (str(k) if k > 0 else "")
                 if (k > 0 and not combine) or not os.path.exists(prefix + ".idx"):
                     break
-                with open(prefix + ".idx", "rb") as handle:
-                    other = handle.read(len(_OTHER_MAGIC)) == _OTHER_MAGIC
-                if not other:
-                    where = os.path.join(
-                        os.path.dirname(path), f"dict.{path.rsplit('.', 1)[-1]}.txt"
-                    )
-                    check_binarized(prefix, len(dictionary), where)
+                name = os.path.basename(path)  # SPLIT.SRC-TGT.LANG: dict.LANG.txt
+                where = f"dict.{name.rsplit('.', 1)[-1]}.txt" if "." in name else "dict.txt"
+                check_binarized(prefix, len(dictionary), os.path.join(os.path.dirname(path), where))
         return original(path, dictionary, dataset_impl, combine, default)
 
     load_indexed_dataset.checks_data_files = True

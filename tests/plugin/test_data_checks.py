@@ -156,3 +156,24 @@ def test_fairseqs_own_task_and_model_get_the_same_checks(data, tmp_path, damage)
     assert "Traceback" not in trained.stderr, trained.stderr[-3000:]
     assert f"fairseq-train: error: {path}" in trained.stderr, trained.stderr[-3000:]
     assert message in trained.stderr, trained.stderr[-3000:]
+
+
+@pytest.mark.parametrize("impl, vocab", [("mmap", 70_000), ("mmap", 300), ("cached", 300)])
+def test_data_fairseq_reads_is_not_refused(tmp_path, impl, vocab):
+    """fairseq writes ids as uint32 from 65,500 types on, and other formats than mmap:
+    whole files of either pass; ids beyond the dictionary are refused where checked."""
+    import torch
+    from fairseq.data import indexed_dataset
+
+    from tpp_fairseq.data_files import DataFileError, check_binarized
+
+    prefix = str(tmp_path / "train.src-tgt.src")
+    builder = indexed_dataset.make_builder(prefix + ".bin", impl=impl, vocab_size=vocab)
+    for length in (3, 5):
+        builder.add_item(torch.full((length,), vocab - 1, dtype=torch.int64))
+    builder.finalize(prefix + ".idx")
+    check_binarized(prefix, vocab)
+    assert len(indexed_dataset.make_dataset(prefix, impl=impl)) == 2
+    if impl == "mmap":
+        with pytest.raises(DataFileError, match=f"holds id {vocab - 1}, but its dictionary"):
+            check_binarized(prefix, vocab - 1)
