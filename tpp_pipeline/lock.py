@@ -111,6 +111,8 @@ def _openers(path):
 
 
 def _alive(pid):
+    if isinstance(pid, int) and pid <= 0:  # (/proc/locks' 0: an owner outside this namespace)
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -232,10 +234,10 @@ def held_locks():
 
 
 def exit_cleanly_on_sigterm():
-    """Turn SIGTERM (kill, SLURM's time limit, scancel) and SIGHUP (a closed terminal)
-    into SystemExit in this process, so that the commands it runs are stopped and the
-    lock record and temporary files are cleaned up on the way out. Worker processes
-    forked later keep the default behaviour."""
+    """Turn SIGTERM (kill, SLURM's time limit, scancel) and SIGHUP (a closed terminal,
+    unless nohup ignores it) into SystemExit in this process, so that the commands it
+    runs are stopped and the lock record and temporary files are cleaned up on the way
+    out. Worker processes forked later keep the default behaviour."""
     main_pid = os.getpid()
 
     def handler(signum, frame):
@@ -244,4 +246,5 @@ def exit_cleanly_on_sigterm():
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGHUP, handler)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # (nohup's stays)
+        signal.signal(signal.SIGHUP, handler)

@@ -336,12 +336,15 @@ def test_a_command_the_pipeline_runs_holds_its_locks(tmp_path):
 
 def test_sighup_stops_the_pipelines_commands_and_clears_its_lock(tmp_path):
     """A closed terminal (SIGHUP) ends a run as SIGTERM does: the command it runs is
-    stopped (subprocess.run kills it on the way out) and its lock's record cleared."""
+    stopped (subprocess.run kills it on the way out) and its lock's record cleared;
+    unless SIGHUP is ignored (nohup)."""
     from tpp_pipeline.lock import work_dir_lock
 
     script = (
-        "import subprocess, sys\n"
+        "import signal, subprocess, sys\n"
         "from tpp_pipeline.lock import exit_cleanly_on_sigterm, held_locks, work_dir_lock\n"
+        "if sys.argv[2:] == ['nohup']:\n"
+        "    signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
         "exit_cleanly_on_sigterm()\n"
         "with work_dir_lock(sys.argv[1]):\n"
         "    waits = 'import os, signal; print(os.getpid(), flush=True); signal.pause()'\n"
@@ -358,6 +361,14 @@ def test_sighup_stops_the_pipelines_commands_and_clears_its_lock(tmp_path):
         pass
     with pytest.raises(ProcessLookupError):
         os.kill(command, 0)
+    # under nohup, SIGHUP stays ignored: SIGTERM ends the run
+    run = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path), "nohup"], stdout=subprocess.PIPE, text=True
+    )
+    int(run.stdout.readline())
+    run.send_signal(signal.SIGHUP)
+    run.send_signal(signal.SIGTERM)
+    assert run.wait(timeout=60) == 128 + signal.SIGTERM
 
 
 # ----------------------------------------------------------------- errors before the steps

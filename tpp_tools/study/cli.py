@@ -438,7 +438,8 @@ def _main(argv) -> int:
         raise SystemExit(128 + signum)
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, stop)
+        if signal.getsignal(signum) is not signal.SIG_IGN:  # (nohup's SIGHUP stays ignored)
+            signal.signal(signum, stop)
     with work_dir_lock(args.out, user="tpp-study", folder="study folder"):
         try:
             return (slurm.submit if args.launcher == "slurm" else study)(args, cfg, command)
