@@ -106,6 +106,13 @@ def newest_readable(save_dir, suffix=""):
         key = (updates, -rank, path.stat().st_mtime)
         if best is None or key > best[0]:
             best = (key, path, updates)
+    newer = [p for p in refused if best is not None and p.stat().st_mtime > best[1].stat().st_mtime]
+    if newer:
+        raise RecoveryError(
+            f"{', '.join(p.name for p in newer)}: newer than {best[1].name}, the newest "
+            "checkpoint safe loading accepts, but refused (above): resuming from "
+            f"{best[1].name} would write over it; move it away first if you mean to"
+        )
     if best is None and refused:
         raise RecoveryError(
             f"{save_dir}: no checkpoint to resume from that safe loading accepts; "
@@ -154,6 +161,8 @@ def recover(save_dir, restore_file=DEFAULT_RESTORE_FILE, suffix=""):
             "away to resume from the newest readable one"
         )
     reason = problem.reason
+    # (refused checkpoints raise here, the torn one still in place for the next attempt)
+    found = newest_readable(save_dir, suffix)
     aside = save_dir / f"{last.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
     number = 1
     while aside.exists():
@@ -167,7 +176,6 @@ def recover(save_dir, restore_file=DEFAULT_RESTORE_FILE, suffix=""):
             f"another checkpoint: {error.strerror} (make {save_dir} writable)"
         ) from None
     say(f"{last} cannot be loaded ({reason}); moved it to {aside}")
-    found = newest_readable(save_dir, suffix)
     if found is None:
         raise RecoveryError(
             f"{save_dir}: no readable checkpoint to resume from (the damaged "

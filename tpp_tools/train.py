@@ -245,7 +245,11 @@ def fairseq_command(args):
                 f"{option} after --: give it before -- (tpp-train takes the save dir's lock, "
                 "recovers its checkpoint and writes its log where these options point)"
             )
-    given = dict(zip(args.extra, args.extra[1:]))  # options after --: fairseq keeps the last
+    given = {}  # options after --, as OPTION VALUE or OPTION=VALUE: fairseq keeps the last
+    for word, following in zip(args.extra, [*args.extra[1:], ""]):
+        option, equals, value = word.partition("=")
+        if option.startswith("--"):
+            given[option] = value if equals else following
     for option in (
         "--max-update",
         "--max-tokens",
@@ -255,8 +259,8 @@ def fairseq_command(args):
         "--seed",
         "--label-smoothing",
     ):
-        if option in args.extra:
-            setattr(args, option[2:].replace("-", "_"), given.get(option, ""))
+        if option in given:
+            setattr(args, option[2:].replace("-", "_"), given[option])
     check_settings(args)
     asked = next((opt for opt in args.extra if opt in PRECISIONS), None)
     device = None
@@ -313,8 +317,8 @@ def check_settings(args) -> None:
         raise TrainError(
             f"--warmup-updates must be a whole number of updates, not '{args.warmup_updates}'"
         )
-    if not str(args.seed).isdigit() or int(args.seed) >= 2**32:
-        raise TrainError(f"--seed must be a whole number from 0 to 2**32 - 1, not '{args.seed}'")
+    if not str(args.seed).isdigit() or int(args.seed) >= 2**31:  # (fairseq adds the epoch)
+        raise TrainError(f"--seed must be a whole number from 0 to 2**31 - 1, not '{args.seed}'")
     if not _positive_float(args.lr):
         raise TrainError(f"--lr must be a positive number, not '{args.lr}'")
     try:

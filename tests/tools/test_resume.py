@@ -510,7 +510,8 @@ def test_a_whole_checkpoint_that_safe_loading_refuses_is_not_moved(torn_run, tmp
     assert "datetime" in result.stderr and "The file is whole (not torn)" in result.stderr
     assert (save_dir / "checkpoint_last.pt").read_bytes() == refused
     assert not list(save_dir.glob("*.damaged-*"))
-    # a torn checkpoint_last.pt beside it: moved aside, the refused one named, not advised away
+    # a torn checkpoint_last.pt beside it: the refused one named, not advised away, and the
+    # torn one left in place (the next attempt checks again, rather than starting afresh)
     os.replace(save_dir / "checkpoint_last.pt", save_dir / "checkpoint_1_5.pt")
     (save_dir / "checkpoint_last.pt").write_bytes(torn_run["torn"])
     result = recover_checkpoint()
@@ -518,6 +519,15 @@ def test_a_whole_checkpoint_that_safe_loading_refuses_is_not_moved(torn_run, tmp
     assert "checkpoint_1_5.pt: whole, but refused" in result.stderr, result.stderr
     assert "start training from the beginning" not in result.stderr
     assert (save_dir / "checkpoint_1_5.pt").read_bytes() == refused
+    assert (save_dir / "checkpoint_last.pt").read_bytes() == torn_run["torn"]
+    # nor resumed from an older readable one, over it
+    whole.rename(save_dir / "checkpoint_1_2.pt")
+    os.utime(save_dir / "checkpoint_1_2.pt", (1, 1))
+    result = recover_checkpoint()
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "checkpoint_1_5.pt: newer than checkpoint_1_2.pt" in result.stderr, result.stderr
+    assert (save_dir / "checkpoint_1_5.pt").read_bytes() == refused
+    assert (save_dir / "checkpoint_last.pt").read_bytes() == torn_run["torn"]
 
 
 def test_a_finished_run_is_not_trained_again(trained_run, tmp_path):
@@ -605,8 +615,10 @@ def test_max_update_must_be_a_positive_number(value, tmp_path):
         (["--max-tokens", "0"], "--max-tokens must be a positive whole number, not '0'"),
         (["--", "--max-update", "0"], "--max-update must be a positive number of updates"),
         (["--", "--lr", "0"], "--lr must be a positive number, not '0'"),
-        (["--seed", "-1"], "--seed must be a whole number from 0 to 2**32 - 1, not '-1'"),
-        (["--", "--seed", "4294967296"], "--seed must be a whole number from 0 to 2**32 - 1"),
+        (["--seed", "-1"], "--seed must be a whole number from 0 to 2**31 - 1, not '-1'"),
+        (["--", "--seed", "2147483648"], "--seed must be a whole number from 0 to 2**31 - 1"),
+        (["--", "--seed=-5"], "--seed must be a whole number from 0 to 2**31 - 1, not '-5'"),
+        (["--", "--lr=0"], "--lr must be a positive number, not '0'"),
         (["--", "--save-dir", "elsewhere"], "--save-dir after --: give it before --"),
         (["--", "--log-file=train.log"], "--log-file after --: give it before --"),
     ],
