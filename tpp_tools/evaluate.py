@@ -404,10 +404,11 @@ def _publish(staging, out, names):
     the files it was computed from."""
     bleu = out / "bleu.txt"
     if bleu.exists():
+        said = re.search(r" split (\S+) \(", bleu.read_text(encoding="utf-8", errors="replace"))
+        earlier = out / f"generate-{said.group(1)}.txt" if said else None
         bleu.unlink()
-    for earlier in out.glob("generate-*.txt"):  # (an earlier evaluation's, of another split)
-        if earlier.name not in names:
-            earlier.unlink()
+        if earlier is not None and earlier.name not in names and earlier.exists():
+            earlier.unlink()  # the earlier evaluation's, of another split
     for name in names:
         if name != "bleu.txt":
             os.replace(staging / name, out / name)
