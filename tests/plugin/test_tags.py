@@ -45,6 +45,15 @@ def make_task(data, **overrides):
     return TranslationWithTagsTask.setup_task(cfg)
 
 
+def train_tiny(data, *extra, check=False):
+    """fairseq-train of the tiny preset with the tags task, 1 update on the CPU."""
+    command = ["fairseq-train", data, "--user-dir", REPO / "tpp_plugin", "--cpu"]
+    command += ["--arch", "transformer_pp_tiny", "--task", "translation_with_tags"]
+    command += ["--criterion", "label_smoothed_cross_entropy_with_tags", "--max-update", "1"]
+    command += ["--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "500"]
+    return run([*command, "--num-workers", "0", *extra], check=check)
+
+
 def first_batch(task, split="train", max_sentences=16):
     task.load_dataset(split)
     dataset = task.dataset(split)
@@ -290,12 +299,7 @@ def test_misaligned_labels_name_split_sentence_and_lengths(databin, tmp_path):
     )
     with pytest.raises(TagAlignmentError, match=message):
         make_task(data).load_dataset("valid")
-    # fairseq-train says it in one line
-    train = ["fairseq-train", data, "--user-dir", REPO / "tpp_plugin", "--cpu", "--no-save"]
-    train += ["--arch", "transformer_pp_tiny", "--task", "translation_with_tags"]
-    train += ["--criterion", "label_smoothed_cross_entropy_with_tags", "--max-update", "1"]
-    train += ["--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "500", "--num-workers", "0"]
-    refused = run(train, check=False)
+    refused = train_tiny(data, "--no-save")  # fairseq-train says it in one line
     assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
     assert f"fairseq-train: error: {message}" in refused.stderr, refused.stderr[-3000:]
 
@@ -485,33 +489,7 @@ def test_a_folder_without_tags_is_one_error_line_of_fairseq_train(tmp_path):
     """Issue 33.12: the tags task on a folder prepared with --no-tags ended fairseq-train
     in a traceback, its clear message last. Now the message is all there is."""
     data = binarize_tagged(tmp_path / "text", tmp_path / "data-bin", n_train=60, tags=False)
-    proc = run(
-        [
-            "fairseq-train",
-            data,
-            "--user-dir",
-            REPO / "tpp_plugin",
-            "--arch",
-            "transformer_pp_tiny",
-            "--task",
-            "translation_with_tags",
-            "--criterion",
-            "label_smoothed_cross_entropy_with_tags",
-            "--optimizer",
-            "adam",
-            "--lr",
-            "1e-3",
-            "--max-tokens",
-            "500",
-            "--max-update",
-            "1",
-            "--cpu",
-            "--no-save",
-            "--num-workers",
-            "0",
-        ],
-        check=False,
-    )
+    proc = train_tiny(data, "--no-save")
     assert proc.returncode != 0 and "done training" not in proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert (
@@ -528,33 +506,7 @@ def test_validating_a_tagged_checkpoint_on_a_folder_without_tags_says_the_workin
     folder without label files the error names the override that works, and it works."""
     tagged = binarize_tagged(tmp_path / "text", tmp_path / "tagged", n_train=60)
     plain = binarize_tagged(tmp_path / "text", tmp_path / "plain", n_train=60, tags=False)
-    run(
-        [
-            "fairseq-train",
-            tagged,
-            "--user-dir",
-            REPO / "tpp_plugin",
-            "--arch",
-            "transformer_pp_tiny",
-            "--task",
-            "translation_with_tags",
-            "--criterion",
-            "label_smoothed_cross_entropy_with_tags",
-            "--optimizer",
-            "adam",
-            "--lr",
-            "1e-3",
-            "--max-tokens",
-            "500",
-            "--max-update",
-            "1",
-            "--cpu",
-            "--num-workers",
-            "0",
-            "--save-dir",
-            tmp_path / "checkpoints",
-        ]
-    )
+    train_tiny(tagged, "--save-dir", tmp_path / "checkpoints", check=True)
     validate = ["fairseq-validate", plain, "--user-dir", REPO / "tpp_plugin", "--cpu"]
     validate += ["--max-tokens", "500"]
     validate += ["--path", tmp_path / "checkpoints" / "checkpoint_last.pt", "--task", "translation"]

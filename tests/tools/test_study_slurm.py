@@ -196,40 +196,19 @@ def test_dry_run_plans_the_paper_scale_jobs_without_a_cluster(tmp_path):
     assert [l for l in script.splitlines() if l.startswith("#SBATCH --mem")] == [
         "#SBATCH --mem=64G"
     ]
+
+    def planned(*options):  # the wmt14-big study on this cluster, planned only
+        return tpp_study(
+            *("--config", "wmt14-big", "--launcher", "slurm", *options, "--data", data),
+            *("--test-reference", tmp_path / "test.de", "--out", out, "--dry-run"),
+        )
+
     # the memory a run's job asks for by default: per GPU
-    default = tpp_study(
-        "--config",
-        "wmt14-big",
-        "--launcher",
-        "slurm",
-        "--data",
-        data,
-        "--test-reference",
-        tmp_path / "test.de",
-        "--out",
-        out,
-        "--dry-run",
-    )
+    default = planned()
     assert "#SBATCH --mem=48G" in default.stdout.splitlines(), default.stdout[-2000:]
     assert not (out / "slurm").exists() and not (out / "runs").exists()
     # --mem 0: all of the node's memory, as sbatch reads it; --mem wins over mem=
-    whole = tpp_study(
-        "--config",
-        "wmt14-big",
-        "--launcher",
-        "slurm",
-        "--mem",
-        "0",
-        "--sbatch-option",
-        "mem=8G",
-        "--data",
-        data,
-        "--test-reference",
-        tmp_path / "test.de",
-        "--out",
-        out,
-        "--dry-run",
-    )
+    whole = planned("--mem", "0", "--sbatch-option", "mem=8G")
     assert [l for l in whole.stdout.splitlines() if l.startswith("#SBATCH --mem")] == [
         "#SBATCH --mem=0"
     ], whole.stdout[-2000:] + whole.stderr[-2000:]
