@@ -19,7 +19,7 @@ of them, and only that one, calls it (they are idempotent), e.g.
 :func:`allow_fairseq_checkpoints`.
 """
 
-from . import checkpoints, data_files, fixes, speed
+from . import _log, checkpoints, data_files, fixes, speed
 from ._switch import chosen
 from .fixes import allow_fairseq_checkpoints  # noqa: F401  (for tools that load checkpoints)
 
@@ -37,10 +37,30 @@ CHECKS = {
 DEFAULT_CHECKS = ("checkpoints", "one-line-errors", "data-files")
 
 
+#: the fairseq the changes are written against (its functions' names and signatures)
+FAIRSEQ_SERIES = "0.12."
+
+
+def check_fairseq_version() -> None:
+    """Warn once where the fairseq found is not of :data:`FAIRSEQ_SERIES`: each change
+    replaces a function of that fairseq and may not fit another."""
+    import fairseq
+
+    version = getattr(fairseq, "__version__", "?")
+    if not version.startswith(FAIRSEQ_SERIES):
+        _log.logger.warning(
+            "tpp_plugin's changes to fairseq are written for fairseq %sx; this is fairseq "
+            "%s (docs/fairseq_notes.md lists what they replace)",
+            FAIRSEQ_SERIES,
+            version,
+        )
+
+
 def apply(root_level_before_fairseq=None) -> None:
     """The corrections, the chosen checks and the chosen speed-ups (idempotent); the
     logging level first, so that the others' messages are filtered by it."""
     fixes.undo_debug_logging_of_fairseq_import(root_level_before_fairseq)
+    check_fairseq_version()
     fixes.allow_fairseq_checkpoints()
     fixes.keep_last_batches()
     fixes.bf16_without_tpu()

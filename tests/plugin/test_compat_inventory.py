@@ -174,3 +174,15 @@ def test_importing_tpp_fairseq_alone_changes_nothing():
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.splitlines()[-1]) == []
+
+
+def test_another_fairseq_than_the_changes_are_written_for_is_warned_about(monkeypatch, caplog):
+    import fairseq
+
+    import tpp_fairseq
+
+    tpp_fairseq.check_fairseq_version()
+    assert not caplog.records, "fairseq 0.12: no warning"
+    monkeypatch.setattr(fairseq, "__version__", "0.13.0")
+    tpp_fairseq.check_fairseq_version()
+    assert "written for fairseq 0.12.x; this is fairseq 0.13.0" in caplog.text
