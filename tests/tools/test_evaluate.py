@@ -194,14 +194,16 @@ def test_generate_reads_in_its_own_process_and_each_step_is_timed(evaluated):
     assert re.search(r"tpp-evaluate: scored in \d+ s", log), log
 
 
-def test_python_api_returns_the_scores(evaluated, tmp_path):
-    scores = EVALUATE.evaluate(
-        evaluated["data"],
-        evaluated["checkpoint"],
-        evaluated["corpus"] / "raw" / "test.de",
-        tmp_path / "api",
-        cpu=True,
+def evaluate_in_python(evaluated, out, **options):
+    """The Python API's evaluation of the trained model on the test split, into ``out``."""
+    reference = evaluated["corpus"] / "raw" / "test.de"
+    return EVALUATE.evaluate(
+        evaluated["data"], evaluated["checkpoint"], reference, out, cpu=True, **options
     )
+
+
+def test_python_api_returns_the_scores(evaluated, tmp_path):
+    scores = evaluate_in_python(evaluated, tmp_path / "api")
     written = read_scores(evaluated["out"] / "bleu.txt")
     for key in ("sacrebleu_detok", "chrf", "bleu_tok_compound_split"):
         assert f"{scores[key]:.2f}" == written[key]
@@ -213,14 +215,8 @@ def test_python_api_returns_the_scores(evaluated, tmp_path):
 
 
 def test_the_report_names_the_options_given_to_fairseq_generate(evaluated, tmp_path):
-    scores = EVALUATE.evaluate(
-        evaluated["data"],
-        evaluated["checkpoint"],
-        evaluated["corpus"] / "raw" / "test.de",
-        tmp_path / "api",
-        cpu=True,
-        generate_args=["--unkpen", "0"],  # fairseq's default: the same translations
-    )
+    # fairseq's default: the same translations
+    scores = evaluate_in_python(evaluated, tmp_path / "api", generate_args=["--unkpen", "0"])
     lines = (tmp_path / "api" / "bleu.txt").read_text().splitlines()
     assert lines[2] == "generate options: --unkpen 0", lines
     written = read_scores(evaluated["out"] / "bleu.txt")
