@@ -178,14 +178,15 @@ def oversized(data, split, src, tgt, limits, max_tokens=None):
         sizes.append([int(n) for n in dataset.sizes])  # copied: the sizes are mapped from the file
         del dataset
     over = [i for i, pair in enumerate(zip(*sizes)) if pair[0] > limits[0] or pair[1] > limits[1]]
-    if not over and max_tokens is not None:
-        longest = max(range(len(sizes[0])), key=lambda i: max(sizes[0][i], sizes[1][i]), default=0)
-        tokens = max(sizes[0][longest], sizes[1][longest]) if sizes[0] else 0
-        if tokens > max_tokens:
+    if not over and max_tokens is not None and sizes[0]:
+        tokens = [max(pair) for pair in zip(*sizes)]  # what fairseq batches a sentence by
+        longest = tokens.index(max(tokens))
+        if tokens[longest] > max_tokens:
             return (
                 f"--max-tokens {max_tokens} is smaller than sentence {longest} of split "
                 f"'{split}' of {data} (line {longest + 1} of its {src} and {tgt} files: "
-                f"{tokens} tokens after BPE, end of sentence included): give at least {tokens}"
+                f"{tokens[longest]} tokens after BPE, end of sentence included): give at "
+                f"least {tokens[longest]}"
             )
     if not over:
         return None
