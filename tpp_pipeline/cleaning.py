@@ -40,13 +40,17 @@ class SafePreFilter(LengthFilter):
 
     BPE never makes a line shorter, so a side that is empty or already longer than
     ``max_len`` Moses tokens is certain to be dropped by the final filter. Dropping such
-    lines early saves tagging them; ratio and word-length tests must wait for the BPE
-    text, where the recipe applies them.
+    lines early saves tagging them; the minimum length (a word can become several
+    subwords), ratio and word-length tests must wait for the BPE text, where the recipe
+    applies them.
     """
+
+    def __init__(self, max_len=250):
+        super().__init__(1, max_len, ratio=None)
 
     def keep(self, source, target):
         src, tgt = len(source.split()), len(target.split())
-        return self.min_len <= src <= self.max_len and self.min_len <= tgt <= self.max_len
+        return 1 <= src <= self.max_len and 1 <= tgt <= self.max_len
 
 
 def filter_aligned(in_paths, out_paths, length_filter):

@@ -73,6 +73,18 @@ def length_ratio(text):
     return _at_least(text, float, 1, "a number")
 
 
+def folder_name(text):
+    """argparse type: the name of one folder (``--name``, under ``--data-bin``), never a
+    path: an empty name, ``.`` or ``..`` would make ``--force`` replace ``--data-bin``
+    itself or the folder above it."""
+    if text in ("", ".", "..") or "/" in text or (os.altsep and os.altsep in text):
+        raise argparse.ArgumentTypeError(
+            f"must be the name of one folder under --data-bin (no '/', not '.' or '..'), "
+            f"not {text!r}"
+        )
+    return text
+
+
 def check_lengths(parser, args):
     """Refuses a --min-len above --max-len (every pair would be dropped)."""
     if args.min_len > args.max_len:
@@ -188,7 +200,9 @@ def build_parser():
     parser.add_argument("--trainpref", required=True, help="train files are PREF.{src,tgt}")
     parser.add_argument("--validpref", required=True)
     parser.add_argument("--testpref", required=True)
-    parser.add_argument("--name", required=True, help="output folder name under --data-bin")
+    parser.add_argument(
+        "--name", required=True, type=folder_name, help="output folder name under --data-bin"
+    )
     return add_pipeline_arguments(parser)
 
 
@@ -338,6 +352,9 @@ class Step:
     wanted: Callable[[Context], bool] = lambda ctx: True  # False: skipped (tag, --no-tags)
     relocatable: tuple = ()
     redo_on_force: bool = False
+    # what is removed once the step is marked done (not before: an interrupted step
+    # resumes from it)
+    scratch: Callable[[Context], list] = lambda ctx: []
 
 
 # 1. tokenize: normalise and tokenise every split ---------------------------------------
@@ -360,12 +377,14 @@ def _tokenize(ctx):
 
 
 def _preclean_settings(ctx):
-    return {"min": ctx.args.min_len, "max": ctx.args.max_len}
+    # "min" is always 1 here (--min-len waits for the BPE text); recorded as before, so
+    # that work folders of earlier versions stay done
+    return {"min": 1, "max": ctx.args.max_len}
 
 
 def _preclean(ctx):
     lay = ctx.lay
-    pre_filter = cleaning.SafePreFilter(ctx.args.min_len, ctx.args.max_len)
+    pre_filter = cleaning.SafePreFilter(ctx.args.max_len)
     kept, dropped = cleaning.filter_aligned(
         lay.texts("tok", ["train"]), lay.texts("clean", ["train"]), pre_filter
     )
@@ -375,7 +394,7 @@ def _preclean(ctx):
         lay.texts("tok", ["train"]),
         pre_filter,
         ctx.train_raw(),
-        "tokenisation and cleaning (empty lines, --min-len, --max-len)",
+        "tokenisation and cleaning (empty lines, --max-len)",
     )
     for split in ("valid", "test"):
         for lang in (ctx.src, ctx.tgt):
@@ -412,7 +431,7 @@ def _tag(ctx):
         progress=not args.quiet,
     )
     for job in ctx.tag_jobs:
-        tagging.merge_tags(job)
+        tagging.merge_tags(job, keep_chunks=True)  # removed once the step is marked done
     labeler = tagging.labeler(ctx.model, args.pos_scheme)
     with atomic_open(ctx.label_sets_path) as out:
         json.dump(
@@ -424,6 +443,20 @@ def _tag(ctx):
             out,
             indent=1,
         )
+
+
+def _done_before_shards(ctx, ledger, step, upstream):
+    """The stamp of ``step``, a step before tagging, which the tasks of an array job do
+    not run (they would write the same files at once): it must be done already."""
+    settings = step.settings(ctx)
+    stamp = fingerprint({"step": step.name, "settings": settings, "upstream": upstream})
+    if not ledger.is_done(step.name, stamp, settings, upstream):
+        raise DataError(
+            f"--tag-shard only tags, and step '{step.name}' is not done yet: run the same "
+            "command without --tag-shard and with --stop-after preclean once, first",
+            ctx.work_dir,
+        )
+    return stamp
 
 
 def _tag_shard(ctx, ledger, upstream):
@@ -566,7 +599,14 @@ def _binarize(ctx):
 PIPELINE = (
     Step("tokenize", _tokenize_settings, lambda ctx: ctx.lay.texts("tok"), _tokenize),
     Step("preclean", _preclean_settings, lambda ctx: ctx.lay.texts("clean"), _preclean),
-    Step("tag", _tag_settings, _tag_outputs, _tag, wanted=lambda ctx: ctx.tags),
+    Step(
+        "tag",
+        _tag_settings,
+        _tag_outputs,
+        _tag,
+        wanted=lambda ctx: ctx.tags,
+        scratch=lambda ctx: [os.path.join(ctx.work_dir, "tags", f"{s}.chunks") for s in SPLITS],
+    ),
     Step("bpe_learn", _bpe_learn_settings, lambda ctx: [ctx.codes], _bpe_learn),
     Step("bpe_apply", lambda ctx: {"tags": ctx.tags}, _bpe_apply_outputs, _bpe_apply),
     Step("clean", _clean_settings, _clean_outputs, _clean),
@@ -621,9 +661,12 @@ def _run_steps(ctx, ledger):
     stamp = ""
     for step in PIPELINE:
         if step.wanted(ctx):
-            if step.name == "tag" and ctx.args.tag_shard:
-                _tag_shard(ctx, ledger, stamp)  # one shard of an array job, and stop
-                return None
+            if ctx.args.tag_shard:  # one shard of an array job: tag, and stop
+                if step.name == "tag":
+                    _tag_shard(ctx, ledger, stamp)
+                    return None
+                stamp = _done_before_shards(ctx, ledger, step, stamp)
+                continue
             stamp = ledger.run(
                 step.name,
                 step.settings(ctx),
@@ -633,6 +676,8 @@ def _run_steps(ctx, ledger):
                 relocatable=step.relocatable,
                 redo=step.redo_on_force and ctx.args.force,
             )
+            for path in step.scratch(ctx):
+                shutil.rmtree(path, ignore_errors=True)
         if ctx.args.stop_after == step.name:
             break
     if step is not PIPELINE[-1]:

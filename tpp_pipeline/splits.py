@@ -6,7 +6,8 @@ source or target also occurs in training measures memory, not translation. So:
 
 1. pairs are drawn in a seeded random order (the same order for the same seed and
    corpus); a pair is taken for test (then valid) unless its source or its target,
-   *normalised* (Unicode NFKC, case-folded, whitespace collapsed), was already taken;
+   *normalised* (control and format characters as spaces, as the tokeniser reads them;
+   Unicode NFKC, case-folded, whitespace collapsed), was already taken;
 2. training keeps every remaining pair whose normalised source *and* target occur in
    neither held-out set — a pair sharing one side with a held-out pair is dropped
    from training, not kept.
@@ -35,14 +36,18 @@ from typing import Dict, List, Sequence, Tuple
 
 from .download import sha256_of
 from .errors import DataError, from_os_error, report
-from .textio import atomic_open
+from .moses import replace_non_printing
+from .textio import atomic_open, count_lines
 
 _SPACE = re.compile(r"\s+")
 
 
 def normalise(text: str) -> str:
-    """The key two segments are duplicates under: NFKC, case-folded, single spaces."""
-    return _SPACE.sub(" ", unicodedata.normalize("NFKC", text).casefold()).strip()
+    """The key two segments are duplicates under: control and format characters (a BOM,
+    a zero-width space) as spaces, as the pipeline's tokeniser reads them; NFKC,
+    case-folded, single spaces."""
+    text = unicodedata.normalize("NFKC", replace_non_printing(text))
+    return _SPACE.sub(" ", text.casefold()).strip()
 
 
 def open_bytes(path: Path):
@@ -210,6 +215,10 @@ def carve_corpus(
         )
     settings = carving_settings(prefix, src_lang, tgt_lang, sizes, seed, given)
     sources, targets = read_pairs(prefix, src_lang, tgt_lang)
+    # an interrupted carving must not leave old and new splits that look like one carving
+    if out_dir.is_dir():
+        for path in [record, *(p for pair in outputs.values() for p in pair)]:
+            path.unlink(missing_ok=True)
     reserved = []
     for name, held_prefix in given.items():
         held_src, held_tgt = read_pairs(held_prefix, src_lang, tgt_lang)
@@ -285,8 +294,7 @@ def main(argv=None) -> int:
             raise
         return report("tpp-carve-splits", reported)
     for name, (src, _) in outputs.items():
-        with open(src, encoding="utf-8") as handle:
-            count = sum(1 for _ in handle)
+        count = count_lines(src)
         print(
             f"{name}: {count} pairs -> {src.with_suffix('')}.{{{args.source_lang},{args.target_lang}}}"
         )

@@ -254,7 +254,11 @@ def build_parser():
         epilog="See docs/data_pipeline.md.",
     )
     parser.add_argument("--pair", choices=sorted(TRAIN_CORPORA), required=True)
-    parser.add_argument("--name", help="output name (default: wmt14_en_de / wmt14_en_fr)")
+    parser.add_argument(
+        "--name",
+        type=pipeline.folder_name,
+        help="output name (default: wmt14_en_de / wmt14_en_fr)",
+    )
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
         "--raw-dir",

@@ -102,6 +102,31 @@ def test_force_and_tag_shard_do_not_mix(corpus):
     assert result.returncode == 2 and "--tag-shard" in result.stderr
 
 
+def test_a_shard_before_the_steps_it_reads_are_done_is_refused(corpus, tmp_path):
+    """The tasks of an array job would tokenise into the same files at once: a shard runs
+    only once the steps before tagging are done."""
+    work = tmp_path / "work"
+    result = _run(corpus, "--work-dir", work, "--tag-shard", "0/2")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "step 'tokenize' is not done yet" in result.stderr
+    assert "--stop-after preclean" in result.stderr
+    assert not (work / "tok").exists()
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "a/b"])
+def test_a_name_that_is_not_one_folder_is_refused(corpus, tmp_path, name):
+    """--name is a folder under --data-bin: '' or '..' with --force replaced --data-bin
+    itself or the folder above it."""
+    data_bin = tmp_path / "a" / "bin"
+    (data_bin / "other").mkdir(parents=True)
+    (tmp_path / "a" / "kept").write_text("x")
+    result = _run(
+        corpus, "--name", name, "--data-bin", data_bin, "--work-dir", tmp_path / "w", "--force"
+    )
+    assert result.returncode == 2 and "--name" in result.stderr and "Traceback" not in result.stderr
+    assert (data_bin / "other").is_dir() and (tmp_path / "a" / "kept").exists()
+
+
 def test_cleaning_drops_lines_from_all_aligned_files_at_once(tmp_path):
     rows = [
         ("a b c", "x y z", "N N N"),
@@ -129,6 +154,15 @@ def test_cleaning_drops_lines_from_all_aligned_files_at_once(tmp_path):
             cleaning.LengthFilter(),
         )
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o1.tmp").exists()
+
+
+def test_the_filter_before_bpe_drops_only_pairs_certain_to_fail():
+    """A one-word side can pass --min-len 3 once BPE has cut it into subwords: only empty
+    sides and sides over --max-len are certain to fail before BPE."""
+    pre, final = cleaning.SafePreFilter(4), cleaning.LengthFilter(3, 4)
+    assert pre.keep("Schwarzenegger", "Schwarzenegger")
+    assert final.keep("Schwar@@ zen@@ egger", "Schwar@@ zen@@ egger")
+    assert not pre.keep("", "x") and not pre.keep("a b c d e", "x")
 
 
 def test_atomic_open_leaves_nothing_on_failure(tmp_path):

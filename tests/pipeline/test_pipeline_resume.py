@@ -4,6 +4,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 import types
 
@@ -104,6 +105,33 @@ def test_killed_run_resumes_to_identical_output(corpus, uninterrupted, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "already done, resuming" in result.stderr
     assert _tags(work) == uninterrupted
+
+
+def test_run_stopped_after_merging_resumes_without_tagging_again(corpus, uninterrupted, tmp_path):
+    """A run stopped once the chunks are merged but before the step is marked done (here,
+    by a SIGTERM's exit as the label sets are read) keeps its chunks: the next run only
+    merges them again."""
+    work = tmp_path / "merged"
+    script = (
+        "import sys\n"
+        "from tpp_pipeline import pipeline, tagging\n"
+        "def stopped(*args, **kwargs):\n"
+        "    raise SystemExit(143)\n"
+        "tagging.labeler = stopped\n"
+        "sys.exit(pipeline.main(sys.argv[1:]))\n"
+    )
+    command = _pipeline(corpus, work)
+    stopped = subprocess.run(
+        [sys.executable, "-c", script, *command[1:]], capture_output=True, text=True
+    )
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert (work / "tags" / "train.pos").exists() and not (work / ".steps" / "tag.json").exists()
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    total = sum(-(-n // CHUNK) for n in (LINES, 30, 30))
+    assert f"{total} of {total} chunks already done" in result.stderr
+    assert _tags(work) == uninterrupted
+    assert not list((work / "tags").glob("*.chunks"))  # removed once the step is done
 
 
 def test_partial_temp_file_is_ignored_and_replaced(corpus, uninterrupted, tmp_path):

@@ -212,3 +212,55 @@ def test_invalid_utf8_is_named_with_its_line_and_column(tmp_path):
     shown = carve(packed / "all", tmp_path / "carved", check=False)
     assert shown.returncode == 2
     assert f"{packed / 'all.de.xz'}:8: invalid UTF-8 byte b'\\xff' at column 7" in shown.stderr
+
+
+def test_invisible_characters_do_not_hide_a_duplicate(tmp_path):
+    """A byte-order mark or a zero-width space, which the tokeniser turns into a space,
+    does not make a held-out pair differ from a training pair."""
+    pairs = []
+    for i in range(40):
+        mark = ("\ufeff", "", "\u200b")[i // 12 % 3]
+        pairs.append((f"{mark}Open file {i % 12}", f"Datei {i % 12} öffnen{mark}"))
+    write_corpus(tmp_path / "raw", {"all": pairs}, "en", "de")
+    out = tmp_path / "carved"
+    run(
+        ["tpp-carve-splits", "--corpus", tmp_path / "raw" / "all", "-s", "en", "-t", "de"]
+        + ["--valid", "3", "--test", "4", "--out", out]
+    )
+
+    def key(line):
+        return " ".join(line.replace("\ufeff", " ").replace("\u200b", " ").split()).casefold()
+
+    for lang in ("en", "de"):
+        train = {key(line) for line in read(out / f"train.{lang}")}
+        held = {key(line) for split in ("valid", "test") for line in read(out / f"{split}.{lang}")}
+        assert train and len(held) == 7 and not train & held
+
+
+def test_an_interrupted_carving_again_is_not_taken_for_a_finished_one(tmp_path, monkeypatch):
+    """A carving with --force stopped after its first file left the earlier carving's
+    record and files beside the new ones: the next run took the mixture for the earlier
+    carving."""
+    from tpp_pipeline import splits
+
+    corpus = corpus_with_repeats(tmp_path / "raw")
+    out, fresh = tmp_path / "carved", tmp_path / "fresh"
+    sizes = {"test": 4, "valid": 3}
+    splits.carve_corpus(corpus, "en", "de", out, sizes, seed=1)
+    splits.carve_corpus(corpus, "en", "de", fresh, sizes, seed=1)
+    write_lines = splits.write_lines
+
+    def stopped_after_one(path, lines):
+        write_lines(path, lines)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(splits, "write_lines", stopped_after_one)
+    try:
+        splits.carve_corpus(corpus, "en", "de", out, sizes, seed=2, force=True)
+    except KeyboardInterrupt:
+        pass
+    monkeypatch.setattr(splits, "write_lines", write_lines)
+    splits.carve_corpus(corpus, "en", "de", out, sizes, seed=1)
+    for split in ("train", "valid", "test"):
+        for lang in ("en", "de"):
+            assert read(out / f"{split}.{lang}") == read(fresh / f"{split}.{lang}")
