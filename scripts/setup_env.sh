@@ -43,9 +43,13 @@ if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] && "$venv/bin/python" -c "i
 fi
 
 echo "[setup] building environment in $venv"
-[[ -x "$venv/bin/python" ]] || "$python" -m venv "$venv"
+# (again over a venv whose creation was interrupted before it had pip: venv completes it)
+"$venv/bin/python" -m pip --version >/dev/null 2>&1 || "$python" -m venv "$venv"
 export PIP_CONSTRAINT="$root/constraints.txt"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+# into the venv whatever the user's pip variables say (PIP_USER=1 fails inside a venv)
+export PIP_USER=0
+unset PIP_TARGET PIP_PREFIX PIP_ROOT
 pip=("$venv/bin/python" -m pip install --quiet)
 
 # 1. torch first (a CPU wheel), plus what fairseq's C extensions build with.

@@ -32,8 +32,10 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 from tpp_pipeline import checkout
-from tpp_pipeline.errors import UserError, report
+from tpp_pipeline.errors import UserError, from_os_error, report
+from tpp_pipeline.pipeline import positive_int
 
+from .train import VARIABLES as TRAIN_VARIABLES
 from .train import option_words
 
 PROG = "tpp-demo"
@@ -56,7 +58,8 @@ class DemoError(UserError):
 
 
 def build_parser(root):
-    max_update = int(os.environ.get("DEMO_MAX_UPDATE", 500))
+    # (a default given as text is read by the option's type: a bad variable is an error
+    # naming the option)
     parser = argparse.ArgumentParser(
         prog=PROG,
         description=__doc__.split("\n\n")[0],
@@ -68,30 +71,33 @@ def build_parser(root):
     )
     parser.add_argument(
         "--max-update",
-        type=int,
-        default=max_update,
+        type=positive_int,
+        default=os.environ.get("DEMO_MAX_UPDATE") or "500",
         help="training updates [DEMO_MAX_UPDATE or 500]",
     )
     parser.add_argument(
         "--train-lines",
-        type=int,
+        type=positive_int,
         default=None,
         help="use only the first N training pairs (quick runs, tests) [all]",
     )
     parser.add_argument(
         "--heldout-lines",
-        type=int,
+        type=positive_int,
         default=None,
         help="use only the first N valid and test pairs (quick runs, tests) [all]",
     )
     parser.add_argument(
         "--save-every",
-        type=int,
-        default=int(os.environ["DEMO_SAVE_EVERY"]) if os.environ.get("DEMO_SAVE_EVERY") else None,
+        type=positive_int,
+        default=os.environ.get("DEMO_SAVE_EVERY") or None,
         help="checkpoint interval in updates [DEMO_SAVE_EVERY or max-update/10]",
     )
     parser.add_argument(
-        "--average", type=int, default=5, help="how many of the last checkpoints to average [5]"
+        "--average",
+        type=positive_int,
+        default=5,
+        help="how many of the last checkpoints to average [5]",
     )
     parser.add_argument(
         "--sample",
@@ -100,7 +106,9 @@ def build_parser(root):
         help="the parallel corpus: {train,valid,test}.{en,de} [data/sample]",
     )
     parser.add_argument(
-        "--force", action="store_true", help="start again from scratch (removes --out)"
+        "--force",
+        action="store_true",
+        help="start again from scratch (removes --out, if it is a demo's folder)",
     )
     return parser
 
@@ -133,6 +141,27 @@ def write_atomically(path, text):
     os.replace(tmp, path)
 
 
+def check_folders(args):
+    """Before any stage: the sample is there, and ``--out`` is a folder that is the demo's
+    to write (``--force`` removes only an empty folder or one a demo made)."""
+    missing = [name for name in SAMPLE_FILES if not (args.sample / name).is_file()]
+    if missing:
+        raise DemoError(
+            f"{args.sample}: no {', '.join(missing)}: --sample is a folder holding "
+            "{train,valid,test}.{en,de}",
+            2,
+        )
+    if args.out.exists() and not args.out.is_dir():
+        raise DemoError(f"{args.out}: not a folder: --out is the folder the demo writes", 2)
+    if args.force and args.out.is_dir():
+        if any(args.out.iterdir()) and not (args.out / ".steps").is_dir():
+            raise DemoError(
+                f"{args.out} was not made by the demo (it has no .steps/): --force removes "
+                "only a demo's folder; choose another --out",
+                2,
+            )
+
+
 def check(status, what):
     if status != 0:
         raise DemoError(f"{what} failed (exit status {status})", status)
@@ -147,13 +176,17 @@ class Demo:
         from tpp_pipeline.steps import StepLedger
 
         self.args, self.root = args, root
-        self.env = dict(os.environ)
+        # the training recipe's own variables (ARCH, LR, SEED...) are the demo's to set;
+        # scripts/train.sh runs tpp-train with this Python
+        self.env = {k: v for k, v in os.environ.items() if k not in TRAIN_VARIABLES}
+        self.env["PYTHON"] = sys.executable
         # this environment's commands first: fairseq-train and tpp-recover-checkpoint
         self.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{self.env.get('PATH', '')}"
         if shutil.which("fairseq-train", path=self.env["PATH"]) is None:
             raise DemoError(
                 "fairseq-train not on PATH: run 'make demo' (it sets up the environment)", 2
             )
+        check_folders(args)
         if args.force and args.out.exists():
             shutil.rmtree(args.out)
         args.out.mkdir(parents=True, exist_ok=True)
@@ -423,6 +456,11 @@ def main(argv=None):
         run_demo(args, root)
     except UserError as error:  # (the data pipeline's too: a stage wrote less than it should)
         return report(PROG, error)
+    except OSError as error:  # a full or read-only disk under --out
+        reported = from_os_error(error, folders="--out")
+        if reported is None:
+            raise
+        return report(PROG, reported)
     return 0
 
 

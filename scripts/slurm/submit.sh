@@ -92,7 +92,12 @@ stage_index() {
 first=$(stage_index "$from")
 last=$(stage_index "$to")
 (( first <= last )) || die "--from $from comes after --to $to"
-# only the WMT'14 presets know their test reference: the others would fail at the end
+# only the WMT'14 presets know their data and test reference: the others would fail at
+# the first data stage, or at the end
+if (( first <= $(stage_index binarize) )) && [[ ${PRESET:-en-de} != *-* && -z ${PREPARE_CMD:-} ]]; then
+  die "--preset ${PRESET}: give the data pipeline's command (--prepare-cmd" \
+      "\"tpp-prepare-corpus ...\"), which only the en-de and en-fr presets find by themselves"
+fi
 if (( last >= $(stage_index evaluate) )) && [[ ${PRESET:-en-de} != *-* && -z ${REFERENCE:-} ]]; then
   die "--preset ${PRESET}: give the raw reference of the test split (--reference FILE)," \
       "which only the en-de and en-fr presets find by themselves"

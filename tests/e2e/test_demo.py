@@ -31,9 +31,11 @@ QUICK = [
 DEMO_STEPS = ("sample", "average", "evaluate", "plots", "attention")
 
 
-def run_demo(out, *extra, status=0):
-    env = tool_env()
+def run_demo(out, *extra, status=0, env=None):
+    env = {**tool_env(), **(env or {})}
     env["OMP_NUM_THREADS"] = "2"
+    # the training recipe's variables of a user's shell are not the demo's
+    env.update(ARCH="transformer", TASK="translation", LR="0.5", PYTHON="/nowhere/python")
     proc = subprocess.run(
         ["tpp-demo", "--out", out, *QUICK, *extra],
         cwd=REPO,
@@ -140,3 +142,34 @@ def test_another_cut_of_the_sample_under_the_same_out_is_refused(demo):
     assert "--train-lines was 300, now 200" in log and "--force" in log
     assert "step tokenize" not in log, "stopped before the data pipeline"
     assert marker.read_text() == before
+
+
+@pytest.mark.parametrize(
+    "options, variables, message",
+    [
+        (["--average", "0"], {}, "argument --average: must be at least 1, not 0"),
+        ([], {"DEMO_MAX_UPDATE": "1k"}, "argument --max-update: "),
+        (["--sample", "/nowhere"], {}, "/nowhere: no train.en, "),
+        (["--out", "{tmp}/file"], {}, "/file: not a folder: --out"),
+        (["--out", "{tmp}/thesis", "--force"], {}, "--force removes only a demo's folder"),
+    ],
+)
+def test_bad_options_are_refused_before_any_stage(tmp_path, options, variables, message):
+    """A bad number, sample or --out is a one-line error before the data pipeline, and
+    --force never removes a folder the demo did not make."""
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "thesis").mkdir()
+    (tmp_path / "thesis" / "thesis.tex").write_text("years of work")
+    options = [o.replace("{tmp}", str(tmp_path)) for o in options]
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        ["tpp-demo", "--out", out, "--train-lines", "300", "--heldout-lines", "40", *options],
+        cwd=REPO,
+        env={**tool_env(), **variables},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "===" not in proc.stdout
+    assert (tmp_path / "thesis" / "thesis.tex").read_text() == "years of work"

@@ -248,10 +248,15 @@ def test_more_training_tasks_than_gpus_is_refused_before_submitting(tmp_path):
 
 @pytest.mark.parametrize("reference", [False, True], ids=["refused", "given"])
 def test_a_preset_without_a_known_reference_needs_one_before_submitting(tmp_path, reference):
-    """Only the WMT'14 presets find their test reference: a chain with another preset
-    that ends in evaluation is refused before anything is submitted, not at its end."""
+    """Only the WMT'14 presets find their data and test reference: a chain with another
+    preset is refused before anything is submitted, not at its first data stage or at
+    its end."""
     command = ["bash", str(SLURM / "submit.sh"), "--dry-run", "--preset", "base"]
     command += ["--data-bin", "data-bin/mine", "--log-dir", str(tmp_path / "logs")]
+    no_data = subprocess.run(command, env=tool_env(), capture_output=True, text=True)
+    assert no_data.returncode == 2 and "--prepare-cmd" in no_data.stderr, no_data.stderr
+    assert not no_data.stdout
+    command += ["--prepare-cmd", "tpp-prepare-corpus -s en -t de --name mine"]
     command += ["--reference", "raw/test.de"] if reference else []
     result = subprocess.run(command, env=tool_env(), capture_output=True, text=True)
     if reference:
