@@ -26,15 +26,13 @@ import os
 import re
 import shutil
 import sys
-import tarfile
-import zlib
 
 from . import download as download_mod
 from . import pipeline
 from .errors import DataError
 from .lock import exit_cleanly_on_sigterm, work_dir_lock
 from .steps import StepLedger, file_identity
-from .textio import atomic_files, atomic_open
+from .textio import atomic_files, atomic_open, ensure_writable_dir
 
 log = logging.getLogger("tpp_pipeline")
 
@@ -106,12 +104,12 @@ def _read_members(archive_path, wanted):
     """``{member: bytes}`` for small wanted members (test sets) of a tar archive."""
     found = {}
     try:
-        with tarfile.open(archive_path) as archive:
+        with download_mod.open_tar_stream(archive_path) as archive:
             for member in archive:
                 name = _normalised(member.name)
                 if name in wanted and member.isfile():
                     found[name] = archive.extractfile(member).read()
-    except (tarfile.TarError, OSError, EOFError) as exc:
+    except (*download_mod.ARCHIVE_ERRORS, OSError) as exc:
         raise DataError(f"cannot read archive ({exc})", archive_path) from None
     missing = [m for m in wanted if m not in found]
     if missing:
@@ -134,10 +132,12 @@ def _stream_member_lines(handle, where, utf8_errors):
 
 
 def _extract_parallel_members(archive_path, names, part_paths, utf8_errors):
-    """Stream the members ``names`` (one per language) to ``part_paths``; return counts."""
+    """Stream the members ``names`` (one per language) to ``part_paths``; return counts.
+
+    The archive is read to its end even after the members (the gzip checksum is there)."""
     counts = {}
     try:
-        with tarfile.open(archive_path, mode="r|*") as archive:  # sequential: no seeking
+        with download_mod.open_tar_stream(archive_path) as archive:
             for member in archive:
                 name = _normalised(member.name)
                 if name not in names or not member.isfile():
@@ -153,7 +153,7 @@ def _extract_parallel_members(archive_path, names, part_paths, utf8_errors):
                 counts[name] = count
                 if len(counts) == len(names):
                     break
-    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+    except (*download_mod.ARCHIVE_ERRORS, OSError) as exc:
         raise DataError(f"cannot read archive ({exc})", archive_path) from None
     missing = [n for n in names if n not in counts]
     if missing:
@@ -161,10 +161,16 @@ def _extract_parallel_members(archive_path, names, part_paths, utf8_errors):
     return counts
 
 
-def _sgm_segments(data, where):
+def _sgm_segments(data, where, utf8_errors="strict"):
     """The text of each ``<seg>`` of an SGM file, in order."""
     segments = []
-    for number, line in enumerate(data.decode("utf-8").split("\n"), start=1):
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        try:
+            line = raw.decode("utf-8", errors=utf8_errors)
+        except UnicodeDecodeError:
+            raise DataError(
+                "invalid UTF-8 (pass --utf8-errors replace to substitute U+FFFD)", where, number
+            ) from None
         if "<seg" in line:
             match = _SEG.search(line)
             if not match:
@@ -201,7 +207,7 @@ def extract_train(pair, raw_dir, out_dir, utf8_errors="strict"):
     return outputs
 
 
-def extract_test_sets(pair, raw_dir, out_dir):
+def extract_test_sets(pair, raw_dir, out_dir, utf8_errors="strict"):
     """newstest2013 -> ``valid.{src,tgt}``, newstest2014 -> ``test.{src,tgt}``."""
     src, tgt = pair.split("-")
     outputs = []
@@ -213,7 +219,8 @@ def extract_test_sets(pair, raw_dir, out_dir):
         }
         data = _read_members(path, list(names.values()))
         segments = {
-            lang: _sgm_segments(data[names[lang]], f"{path}:{names[lang]}") for lang in (src, tgt)
+            lang: _sgm_segments(data[names[lang]], f"{path}:{names[lang]}", utf8_errors)
+            for lang in (src, tgt)
         }
         if len(segments[src]) != len(segments[tgt]):
             raise DataError(
@@ -242,8 +249,14 @@ def obtain_archives(pair, raw_dir=None, download_dir=None):
                 raw_dir,
             )
         return raw_dir
+    if not all(os.path.exists(os.path.join(download_dir, n + ".sha256")) for n in names):
+        ensure_writable_dir(download_dir, "--download-dir folder")  # before any download
+    hint = (
+        "without internet, download the archives elsewhere and pass their folder with "
+        "--raw-dir (see --list-files)"
+    )
     for name in names:
-        download_mod.download(ARCHIVE_URLS[name], os.path.join(download_dir, name))
+        download_mod.download(ARCHIVE_URLS[name], os.path.join(download_dir, name), hint=hint)
     return download_dir
 
 
@@ -305,19 +318,33 @@ def main(argv=None):
 
 
 def _prepare(args, name, src, tgt, work_dir, raw_out):
-    """Archives -> raw text -> the generic pipeline (under the work folder's lock)."""
-    archives = obtain_archives(
-        args.pair, args.raw_dir, args.download_dir or os.path.join(work_dir, "orig")
-    )
+    """Archives -> raw text -> the generic pipeline (under the work folder's lock).
+
+    A ``--tag-shard`` run (one of several at once, sharing the lock) neither downloads nor
+    extracts, which would write the same files as the others: it reads the raw text a
+    run without ``--tag-shard`` extracted before."""
     ledger = StepLedger(work_dir, force=args.force, names=pipeline.OPTION_NAMES)
-    identities = [file_identity(os.path.join(archives, n)) for n in expected_archives(args.pair)]
     outputs = [os.path.join(raw_out, f"{s}.{lang}") for s in pipeline.SPLITS for lang in (src, tgt)]
+    if args.tag_shard:
+        done = ledger.saved("extract")
+        if done is None or not all(os.path.exists(p) for p in done.get("outputs", [])):
+            raise DataError(
+                "--tag-shard only tags, and step 'extract' is not done yet: run the same "
+                "command without --tag-shard and with --stop-after preclean once, first",
+                work_dir,
+            )
+    else:
+        archives = obtain_archives(
+            args.pair, args.raw_dir, args.download_dir or os.path.join(work_dir, "orig")
+        )
+        names = expected_archives(args.pair)
+        identities = [file_identity(os.path.join(archives, n)) for n in names]
 
-    def extract():
-        extract_train(args.pair, archives, raw_out, args.utf8_errors)
-        extract_test_sets(args.pair, archives, raw_out)
+        def extract():
+            extract_train(args.pair, archives, raw_out, args.utf8_errors)
+            extract_test_sets(args.pair, archives, raw_out, args.utf8_errors)
 
-    ledger.run("extract", {"archives": identities}, outputs, extract)
+        ledger.run("extract", {"archives": identities}, outputs, extract)
     # The pipeline keeps its own markers; --force was applied by the ledger above.
     prefixes = {s: os.path.join(raw_out, s) for s in pipeline.SPLITS}
     pipeline.run_pipeline(args, prefixes, name, src, tgt)

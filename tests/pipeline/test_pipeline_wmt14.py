@@ -181,6 +181,15 @@ def test_rerun_skips_every_step(wmt_run):
         assert f"step {step}: already done" in log
 
 
+def test_a_tag_shard_reads_the_extracted_text_and_needs_no_archives(wmt_run, tmp_path):
+    """Shards run at once: they must not download or extract (same files for all)."""
+    args = list(wmt_run["args"])
+    args[args.index("--raw-dir") + 1] = tmp_path  # empty: no archives at all
+    result = run_pipeline("tpp-prepare-wmt14", *args, "--tag-shard", "0/2")
+    assert "tagging already complete" in result.stderr
+    assert "missing archives" not in result.stderr
+
+
 def test_missing_archive_is_reported_with_the_expected_names(wmt_run, tmp_path):
     partial = tmp_path / "partial"
     partial.mkdir()
