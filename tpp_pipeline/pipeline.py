@@ -246,6 +246,12 @@ OPTION_NAMES = {
 }
 
 
+def _has_text(path):
+    """True once a line of ``path`` holds more than whitespace."""
+    with open(path, "rb") as handle:
+        return any(line.strip() for line in handle)
+
+
 def check_before_running(args, prefixes, src, tgt):
     """Every check that needs no step, so that a bad input or setting is an error before
     hours of tokenising and tagging rather than after. Returns {split: {lang: raw file}}."""
@@ -285,6 +291,13 @@ def check_before_running(args, prefixes, src, tgt):
                 "needs at least one sentence pair",
                 raw[split][src],
             )
+        for path in raw[split].values():
+            if split != "train" and not _has_text(path):  # (train: the cleaning says so)
+                raise DataError(
+                    f"the {split} set has only blank lines here: every split needs at "
+                    "least one sentence to translate",
+                    path,
+                )
     if args.bpe_codes:
         bpe.check_codes(args.bpe_codes)
     if tags and not args.spacy_model:

@@ -419,6 +419,7 @@ def _no_step_ran(corpus, work="work"):
     [
         "same languages",
         "empty test set",
+        "blank valid set",
         "--bpe-codes missing",
         "--bpe-codes garbage",
         "--bpe-codes a folder",
@@ -439,6 +440,13 @@ def test_bad_inputs_and_settings_are_refused_before_any_step(corpus, case):
         expected = (
             f"{corpus / 'test.en'}: the test set is empty (0 lines in both files): "
             "every split needs at least one sentence pair"
+        )
+    elif case == "blank valid set":
+        (corpus / "valid.de").write_bytes(b"\n \n\t\n")
+        (corpus / "valid.en").write_bytes(b"A sentence.\n\n\n")
+        expected = (
+            f"{corpus / 'valid.de'}: the valid set has only blank lines here: every split "
+            "needs at least one sentence to translate"
         )
     elif case == "--bpe-codes missing":
         extra = ["--bpe-codes", corpus / "no_codes"]
