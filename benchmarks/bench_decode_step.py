@@ -227,7 +227,7 @@ def report(times_by_rows, args, device_name):
             paired, noise = harness.paired_ratio(base, mine)
             lines.append(
                 f"| {rows} | {name} | {statistics.median(mine) * 1e6:,.1f} | {ratio:.2f}× | "
-                f"{paired:.2f}× ±{noise:.0%} |"
+                f"{paired:.2f}× {harness.plus_minus(noise)} |"
             )
     lines += [
         "",

@@ -373,10 +373,11 @@ def training_figures(trainers, batches, times, memory, vocab, args, results):
         if args.device == "cuda":
             entry["activation_peak"] = memory[name]
             entry["train_memory"] = entry["persistent"] + memory[name]
-        if args.mfu:
-            flops = []
-            for step, sec in zip(batches, times[name]):
-                flops.append(sum(train_flops(cfg, dict(b, _vocab=vocab)) for b in step) / sec)
+        if args.mfu:  # each step's FLOPs counted once (the table is redone every round)
+            counted = entry.setdefault("step_flops", [])
+            for step in batches[len(counted) :]:
+                counted.append(sum(train_flops(cfg, dict(b, _vocab=vocab)) for b in step))
+            flops = [n / sec for n, sec in zip(counted, times[name])]
             entry["train_tflops"] = statistics.median(flops) / 1e12
 
 
@@ -505,11 +506,11 @@ def report(size, args, results, device_name):
         row = f"| {name} | {r['params'] / 1e6:.1f}M |"
         if trained:
             row += (
-                f" {r['train_wps']:,.0f} (±{100 * harness.spread(r['train_wps_all']):.0f}%) "
+                f" {r['train_wps']:,.0f} ({harness.plus_minus(harness.spread(r['train_wps_all']))}) "
                 f"| {1000 * r['step_seconds']:.1f} |"
             )
         if "gen_sent_per_s" in r:
-            row += f" {r['gen_sent_per_s']:.2f} (±{100 * harness.spread(r['gen_sent_per_s_all']):.0f}%) |"
+            row += f" {r['gen_sent_per_s']:.2f} ({harness.plus_minus(harness.spread(r['gen_sent_per_s_all']))}) |"
         if "train_memory" in r:
             row += f" {r['train_memory'] / mib:,.0f} MiB |"
         if args.mfu and trained:
@@ -542,7 +543,9 @@ def report(size, args, results, device_name):
                     paired, noise = harness.paired_ratio(
                         results[name][key + "_all"], base[key + "_all"]
                     )
-                    cells.append(f"{ratio:.2f}× (paired {paired:.2f}×, ±{100 * noise:.0f}%)")
+                    cells.append(
+                        f"{ratio:.2f}× (paired {paired:.2f}×, {harness.plus_minus(noise)})"
+                    )
                 else:
                     cells.append(f"{ratio:.2f}×")
             lines.append(f"| {name} | " + " | ".join(cells) + " |")

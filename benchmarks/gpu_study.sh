@@ -66,8 +66,10 @@ done
 stamp "packing"
 pack=$RESULTS/records.tar.gz  # (a second call into the same RESULTS packs beside the first)
 for n in 2 3 4 5 6 7 8 9; do [[ -e $pack ]] && pack=$RESULTS/records-$n.tar.gz; done
-"${study[@]}" --report-only --pack "$pack" "$@" >>"$RESULTS/study.log" 2>&1 ||
-    { stamp "packing failed:"; tail -5 "$RESULTS/study.log"; }
+# (the records are packed before the report is written: a report cut short loses none)
+left=$((BUDGET - 25 - SECONDS)); (( left > 10 )) || left=10
+timeout -k 5 "$left" "${study[@]}" --report-only --pack "$pack" "$@" >>"$RESULTS/study.log" 2>&1 ||
+    [[ -e $pack ]] || { stamp "packing failed:"; tail -5 "$RESULTS/study.log"; }
 tar -czf "$RESULTS/logs.tar.gz" --exclude='*.pt' --exclude='hyp*' --exclude='*.detok' \
     --exclude='*.tok' --exclude=eval runs/study_gpu/runs 2>/dev/null
 grep -h '^\[study' "$RESULTS/study.log" | tail -40

@@ -13,9 +13,9 @@
 #          within the budget: a command cut off keeps its output in FILE.partial, and
 #          the stage's commands left are recorded as not run; the next stage runs
 #   --stand-in  the decide stage's commands on the CPU, small (d = 128 and 256, batches of
-#          1,024 tokens, two rounds, the tests only collected): tries the stage's commands and tables on a machine
-#          without a GPU, where tpp-fused runs the PyTorch operations; no figure of
-#          it is a GPU's
+#          1,024 tokens, two rounds, the tests only collected; 1,800 s unless --limit):
+#          tries the stage's commands and tables on a machine without a GPU, where
+#          tpp-fused runs the PyTorch operations; no figure of it is a GPU's
 #   --pack DIR  after every stage, DIR receives summary.md, status.txt and
 #          gpu_results.tar.gz (all of OUT): what returns from a machine that sends
 #          back only a few files, even if the suite is stopped midway
@@ -69,6 +69,7 @@ declare -A LIMIT=([tests]=90 [decide]=420 [compiled]=400 [mixed]=300 [speed]=150
                   [step]=60 [cudnn]=150 [profile]=150 [memory]=60 [counts]=60)
 FORCE=0
 STAND_IN=0
+LIMITED=()  # the stages given a --limit
 BUDGET=0
 PACK=
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
@@ -89,6 +90,7 @@ while [[ $# -gt 0 ]]; do
                 exit 2
             fi
             LIMIT[${BASH_REMATCH[1]}]=${BASH_REMATCH[2]}
+            LIMITED+=("${BASH_REMATCH[1]}")
             shift 2 ;;
         --pack)
             if [[ -z ${2:-} ]]; then
@@ -116,6 +118,8 @@ for stage in "${STAGES[@]}"; do
         exit 2
     fi
 done
+# on a CPU bf16 trains several times slower than float32: the stand-in outgrows the GPU's limit
+[[ $STAND_IN -eq 1 && ! " ${LIMITED[*]} " =~ " decide " ]] && LIMIT[decide]=1800
 if [[ ! -d $DATA ]]; then
     echo "gpu_suite.sh: DATA '$DATA' is not a folder" >&2
     exit 2
@@ -143,6 +147,7 @@ FAILED=0
 
 DEADLINE=0  # the current stage's, in the suite's SECONDS
 GROUP=""  # the process group of the command running now (run() sets it)
+RUNNING=""  # "STAGE<tab>FILE" of the command running now, for status.txt if interrupted
 
 end_group() {  # end_group SIGNAL: what is left of the command's process group, ended (10 s at most)
     [[ -z $GROUP ]] && return
@@ -154,9 +159,16 @@ end_group() {  # end_group SIGNAL: what is left of the command's process group, 
 # interrupted, the suite ends the running command's processes as well (they are in a
 # process group of their own, which neither Ctrl-C nor a signal to the suite reaches)
 # and packs what it has (a command's table so far in its .progress file)
-trap 'end_group TERM; end_group KILL; pack; exit 130' INT
-trap 'end_group TERM; end_group KILL; pack; exit 143' TERM
-trap 'end_group TERM; end_group KILL; pack; exit 129' HUP
+interrupted() {  # interrupted STATUS: the running command ended and noted, all packed
+    end_group TERM
+    end_group KILL
+    [[ -n $RUNNING ]] && printf '%s\tinterrupted (the suite was stopped)\n' "$RUNNING" >>"$OUT/status.txt"
+    pack
+    exit "$1"
+}
+trap 'interrupted 130' INT
+trap 'interrupted 143' TERM
+trap 'interrupted 129' HUP
 
 run() {  # run STAGE FILE COMMAND...: stdout to OUT/FILE, stderr to OUT/FILE.log
     local stage=$1 file=$2
@@ -182,12 +194,14 @@ run() {  # run STAGE FILE COMMAND...: stdout to OUT/FILE, stderr to OUT/FILE.log
     # timeout signals the command's whole process group, the processes it started too,
     # and returns when the command has ended: what is left of the group (a data loader's
     # worker still ending) is ended before anything else runs
+    RUNNING="$stage"$'\t'"$file"
     timeout --kill-after=10 "$left" "$@" >"$OUT/$file.partial" 2>"$OUT/$file.log" &
     GROUP=$!  # timeout's process id, and its process group's
     wait "$GROUP"
     local rc=$?
     end_group KILL
     GROUP=""
+    RUNNING=""
     if [[ $rc -eq 0 ]]; then
         mv -f "$OUT/$file.partial" "$OUT/$file"
     else
@@ -277,7 +291,7 @@ BENCH=("$PY" -m benchmarks.bench_model --data "$DATA" --device cuda --dtype bf16
 # At base size a step is short and bound by the host, its time spread wide: more rounds
 # there, a multiple of the models' number so that each takes every turn equally often.
 DEVICE=cuda BASE=512 BASE_TOKENS=8192 BIG=1024 BIG_TOKENS=16384 ROUNDS=8 COLLECT=() STAND=()
-BASE_ROUNDS=32 SYNC_ROUNDS=30 FP32_ROUNDS=24
+BASE_ROUNDS=32 SYNC_ROUNDS=30 FP32_ROUNDS=24 COMPILED_ROUNDS=12
 if [[ $STAND_IN -eq 1 ]]; then  # the kernels never in the interpreter: it would take hours
     DEVICE=cpu BASE=128 BASE_TOKENS=1024 BIG=256 BIG_TOKENS=1024 ROUNDS=2
     BASE_ROUNDS=2 SYNC_ROUNDS=2 FP32_ROUNDS=2
@@ -347,7 +361,7 @@ for stage in "${STAGES[@]}"; do
         decided decide_precision.md ;;
     compiled)
         run compiled compiled.md "${DECIDE[@]}" --dtype bf16 --sizes "$BASE" --max-tokens "$BASE_TOKENS" \
-            --update-freq 1 --rounds "$ROUNDS" --mfu --partial "$OUT/compiled.md.progress" \
+            --update-freq 1 --rounds "$COMPILED_ROUNDS" --mfu --partial "$OUT/compiled.md.progress" \
             --models transformer,transformer-b,transformer-compiled,tpp-fused,tpp-compiled,tpp-fused-compiled ;;
     mixed)
         for name in "${MIXED_RUNS[@]}"; do

@@ -358,11 +358,17 @@ def turn_order(names, turn):
 
 
 def spread(values):
-    """Half the interquartile range relative to the median (a robust noise figure)."""
+    """Half the interquartile range relative to the median (a robust noise figure); None
+    for fewer than 4 values, too few to tell."""
     if len(values) < 4:
-        return 0.0
+        return None
     q = statistics.quantiles(values, n=4)
     return (q[2] - q[0]) / 2 / statistics.median(values)
+
+
+def plus_minus(noise):
+    """A :func:`spread` as a table shows it: ``±3%``, or ``±?`` where it cannot tell."""
+    return "±?" if noise is None else f"±{100 * noise:.0f}%"
 
 
 def paired_ratio(values, base):

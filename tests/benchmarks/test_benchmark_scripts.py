@@ -313,7 +313,8 @@ def test_gpu_suite_stops_at_its_budget_and_says_what_did_not_run(data, tmp_path)
 def test_an_interrupted_gpu_suite_ends_the_command_it_was_running(data, tmp_path):
     """Ctrl-C (SIGINT) or a signal to the suite while the mixed stage's first
     fairseq-train runs (in a process group of its own, which neither reaches): the suite
-    ends that command's processes, then exits with the signal's status."""
+    ends that command's processes, notes it in status.txt, then exits with the signal's
+    status."""
     import signal
     import time
 
@@ -334,6 +335,11 @@ def test_an_interrupted_gpu_suite_ends_the_command_it_was_running(data, tmp_path
         assert suite.wait(timeout=60) == status
         left = subprocess.run(["pgrep", "-f", "--", re.escape(str(data))], capture_output=True)
         assert left.returncode == 1, f"no process of the suite is left running ({signum!r})"
+        status_lines = (tmp_path / "results" / "status.txt").read_text().splitlines()
+        assert (
+            status_lines[-1]
+            == "mixed\tmixed_transformer_fp32.txt\tinterrupted (the suite was stopped)"
+        )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the stages would run for real")

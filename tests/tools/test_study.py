@@ -599,6 +599,21 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
     assert len([n for n in packed if n.endswith("/eval/hyp.detok")]) == 4, packed
     assert not [n for n in packed if n.endswith(".pt")], packed
     in_place = _tables(out)
+    # packed before the report is written: a report that fails (here, report.md is a
+    # folder) or is cut short by the allocation's end loses no record
+    (out / "report.md").rename(tmp_path / "report.md")
+    (out / "report.md").mkdir()
+    second = tmp_path / "records-2.tar.gz"
+    failed = run(
+        command + ["--max-update", "4", "--report-only", "--pack", second],
+        timeout=300,
+        check=False,
+    )
+    assert failed.returncode != 0 and second.exists(), failed.stderr[-2000:]
+    with tarfile.open(second) as tar:
+        assert sorted(tar.getnames()) == packed
+    (out / "report.md").rmdir()
+    (tmp_path / "report.md").rename(out / "report.md")
     elsewhere = tmp_path / "elsewhere"
     merge = [
         *command[: command.index("--out") + 1],

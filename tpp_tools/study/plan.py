@@ -38,15 +38,15 @@ def report_finished(args, cfg: Config, paths, runs, command: str, started: float
     missing = [run for run in runs if run.name not in records]
     if missing:
         log(f"not finished ({len(missing)} of {len(runs)}): {', '.join(r.name for r in missing)}")
-    report = None
-    if any(run.variant == args.variants[0] for run in done):
-        elapsed = time.time() - started
-        report = write_report(args, cfg, paths, done, records, command, elapsed, missing)
-    if args.pack:  # (also without a report: no run of the baseline has finished)
+    if args.pack:  # first: a report that fails or runs out of time loses no record
         size = pack_records(done, args.pack, args.out, force=args.force)
         log(
             f"records of {len(done)} finished run(s) packed into {args.pack} ({size / 2**20:.1f} MiB)"
         )
+    report = None
+    if any(run.variant == args.variants[0] for run in done):
+        elapsed = time.time() - started
+        report = write_report(args, cfg, paths, done, records, command, elapsed, missing)
     return report, done
 
 
