@@ -12,8 +12,9 @@
 #   --limit   the seconds one stage may take (default: the figure beside it below),
 #          within the budget: a command cut off keeps its output in FILE.partial, and
 #          the stage's commands left are recorded as not run; the next stage runs
-#   --stand-in  the decide stage's commands on the CPU, small (d = 128 and 256, batches of
-#          1,024 tokens, two rounds, the tests only collected; 1,800 s unless --limit):
+#   --stand-in  the decide stage's commands on the CPU, small (d = 128 and 256, 2+2 layers,
+#          batches of 1,024 tokens, two rounds, the tests only collected; 1,800 s unless
+#          --limit):
 #          tries the stage's commands and tables on a machine without a GPU, where
 #          tpp-fused runs the PyTorch operations; no figure of it is a GPU's
 #   --pack DIR  after every stage, DIR receives summary.md, status.txt and
@@ -290,14 +291,14 @@ BENCH=("$PY" -m benchmarks.bench_model --data "$DATA" --device cuda --dtype bf16
 # the decide stage: the same commands on a GPU or, --stand-in, small on the CPU
 # At base size a step is short and bound by the host, its time spread wide: more rounds
 # there, a multiple of the models' number so that each takes every turn equally often.
-DEVICE=cuda BASE=512 BASE_TOKENS=8192 BIG=1024 BIG_TOKENS=16384 ROUNDS=8 COLLECT=() STAND=()
+DEVICE=cuda BASE=512 BASE_TOKENS=8192 BIG=1024 BIG_TOKENS=16384 ROUNDS=8 LAYERS=6 COLLECT=() STAND=()
 BASE_ROUNDS=32 SYNC_ROUNDS=30 FP32_ROUNDS=24 COMPILED_ROUNDS=12
 if [[ $STAND_IN -eq 1 ]]; then  # the kernels never in the interpreter: it would take hours
-    DEVICE=cpu BASE=128 BASE_TOKENS=1024 BIG=256 BIG_TOKENS=1024 ROUNDS=2
+    DEVICE=cpu BASE=128 BASE_TOKENS=1024 BIG=256 BIG_TOKENS=1024 ROUNDS=2 LAYERS=2
     BASE_ROUNDS=2 SYNC_ROUNDS=2 FP32_ROUNDS=2
     COLLECT=(--collect-only) STAND=(env TRITON_INTERPRET=0)
 fi
-DECIDE=("${STAND[@]}" "$PY" -m benchmarks.bench_model --data "$DATA" --device "$DEVICE" --layers 6 --no-generation
+DECIDE=("${STAND[@]}" "$PY" -m benchmarks.bench_model --data "$DATA" --device "$DEVICE" --layers "$LAYERS" --no-generation
         --no-memory --warmup 2)
 DECIDE_MODELS=transformer,transformer-b,tpp,tpp-fused
 MODELS=transformer,transformer-b,tpp,tpp-taps
@@ -351,7 +352,7 @@ for stage in "${STAGES[@]}"; do
             --partial "$OUT/decide_sync.md.progress"
         decided decide_sync.md
         run decide decide_counts.md "${STAND[@]}" "$PY" -m benchmarks.count_ops --data "$DATA" --device "$DEVICE" --dtype bf16 \
-            --size "$BIG" --layers 6 --max-tokens "$BIG_TOKENS" --models transformer,transformer-sync,tpp,tpp-fused
+            --size "$BIG" --layers "$LAYERS" --max-tokens "$BIG_TOKENS" --models transformer,transformer-sync,tpp,tpp-fused
         decided decide_counts.md
         run decide decide_fp32.md "${DECIDE[@]}" --dtype fp32 --no-tf32 --sizes "$BASE" --max-tokens "$BASE_TOKENS" \
             --update-freq 1 --rounds "$FP32_ROUNDS" --models transformer,tpp,tpp-fused \

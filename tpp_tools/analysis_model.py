@@ -55,20 +55,32 @@ class LoadedModel:
         return getattr(self.task.cfg, "source_lang", None) or "en"
 
 
+def check_model_arguments(args: argparse.Namespace) -> None:
+    """What :func:`add_model_arguments` gave that can be checked before the (slow) model
+    loading: the BPE codes, read as subword-nmt reads them."""
+    if args.bpe_codes is not None:
+        from tpp_pipeline.bpe import check_codes
+        from tpp_pipeline.errors import DataError
+
+        try:
+            check_codes(str(args.bpe_codes))
+        except DataError as err:
+            raise AnalysisError(str(err)) from None
+
+
 def load_model(checkpoint: Path, data: Path) -> LoadedModel:
     """Load ``checkpoint`` with fairseq, reading the dictionaries from ``data``."""
-    if not checkpoint.exists():
-        raise AnalysisError(f"checkpoint not found: {checkpoint}")
-    if not checkpoint.is_file():
-        raise AnalysisError(f"checkpoint is not a file: {checkpoint}")
-    if checkpoint.stat().st_size == 0:
-        raise AnalysisError(f"checkpoint is empty (0 bytes): {checkpoint}")
+    from .checkpoint_files import format_problem
+
+    problem = format_problem(checkpoint)
+    if problem is not None:
+        raise AnalysisError(f"{checkpoint}: {problem} (--path)")
     if not data.is_dir():
         raise AnalysisError(f"data folder not found: {data}")
-    if not list(data.glob("dict.*.txt")):
+    if not list(data.glob("dict.*.txt")) or not list(data.glob("*.idx")):
         raise AnalysisError(
-            f"no dictionaries (dict.*.txt) in {data}: pass the data-bin "
-            "folder the model was trained on"
+            f"no dictionaries (dict.*.txt) or no binarized split (*.idx) in {data}: pass "
+            "the data-bin folder the model was trained on"
         )
 
     # imported here: fairseq takes seconds to import, the argument checks above do not

@@ -32,6 +32,7 @@ from tpp_pipeline.errors import report
 from .analysis_model import (
     AnalysisError,
     add_model_arguments,
+    check_model_arguments,
     encode,
     load_model,
     prepare_sentence,
@@ -140,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     try:
+        check_model_arguments(args)
         loaded = load_model(args.path, args.data)
         prepared = prepare_sentence(
             args.sentence, loaded.source_lang, args.bpe_codes, args.tokenize

@@ -710,7 +710,7 @@ def writable_folder(path, what, error):
     try:
         ensure_writable_dir(path, what)
     except DataError as err:
-        raise error(f"{path}: {err}") from None
+        raise error(str(err)) from None
 
 
 def main(argv=None):

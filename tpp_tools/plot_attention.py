@@ -44,7 +44,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 from tpp_pipeline.errors import report
 from tpp_pipeline.pipeline import positive_int
 
-from .analysis_model import AnalysisError, add_model_arguments, encode, load_model, prepare_sentence
+from .analysis_model import (
+    AnalysisError,
+    add_model_arguments,
+    check_model_arguments,
+    encode,
+    load_model,
+    prepare_sentence,
+)
+from .evaluate import writable_folder
 
 CELL_INCHES = 4  # each head's heatmap gets a 4 x 4 inch cell ...
 DPI = 100  # ... i.e. 400 x 400 pixels: a PNG is (400 * columns) x (400 * rows)
@@ -82,11 +90,15 @@ def capture_maps(model, src_tokens, prev_output_tokens) -> dict:
     The layers call their attention modules with ``need_weights=False``; a forward
     pre-hook turns per-head weights on (the layers discard the extra output, apart
     from fairseq's alignment layer, which averages it) and a forward hook keeps them.
+    fairseq's own attention answers self-attention through PyTorch's, which averages
+    the heads: its ``skip_embed_dim_check`` sends it down its own path meanwhile.
     """
     import torch
 
     captured = {}
     handles = []
+    own_path = [m for _, _, m in attention_modules(model) if hasattr(m, "skip_embed_dim_check")]
+    saved = [m.skip_embed_dim_check for m in own_path]
 
     def ask_for_weights(_module, args, kwargs):
         kwargs["need_weights"] = True
@@ -103,6 +115,8 @@ def capture_maps(model, src_tokens, prev_output_tokens) -> dict:
         return keep
 
     try:
+        for module in own_path:
+            module.skip_embed_dim_check = True
         for kind, layer, module in attention_modules(model):
             handles.append(module.register_forward_pre_hook(ask_for_weights, with_kwargs=True))
             handles.append(module.register_forward_hook(keeper((kind, layer)), with_kwargs=True))
@@ -111,6 +125,8 @@ def capture_maps(model, src_tokens, prev_output_tokens) -> dict:
     finally:
         for handle in handles:
             handle.remove()
+        for module, value in zip(own_path, saved):
+            module.skip_embed_dim_check = value
     return captured
 
 
@@ -160,8 +176,10 @@ def draw_grid(
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     # no bbox_inches="tight": the pixel size must follow from the head count alone
-    fig.savefig(out, dpi=DPI)
+    tmp = out.with_name(out.name + ".tmp")
+    fig.savefig(tmp, dpi=DPI, format="png")
     plt.close(fig)
+    tmp.replace(out)
 
 
 TITLES = {
@@ -205,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.sentence.strip():  # before the (slow) model loading
             raise AnalysisError("the sentence is empty")
+        check_model_arguments(args)
+        if args.out_dir.exists() and not args.out_dir.is_dir():
+            raise AnalysisError(f"{args.out_dir}: not a folder (--out-dir)")
         loaded = load_model(args.path, args.data)
         prepared = prepare_sentence(
             args.sentence, loaded.source_lang, args.bpe_codes, args.tokenize
@@ -235,12 +256,12 @@ def main(argv: list[str] | None = None) -> int:
             raise AnalysisError(f"{existing[0]} exists; pass --force to overwrite")
 
         maps = capture_maps(loaded.model, src_tokens, prev.unsqueeze(0))
+        writable_folder(args.out_dir, "--out-dir folder", AnalysisError)
     except AnalysisError as err:
         return report("tpp-plot-attention", err)
 
     print(f"source:      {' '.join(src_labels)}")
     print(f"translation: {' '.join(out_labels)}")
-    args.out_dir.mkdir(parents=True, exist_ok=True)
     labels = {
         "encoder_self": (src_labels, src_labels),
         "decoder_self": (out_labels, in_labels),

@@ -83,6 +83,8 @@ def _simple_record(message: str) -> dict | None:
     match = _SIMPLE_INNER.match(message)
     if match:
         epoch, position, size = (int(match.group(i)) for i in (1, 2, 3))
+        if size == 0:  # not a line fairseq writes
+            return None
         # the json format's "update": the fractional epoch
         record = {"epoch": epoch, "update": round(epoch - 1 + position / size, 3)}
         for pair in match.group(4).split(", "):

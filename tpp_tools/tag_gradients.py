@@ -74,7 +74,10 @@ def tag_gradients(model, task, criterion, batches) -> dict:
                 sums[name] = [g.detach().clone() for g in grads]
         ntokens += int(sample["ntokens"])
     if not sums:
-        raise AnalysisError("no batches: the split is empty")
+        raise AnalysisError(
+            "no batches: the split is empty, or each of its sentences is longer than "
+            "--max-tokens"
+        )
     if len(sums) == 1:
         raise AnalysisError(
             "no tag loss: the batches carry no labels for the model's tag heads "
@@ -91,21 +94,32 @@ def tag_gradients(model, task, criterion, batches) -> dict:
         }
         row = {f"norm {name}": flat[name].norm().item() for name in flat}
         for name in flat:
-            if name != "translation":
-                row[f"cos {name}"] = torch.nn.functional.cosine_similarity(
-                    flat["translation"], flat[name], dim=0
-                ).item()
+            if name != "translation":  # no cosine with a zero gradient (layers above a head)
+                zero = not row[f"norm {name}"] or not row["norm translation"]
+                row[f"cos {name}"] = (
+                    None
+                    if zero
+                    else torch.nn.functional.cosine_similarity(
+                        flat["translation"], flat[name], dim=0
+                    ).item()
+                )
         table[group] = row
         start = stop
     return table
 
 
-def first_batches(task, split: str, count: int, max_tokens: int):
-    """The first ``count`` batches of ``split`` in fairseq's order (seed 1, no shuffle)."""
+def first_batches(task, model, split: str, count: int, max_tokens: int):
+    """The first ``count`` batches of ``split`` in fairseq's order (seed 1, no shuffle),
+    leaving out sentences longer than ``max_tokens`` or than the model takes."""
+    from fairseq import utils
+
     task.load_dataset(split)
     dataset = task.dataset(split)
+    longest = utils.resolve_max_positions(
+        task.max_positions(), model.max_positions(), (max_tokens, max_tokens)
+    )
     iterator = task.get_batch_iterator(
-        dataset, max_tokens=max_tokens, seed=1, ignore_invalid_inputs=True
+        dataset, max_tokens=max_tokens, max_positions=longest, seed=1, ignore_invalid_inputs=True
     ).next_epoch_itr(shuffle=False)
     for index, sample in enumerate(iterator):
         if index >= count:
@@ -120,7 +134,14 @@ def format_table(table: dict) -> str:
         "|---" * (len(columns) + 1) + "|",
     ]
     for group, row in table.items():
-        cells = [f"{row[c]:.4f}" if c.startswith("norm") else f"{row[c]:+.3f}" for c in columns]
+        cells = [
+            "n/a"
+            if row[c] is None
+            else f"{row[c]:.4f}"
+            if c.startswith("norm")
+            else f"{row[c]:+.3f}"
+            for c in columns
+        ]
         lines.append(f"| {group} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -150,6 +171,12 @@ def main(argv: list[str] | None = None) -> int:
             raise AnalysisError(
                 f"{args.path} has no tag heads (trained with --encoder-tag-layers ''?)"
             )
+        missing = getattr(task, "missing_tag_dictionaries", None)
+        if missing and not getattr(task, "tag_dictionaries", None):
+            raise AnalysisError(
+                f"{args.data} has no label streams for {args.path}'s tag heads (no "
+                f"{', '.join(missing.values())}): pass the folder prepared with tags"
+            )
         if not getattr(task, "tag_dictionaries", None):
             raise AnalysisError(
                 f"{args.path} was not trained with --task translation_with_tags: "
@@ -162,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                 "which has no tag losses"
             )
         try:
-            batches = first_batches(task, args.split, args.batches, args.max_tokens)
+            batches = first_batches(task, model, args.split, args.batches, args.max_tokens)
             table = tag_gradients(model, task, criterion, batches)
         except FileNotFoundError as err:
             raise AnalysisError(f"{args.data}: {err}") from None

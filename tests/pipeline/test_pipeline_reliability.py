@@ -87,7 +87,8 @@ def test_invalid_utf8_names_file_and_line(corpus):
 
 def test_non_english_source_needs_no_tags_and_then_skips_tagging(corpus):
     result = _run(corpus, src="de", tgt="en")
-    assert result.returncode == 2 and "--no-tags" in result.stderr
+    assert result.returncode == 2
+    assert "the source language is 'de', but tagging uses an English spaCy model" in result.stderr
     result = _run(
         corpus, "--no-tags", "--bpe-merges", "100", "--stop-after", "clean", src="de", tgt="en"
     )
@@ -99,7 +100,7 @@ def test_non_english_source_needs_no_tags_and_then_skips_tagging(corpus):
 
 def test_force_and_tag_shard_do_not_mix(corpus):
     result = _run(corpus, "--force", "--tag-shard", "0/4")
-    assert result.returncode == 2 and "--tag-shard" in result.stderr
+    assert result.returncode == 2 and "--force would wipe the other shards' work" in result.stderr
 
 
 def test_a_shard_before_the_steps_it_reads_are_done_is_refused(corpus, tmp_path):
@@ -123,7 +124,8 @@ def test_a_name_that_is_not_one_folder_is_refused(corpus, tmp_path, name):
     result = _run(
         corpus, "--name", name, "--data-bin", data_bin, "--work-dir", tmp_path / "w", "--force"
     )
-    assert result.returncode == 2 and "--name" in result.stderr and "Traceback" not in result.stderr
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "argument --name: must be the name of one folder under --data-bin" in result.stderr
     assert (data_bin / "other").is_dir() and (tmp_path / "a" / "kept").exists()
 
 

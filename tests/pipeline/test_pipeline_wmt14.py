@@ -227,7 +227,7 @@ def test_existing_output_is_not_overwritten_without_force(wmt_run, tmp_path):
         tmp_path / "b",
         check=False,
     )
-    assert result.returncode == 2 and "--force" in result.stderr
+    assert result.returncode == 2 and "pass --force to overwrite it" in result.stderr, result.stderr
     assert (dest / "precious.txt").read_text() == "keep me"
 
 

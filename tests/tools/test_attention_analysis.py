@@ -188,11 +188,15 @@ def test_plot_attention_refuses_to_overwrite_without_force(trained, tmp_path, ca
 @pytest.mark.parametrize(
     "case, message",
     [
-        ("missing", "checkpoint not found"),
-        ("empty", "checkpoint is empty"),
-        ("garbage", "cannot load checkpoint"),
-        ("no-data", "data folder not found"),
-        ("blank-sentence", "the sentence is empty"),
+        ("missing", "nope.pt: no such file (--path)"),
+        ("empty", "empty.pt: empty file (0 bytes), not a checkpoint (--path)"),
+        ("garbage", "garbage.pt: a text file, not a checkpoint (first line: 'this is not"),
+        ("no-data", "error: data folder not found"),
+        ("no-split", "no binarized split (*.idx) in"),
+        ("blank-sentence", "error: the sentence is empty"),
+        ("codes-not-text", "codes.bin: not UTF-8"),
+        ("codes-not-codes", "not BPE codes that subword-nmt can read (--bpe-codes)"),
+        ("out-dir-a-file", "att: not a folder (--out-dir)"),
     ],
 )
 def test_plot_attention_errors(trained, tmp_path, case, message):
@@ -208,8 +212,20 @@ def test_plot_attention_errors(trained, tmp_path, case, message):
         checkpoint.write_bytes(b"this is not a checkpoint")
     elif case == "no-data":
         data = tmp_path / "no-such-data-bin"
+    elif case == "no-split":
+        data = tmp_path / "dictionaries-only"
+        data.mkdir()
+        for path in trained[1].glob("dict.*.txt"):
+            (data / path.name).write_bytes(path.read_bytes())
     elif case == "blank-sentence":
         sentence = "   "
+    extra = []
+    if case.startswith("codes"):
+        codes = tmp_path / ("codes.bin" if case == "codes-not-text" else "codes.txt")
+        codes.write_bytes(b"\x80\x81 x\n" if case == "codes-not-text" else b"a b c d\n")
+        extra = ["--bpe-codes", str(codes)]
+    elif case == "out-dir-a-file":
+        (tmp_path / "att").write_text("not a folder")
     # through the command line: exit status and message as a user sees them
     run = subprocess.run(
         [
@@ -222,14 +238,36 @@ def test_plot_attention_errors(trained, tmp_path, case, message):
             sentence,
             "--out-dir",
             str(tmp_path / "att"),
+            *extra,
         ],
         capture_output=True,
         text=True,
     )
     assert run.returncode == 1, run.stderr
-    assert f"error: {message}" in run.stderr
+    assert message in run.stderr and "tpp-plot-attention: error: " in run.stderr, run.stderr
     assert "Traceback" not in run.stderr
-    assert not (tmp_path / "att").exists()
+    assert case == "out-dir-a-file" or not (tmp_path / "att").exists()
+
+
+def test_plot_attention_draws_the_heads_of_fairseqs_own_attention(trained):
+    """Layers without conv heads attend through fairseq's own attention, which answers
+    self-attention through PyTorch's, averaged over the heads: every head is drawn, and
+    the attention is left as it was."""
+    import copy
+
+    checkpoint, data = trained
+    loaded = analysis_model.load_model(checkpoint, data)
+    cfg = copy.deepcopy(loaded.cfg.model)
+    cfg.encoder_conv_heads = cfg.decoder_conv_heads = 0
+    model = loaded.task.build_model(cfg).eval()
+    modules = plot_attention.attention_modules(model)
+    assert {type(m).__name__ for _, _, m in modules} == {"MultiheadAttention"}
+    src, _ = analysis_model.encode(loaded, SENTENCE)
+    maps = plot_attention.capture_maps(model, src, src[:, :5])
+    assert len(maps) == 6 and {m.size(0) for m in maps.values()} == {4}
+    for m in maps.values():
+        assert torch.allclose(m.sum(-1), torch.ones(m.shape[:2]), atol=1e-4)
+    assert not any(m.skip_embed_dim_check for _, _, m in modules)
 
 
 def test_plot_attention_refuses_a_beam_of_zero(trained, tmp_path):
@@ -316,11 +354,11 @@ def test_embedding_similarity_errors(trained, tmp_path, capsys):
     empty = tmp_path / "empty.pt"
     empty.write_bytes(b"")
     assert embedding_similarity.main(["--path", str(empty), "--data", str(data)]) == 1
-    assert "checkpoint is empty" in capsys.readouterr().err
+    assert "empty.pt: empty file (0 bytes), not a checkpoint" in capsys.readouterr().err
     assert (
         embedding_similarity.main(["--path", str(tmp_path / "nope.pt"), "--data", str(data)]) == 1
     )
-    assert "checkpoint not found" in capsys.readouterr().err
+    assert "nope.pt: no such file (--path)" in capsys.readouterr().err
 
 
 def test_word_spans_joins_bpe_pieces():

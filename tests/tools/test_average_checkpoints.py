@@ -217,7 +217,8 @@ def test_bad_inputs_and_overwrite_protection(tmp_path):
 
     out.write_bytes(b"precious")
     result = run_average("--inputs", good, "--output", out)
-    assert result.returncode == 2 and "--force" in result.stderr
+    assert result.returncode == 2
+    assert f"{out}: already exists (use --force to replace it)" in result.stderr
     assert out.read_bytes() == b"precious"
     result = run_average("--inputs", good, "--output", out, "--force")
     assert result.returncode == 0, result.stderr

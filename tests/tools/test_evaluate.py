@@ -237,7 +237,8 @@ def test_refuses_to_overwrite_without_force(evaluated):
         evaluated["out"],
         "--cpu",
     )
-    assert result.returncode == 2 and "--force" in result.stderr
+    assert result.returncode == 2, result.stderr
+    assert f"{evaluated['out'] / 'bleu.txt'}: already exists (use --force" in result.stderr
     assert folder_contents(evaluated["out"]) == before
 
 

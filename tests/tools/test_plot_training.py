@@ -116,7 +116,7 @@ def test_reads_the_real_log_file(fairseq_run):
     assert steps == sorted(set(steps)), "duplicate or unsorted training records"
     assert steps[0] == 2 and steps[-1] == 8  # --log-interval 2, --max-update 8
     assert all("loss" in v and "ppl" in v for _, v in inner)
-    assert "valid" in series and all("loss" in v for _, v in series["valid"])
+    assert series.get("valid") and all("loss" in v for _, v in series["valid"])
     assert "train" in series  # end-of-epoch averages
 
 
@@ -191,7 +191,7 @@ def test_plots_tagging_metrics_when_logged(fairseq_run, tmp_path):
         lines.append(line)
     tagged.write_text("\n".join(lines) + "\n", encoding="utf-8")
     series = plotter.read_log(tagged)
-    assert all("pos_acc" in v for _, v in series["valid"])
+    assert series["valid"] and all("pos_acc" in v for _, v in series["valid"])
     out = tmp_path / "plots"
     assert plotter.main(["--log", str(tagged), "--out-dir", str(out)]) == 0
     for name in ("loss.png", "perplexity.png", "tag_accuracy.png", "tag_loss.png"):
@@ -207,7 +207,7 @@ def test_refuses_to_overwrite_without_force(fairseq_run, tmp_path, capsys):
     (out).mkdir()
     (out / "loss.png").write_bytes(b"keep me")
     assert plotter.main(["--log", str(log), "--out-dir", str(out)]) == 2
-    assert "--force" in capsys.readouterr().err
+    assert "exists; pass --force to overwrite" in capsys.readouterr().err
     assert (out / "loss.png").read_bytes() == b"keep me"
     assert plotter.main(["--log", str(log), "--out-dir", str(out), "--force"]) == 0
     assert_real_png(out / "loss.png")
@@ -224,6 +224,10 @@ def test_refuses_to_overwrite_without_force(fairseq_run, tmp_path, capsys):
             "no training or validation records",
         ),
         ('{"epoch": 1, "update": 0.5, "wps": "100"}\n', "no training or validation records"),
+        (
+            "epoch 001:     10 / 0 loss=9.2, ppl=600, num_updates=10\n",
+            "no training or validation records",
+        ),
     ],
 )
 def test_bad_logs_fail_with_a_clear_message(tmp_path, content, message):
@@ -275,8 +279,12 @@ def test_several_runs_on_one_figure_in_every_format(fairseq_run, sample_bin, tmp
     runs = {name: plotter.read_log(log) for name, log in (("base", first), ("tpp", second))}
     fig = plotter.figure(runs, *plotter.PLOTS["loss"])
     lines = fig.axes[0].get_lines()
-    colours = {line.get_label().split()[0]: line.get_color() for line in lines}
-    assert len(set(colours.values())) == 2, "one colour per run"
+    colours = {}
+    for line in lines:
+        colours.setdefault(line.get_label().split()[0], set()).add(line.get_color())
+    assert sorted(colours) == ["base", "tpp"], colours
+    assert all(len(c) == 1 for c in colours.values()), "one colour per run"
+    assert len(set.union(*colours.values())) == 2, "and another for each run"
     assert len(lines) == 8  # 2 runs x (train, valid) x (loss, nll_loss)
     plotter.plt.close(fig)
 

@@ -81,7 +81,7 @@ def table_of(checkpoint, data, pos_weight=None):
     criterion = loaded.task.build_criterion(loaded.cfg.criterion)
     if pos_weight is not None:
         criterion.tag_weights["pos"] = pos_weight
-    batches = tag_gradients.first_batches(loaded.task, "valid", 2, 500)
+    batches = tag_gradients.first_batches(loaded.task, loaded.model, "valid", 2, 500)
     return tag_gradients.tag_gradients(loaded.model, loaded.task, criterion, batches)
 
 
@@ -101,10 +101,9 @@ def test_a_tag_loss_reaches_the_layers_below_its_head_and_no_others(trained):
         # POS reads layer 1's output, NER layer 2's: nothing above them
         assert (row["norm pos"] > 0) == (group in ("embeddings", "layer 1")), group
         assert (row["norm ner"] > 0) == (group != "layer 3"), group
-        for name in ("pos", "ner"):
-            assert -1 <= row[f"cos {name}"] <= 1
-            if row[f"norm {name}"] == 0:
-                assert row[f"cos {name}"] == 0
+        for name in ("pos", "ner"):  # no cosine with a zero gradient
+            assert (row[f"cos {name}"] is None) == (row[f"norm {name}"] == 0), group
+            assert row[f"cos {name}"] is None or -1 <= row[f"cos {name}"] <= 1
 
 
 def test_the_tag_gradients_carry_the_criterions_weight(trained):
@@ -114,7 +113,10 @@ def test_the_tag_gradients_carry_the_criterions_weight(trained):
     once, thrice = table_of(tagged, data), table_of(tagged, data, pos_weight=3.0)
     for group in once:
         assert thrice[group]["norm pos"] == pytest.approx(3 * once[group]["norm pos"])
-        assert thrice[group]["cos pos"] == pytest.approx(once[group]["cos pos"], abs=1e-6)
+        if once[group]["cos pos"] is None:
+            assert thrice[group]["cos pos"] is None
+        else:
+            assert thrice[group]["cos pos"] == pytest.approx(once[group]["cos pos"], abs=1e-6)
         assert thrice[group]["norm ner"] == once[group]["norm ner"]
         assert thrice[group]["norm translation"] == once[group]["norm translation"]
 
@@ -132,6 +134,30 @@ def test_the_command_prints_the_table(trained):
         "layer 2",
         "layer 3",
     ]
+    assert lines[-1].endswith("| 0.0000 | 0.0000 | n/a | n/a |"), lines[-1]
+
+
+def test_sentences_longer_than_max_tokens_are_left_out_not_a_traceback(trained):
+    tagged, _, data = trained
+    shown = run(
+        ["tpp-tag-gradients", "--path", tagged, "--data", data, "--max-tokens", "3"],
+        check=False,
+        timeout=300,
+    )
+    assert shown.returncode == 1 and "Traceback" not in shown.stderr, shown.stderr[-2000:]
+    assert "each of its sentences is longer than --max-tokens" in shown.stderr
+
+
+def test_a_data_folder_without_the_label_streams_is_named(trained, tmp_path):
+    tagged, _, data = trained
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for path in data.iterdir():
+        if not any(kind in path.name for kind in ("pos", "ner")):
+            (plain / path.name).symlink_to(path)
+    shown = run(["tpp-tag-gradients", "--path", tagged, "--data", plain], check=False, timeout=300)
+    assert shown.returncode == 1, shown.stderr[-2000:]
+    assert f"{plain} has no label streams for {tagged}'s tag heads" in shown.stderr
 
 
 def test_a_model_without_tag_heads_is_named(trained):
