@@ -194,35 +194,41 @@ def test_shards_cover_everything_once(corpus, uninterrupted, tmp_path):
 
 
 def _with_other_shard_mid_write(monkeypatch, chunk_dir, other_config):
-    """Make another shard prepare ``chunk_dir`` while this one is writing its record."""
+    """Make another shard prepare ``chunk_dir`` while this one is writing its record;
+    the list returned records that it did."""
     dump = json.dump
     other = types.SimpleNamespace(chunk_dir=str(chunk_dir))
+    raced = []
 
     def dump_after_the_other_shard(*args, **kwargs):
         monkeypatch.setattr(json, "dump", dump)  # once: the other shard writes normally
         tagging._prepare_chunk_dir(other, other_config, force=False)
+        raced.append(other_config)
         return dump(*args, **kwargs)
 
     monkeypatch.setattr(json, "dump", dump_after_the_other_shard)
+    return raced
 
 
 def test_shards_preparing_one_folder_at_once_both_go_on(tmp_path, monkeypatch):
     """Array tasks start together: two shards writing the chunk folder's record at the same
     moment must not take each other's temporary file away (a shard used to die here)."""
     config = {"model": "m", "chunk_size": 4}
-    _with_other_shard_mid_write(monkeypatch, tmp_path / "chunks", config)
+    raced = _with_other_shard_mid_write(monkeypatch, tmp_path / "chunks", config)
     tagging._prepare_chunk_dir(
         types.SimpleNamespace(chunk_dir=str(tmp_path / "chunks")), config, force=False
     )
+    assert raced == [config], "the other shard wrote its record meanwhile"
     assert json.loads((tmp_path / "chunks" / "config.json").read_text()) == config
     assert os.listdir(tmp_path / "chunks") == ["config.json"]  # no temporary file left
 
 
 def test_a_shard_losing_the_race_with_other_settings_is_refused(tmp_path, monkeypatch):
-    _with_other_shard_mid_write(monkeypatch, tmp_path / "chunks", {"model": "other"})
+    raced = _with_other_shard_mid_write(monkeypatch, tmp_path / "chunks", {"model": "other"})
     with pytest.raises(DataError, match="other settings") as error:
         tagging._prepare_chunk_dir(
             types.SimpleNamespace(chunk_dir=str(tmp_path / "chunks")), {"model": "m"}, force=False
         )
+    assert raced == [{"model": "other"}]
     assert "config.json" in str(error.value)
     assert json.loads((tmp_path / "chunks" / "config.json").read_text()) == {"model": "other"}
