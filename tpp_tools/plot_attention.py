@@ -272,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
         title = f"{TITLES[kind]}, layer {layer}{layer_note(module)}"
         draw_grid(maps[kind, layer], head_kinds(module), rows, cols, title, targets[kind, layer])
         print(f"wrote {targets[kind, layer]}")
+    if args.force:  # the maps of layers this model lacks are an earlier model's
+        for kind in TITLES:
+            for stale in set(args.out_dir.glob(f"{kind}_layer*.png")) - set(targets.values()):
+                stale.unlink()
     return 0
 
 
