@@ -247,9 +247,9 @@ OPTION_NAMES = {
 
 
 def _has_text(path):
-    """True once a line of ``path`` holds more than whitespace."""
-    with open(path, "rb") as handle:
-        return any(line.strip() for line in handle)
+    """True once a line of ``path`` holds more than the tokeniser reads as space."""
+    with open(path, encoding="utf-8", errors="replace", newline="\n") as handle:
+        return any(moses.replace_non_printing(line).strip() for line in handle)
 
 
 def check_before_running(args, prefixes, src, tgt):
@@ -390,9 +390,9 @@ def _tokenize(ctx):
 
 
 def _preclean_settings(ctx):
-    # "min" is always 1 here (--min-len waits for the BPE text); recorded as before, so
-    # that work folders of earlier versions stay done
-    return {"min": 1, "max": ctx.args.max_len}
+    # (--min-len waits for the BPE text; it stays in the record, so that the work
+    # folders of earlier versions stay done)
+    return {"min": ctx.args.min_len, "max": ctx.args.max_len}
 
 
 def _preclean(ctx):

@@ -215,17 +215,19 @@ def carve_corpus(
         )
     settings = carving_settings(prefix, src_lang, tgt_lang, sizes, seed, given)
     sources, targets = read_pairs(prefix, src_lang, tgt_lang)
+    held = {
+        name: read_pairs(held_prefix, src_lang, tgt_lang) for name, held_prefix in given.items()
+    }
+    reserved = [pair for held_src, held_tgt in held.values() for pair in zip(held_src, held_tgt)]
+    splits = carve(sources, targets, sizes, seed=seed, reserved=reserved)
     # an interrupted carving must not leave old and new splits that look like one carving
+    # (removed once the new one is known to work out, so that a refused one keeps them)
     if out_dir.is_dir():
         for path in [record, *(p for pair in outputs.values() for p in pair)]:
             path.unlink(missing_ok=True)
-    reserved = []
-    for name, held_prefix in given.items():
-        held_src, held_tgt = read_pairs(held_prefix, src_lang, tgt_lang)
-        reserved += list(zip(held_src, held_tgt))
+    for name, (held_src, held_tgt) in held.items():
         write_lines(outputs[name][0], held_src)
         write_lines(outputs[name][1], held_tgt)
-    splits = carve(sources, targets, sizes, seed=seed, reserved=reserved)
     for name in ["train", *sizes]:
         src_out, tgt_out = outputs[name]
         write_lines(src_out, [sources[i] for i in splits[name]])

@@ -141,6 +141,18 @@ def write_atomically(path, text):
     os.replace(tmp, path)
 
 
+#: the file that marks a folder as a demo's (``--force`` removes no other)
+MARK = ".tpp-demo"
+
+
+def made_by_a_demo(folder):
+    """``folder`` holds the demo's mark, or (made before the mark) its data pipeline's
+    work folder and data folder."""
+    return (folder / MARK).is_file() or (
+        (folder / "work" / ".steps").is_dir() and (folder / "data-bin" / "sample_en_de").exists()
+    )
+
+
 def check_folders(args):
     """Before any stage: the sample is there, and ``--out`` is a folder that is the demo's
     to write (``--force`` removes only an empty folder or one a demo made)."""
@@ -154,9 +166,9 @@ def check_folders(args):
     if args.out.exists() and not args.out.is_dir():
         raise DemoError(f"{args.out}: not a folder: --out is the folder the demo writes", 2)
     if args.force and args.out.is_dir():
-        if any(args.out.iterdir()) and not (args.out / ".steps").is_dir():
+        if any(args.out.iterdir()) and not made_by_a_demo(args.out):
             raise DemoError(
-                f"{args.out} was not made by the demo (it has no .steps/): --force removes "
+                f"{args.out} was not made by the demo (it has no {MARK}): --force removes "
                 "only a demo's folder; choose another --out",
                 2,
             )
@@ -190,6 +202,7 @@ class Demo:
         if args.force and args.out.exists():
             shutil.rmtree(args.out)
         args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / MARK).touch()
         self.out = out = args.out.resolve()
         self.started = time.monotonic()
         pipeline.setup_logging()  # the ledger's messages, as the data pipeline's

@@ -82,9 +82,10 @@ SETTINGS = {
     "log_interval": ("LOG_INTERVAL", "100"),
 }
 
-#: every environment variable tpp-train reads (a program that runs it with options of its
-#: own removes them, so that none of a user's leaks in)
+#: every environment variable tpp-train reads but torchrun's (a program that runs it with
+#: options of its own removes them, so that none of a user's leaks in)
 VARIABLES = (
+    "FAIRSEQ_TRAIN",
     "PRESET",
     "DATA_BIN",
     "SAVE_DIR",

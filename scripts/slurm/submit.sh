@@ -94,9 +94,15 @@ last=$(stage_index "$to")
 (( first <= last )) || die "--from $from comes after --to $to"
 # only the WMT'14 presets know their data and test reference: the others would fail at
 # the first data stage, or at the end
-if (( first <= $(stage_index binarize) )) && [[ ${PRESET:-en-de} != *-* && -z ${PREPARE_CMD:-} ]]; then
-  die "--preset ${PRESET}: give the data pipeline's command (--prepare-cmd" \
-      "\"tpp-prepare-corpus ...\"), which only the en-de and en-fr presets find by themselves"
+if [[ ${PRESET:-en-de} != *-* && -z ${PREPARE_CMD:-} ]]; then
+  declare -A OWN_CMD=([prepare]=PREPARE_STAGE_CMD [tag]=TAG_CMD [binarize]=BINARIZE_CMD)
+  for stage in prepare tag binarize; do  # a data stage submitted without a command of its own
+    i=$(stage_index "$stage")
+    if (( first <= i && i <= last )) && [[ -z ${!OWN_CMD[$stage]:-} ]]; then
+      die "--preset ${PRESET}: give the data pipeline's command (--prepare-cmd" \
+          "\"tpp-prepare-corpus ...\"), which only the en-de and en-fr presets find by themselves"
+    fi
+  done
 fi
 if (( last >= $(stage_index evaluate) )) && [[ ${PRESET:-en-de} != *-* && -z ${REFERENCE:-} ]]; then
   die "--preset ${PRESET}: give the raw reference of the test split (--reference FILE)," \

@@ -256,6 +256,9 @@ def test_a_preset_without_a_known_reference_needs_one_before_submitting(tmp_path
     no_data = subprocess.run(command, env=tool_env(), capture_output=True, text=True)
     assert no_data.returncode == 2 and "--prepare-cmd" in no_data.stderr, no_data.stderr
     assert not no_data.stdout
+    own = dict(tool_env(), PREPARE_STAGE_CMD="prep", TAG_CMD="tag", BINARIZE_CMD="bin")
+    with_own = subprocess.run(command + ["--to", "train"], env=own, capture_output=True)
+    assert with_own.returncode == 0, with_own.stderr  # every data stage has its command
     command += ["--prepare-cmd", "tpp-prepare-corpus -s en -t de --name mine"]
     command += ["--reference", "raw/test.de"] if reference else []
     result = subprocess.run(command, env=tool_env(), capture_output=True, text=True)

@@ -444,8 +444,9 @@ def test_bad_inputs_and_settings_are_refused_before_any_step(corpus, case):
             "every split needs at least one sentence pair"
         )
     elif case == "blank valid set":
-        (corpus / "valid.de").write_bytes(b"\n \n\t\n")
-        (corpus / "valid.en").write_bytes(b"A sentence.\n\n\n")
+        # a byte-order mark, a no-break space and a zero-width space read as space too
+        (corpus / "valid.de").write_bytes("\n \n\t\n\ufeff\n\u00a0\n\u200b\n".encode())
+        (corpus / "valid.en").write_bytes(b"A sentence.\n\n\n\n\n\n")
         expected = (
             f"{corpus / 'valid.de'}: the valid set has only blank lines here: every split "
             "needs at least one sentence to translate"

@@ -1,5 +1,7 @@
 """tpp-carve-splits: held-out sets carved out of a corpus, deduplicated against training."""
 
+import pytest
+
 from support import run, write_corpus
 from tpp_pipeline.splits import normalise
 
@@ -264,3 +266,18 @@ def test_an_interrupted_carving_again_is_not_taken_for_a_finished_one(tmp_path, 
     for split in ("train", "valid", "test"):
         for lang in ("en", "de"):
             assert read(out / f"{split}.{lang}") == read(fresh / f"{split}.{lang}")
+
+
+def test_a_carving_again_that_is_refused_keeps_the_earlier_one(tmp_path):
+    """--force carves again only once the new carving works out: one asking for more pairs
+    than the corpus has is refused and leaves the earlier carving as it was."""
+    from tpp_pipeline import splits
+    from tpp_pipeline.errors import DataError
+
+    corpus = corpus_with_repeats(tmp_path / "raw")
+    out = tmp_path / "carved"
+    splits.carve_corpus(corpus, "en", "de", out, {"test": 4, "valid": 3}, seed=1)
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    with pytest.raises(DataError, match="distinct pairs left for test"):
+        splits.carve_corpus(corpus, "en", "de", out, {"test": 500, "valid": 3}, force=True)
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before
