@@ -274,7 +274,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {targets[kind, layer]}")
     if args.force:  # the maps of layers this model lacks are an earlier model's
         for kind in TITLES:
-            for stale in set(args.out_dir.glob(f"{kind}_layer*.png")) - set(targets.values()):
+            named = {
+                p
+                for p in args.out_dir.glob(f"{kind}_layer*.png")
+                if p.stem[len(kind) + 6 :].isdigit()  # KIND_layerN.png
+            }
+            for stale in named - set(targets.values()):
                 stale.unlink()
     return 0
 

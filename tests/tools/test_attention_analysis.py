@@ -179,14 +179,15 @@ def test_plot_attention_refuses_to_overwrite_without_force(trained, tmp_path, ca
         "Es brennt auf dem Berg .",
     ]
     (out / "decoder_cross_layer6.png").write_bytes(b"a deeper model's")
-    (out / "mine.png").write_bytes(b"not a map")
+    (out / "decoder_cross_layer1_old.png").write_bytes(b"not a map of this tool's")
     assert plot_attention.main(base) == 1
     assert "encoder_self_layer1.png exists; pass --force to overwrite" in capsys.readouterr().err
     assert (out / "encoder_self_layer1.png").read_bytes() == b"keep me"
     assert plot_attention.main(base + ["--force"]) == 0
     assert_real_png(out / "encoder_self_layer1.png", (1600, 400))
     # the maps of layers this model lacks go with --force; other files stay
-    assert not (out / "decoder_cross_layer6.png").exists() and (out / "mine.png").exists()
+    assert not (out / "decoder_cross_layer6.png").exists()
+    assert (out / "decoder_cross_layer1_old.png").exists()
 
 
 @pytest.mark.parametrize(
