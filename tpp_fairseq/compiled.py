@@ -27,6 +27,7 @@ layer variant and side serves every batch shape:
 
 import contextlib
 import copy
+import os
 
 import torch
 from fairseq.incremental_decoding_utils import FairseqIncrementalState
@@ -167,9 +168,24 @@ _original_trainer_init = Trainer.__init__
 _original_get_incremental_state = FairseqIncrementalState.get_incremental_state
 
 
+def chosen_backend() -> str:
+    """``TPP_FAIRSEQ_COMPILE_BACKEND``, else Inductor: ``aot_eager`` traces the same
+    graphs, forward and backward, and runs them eagerly, which tells whether a failure
+    or a difference is Inductor's (PyTorch's own advice for compiler errors)."""
+    name = os.environ.get("TPP_FAIRSEQ_COMPILE_BACKEND", "").strip() or "inductor"
+    known = torch._dynamo.list_backends(exclude_tags=())
+    if name not in known:
+        raise ValueError(
+            f"TPP_FAIRSEQ_COMPILE_BACKEND={name!r}: not a torch.compile backend; "
+            "inductor (the default), or aot_eager to tell whether a problem is Inductor's "
+            "(torch._dynamo.list_backends(exclude_tags=()) lists them all)"
+        )
+    return name
+
+
 def trainer_init(self, cfg, task, model, criterion, *args, **kwargs):
     _original_trainer_init(self, cfg, task, model, criterion, *args, **kwargs)
-    compile_layers(self._model)
+    compile_layers(self._model, backend=chosen_backend())
 
 
 trainer_init.__doc__ = _original_trainer_init.__doc__
@@ -185,5 +201,7 @@ def get_incremental_state(self, incremental_state, key):
 
 
 def compiled_layers() -> None:
-    """Compile the layers of every model a fairseq ``Trainer`` is built for (idempotent)."""
+    """Compile the layers of every model a fairseq ``Trainer`` is built for (idempotent);
+    an unknown backend is an error now, before any data is loaded."""
+    chosen_backend()
     Trainer.__init__ = trainer_init
