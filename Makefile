@@ -12,7 +12,7 @@ demo: env
 	@$(VENV)/bin/tpp-demo
 
 test: env
-	@$(VENV)/bin/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile tests --durations=15
+	@$(VENV)/bin/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder tests --durations=30
 
 bench: env
 	@$(VENV)/bin/python -m benchmarks.bench_model

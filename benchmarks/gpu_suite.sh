@@ -13,7 +13,7 @@
 #          within the budget: a command cut off keeps its output in FILE.partial, and
 #          the stage's commands left are recorded as not run; the next stage runs
 #   --stand-in  the decide stage's commands on the CPU, small (d = 128 and 256, 2+2 layers,
-#          batches of 1,024 tokens, two rounds, the tests only collected; 1,800 s unless
+#          batches of 1,024 and 512 tokens, two rounds, the tests only collected; 1,800 s unless
 #          --limit):
 #          tries the stage's commands and tables on a machine without a GPU, where
 #          tpp-fused runs the PyTorch operations; no figure of it is a GPU's
@@ -294,7 +294,7 @@ BENCH=("$PY" -m benchmarks.bench_model --data "$DATA" --device cuda --dtype bf16
 DEVICE=cuda BASE=512 BASE_TOKENS=8192 BIG=1024 BIG_TOKENS=16384 ROUNDS=8 LAYERS=6 COLLECT=() STAND=()
 BASE_ROUNDS=32 SYNC_ROUNDS=30 FP32_ROUNDS=24 COMPILED_ROUNDS=12
 if [[ $STAND_IN -eq 1 ]]; then  # the kernels never in the interpreter: it would take hours
-    DEVICE=cpu BASE=128 BASE_TOKENS=1024 BIG=256 BIG_TOKENS=1024 ROUNDS=2 LAYERS=2
+    DEVICE=cpu BASE=128 BASE_TOKENS=1024 BIG=256 BIG_TOKENS=512 ROUNDS=2 LAYERS=2
     BASE_ROUNDS=2 SYNC_ROUNDS=2 FP32_ROUNDS=2 COMPILED_ROUNDS=2
     COLLECT=(--collect-only) STAND=(env TRITON_INTERPRET=0)
 fi

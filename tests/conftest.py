@@ -96,3 +96,17 @@ def nmt_corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("nmt_corpus")
     corpus = make_corpus(root / "corpus")
     return {"corpus": corpus, "data": binarize(corpus / "bpe", root / "data-bin", "en", "de")}
+
+
+def pytest_collection_modifyitems(config, items):
+    """`make test` hands whole modules to its workers (``--dist loadfile``), in this order:
+    the modules with slow tests first, then the rest, each group by its number of tests.
+    pytest-xdist's own order (by number of tests alone) would leave the longest modules,
+    which have few tests, to the end, and one worker running them while the other idles."""
+    modules = {}
+    for item in items:
+        module = modules.setdefault(item.nodeid.split("::")[0], [0, 0])
+        module[0] += 1
+        module[1] += item.get_closest_marker("slow") is not None
+    key = {name: (not slow, -count) for name, (count, slow) in modules.items()}
+    items.sort(key=lambda item: key[item.nodeid.split("::")[0]])

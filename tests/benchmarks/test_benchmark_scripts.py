@@ -364,6 +364,7 @@ def test_gpu_suite_cudnn_stage_trains_transformer_with_cudnns_attention_kept_on(
     assert "| transformer_bf16_cudnn | 0 |" in summary
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the stage would run for real")
 def test_gpu_suite_decide_stage_stands_in_on_the_cpu(data, tmp_path):
     """--stand-in: the decide stage's seven commands run on the CPU, small, each table

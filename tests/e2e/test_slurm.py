@@ -25,6 +25,8 @@ from support import REPO, binarize_tagged, make_corpus, tool_env
 
 import tpp_plugin  # noqa: F401  (allow-lists fairseq checkpoint contents for torch.load)
 
+pytestmark = pytest.mark.slow  # jobs of a real SLURM cluster
+
 SLURM = REPO / "scripts" / "slurm"
 PIPELINE_TIMEOUT = 420  # seconds for the whole chain on a busy 2-core machine
 

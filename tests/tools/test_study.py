@@ -412,6 +412,7 @@ def _tables(out):
     return rows, summary["bootstrap"], summary["signatures"]
 
 
+@pytest.mark.slow
 def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
     """Two variants x two seeds of a few updates on a toy corpus: the report and its
     columns, bootstrap figures equal to sacreBLEU's own paired test on the runs'
@@ -717,6 +718,7 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
     assert not any(name in planned for name in runs)
 
 
+@pytest.mark.slow
 def test_a_run_trains_through_tpp_train_which_repairs_and_resumes_it(tmp_path):
     """Issue 48.2: the study trains through tpp-train, the project's one training command,
     which the record quotes. A run stopped with a torn checkpoint_last.pt and a checkpoint
