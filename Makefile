@@ -19,3 +19,4 @@ bench: env
 
 format: env
 	@$(VENV)/bin/ruff format .
+	@$(VENV)/bin/ruff check .

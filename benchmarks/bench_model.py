@@ -467,7 +467,7 @@ def measure_cpu_memory(size, args, results):
             str(args.warmup),
         ]
         out = subprocess.run(cmd, capture_output=True, text=True)
-        line = [l for l in out.stdout.splitlines() if l.startswith("BENCH_MEMORY ")]
+        line = [text for text in out.stdout.splitlines() if text.startswith("BENCH_MEMORY ")]
         if out.returncode != 0 or not line:
             raise SystemExit(f"memory measurement of {name} failed:\n{out.stderr[-3000:]}")
         record = json.loads(line[-1][len("BENCH_MEMORY ") :])
@@ -611,7 +611,7 @@ def measure_isolated(size, args):
     for rep in range(args.isolate):
         for name in harness.turn_order(args.models, rep):
             out = subprocess.run(child_command(name, size, args), capture_output=True, text=True)
-            line = [l for l in out.stdout.splitlines() if l.startswith("BENCH_RESULT ")]
+            line = [text for text in out.stdout.splitlines() if text.startswith("BENCH_RESULT ")]
             if out.returncode != 0 or not line:
                 raise SystemExit(
                     f"{name} (d={size}) failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"

@@ -138,7 +138,7 @@ def profile(name, args):
     print(line, flush=True)
     sort = "self_device_time_total" if args.device == "cuda" else "self_cpu_time_total"
     print(prof.key_averages().table(sort_by=sort, row_limit=args.row_limit), flush=True)
-    del trainer
+    trainer = None  # freed before the next model is built
     if args.device == "cuda":
         torch.cuda.empty_cache()
 

@@ -176,7 +176,7 @@ def test_generate_and_interactive_need_no_tags(trained, tmp_path):
             "--cpu",
         ]
     )
-    hyps = [l for l in gen.stdout.splitlines() if l.startswith("H-")]
+    hyps = [line for line in gen.stdout.splitlines() if line.startswith("H-")]
     assert len(hyps) == 20
     bleu = float(re.search(r"BLEU4 = ([\d.]+)", gen.stdout).group(1))
     print(f"toy test BLEU after 300 updates: {bleu}")
@@ -201,8 +201,8 @@ def test_generate_and_interactive_need_no_tags(trained, tmp_path):
         ],
         input_text="s1 s2 s3\ns10 s4 s7 s7\n",
     )
-    out = [l for l in inter.stdout.splitlines() if l.startswith("H-")]
-    assert len(out) == 2 and all(l.split("\t")[2].strip() for l in out)
+    out = [line for line in inter.stdout.splitlines() if line.startswith("H-")]
+    assert len(out) == 2 and all(line.split("\t")[2].strip() for line in out)
 
 
 def generate_test_split(trained, *options, check=True):
@@ -277,8 +277,8 @@ def test_the_documented_interactive_line_translates_raw_text(trained, tmp_path):
     }
     command = [paths.get(word, word) for word in documented] + ["--cpu"]
     inter = run(command, input_text="s1 s2 s3.\ns10 s4 s7 s7\n")
-    out = [l for l in inter.stdout.splitlines() if l.startswith("H-")]
-    assert len(out) == 2 and all(l.split("\t")[2].strip() for l in out), inter.stdout[-2000:]
+    out = [line for line in inter.stdout.splitlines() if line.startswith("H-")]
+    assert len(out) == 2 and all(line.split("\t")[2].strip() for line in out), inter.stdout[-2000:]
 
 
 def test_generate_with_bf16_says_it_decodes_in_float32_and_does(trained):
@@ -404,7 +404,9 @@ def test_two_process_data_parallel_training_with_tags(trained, tmp_path):
             "0",
         ]
     )
-    lines = [l for l in (one.stdout + one.stderr).splitlines() if "valid on 'valid' subset" in l]
+    lines = [
+        line for line in (one.stdout + one.stderr).splitlines() if "valid on 'valid' subset" in line
+    ]
     assert lines, one.stderr[-3000:]
     single = dict(re.findall(r"\| (\w+) ([\d.]+)", lines[-1]))
     for key in ("loss", "nll_loss", "pos_acc", "ner_acc", "pos_loss", "ner_loss"):
@@ -551,7 +553,7 @@ def test_torchrun_without_the_rank_wrapper_is_refused(trained, tmp_path):
 
 def valid_figures(output: str):
     """The figures of fairseq-validate's last "valid on 'valid' subset" line."""
-    lines = [l for l in output.splitlines() if "valid on 'valid' subset" in l]
+    lines = [line for line in output.splitlines() if "valid on 'valid' subset" in line]
     assert lines, output[-3000:]
     return {k: float(v) for k, v in re.findall(r"\| (\w+) ([\d.]+)", lines[-1])}
 
@@ -760,10 +762,12 @@ def test_checkpoint_written_by_version_0_1_generates_the_same(tmp_path):
         ]
     )
     got = sorted(
-        (l.split("\t") for l in gen.stdout.splitlines() if l.startswith("H-")),
+        (line.split("\t") for line in gen.stdout.splitlines() if line.startswith("H-")),
         key=lambda f: int(f[0][2:]),
     )
-    expected = [l.split("\t") for l in (OLD / "expected_hypotheses.txt").read_text().splitlines()]
+    expected = [
+        line.split("\t") for line in (OLD / "expected_hypotheses.txt").read_text().splitlines()
+    ]
     assert len(got) == len(expected) == 20
     for (gid, gscore, ghyp), (eid, escore, ehyp) in zip(got, expected):
         assert (gid, ghyp) == (eid, ehyp)

@@ -73,9 +73,9 @@ def test_demo_runs_every_stage_and_reports_bleu(demo):
     assert re.search(r"^bleu_tok_compound_split: [\d.]+$", bleu, re.M)
     assert "sacrebleu_detok:" in log.split("=== done")[-1], "the score is printed at the end"
     hyps = [
-        l
-        for l in (out / "eval" / "generate-test.txt").read_text().splitlines()
-        if l.startswith("H-")
+        line
+        for line in (out / "eval" / "generate-test.txt").read_text().splitlines()
+        if line.startswith("H-")
     ]
     assert len(hyps) == 40
     assert (out / "checkpoints" / "checkpoint_avg.pt").stat().st_size > 0

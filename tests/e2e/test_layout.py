@@ -105,13 +105,16 @@ def test_the_check_finds_what_it_looks_for():
         assert not SYS_PATH_EDIT.search(line), line
 
 
-def test_the_code_is_formatted():
+def test_the_code_is_formatted_and_clean():
     """One formatter for the project (ruff, configured in pyproject.toml): `make format`
-    applies it; this fails on a file it would change."""
+    applies it; this fails on a file it would change, and on what ruff's default checks
+    find (undefined and unused names, ambiguous ones, ...)."""
     shown = run(
         [VENV_BIN / "ruff", "format", "--check", "--diff", REPO], cwd=REPO, check=False, timeout=300
     )
     assert shown.returncode == 0, shown.stdout[-4000:] + shown.stderr[-2000:]
+    checked = run([VENV_BIN / "ruff", "check", REPO], cwd=REPO, check=False, timeout=300)
+    assert checked.returncode == 0, checked.stdout[-4000:] + checked.stderr[-2000:]
 
 
 # The shape of what a newcomer reads: README a map, docs/ guides, docstrings short.

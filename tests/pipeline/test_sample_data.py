@@ -102,9 +102,9 @@ def test_readme_lists_every_source_with_its_licence_text():
         assert source.license in PERMISSIVE, source
         row = next(
             (
-                l
-                for l in readme.splitlines()
-                if l.startswith(f"| {source.name} |") and source.version in l
+                line
+                for line in readme.splitlines()
+                if line.startswith(f"| {source.name} |") and source.version in line
             ),
             None,
         )

@@ -203,7 +203,7 @@ def test_an_empty_held_out_set_takes_no_pair_and_a_negative_one_is_refused(tmp_p
 def test_invalid_utf8_is_named_with_its_line_and_column(tmp_path):
     import lzma
 
-    corpus = corpus_with_repeats(tmp_path / "raw")
+    corpus_with_repeats(tmp_path / "raw")
     lines = (tmp_path / "raw" / "all.de").read_bytes().split(b"\n")
     lines[7] = b"Datei \xff"
     packed = tmp_path / "packed"

@@ -364,7 +364,7 @@ def test_bad_options_fail_at_build_naming_the_option(overrides, option):
 
 def test_even_kernel_widths_are_supported():
     model = build_model(encoder_conv_kernel_sizes="2,4", decoder_conv_kernel_sizes="4,6").eval()
-    assert [l.self_attn.local_conv.kernel_size for l in model.decoder.layers] == [4, 6]
+    assert [layer.self_attn.local_conv.kernel_size for layer in model.decoder.layers] == [4, 6]
 
 
 def count_parameters(model):

@@ -193,7 +193,7 @@ def test_dry_run_plans_the_paper_scale_jobs_without_a_cluster(tmp_path):
         "#SBATCH --requeue",
     ):
         assert line in script.splitlines(), (line, script)
-    assert [l for l in script.splitlines() if l.startswith("#SBATCH --mem")] == [
+    assert [line for line in script.splitlines() if line.startswith("#SBATCH --mem")] == [
         "#SBATCH --mem=64G"
     ]
 
@@ -209,7 +209,7 @@ def test_dry_run_plans_the_paper_scale_jobs_without_a_cluster(tmp_path):
     assert not (out / "slurm").exists() and not (out / "runs").exists()
     # --mem 0: all of the node's memory, as sbatch reads it; --mem wins over mem=
     whole = planned("--mem", "0", "--sbatch-option", "mem=8G")
-    assert [l for l in whole.stdout.splitlines() if l.startswith("#SBATCH --mem")] == [
+    assert [line for line in whole.stdout.splitlines() if line.startswith("#SBATCH --mem")] == [
         "#SBATCH --mem=0"
     ], whole.stdout[-2000:] + whole.stderr[-2000:]
     assert "--mem=0 (all of a node's memory)" in whole.stdout, whole.stdout[-2000:]
