@@ -310,12 +310,13 @@ def test_inductor_layers_are_as_close_to_float64_as_eager_ones(arch):
     assert errors["compiled"][1] <= 1.1 * errors["eager"][1], errors
 
 
-def test_an_unknown_backend_is_refused_before_training(monkeypatch):
-    monkeypatch.setattr(compiled.Trainer, "__init__", compiled.Trainer.__init__)
+def test_an_unknown_backend_is_refused_before_the_trainer_is_built(monkeypatch):
     monkeypatch.setenv("TPP_FAIRSEQ_COMPILE_BACKEND", "inductr")
+    built = []
+    monkeypatch.setattr(compiled, "_original_trainer_init", lambda *args: built.append(args))
     with pytest.raises(ValueError, match="'inductr': not a torch.compile backend; inductor"):
-        compiled.compiled_layers()
-    assert compiled.Trainer.__init__ is not compiled.trainer_init
+        compiled.trainer_init(None, None, None, None, None)
+    assert not built
     monkeypatch.setenv("TPP_FAIRSEQ_COMPILE_BACKEND", " aot_eager ")
     assert compiled.chosen_backend() == "aot_eager"
     monkeypatch.delenv("TPP_FAIRSEQ_COMPILE_BACKEND")
