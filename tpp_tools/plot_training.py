@@ -283,7 +283,9 @@ def plot_logs(logs, out_dir: Path, force: bool = False, labels=None, formats=("p
     clash = [p for p in targets if p.exists() and p.suffix[1:] in formats]
     if clash and not force:
         raise LogError(f"{clash[0]} exists; pass --force to overwrite")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    from .evaluate import writable_folder  # made only once everything else is known good
+
+    writable_folder(out_dir, "--out-dir folder", LogError)
     written = []
     for stem, (title, ylabel, metrics, log_scale) in PLOTS.items():
         outs = [out_dir / f"{stem}.{fmt}" for fmt in formats]
@@ -343,12 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out_dir = args.out_dir or args.log[0].parent / "plots"
     try:
-        from .evaluate import writable_folder
-
         missing = [log for log in args.log if not log.is_file()]
         if missing:  # named before the folder
             raise LogError(f"log file not found: {missing[0]}")
-        writable_folder(out_dir, "--out-dir folder", LogError)
         written = plot_logs(args.log, out_dir, args.force, args.label, args.format)
     except LogError as err:
         return report("tpp-plot-training", err)

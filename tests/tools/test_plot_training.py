@@ -243,7 +243,7 @@ def test_bad_logs_fail_with_a_clear_message(tmp_path, content, message):
     assert run.returncode != 0
     assert message in run.stderr
     assert "Traceback" not in run.stderr
-    assert not (tmp_path / "plots" / "loss.png").exists()
+    assert not (tmp_path / "plots").exists(), "no folder made for a log that cannot be read"
 
 
 def test_an_output_folder_that_cannot_be_written_is_named(fairseq_run, tmp_path):
@@ -291,11 +291,11 @@ def test_several_runs_on_one_figure_in_every_format(fairseq_run, sample_bin, tmp
     # the existing figures of the chosen formats are not replaced without --force
     assert plotter.main(args + ["--format", "svg"]) == 2
     assert plotter.main(args + ["--format", "svg", "--force"]) == 0
-    # one --label per --log, never the same twice
+    # one --label per --log, never the same twice; refused before the folder is made
     one = ["--log", str(first), str(second), "--label", "a", "--out-dir", str(tmp_path / "x")]
-    assert plotter.main(one) == 2
+    assert plotter.main(one) == 2 and not (tmp_path / "x").exists()
     bad = ["--log", str(first), str(second), "--label", "a", "a", "--out-dir", str(tmp_path / "y")]
-    assert plotter.main(bad) == 2
+    assert plotter.main(bad) == 2 and not (tmp_path / "y").exists()
 
 
 def test_only_series_with_data_are_in_the_legend(tmp_path):
