@@ -7,11 +7,11 @@ the projection of its labels happen in one pass, so the number of pieces per tok
 known exactly rather than re-derived from ``@@`` markers.
 """
 
+import collections
 import contextlib
 import io
 import logging
 import os
-import shutil
 
 from .errors import DataError
 from .projection import check_label_count, project_labels
@@ -23,20 +23,25 @@ log = logging.getLogger("tpp_pipeline")
 _LINES_PER_TASK = 2000
 
 
-def learn_joint_bpe(text_paths, codes_path, merges, workers=1):
-    """Learn ``merges`` BPE merge operations on the concatenation of ``text_paths``."""
+def learn_joint_bpe(text_paths, codes_path, merges):
+    """Learn ``merges`` BPE merge operations on the concatenation of ``text_paths``.
+
+    The words are counted here, in this process, and handed to subword-nmt as its
+    vocabulary: the codes are those of ``subword-nmt learn-bpe`` on the concatenated text
+    (the same counts; it breaks ties by the pair itself), without a copy of the text on
+    disk and without subword-nmt's own worker pool, which forks the calling process (see
+    ``workers.py``).
+    """
     from subword_nmt.learn_bpe import learn_bpe
 
-    joined = codes_path + ".joint-text"
-    with atomic_open(joined) as out:
-        for path in text_paths:
-            with open(path, encoding="utf-8") as handle:
-                shutil.copyfileobj(handle, out)
-    try:
-        with open(joined, encoding="utf-8") as infile, atomic_open(codes_path) as outfile:
-            learn_bpe(infile, outfile, merges, min_frequency=2, num_workers=workers)
-    finally:
-        os.remove(joined)
+    counts = collections.Counter()
+    for path in text_paths:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                counts.update(word for word in line.strip("\r\n ").split(" ") if word)
+    vocabulary = (f"{word} {count}\n" for word, count in counts.items())
+    with atomic_open(codes_path) as outfile:
+        learn_bpe(vocabulary, outfile, merges, min_frequency=2, is_dict=True)
 
 
 def check_codes(path):

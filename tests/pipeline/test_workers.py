@@ -1,6 +1,9 @@
 """The tokenisation and BPE pools: their workers are not forks of the calling process
 (which has torch's threads by now), and they write what one process writes."""
 
+import subprocess
+import sys
+
 import pytest
 import torch  # noqa: F401  (the caller's state the pools must not inherit: torch and its threads)
 
@@ -43,3 +46,22 @@ def test_bpe_in_two_workers_equals_one_process(text, tmp_path):
     one = (tmp_path / "one").read_text(encoding="utf-8")
     assert one.count("\n") == len(LINES) and "@@ " in one
     assert (tmp_path / "two").read_text(encoding="utf-8") == one
+
+
+def test_joint_codes_are_subword_nmts_own_on_the_concatenated_text(text, tmp_path):
+    # the words are counted in this process, not by subword-nmt's forked pool: the codes
+    # are its command line's on the concatenation of both files
+    second = tmp_path / "text.de"
+    second.write_text("".join(f"Satz {i}: der braune Fuchs springt.\n" for i in range(900)))
+    joined = tmp_path / "joined"
+    joined.write_text(text.read_text(encoding="utf-8") + second.read_text(), encoding="utf-8")
+    subprocess.run(
+        [sys.executable, "-m", "subword_nmt.learn_bpe", "-s", "300"],
+        stdin=joined.open(encoding="utf-8"),
+        stdout=(tmp_path / "reference").open("w", encoding="utf-8"),
+        check=True,
+    )
+    bpe.learn_joint_bpe([str(text), str(second)], str(tmp_path / "codes"), 300)
+    codes = (tmp_path / "codes").read_text(encoding="utf-8")
+    assert codes.count("\n") == 301
+    assert codes == (tmp_path / "reference").read_text(encoding="utf-8")
