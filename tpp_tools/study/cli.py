@@ -159,8 +159,8 @@ def _add_override_arguments(p) -> None:
         "--layer-norm",
         choices=["post", "pre"],
         dest="layer_norm",
-        help="post: after each residual sum (the paper's; the default but for gpu-short); "
-        "pre: before each sublayer",
+        help="post: after each residual sum (the paper's; the default but for gpu and "
+        "gpu-short); pre: before each sublayer",
     )
 
 
