@@ -60,6 +60,22 @@ def test_the_dry_run_prints_the_checks_tpp_train_asks_for():
     assert not printed(dict(env, TPP_FAIRSEQ_CHECKS="none")).startswith("TPP_FAIRSEQ_CHECKS")
 
 
+def test_the_documented_command_is_the_one_train_sh_runs():
+    """docs/training_and_evaluation.md shows what ``scripts/train.sh --preset en-de`` runs
+    on a GPU (where it adds --fp16): word for word, but the programs' and plugin's paths."""
+    text = (REPO / "docs" / "training_and_evaluation.md").read_text(encoding="utf-8")
+    block = re.search(r"```bash\n(TPP_FAIRSEQ_CHECKS=all fairseq-train .*?)\n```", text, re.S)
+    documented = shlex.split(block.group(1).replace("\\\n", " "))[1:]
+    command = dry_run(
+        "--preset", "en-de", "--data", "data-bin/wmt14_en_de",
+        "--save-dir", "checkpoints/en_de", "--fp16",
+    )  # fmt: skip
+    assert Path(command[0]).name == documented[0] == "fairseq-train"
+    assert option(command, "--user-dir") == str(REPO / "tpp_plugin")
+    command[command.index("--user-dir") + 1] = "tpp_plugin"
+    assert command[1:] == documented[1:]
+
+
 def test_paper_recipe_defaults_and_overrides():
     command = dry_run("--preset", "en-de", "--data", "some/data")
     assert command[1] == "some/data"
