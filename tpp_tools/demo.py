@@ -155,7 +155,7 @@ def made_by_a_demo(folder):
 
 def check_folders(args):
     """Before any stage: the sample is there, and ``--out`` is a folder that is the demo's
-    to write (``--force`` removes only an empty folder or one a demo made)."""
+    to write: new, empty or made by a demo (the only kind ``--force`` removes)."""
     missing = [name for name in SAMPLE_FILES if not (args.sample / name).is_file()]
     if missing:
         raise DemoError(
@@ -165,13 +165,13 @@ def check_folders(args):
         )
     if args.out.exists() and not args.out.is_dir():
         raise DemoError(f"{args.out}: not a folder: --out is the folder the demo writes", 2)
-    if args.force and args.out.is_dir():
-        if any(args.out.iterdir()) and not made_by_a_demo(args.out):
-            raise DemoError(
-                f"{args.out} was not made by the demo (it has no {MARK}): --force removes "
-                "only a demo's folder; choose another --out",
-                2,
-            )
+    if args.out.is_dir() and any(args.out.iterdir()) and not made_by_a_demo(args.out):
+        # its files are not the demo's to resume, nor to remove (--force)
+        raise DemoError(
+            f"{args.out} holds files and was not made by the demo (it has no {MARK}): "
+            "--out is a new or empty folder, or one a demo made",
+            2,
+        )
 
 
 def check(status, what):

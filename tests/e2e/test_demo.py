@@ -151,7 +151,9 @@ def test_another_cut_of_the_sample_under_the_same_out_is_refused(demo):
         ([], {"DEMO_MAX_UPDATE": "1k"}, "argument --max-update: "),
         (["--sample", "/nowhere"], {}, "/nowhere: no train.en, "),
         (["--out", "{tmp}/file"], {}, "/file: not a folder: --out"),
-        (["--out", "{tmp}/thesis", "--force"], {}, "--force removes only a demo's folder"),
+        (["--out", "{tmp}/thesis", "--force"], {}, "thesis holds files and was not made by"),
+        # nor is the demo's marker left in it, which --force would then trust
+        (["--out", "{tmp}/thesis"], {}, "thesis holds files and was not made by the demo"),
     ],
 )
 def test_bad_options_are_refused_before_any_stage(tmp_path, options, variables, message):
@@ -173,3 +175,4 @@ def test_bad_options_are_refused_before_any_stage(tmp_path, options, variables, 
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "===" not in proc.stdout
     assert (tmp_path / "thesis" / "thesis.tex").read_text() == "years of work"
+    assert sorted(p.name for p in (tmp_path / "thesis").iterdir()) == ["thesis.tex"]
