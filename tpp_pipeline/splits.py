@@ -27,6 +27,7 @@ writes ``work/study/raw/{train,valid,test}.{en,de}``.
 import argparse
 import json
 import lzma
+import os
 import random
 import re
 import sys
@@ -192,6 +193,18 @@ def carve_corpus(
     outputs = {
         name: (out_dir / f"{name}.{src_lang}", out_dir / f"{name}.{tgt_lang}") for name in names
     }
+    inputs = [
+        Path(f"{read_from}.{lang}{xz}")
+        for read_from in (prefix, *given.values())
+        for lang in (src_lang, tgt_lang)
+        for xz in ("", ".xz")
+    ]
+    for path in (p for pair in outputs.values() for p in pair):
+        if path.is_file() and any(i.is_file() and os.path.samefile(path, i) for i in inputs):
+            raise DataError(
+                "is an input of the carving, and --out would write over it: choose another --out",
+                path,
+            )
     record = out_dir / SETTINGS
     if not force and all(p.exists() for pair in outputs.values() for p in pair):
         if not record.exists():  # carved before the record existed: kept as they are

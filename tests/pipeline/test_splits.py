@@ -132,6 +132,34 @@ def test_a_corpus_path_that_is_a_folder_is_an_error_naming_it(tmp_path):
     assert not (tmp_path / "carved").exists()
 
 
+def test_an_out_folder_holding_an_input_is_refused_and_the_input_kept(tmp_path):
+    """--out the corpus's own folder: its train.en was read, then written over with the
+    training pairs left after carving (the same for a held-out set the study gives)."""
+    folder = tmp_path / "c"
+    corpus_with_repeats(folder)
+    (folder / "train.en").write_text("a\nb\nc\nd\n", encoding="utf-8")
+    (folder / "train.de").write_text("w\nx\ny\nz\n", encoding="utf-8")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    shown = run(
+        ["tpp-carve-splits", "--corpus", folder / "train", "-s", "en", "-t", "de",
+         "--valid", "1", "--test", "1", "--out", folder],
+        check=False,
+    )  # fmt: skip
+    assert shown.returncode == 2, shown.stderr
+    assert (
+        f"error: {folder / 'train.en'}: is an input of the carving, and --out would "
+        "write over it" in shown.stderr
+    ), shown.stderr
+    from tpp_pipeline import splits
+    from tpp_pipeline.errors import DataError
+
+    with pytest.raises(DataError, match="is an input of the carving") as info:
+        held = {"test": folder / "train"}  # a test set of its own, in the same folder
+        splits.carve_corpus(folder / "all", "en", "de", folder, {"valid": 1}, given=held)
+    assert info.value.path == folder / "train.en"
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
 def test_an_output_folder_that_cannot_be_created_is_an_error(tmp_path):
     corpus = corpus_with_repeats(tmp_path / "raw")
     (tmp_path / "taken").write_text("a file, not a folder\n")
