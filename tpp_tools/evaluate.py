@@ -30,6 +30,7 @@ fairseq-generate failed.
 """
 
 import argparse
+import codecs
 import math
 import os
 import re
@@ -74,8 +75,9 @@ class GenerationError(UserError):
 
 def read_lines(path):
     """The lines of a text file as sacreBLEU reads them: split at ``\\n`` only (a last
-    line without a final newline counts), trailing whitespace (and ``\\r``) dropped.
-    Invalid UTF-8 is an error naming the file and line."""
+    line without a final newline counts), trailing whitespace (and ``\\r``) dropped; a
+    UTF-8 byte order mark at the start is not text, and is dropped too. Invalid UTF-8 is
+    an error naming the file and line."""
     path = Path(path)
     if path.is_dir():
         raise EvaluationError(
@@ -84,7 +86,7 @@ def read_lines(path):
         )
     if not path.is_file():
         raise EvaluationError(f"{path}: no such file")
-    data = path.read_bytes()
+    data = path.read_bytes().removeprefix(codecs.BOM_UTF8)
     raw_lines = data.split(b"\n")
     if raw_lines and raw_lines[-1] == b"":
         raw_lines.pop()  # the final newline ends the last line; it does not start one

@@ -421,12 +421,17 @@ def _main(argv) -> int:
             "the report draws its curves with matplotlib, which is not installed: "
             "pip install 'tpp-plugin[plots]'"
         )
-    if args.dry_run or args.report_only:  # they write no run: no lock, another study may be running
+    from tpp_pipeline.lock import work_dir_lock
+
+    if args.dry_run or (args.report_only and not args.records):
+        # they write no run: no lock, another study may be running
         status = plan_or_report(args, cfg, command)
         if args.dry_run and args.launcher == "slurm" and status == 0:
             return slurm.dry_run(args, cfg)
         return status
-    from tpp_pipeline.lock import work_dir_lock
+    if args.report_only:  # records copied into the runs' folders: not beside a running study
+        with work_dir_lock(args.out, user="tpp-study", folder="study folder"):
+            return plan_or_report(args, cfg, command)
 
     def stop(
         signum, frame

@@ -10,6 +10,8 @@ import threading
 import time
 from pathlib import Path
 
+from tpp_pipeline import textio
+
 
 def log(message: str) -> None:
     # one write per line: print() writes the newline apart, and the runs log from threads
@@ -18,9 +20,9 @@ def log(message: str) -> None:
 
 
 def count_lines(path: Path) -> int:
-    """Lines as ``str.splitlines()`` counts them (a last line without newline counts)."""
-    with open(path, encoding="utf-8", newline="") as handle:
-        return len(handle.read().splitlines())
+    """Lines as the carving writes them and ``tpp-evaluate`` reads them: ended by ``\\n``
+    only (a last line without one counts; a ``\\r`` or U+2028 inside a line does not end it)."""
+    return textio.count_lines(path)
 
 
 class StepTimeout(RuntimeError):

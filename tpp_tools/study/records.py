@@ -13,6 +13,7 @@ the very settings, data and test reference of this study. Runs with a record are
 trained again, so records from several short allocations accumulate into one study.
 """
 
+import functools
 import gzip
 import hashlib
 import io
@@ -21,6 +22,7 @@ import os
 import subprocess
 import tarfile
 import time
+import zlib
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -131,9 +133,10 @@ def write_record(
     (by default this process's)."""
     import sacrebleu
 
+    from tpp_tools.evaluate import read_lines
+
     hyp_path = run.folder / "eval" / "hyp.detok"
-    hyps = hyp_path.read_text(encoding="utf-8").splitlines()
-    refs = Path(reference).read_text(encoding="utf-8").splitlines()
+    hyps, refs = read_lines(hyp_path), read_lines(reference)  # as tpp-evaluate scored them
     records = json_records(run.folder / "train.log")
     done = run.folder / "train.done"
     done = done.read_text().split() if done.exists() else []
@@ -177,16 +180,80 @@ def _portable(cmd: List[str]) -> List[str]:
 
 def read_record(path: Path) -> dict:
     try:
-        with gzip.open(path, "rb") as handle:
+        data = Path(path).read_bytes()
+    except OSError as err:
+        raise StudyError(f"{path}: not a readable run record ({err.strerror})") from None
+    return parse_record(data, path)
+
+
+def parse_record(data: bytes, where) -> dict:
+    """The record in ``data`` (gzipped JSON), refused with ``where`` named unless it has
+    every field the study reads, of the type it reads."""
+    try:
+        with gzip.open(io.BytesIO(data), "rb") as handle:
             record = json.loads(handle.read())
-    except (OSError, EOFError, ValueError) as err:
-        raise StudyError(f"{path}: not a readable run record ({err})") from None
+    except (OSError, EOFError, ValueError, zlib.error) as err:
+        raise StudyError(f"{where}: not a readable run record ({err})") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:
+        found = record.get("format") if isinstance(record, dict) else "?"
         raise StudyError(
-            f"{path}: a run record of format {record.get('format') if isinstance(record, dict) else '?'}, "
-            f"this version reads format {FORMAT}"
+            f"{where}: a run record of format {found}, this version reads format {FORMAT}"
         )
+    problem = _malformed(record)
+    if problem:
+        raise StudyError(f"{where}: not a whole run record: {problem}")
     return record
+
+
+def _malformed(record: dict) -> Optional[str]:
+    """What is missing or of the wrong type in ``record`` (None where nothing is)."""
+    number = (int, float)
+    fields = [
+        ("run", str), ("folder", str), ("spec", dict), ("train_command", list),
+        ("device", str), ("parameters", int), ("translations_sha256", str),
+        ("reference", dict), ("reference.sha256", str), ("reference.lines", int),
+        ("scores", dict), ("scores.sacrebleu_detok", str),
+        ("scores.bleu_tok_compound_split", str), ("train", dict), ("train.wps", list),
+        ("valid", list), ("statistics", dict), ("statistics.BLEU", list),
+        ("statistics.chrF", list),
+    ]  # fmt: skip
+    for dotted, kind in fields:
+        value = _get(record, dotted)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return f"{dotted} is {'missing' if value is None else type(value).__name__}"
+    for key in ("sacrebleu_detok", "bleu_tok_compound_split"):
+        try:
+            float(record["scores"][key])
+        except ValueError:
+            return f"scores.{key} is not a number"
+    if not all(isinstance(x, number) for x in record["train"]["wps"]):
+        return "train.wps holds something other than numbers"
+    if not isinstance(record["train"].get("seconds"), (*number, type(None))):
+        return "train.seconds is not a number"
+    keys = ("updates", "loss", "nll_loss")
+    if not all(
+        isinstance(v, dict) and all(isinstance(v.get(k), number) for k in keys)
+        for v in record["valid"]
+    ):
+        return "valid holds points without their updates, loss and nll_loss"
+    lines = record["reference"]["lines"]
+    for metric, width in _statistics_width().items():
+        rows = record["statistics"][metric]
+        if len(rows) != lines or not all(
+            isinstance(row, list) and len(row) == width and all(isinstance(x, int) for x in row)
+            for row in rows
+        ):
+            return (
+                f"statistics.{metric} is not {lines} rows (the reference's lines) of "
+                f"{width} whole numbers"
+            )
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _statistics_width() -> Dict[str, int]:
+    """The length of sacreBLEU's per-sentence statistics of BLEU and chrF."""
+    return {metric: len(rows[0]) for metric, rows in sentence_statistics(["a"], ["a"]).items()}
 
 
 def load_record(run, reference: Path) -> Optional[dict]:
@@ -271,9 +338,9 @@ def _found(source: Path):
     """(where, record bytes, translations bytes or None) of every record in a folder
     (searched recursively) or a tar archive."""
     if source.is_dir():
-        for path in sorted(source.rglob(RECORD)):
+        for path in sorted(p for p in source.rglob(RECORD) if p.is_file()):
             hyp = path.parent / "eval" / "hyp.detok"
-            yield path, path.read_bytes(), hyp.read_bytes() if hyp.exists() else None
+            yield path, path.read_bytes(), hyp.read_bytes() if hyp.is_file() else None
         return
     if not source.is_file():
         raise StudyError(f"--records {source}: no such file or folder")
@@ -288,8 +355,12 @@ def _found(source: Path):
                     tar.extractfile(members[name]).read(),
                     tar.extractfile(members[hyp]).read() if hyp in members else None,
                 )
-    except tarfile.TarError as err:
-        raise StudyError(f"--records {source}: not a folder or a tar archive ({err})") from None
+    except (tarfile.TarError, EOFError, zlib.error) as err:
+        raise StudyError(
+            f"--records {source}: not a folder or a whole tar archive ({err})"
+        ) from None
+    except OSError as err:  # (gzip's damaged-data errors among them)
+        raise StudyError(f"--records {source}: cannot be read ({err})") from None
 
 
 def import_records(sources: List[Path], runs, reference: Path) -> List[str]:
@@ -303,13 +374,7 @@ def import_records(sources: List[Path], runs, reference: Path) -> List[str]:
     accepted, other = {}, []
     for source in sources:
         for where, data, hyp in _found(Path(source)):
-            with gzip.open(io.BytesIO(data), "rb") as handle:
-                try:
-                    record = json.loads(handle.read())
-                except (OSError, EOFError, ValueError) as err:
-                    raise StudyError(f"{where}: not a readable run record ({err})") from None
-            if not isinstance(record, dict) or record.get("format") != FORMAT:
-                raise StudyError(f"{where}: not a run record of format {FORMAT}")
+            record = parse_record(data, where)
             run = planned.get(record["run"])
             if run is None:
                 other.append(f"{record['run']} ({where})")
@@ -336,6 +401,13 @@ def import_records(sources: List[Path], runs, reference: Path) -> List[str]:
                     "them aside"
                 )
             continue
+        local = run.folder / "eval" / "hyp.detok"
+        if hyp is not None and local.exists() and local.read_bytes() != hyp:
+            raise StudyError(
+                f"{where}: {local} holds other translations of {name} than the record's "
+                "(translated here, its record not yet written); move its eval folder aside "
+                "to take the record"
+            )
     copied = []
     for name, (where, data, hyp) in accepted.items():
         run = planned[name]
@@ -375,6 +447,8 @@ def check_pack(archive: Path, runs, out: Path, force: bool) -> None:
     other than ``runs`` (of the study folder ``out``): they would be lost. The same study
     packing again (a resumed or re-reported study) replaces it."""
     archive = Path(archive)
+    if archive.is_dir():
+        raise StudyError(f"--pack {archive}: is a folder; --pack names the archive to write")
     if force or not archive.exists():
         return
     folders = {str(run.folder.relative_to(out)) for run in runs}
@@ -394,11 +468,14 @@ def pack_records(runs, archive: Path, out: Path, force: bool = False) -> int:
     check_pack(archive, runs, out, force)
     archive.parent.mkdir(parents=True, exist_ok=True)
     tmp = archive.with_name(f".{archive.name}.{os.getpid()}.tmp")
-    with tarfile.open(tmp, "w:gz") as tar:
-        for run in runs:
-            for name in PACKED:
-                path = run.folder / name
-                if path.exists():
-                    tar.add(path, arcname=str(path.relative_to(out)))
-    os.replace(tmp, archive)
+    try:
+        with tarfile.open(tmp, "w:gz") as tar:
+            for run in runs:
+                for name in PACKED:
+                    path = run.folder / name
+                    if path.exists():
+                        tar.add(path, arcname=str(path.relative_to(out)))
+        os.replace(tmp, archive)
+    finally:
+        tmp.unlink(missing_ok=True)
     return archive.stat().st_size

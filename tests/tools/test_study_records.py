@@ -1,0 +1,181 @@
+"""Run records read from elsewhere (archives, folders, a run folder of a stopped study):
+anything but a whole record is an error naming it, and merging never replaces what a
+study folder holds. The records are the GPU study's own, as committed in records/gpu."""
+
+import gzip
+import hashlib
+import json
+import tarfile
+from types import SimpleNamespace
+
+import pytest
+
+from support import REPO, run
+from tpp_tools.evaluate import read_lines
+from tpp_tools.study.commands import count_lines
+from tpp_tools.study.config import StudyError
+from tpp_tools.study.records import (
+    RECORD,
+    import_records,
+    pack_records,
+    parse_record,
+    read_record,
+)
+
+COMMITTED = sorted((REPO / "records" / "gpu").glob(f"*/{RECORD}"))
+
+
+def gzipped(record: dict) -> bytes:
+    return gzip.compress(json.dumps(record).encode(), mtime=0)
+
+
+def test_every_committed_record_reads_whole():
+    assert len(COMMITTED) >= 4
+    for path in COMMITTED:
+        record = read_record(path)
+        assert record["folder"] == path.parent.name
+        assert len(record["statistics"]["BLEU"]) == record["reference"]["lines"] == 2000
+
+
+def broken(record, dotted, value):
+    record = json.loads(json.dumps(record))
+    *parents, last = dotted.split(".")
+    held = record
+    for part in parents:
+        held = held[part]
+    if value is KeyError:
+        del held[last]
+    else:
+        held[last] = value
+    return record
+
+
+@pytest.mark.parametrize(
+    "dotted, value, problem",
+    [
+        ("run", KeyError, "run is missing"),
+        ("run", ["hybrid"], "run is list"),
+        ("spec", None, "spec is missing"),
+        ("reference", "x", "reference is str"),
+        ("translations_sha256", KeyError, "translations_sha256 is missing"),
+        ("scores", {}, "scores.sacrebleu_detok is missing"),
+        ("scores.sacrebleu_detok", "high", "scores.sacrebleu_detok is not a number"),
+        ("train.wps", ["fast"], "train.wps holds something other than numbers"),
+        ("valid", [{"updates": 1}], "valid holds points without their updates"),
+        ("statistics.BLEU", [[1, 2, 3]], "statistics.BLEU is not 2000 rows"),
+    ],
+)
+def test_a_record_without_what_the_report_reads_is_refused_naming_it(dotted, value, problem):
+    """(these passed the import and failed the report afterwards, and every report
+    after it, with a KeyError or TypeError)"""
+    record = read_record(COMMITTED[0])
+    with pytest.raises(StudyError) as info:
+        parse_record(gzipped(broken(record, dotted, value)), "somewhere/record.json.gz")
+    message = str(info.value)
+    assert message.startswith("somewhere/record.json.gz: not a whole run record: "), message
+    assert problem in message, message
+
+
+def test_damaged_records_and_archives_are_errors_naming_them(tmp_path):
+    data = COMMITTED[0].read_bytes()
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0xFF
+    local = tmp_path / "run" / RECORD
+    local.parent.mkdir()
+    local.write_bytes(bytes(flipped))
+    with pytest.raises(StudyError, match=f"^{local}: not a readable run record"):
+        read_record(local)
+    # an archive cut short, or damaged inside, from --records
+    archive = tmp_path / "records.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for path in COMMITTED:
+            tar.add(path, arcname=f"runs/{path.parent.name}/{RECORD}")
+    whole = archive.read_bytes()
+    planned = [SimpleNamespace(name="none", folder=tmp_path / "none", spec={})]
+    reference = tmp_path / "ref"
+    reference.write_text("a\n")
+    for name, damaged in (("cut", whole[: len(whole) // 2]), ("flipped", flip(whole))):
+        (tmp_path / name).write_bytes(damaged)
+        with pytest.raises(StudyError, match=f"--records {tmp_path / name}: "):
+            import_records([tmp_path / name], planned, reference)
+    # a folder of records with a folder of the record's name in it is passed over
+    odd = tmp_path / "folder" / "runs" / "x" / RECORD
+    odd.mkdir(parents=True)
+    assert import_records([tmp_path / "folder"], planned, reference) == []
+
+
+def flip(data: bytes) -> bytes:
+    out = bytearray(data)
+    out[len(out) // 2] ^= 0xFF
+    return bytes(out)
+
+
+def a_record_of_this_study(tmp_path, translations: bytes):
+    """A committed record made this study's: its test reference a file here, its
+    translations ``translations``; with the run it is of."""
+    record = read_record(COMMITTED[0])
+    reference = tmp_path / "test.de"
+    reference.write_text("".join(f"Satz {i}.\n" for i in range(2000)), encoding="utf-8")
+    record["reference"]["sha256"] = hashlib.sha256(reference.read_bytes()).hexdigest()
+    record["translations_sha256"] = hashlib.sha256(translations).hexdigest()
+    study_run = SimpleNamespace(
+        name=record["run"],
+        folder=tmp_path / "study" / "runs" / record["folder"],
+        spec=record["spec"],
+    )
+    source = tmp_path / "elsewhere" / record["folder"]
+    (source / "eval").mkdir(parents=True)
+    (source / RECORD).write_bytes(gzipped(record))
+    (source / "eval" / "hyp.detok").write_bytes(translations)
+    return study_run, reference
+
+
+def test_merging_never_replaces_translations_the_run_made_here(tmp_path):
+    """A run translated here but stopped before its record was written: a record of the
+    same run from elsewhere, with other translations, is refused (it replaced them)."""
+    theirs = b"".join(b"Sentence %d.\n" % i for i in range(2000))
+    study_run, reference = a_record_of_this_study(tmp_path, theirs)
+    ours = study_run.folder / "eval" / "hyp.detok"
+    ours.parent.mkdir(parents=True)
+    ours.write_bytes(b"Ours.\n" * 2000)
+    with pytest.raises(StudyError, match="holds other translations of .* than the record's"):
+        import_records([tmp_path / "elsewhere"], [study_run], reference)
+    assert ours.read_bytes() == b"Ours.\n" * 2000 and not (study_run.folder / RECORD).exists()
+    ours.write_bytes(theirs)  # the same translations: the record is taken
+    assert import_records([tmp_path / "elsewhere"], [study_run], reference) == [study_run.name]
+    assert (study_run.folder / RECORD).is_file()
+
+
+def test_pack_into_a_folder_is_refused_and_leaves_nothing(tmp_path):
+    study_run = SimpleNamespace(name="r", folder=tmp_path / "study" / "runs" / "r", spec={})
+    study_run.folder.mkdir(parents=True)
+    (study_run.folder / RECORD).write_bytes(COMMITTED[0].read_bytes())
+    (tmp_path / "packdir").mkdir()
+    for force in (False, True):
+        with pytest.raises(StudyError, match="packdir: is a folder"):
+            pack_records([study_run], tmp_path / "packdir", tmp_path / "study", force=force)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["packdir", "study"]
+
+
+def test_records_are_not_merged_into_a_folder_a_study_is_running_in(tmp_path):
+    from tpp_pipeline.lock import work_dir_lock
+
+    out = tmp_path / "study"
+    command = [
+        "tpp-study", "--config", "cpu", "--data", tmp_path / "nowhere", "--test-reference",
+        tmp_path / "ref", "--out", out, "--report-only", "--records", tmp_path / "records",
+    ]  # fmt: skip
+    with work_dir_lock(out, user="tpp-study", folder="study folder"):
+        refused = run(command, check=False)
+    assert refused.returncode == 2, refused.stderr
+    assert "another tpp-study is using this study folder" in refused.stderr, refused.stderr
+
+
+def test_lines_are_ended_by_newlines_only_as_carved_and_scored(tmp_path):
+    """A line with U+2028, a form feed or a lone carriage return inside is one line, as
+    the carving wrote it and tpp-evaluate scores it (the study counted it as two and
+    refused its own test reference); a byte order mark is not text."""
+    text = tmp_path / "test.de"
+    text.write_bytes("\ufeffeins\nzwei\u2028drei\nvier\x0cf\u00fcnf\rsechs\nsieben".encode())
+    assert count_lines(text) == 4
+    assert read_lines(text) == ["eins", "zwei\u2028drei", "vier\x0cf\u00fcnf\rsechs", "sieben"]
