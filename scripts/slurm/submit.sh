@@ -53,6 +53,13 @@ after=
 dry_run=0
 while [[ $# -gt 0 ]]; do
   case $1 in
+    --preset|--prepare-cmd|--data-bin|--save-dir|--results-dir|--reference|--n-avg|\
+    --train-opts|--partition|--account|--nodes|--gpus-per-node|--tasks-per-node|\
+    --cpus-per-task|--shards|--time-prepare|--time-tag|--time-binarize|--time-train|\
+    --time-evaluate|--from|--to|--after|--log-dir)
+      [[ $# -ge 2 ]] || die "$1 needs a value (see --help)" ;;
+  esac
+  case $1 in
     --preset) PRESET=$2; shift 2 ;;
     --prepare-cmd) PREPARE_CMD=$2; shift 2 ;;
     --data-bin) DATA_BIN=$2; shift 2 ;;
@@ -110,27 +117,37 @@ if (( last >= $(stage_index evaluate) )) && [[ ${PRESET:-en-de} != *-* && -z ${R
 fi
 
 # Cluster resources
+positive() {  # VARIABLE OPTION: a whole number of at least 1
+  [[ ${!1} =~ ^[1-9][0-9]*$ ]] || die "$2 must be a positive number, not '${!1}'"
+}
 CPU_ONLY=${CPU_ONLY:-0}
 NODES=${NODES:-1}
 GPUS_PER_NODE=${GPUS_PER_NODE:-4}
+CPUS_PER_TASK=${CPUS_PER_TASK:-8}
+TAG_SHARDS=${TAG_SHARDS:-8}
+positive NODES --nodes
+positive CPUS_PER_TASK --cpus-per-task
+positive TAG_SHARDS --shards
+N_AVG=${N_AVG:-10}
+positive N_AVG --n-avg
 if [[ $CPU_ONLY == 1 ]]; then
   TASKS_PER_NODE=${TASKS_PER_NODE:-1}
+  positive TASKS_PER_NODE --tasks-per-node
 else
+  positive GPUS_PER_NODE --gpus-per-node
   TASKS_PER_NODE=${TASKS_PER_NODE:-$GPUS_PER_NODE}
+  positive TASKS_PER_NODE --tasks-per-node
   # each task trains on GPU number SLURM_LOCALID (fairseq's set_device): no more tasks than GPUs
-  (( TASKS_PER_NODE <= GPUS_PER_NODE )) 2>/dev/null \
+  (( TASKS_PER_NODE <= GPUS_PER_NODE )) \
     || die "--tasks-per-node $TASKS_PER_NODE: each training task needs a GPU of its own," \
            "and --gpus-per-node is $GPUS_PER_NODE"
 fi
-CPUS_PER_TASK=${CPUS_PER_TASK:-8}
-TAG_SHARDS=${TAG_SHARDS:-8}
 TIME_PREPARE=${TIME_PREPARE:-08:00:00}
 TIME_TAG=${TIME_TAG:-08:00:00}
 TIME_BINARIZE=${TIME_BINARIZE:-08:00:00}
 TIME_TRAIN=${TIME_TRAIN:-48:00:00}
 TIME_EVALUATE=${TIME_EVALUATE:-04:00:00}
 LOG_DIR=${LOG_DIR:-logs/slurm}
-[[ $TAG_SHARDS =~ ^[1-9][0-9]*$ ]] || die "--shards must be a positive number, not '$TAG_SHARDS'"
 
 # Pipeline settings travel to the jobs through the environment (sbatch --export=ALL).
 export TPP_ROOT=$repo

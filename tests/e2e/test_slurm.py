@@ -248,6 +248,26 @@ def test_more_training_tasks_than_gpus_is_refused_before_submitting(tmp_path):
     assert not result.stdout
 
 
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--n-avg", "0"], "--n-avg must be a positive number, not '0'"),
+        (["--nodes", "0"], "--nodes must be a positive number, not '0'"),
+        (["--cpu", "--tasks-per-node", "0"], "--tasks-per-node must be a positive number"),
+        (["--gpus-per-node", "x"], "--gpus-per-node must be a positive number, not 'x'"),
+        (["--cpus-per-task", "-1"], "--cpus-per-task must be a positive number"),
+        (["--preset"], "--preset needs a value"),
+        (["--bogus"], "unknown option '--bogus'"),
+    ],
+)
+def test_bad_resources_are_refused_before_submitting(options, message, tmp_path):
+    """(--n-avg 0 was submitted, and the evaluation failed once training had run)"""
+    command = ["bash", str(SLURM / "submit.sh"), "--dry-run", "--log-dir", str(tmp_path), *options]
+    result = subprocess.run(command, env=tool_env(), capture_output=True, text=True)
+    assert result.returncode == 2 and f"submit.sh: error: {message}" in result.stderr, result.stderr
+    assert not result.stdout
+
+
 @pytest.mark.parametrize("reference", [False, True], ids=["refused", "given"])
 def test_a_preset_without_a_known_reference_needs_one_before_submitting(tmp_path, reference):
     """Only the WMT'14 presets find their data and test reference: a chain with another
