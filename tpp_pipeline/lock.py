@@ -234,10 +234,11 @@ def held_locks():
 
 
 def exit_cleanly_on_sigterm():
-    """Turn SIGTERM (kill, SLURM's time limit, scancel) and SIGHUP (a closed terminal,
-    unless nohup ignores it) into SystemExit in this process, so that the commands it
-    runs are stopped and the lock record and temporary files are cleaned up on the way
-    out. Worker processes forked later keep the default behaviour."""
+    """Turn SIGTERM (kill, SLURM's time limit, scancel), SIGHUP (a closed terminal, unless
+    nohup ignores it) and SIGINT (Ctrl-C, without a traceback) into SystemExit in this
+    process, so that the commands it runs are stopped and the lock record and temporary
+    files are cleaned up on the way out. Worker processes forked later keep the default
+    behaviour."""
     main_pid = os.getpid()
 
     def handler(signum, frame):
@@ -246,5 +247,6 @@ def exit_cleanly_on_sigterm():
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, handler)
-    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # (nohup's stays)
-        signal.signal(signal.SIGHUP, handler)
+    for signum in (signal.SIGHUP, signal.SIGINT):
+        if signal.getsignal(signum) is not signal.SIG_IGN:  # (nohup's SIGHUP stays ignored)
+            signal.signal(signum, handler)

@@ -641,6 +641,13 @@ def run_pipeline(args, prefixes, name, src, tgt):
     steps; a run that will binarize holds the output folder's lock throughout."""
     work_dir = args.work_dir or os.path.join(REPO_ROOT, "work", name)
     dest_dir = os.path.join(args.data_bin, name)
+    out, work = os.path.abspath(dest_dir), os.path.abspath(work_dir)
+    if os.path.commonpath([out, work]) in (out, work):  # the one in (or is) the other
+        raise DataError(
+            f"the output folder and the work folder {work_dir} (--work-dir) overlap: the "
+            "binarized data goes to a folder of its own (--data-bin, --name)",
+            dest_dir,
+        )
     raw = check_before_running(args, prefixes, src, tgt)
     lock = contextlib.nullcontext()
     if args.stop_after in (None, "binarize") and not args.tag_shard:

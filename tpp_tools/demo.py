@@ -465,6 +465,9 @@ def main(argv=None):
         return 2
     # before torch is imported (the plots and analyses run in this process)
     os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+    from tpp_pipeline.lock import exit_cleanly_on_sigterm
+
+    exit_cleanly_on_sigterm()  # stopped (Ctrl-C, kill): its commands too, no traceback
     try:
         run_demo(args, root)
     except UserError as error:  # (the data pipeline's too: a stage wrote less than it should)

@@ -373,7 +373,7 @@ def test_a_command_the_pipeline_runs_holds_its_locks(tmp_path):
 def test_sighup_stops_the_pipelines_commands_and_clears_its_lock(tmp_path):
     """A closed terminal (SIGHUP) ends a run as SIGTERM does: the command it runs is
     stopped (subprocess.run kills it on the way out) and its lock's record cleared;
-    unless SIGHUP is ignored (nohup)."""
+    unless SIGHUP is ignored (nohup). Ctrl-C (SIGINT) too."""
     from tpp_pipeline.lock import work_dir_lock
 
     script = (
@@ -405,6 +405,19 @@ def test_sighup_stops_the_pipelines_commands_and_clears_its_lock(tmp_path):
     run.send_signal(signal.SIGHUP)
     run.send_signal(signal.SIGTERM)
     assert run.wait(timeout=60) == 128 + signal.SIGTERM
+    # Ctrl-C the same way, without a traceback
+    run = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    command = int(run.stdout.readline())
+    run.send_signal(signal.SIGINT)
+    assert run.wait(timeout=60) == 128 + signal.SIGINT
+    assert "Traceback" not in run.stderr.read() and _lock_record(tmp_path / ".lock") is None
+    with pytest.raises(ProcessLookupError):
+        os.kill(command, 0)
 
 
 # ----------------------------------------------------------------- errors before the steps
@@ -427,6 +440,7 @@ def _no_step_ran(corpus, work="work"):
         "--bpe-codes a folder",
         "--spacy-model missing",
         "input is a folder",
+        "output in the work folder",
     ],
 )
 def test_bad_inputs_and_settings_are_refused_before_any_step(corpus, case):
@@ -467,6 +481,12 @@ def test_bad_inputs_and_settings_are_refused_before_any_step(corpus, case):
     elif case == "--spacy-model missing":
         extra = ["--spacy-model", "no_such_spacy_model"]
         expected = "spaCy model 'no_such_spacy_model' (--spacy-model) is neither an installed"
+    elif case == "output in the work folder":  # (--name final was the step folder final/)
+        extra = ["--data-bin", corpus / "work"]
+        expected = (
+            f"{corpus / 'work' / 'rel'}: the output folder and the work folder "
+            f"{corpus / 'work'} (--work-dir) overlap"
+        )
     else:
         (corpus / "valid.de").unlink()
         (corpus / "valid.de").mkdir()
