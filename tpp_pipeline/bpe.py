@@ -28,9 +28,10 @@ def learn_joint_bpe(text_paths, codes_path, merges):
 
     The words are counted here, in this process, and handed to subword-nmt as its
     vocabulary: the codes are those of ``subword-nmt learn-bpe`` on the concatenated text
-    (the same counts; it breaks ties by the pair itself), without a copy of the text on
-    disk and without subword-nmt's own worker pool, which forks the calling process (see
-    ``workers.py``).
+    (the same counts; it breaks ties by the pair itself) of files that end with a newline
+    (a file without one does not join its last word to the next file's first), without
+    a copy of the text on disk and without subword-nmt's own worker pool, which forks the
+    calling process (see ``workers.py``).
     """
     from subword_nmt.learn_bpe import learn_bpe
 

@@ -237,8 +237,8 @@ def exit_cleanly_on_sigterm():
     """Turn SIGTERM (kill, SLURM's time limit, scancel), SIGHUP (a closed terminal, unless
     nohup ignores it) and SIGINT (Ctrl-C, without a traceback) into SystemExit in this
     process, so that the commands it runs are stopped and the lock record and temporary
-    files are cleaned up on the way out. Worker processes forked later keep the default
-    behaviour."""
+    files are cleaned up on the way out. Worker processes forked later exit at once on
+    them."""
     main_pid = os.getpid()
 
     def handler(signum, frame):

@@ -635,19 +635,25 @@ PIPELINE = (
 STEPS = tuple(step.name for step in PIPELINE)
 
 
-def run_pipeline(args, prefixes, name, src, tgt):
-    """Run the steps for ``prefixes`` = {split: path prefix of raw text}: first the checks
-    that need no step (:func:`check_before_running`, a writable output folder), then the
-    steps; a run that will binarize holds the output folder's lock throughout."""
-    work_dir = args.work_dir or os.path.join(REPO_ROOT, "work", name)
-    dest_dir = os.path.join(args.data_bin, name)
-    out, work = os.path.abspath(dest_dir), os.path.abspath(work_dir)
+def check_folders_apart(work_dir, dest_dir):
+    """Refuse an output folder that is, holds or lies in the work folder (its step
+    folders, ``final/`` say, would be written over)."""
+    out, work = os.path.realpath(dest_dir), os.path.realpath(work_dir)
     if os.path.commonpath([out, work]) in (out, work):  # the one in (or is) the other
         raise DataError(
             f"the output folder and the work folder {work_dir} (--work-dir) overlap: the "
             "binarized data goes to a folder of its own (--data-bin, --name)",
             dest_dir,
         )
+
+
+def run_pipeline(args, prefixes, name, src, tgt):
+    """Run the steps for ``prefixes`` = {split: path prefix of raw text}: first the checks
+    that need no step (:func:`check_before_running`, a writable output folder), then the
+    steps; a run that will binarize holds the output folder's lock throughout."""
+    work_dir = args.work_dir or os.path.join(REPO_ROOT, "work", name)
+    dest_dir = os.path.join(args.data_bin, name)
+    check_folders_apart(work_dir, dest_dir)
     raw = check_before_running(args, prefixes, src, tgt)
     lock = contextlib.nullcontext()
     if args.stop_after in (None, "binarize") and not args.tag_shard:

@@ -200,7 +200,12 @@ def carve_corpus(
         for xz in ("", ".xz")
     ]
     for path in (p for pair in outputs.values() for p in pair):
-        if path.is_file() and any(i.is_file() and os.path.samefile(path, i) for i in inputs):
+        # (by name: a corpus read from PREFIX.en.xz would be read from PREFIX.en once written)
+        if any(
+            os.path.realpath(path) == os.path.realpath(i)
+            or (path.is_file() and i.is_file() and os.path.samefile(path, i))
+            for i in inputs
+        ):
             raise DataError(
                 "is an input of the carving, and --out would write over it: choose another --out",
                 path,

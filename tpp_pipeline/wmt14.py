@@ -310,6 +310,9 @@ def main(argv=None):
     raw_out = os.path.join(work_dir, "raw")
     exit_cleanly_on_sigterm()
     try:
+        pipeline.check_folders_apart(
+            work_dir, os.path.join(args.data_bin, name)
+        )  # before downloading
         with work_dir_lock(work_dir, shared=bool(args.tag_shard)):
             _prepare(args, name, src, tgt, work_dir, raw_out)
     except (DataError, OSError) as exc:

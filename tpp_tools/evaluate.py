@@ -723,7 +723,8 @@ def main(argv=None):
         argv, generate_args = argv[:cut], argv[cut + 1 :]
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
-    signal.signal(signal.SIGINT, _terminate)  # Ctrl-C: the same clean-up, no traceback
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # (a background job's stays)
+        signal.signal(signal.SIGINT, _terminate)  # Ctrl-C: the same clean-up, no traceback
     try:
         scores = evaluate(
             args.data,

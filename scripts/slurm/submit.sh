@@ -53,11 +53,13 @@ after=
 dry_run=0
 while [[ $# -gt 0 ]]; do
   case $1 in
-    --preset|--prepare-cmd|--data-bin|--save-dir|--results-dir|--reference|--n-avg|\
-    --train-opts|--partition|--account|--nodes|--gpus-per-node|--tasks-per-node|\
-    --cpus-per-task|--shards|--time-prepare|--time-tag|--time-binarize|--time-train|\
-    --time-evaluate|--from|--to|--after|--log-dir)
+    --prepare-cmd|--train-opts)  # (their values are options)
       [[ $# -ge 2 ]] || die "$1 needs a value (see --help)" ;;
+    --preset|--data-bin|--save-dir|--results-dir|--reference|--n-avg|--partition|\
+    --account|--nodes|--gpus-per-node|--tasks-per-node|--cpus-per-task|--shards|\
+    --time-prepare|--time-tag|--time-binarize|--time-train|--time-evaluate|--from|--to|\
+    --after|--log-dir)  # "--partition --dry-run" is not the partition "--dry-run"
+      [[ $# -ge 2 && $2 != --* ]] || die "$1 needs a value (see --help)" ;;
   esac
   case $1 in
     --preset) PRESET=$2; shift 2 ;;

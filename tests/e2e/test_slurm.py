@@ -257,6 +257,7 @@ def test_more_training_tasks_than_gpus_is_refused_before_submitting(tmp_path):
         (["--gpus-per-node", "x"], "--gpus-per-node must be a positive number, not 'x'"),
         (["--cpus-per-task", "-1"], "--cpus-per-task must be a positive number"),
         (["--preset"], "--preset needs a value"),
+        (["--partition", "--cpu"], "--partition needs a value"),
         (["--bogus"], "unknown option '--bogus'"),
     ],
 )

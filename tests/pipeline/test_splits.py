@@ -150,6 +150,8 @@ def test_an_out_folder_holding_an_input_is_refused_and_the_input_kept(tmp_path):
         f"error: {folder / 'train.en'}: is an input of the carving, and --out would "
         "write over it" in shown.stderr
     ), shown.stderr
+    import lzma
+
     from tpp_pipeline import splits
     from tpp_pipeline.errors import DataError
 
@@ -158,6 +160,20 @@ def test_an_out_folder_holding_an_input_is_refused_and_the_input_kept(tmp_path):
         splits.carve_corpus(folder / "all", "en", "de", folder, {"valid": 1}, given=held)
     assert info.value.path == folder / "train.en"
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    # a corpus read from .xz files: the plain name written beside them would be read next
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    for lang in ("en", "de"):
+        (packed / f"train.{lang}.xz").write_bytes(
+            lzma.compress((folder / f"train.{lang}").read_bytes())
+        )
+    shown = run(
+        ["tpp-carve-splits", "--corpus", packed / "train", "-s", "en", "-t", "de",
+         "--valid", "1", "--test", "1", "--out", packed],
+        check=False,
+    )  # fmt: skip
+    assert shown.returncode == 2 and "is an input of the carving" in shown.stderr, shown.stderr
+    assert sorted(p.name for p in packed.iterdir()) == ["train.de.xz", "train.en.xz"]
 
 
 def test_an_output_folder_that_cannot_be_created_is_an_error(tmp_path):

@@ -63,6 +63,9 @@ def broken(record, dotted, value):
         ("train.wps", ["fast"], "train.wps holds something other than numbers"),
         ("valid", [{"updates": 1}], "valid holds points without their updates"),
         ("statistics.BLEU", [[1, 2, 3]], "statistics.BLEU is not 2000 rows"),
+        ("code", KeyError, "code is missing"),
+        ("code.commit", 7, "code.commit is not a commit"),
+        ("train_command", ["fairseq-train", None], "train_command holds something other"),
     ],
 )
 def test_a_record_without_what_the_report_reads_is_refused_naming_it(dotted, value, problem):
@@ -140,6 +143,12 @@ def test_merging_never_replaces_translations_the_run_made_here(tmp_path):
     ours.write_bytes(b"Ours.\n" * 2000)
     with pytest.raises(StudyError, match="holds other translations of .* than the record's"):
         import_records([tmp_path / "elsewhere"], [study_run], reference)
+    # the record alone, without its translations: compared with the record's checksum
+    numbers = tmp_path / "numbers" / study_run.folder.name
+    numbers.mkdir(parents=True)
+    (numbers / RECORD).write_bytes(next((tmp_path / "elsewhere").glob(f"*/{RECORD}")).read_bytes())
+    with pytest.raises(StudyError, match="holds other translations of .* than the record's"):
+        import_records([numbers.parent], [study_run], reference)
     assert ours.read_bytes() == b"Ours.\n" * 2000 and not (study_run.folder / RECORD).exists()
     ours.write_bytes(theirs)  # the same translations: the record is taken
     assert import_records([tmp_path / "elsewhere"], [study_run], reference) == [study_run.name]

@@ -210,7 +210,8 @@ def _malformed(record: dict) -> Optional[str]:
     number = (int, float)
     fields = [
         ("run", str), ("folder", str), ("spec", dict), ("train_command", list),
-        ("device", str), ("parameters", int), ("translations_sha256", str),
+        ("code", dict), ("code.tpp", str), ("device", str), ("parameters", int),
+        ("translations_sha256", str),
         ("reference", dict), ("reference.sha256", str), ("reference.lines", int),
         ("scores", dict), ("scores.sacrebleu_detok", str),
         ("scores.bleu_tok_compound_split", str), ("train", dict), ("train.wps", list),
@@ -221,6 +222,10 @@ def _malformed(record: dict) -> Optional[str]:
         value = _get(record, dotted)
         if not isinstance(value, kind) or isinstance(value, bool):
             return f"{dotted} is {'missing' if value is None else type(value).__name__}"
+    if not isinstance(record["code"].get("commit"), (str, type(None))):
+        return "code.commit is not a commit"
+    if not all(isinstance(word, str) for word in record["train_command"]):
+        return "train_command holds something other than words"
     for key in ("sacrebleu_detok", "bleu_tok_compound_split"):
         try:
             float(record["scores"][key])
@@ -390,8 +395,8 @@ def import_records(sources: List[Path], runs, reference: Path) -> List[str]:
                     f"two different records of {run.name}: {before[0]} and {where} (the run was "
                     "trained twice); give only one"
                 )
-            accepted[run.name] = (where, data, hyp)
-    for name, (where, data, hyp) in accepted.items():
+            accepted[run.name] = (where, data, hyp, record)
+    for name, (where, data, hyp, record) in accepted.items():
         run = planned[name]
         path = run.folder / RECORD
         if path.exists():
@@ -402,14 +407,14 @@ def import_records(sources: List[Path], runs, reference: Path) -> List[str]:
                 )
             continue
         local = run.folder / "eval" / "hyp.detok"
-        if hyp is not None and local.exists() and local.read_bytes() != hyp:
+        if local.exists() and file_sha256(local) != record["translations_sha256"]:
             raise StudyError(
                 f"{where}: {local} holds other translations of {name} than the record's "
                 "(translated here, its record not yet written); move its eval folder aside "
                 "to take the record"
             )
     copied = []
-    for name, (where, data, hyp) in accepted.items():
+    for name, (where, data, hyp, _) in accepted.items():
         run = planned[name]
         path = run.folder / RECORD
         if path.exists():
