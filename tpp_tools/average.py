@@ -376,8 +376,12 @@ def main(argv=None):
                 if not os.path.isfile(path):
                     raise AveragingError(f"{path}: no such checkpoint file")
             check_no_duplicates(paths)
-        output = os.path.abspath(args.output)
-        if any(os.path.abspath(p) == output for p in paths):
+        output = os.path.realpath(args.output)
+        if any(
+            os.path.realpath(p) == output
+            or (os.path.exists(args.output) and os.path.samefile(p, args.output))
+            for p in paths
+        ):
             raise AveragingError(f"{args.output}: the output is one of the inputs")
         if os.path.isdir(output):
             raise AveragingError(f"{output}: is a folder: --output names the averaged file")

@@ -16,6 +16,7 @@ This tool (``tpp-recover-checkpoint``), run by ``scripts/train.sh`` (and
 3. if not, moves it aside to ``checkpoint_last.pt.damaged-<time>`` (never deleted) and
    copies the readable checkpoint with the most updates to ``checkpoint_last.pt``, saying
    which; with none left it stops: the same command run again starts from the beginning.
+   It holds the save dir's lock (``.lock``) as ``tpp-train`` does: never beside a training.
 
 Usage (the options of a fairseq-train command line; others are ignored, the last value
 of a repeated option counts, as in fairseq)::
@@ -234,6 +235,25 @@ def finished_updates(save_dir, max_update, restore_file=DEFAULT_RESTORE_FILE, su
 
 
 def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    lock = None
+    save_dir = Path(parse_args(argv).save_dir)
+    if save_dir.is_dir():  # not while a training writes its checkpoints there
+        from .train import TrainError, take_lock
+
+        try:
+            lock = take_lock(save_dir, ["tpp-recover-checkpoint", *argv])
+        except TrainError as error:
+            return report("tpp-recover-checkpoint", error)
+    try:
+        return recover_held(argv)
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
+def recover_held(argv) -> int:
+    """:func:`main` for a caller that holds the save dir's lock (``tpp-train``)."""
     args = parse_args(argv)
     try:
         recover(args.save_dir, args.restore_file, args.checkpoint_suffix)

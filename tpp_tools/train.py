@@ -259,6 +259,8 @@ def fairseq_command(args):
         "--warmup-updates",
         "--seed",
         "--label-smoothing",
+        "--save-interval-updates",
+        "--log-interval",
     ):
         if option in given:
             setattr(args, option[2:].replace("-", "_"), given[option])
@@ -308,16 +310,18 @@ def check_settings(args) -> None:
             f"--max-update must be a positive number of updates, not '{args.max_update}' "
             "(fairseq reads 0 as no limit)"
         )
-    for name in ("max_tokens", "update_freq", "save_interval_updates", "log_interval"):
+    for name in (
+        "max_tokens",
+        "update_freq",
+        "save_interval_updates",
+        "log_interval",
+        "warmup_updates",  # (fairseq's inverse_sqrt divides by it)
+    ):
         if not str(getattr(args, name)).isdigit() or int(getattr(args, name)) < 1:
             raise TrainError(
                 f"--{name.replace('_', '-')} must be a positive whole number, not "
                 f"'{getattr(args, name)}'"
             )
-    if not str(args.warmup_updates).isdigit():
-        raise TrainError(
-            f"--warmup-updates must be a whole number of updates, not '{args.warmup_updates}'"
-        )
     if not str(args.seed).isdigit() or int(args.seed) >= 2**31:  # (fairseq adds the epoch)
         raise TrainError(f"--seed must be a whole number from 0 to 2**31 - 1, not '{args.seed}'")
     if not _positive_float(args.lr):
@@ -487,7 +491,7 @@ def prepare(args, argv, cmd):
         )
         status = 0 if finished is None else 3
     else:
-        status = recover.main(fairseq_options)
+        status = recover.recover_held(fairseq_options)  # (this process holds the lock)
     if status == 3:  # finished: it said so
         return 3 if args.recover_only else 0
     if status != 0:
@@ -522,6 +526,13 @@ def main(argv=None) -> int:
         ):
             if Path(folder).exists() and not Path(folder).is_dir():
                 raise TrainError(f"{name} '{folder}' is a file, not a folder")
+        if not any(Path(args.data).glob("dict.*.txt")):
+            raise TrainError(
+                f"data folder '{args.data}' has no dictionaries (dict.*.txt): give the folder "
+                "fairseq-preprocess or tpp-prepare-corpus wrote"
+            )
+        if Path(args.log_file).is_dir():
+            raise TrainError(f"--log-file '{args.log_file}' is a folder; it names the log file")
         Path(args.save_dir).mkdir(parents=True, exist_ok=True)
         Path(args.log_file).parent.mkdir(parents=True, exist_ok=True)
         job = JobVerdict.of_this_job()

@@ -223,6 +223,12 @@ def test_bad_inputs_and_overwrite_protection(tmp_path):
     result = run_average("--inputs", good, "--output", out, "--force")
     assert result.returncode == 0, result.stderr
     assert torch.equal(load(out)["model"]["encoder.weight"], load(good)["model"]["encoder.weight"])
+    # an input as the output, under another name (a link to its folder): refused, kept
+    (tmp_path / "alias").symlink_to(tmp_path)
+    before = good.read_bytes()
+    result = run_average("--inputs", good, out, "--output", tmp_path / "alias" / "a.pt", "--force")
+    assert result.returncode == 2 and "the output is one of the inputs" in result.stderr
+    assert good.read_bytes() == before
 
 
 PEAK_RSS_WRAPPER = """

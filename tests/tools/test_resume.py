@@ -475,6 +475,29 @@ def test_no_readable_checkpoint_is_an_error(torn_run, tmp_path):
     assert (save_dir / "checkpoint_last.pt").read_bytes() == torn_run["torn"]
 
 
+def test_recovery_waits_for_no_training_that_holds_the_save_dir(torn_run, tmp_path):
+    """A training holds the save dir's lock (its checkpoint_last.pt may be mid-copy): the
+    repair is refused, as a second training is, and nothing is moved."""
+    from tpp_tools.train import take_lock
+
+    save_dir = tmp_path / "ckpt"
+    save_dir.mkdir()
+    (save_dir / "checkpoint_last.pt").write_bytes(torn_run["torn"])
+    held = take_lock(save_dir, ["fairseq-train", "..."])
+    try:
+        result = subprocess.run(
+            ["tpp-recover-checkpoint", "--save-dir", str(save_dir)],
+            env=tool_env(),
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        os.close(held)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"another training is using the save dir {save_dir}" in result.stderr, result.stderr
+    assert sorted(p.name for p in save_dir.iterdir()) == [".lock", "checkpoint_last.pt"]
+
+
 def test_a_torn_checkpoint_in_a_folder_that_cannot_be_written_is_named(
     torn_run, tmp_path, monkeypatch
 ):
@@ -627,7 +650,10 @@ def test_max_update_must_be_a_positive_number(value, tmp_path):
         (["--lr", "-1"], "--lr must be a positive number, not '-1'"),
         (["--label-smoothing", "2"], "--label-smoothing must be in [0, 1), not '2'"),
         (["--update-freq", "0"], "--update-freq must be a positive whole number, not '0'"),
-        (["--warmup-updates", "-1"], "--warmup-updates must be a whole number of updates"),
+        (["--warmup-updates", "-1"], "--warmup-updates must be a positive whole number"),
+        (["--warmup-updates", "0"], "--warmup-updates must be a positive whole number, not '0'"),
+        (["--", "--log-interval", "0"], "--log-interval must be a positive whole number"),
+        (["--", "--save-interval-updates=0"], "--save-interval-updates must be a positive"),
         (["--max-tokens", "0"], "--max-tokens must be a positive whole number, not '0'"),
         (["--", "--max-update", "0"], "--max-update must be a positive number of updates"),
         (["--", "--lr", "0"], "--lr must be a positive number, not '0'"),
@@ -652,7 +678,7 @@ def test_values_fairseq_would_misread_are_refused_before_training(options, messa
     assert "Traceback" not in bad.stderr
 
 
-def test_a_data_file_is_not_called_missing(tmp_path):
+def test_a_data_folder_or_log_file_fairseq_cannot_use_is_refused_by_name(tmp_path):
     data = tmp_path / "train.en-de.en.bin"
     data.write_bytes(b"")
     bad = subprocess.run(
@@ -671,6 +697,23 @@ def test_a_data_file_is_not_called_missing(tmp_path):
     )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
     assert f"--save-dir '{data}' is a file, not a folder" in bad.stderr, bad.stderr
+    # a folder without dictionaries; a log file that is a folder (fairseq's tracebacks)
+    bad = subprocess.run(
+        ["bash", str(SCRIPTS / "train.sh"), "--data", folder, "--save-dir", tmp_path / "c"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+    assert f"data folder '{folder}' has no dictionaries (dict.*.txt)" in bad.stderr, bad.stderr
+    (folder / "dict.en.txt").write_text("a 1\n")
+    bad = subprocess.run(
+        ["bash", str(SCRIPTS / "train.sh"), "--data", folder, "--save-dir", tmp_path / "c",
+         "--log-file", tmp_path],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+    assert f"--log-file '{tmp_path}' is a folder; it names the log file" in bad.stderr
 
 
 def test_tpp_train_finds_fairseq_train_beside_its_python_without_the_environment(tmp_path):
