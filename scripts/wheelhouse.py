@@ -291,14 +291,18 @@ def write_manifest(args, dest, pyver, platforms, torch, req_file):
 
 
 def probe(python, code, env=None, cwd=None):
-    proc = subprocess.run(
-        [str(python), "-c", code],
-        env=env,
-        cwd=cwd,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    """What ``python -c code`` prints, or None where it fails (or cannot be run)."""
+    try:
+        proc = subprocess.run(
+            [str(python), "-c", code],
+            env=env,
+            cwd=cwd,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+    except OSError:
+        return None
     return proc.stdout.strip() if proc.returncode == 0 else None
 
 
@@ -373,6 +377,8 @@ def install(args):
     version_code = "import sys; print('%d.%d' % sys.version_info[:2])"
     interpreter = vpy if vpy.exists() else python
     have = probe(interpreter, version_code)
+    if have is None:
+        raise Abort(f"{interpreter}: cannot be run as Python (--python names the interpreter)")
     if have != manifest["python"]:
         raise Abort(
             f"the wheelhouse is for Python {manifest['python']}, but {interpreter} is "
@@ -421,7 +427,19 @@ def open_wheelhouse(folder):
             f"{wheelhouse} is not a wheelhouse: it has no {MANIFEST}.\n  Make one on a "
             "machine with internet: scripts/setup_env.sh --download-wheelhouse DIR ..."
         )
-    return wheelhouse, json.loads(manifest_path.read_text())
+    remake = "make it again: scripts/setup_env.sh --download-wheelhouse DIR ..."
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError) as error:
+        raise Abort(f"{manifest_path}: not a readable manifest ({error}); {remake}") from None
+    fields = {"python": str, "profile": str, "torch": str, "requirements": list}
+    held = manifest if isinstance(manifest, dict) else {}
+    wrong = [k for k, kind in fields.items() if not isinstance(held.get(k), kind)]
+    if wrong or held["profile"] not in PROFILES:
+        raise Abort(
+            f"{manifest_path}: not a whole manifest (its {', '.join(wrong) or 'profile'}); {remake}"
+        )
+    return wheelhouse, manifest
 
 
 def install_steps(args, manifest, wheelhouse, vpy, penv, pip, tmp):

@@ -549,3 +549,24 @@ def test_a_wheelhouse_for_another_python_is_refused(wheelhouse, tmp_path):
     assert rc == 2, out + err
     assert f"the wheelhouse is for Python {other}, but" in err and f"is Python {PYVER}" in err
     assert not (tmp_path / "venv").exists()
+
+
+@pytest.mark.parametrize(
+    "manifest, extra, message",
+    [
+        ('{"python": "3.1', [], "tpp-wheelhouse.json: not a readable manifest"),
+        ("{}", [], "tpp-wheelhouse.json: not a whole manifest (its python, profile, torch,"),
+        ('{"python": "3.11", "profile": "all", "torch": "cpu", "requirements": []}', [],
+         "not a whole manifest (its profile)"),
+        ('{"python": "%s", "profile": "full", "torch": "cpu", "requirements": []}' % PYVER,
+         ["--python", "/nowhere/python3"], "/nowhere/python3: cannot be run as Python"),
+    ],
+)  # fmt: skip
+def test_a_damaged_manifest_or_a_missing_python_is_named(manifest, extra, message, tmp_path):
+    """(tracebacks of json, a KeyError and a FileNotFoundError; nothing installed)"""
+    (tmp_path / "wh").mkdir()
+    (tmp_path / "wh" / "tpp-wheelhouse.json").write_text(manifest)
+    venv = tmp_path / "venv"
+    rc, out, err = setup_env("--from-wheelhouse", tmp_path / "wh", "--venv", venv, *extra)
+    assert rc == 2 and message in err and "Traceback" not in err, out + err
+    assert not venv.exists()
