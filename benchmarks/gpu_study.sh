@@ -23,22 +23,25 @@ set -uo pipefail
 BUDGET=540
 RESULTS=
 ONLY=
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
+die() { echo "gpu_study.sh: error: $*" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
+    case $1 in
+        --budget|--results|--only) [[ $# -ge 2 && $2 != --* ]] || die "$1 needs a value" ;;
+    esac
     case $1 in
         --budget) BUDGET=$2; shift 2 ;;
         --results) RESULTS=$2; shift 2 ;;
         --only) ONLY=$2; shift 2 ;;
-        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+        -h|--help) usage; exit 0 ;;
         *) break ;;
     esac
 done
-if [[ -z $RESULTS || -z $ONLY || ! $BUDGET =~ ^[0-9]+$ ]]; then
-    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
-    exit 2
-fi
+[[ -n $RESULTS && -n $ONLY ]] || { usage; exit 2; }
+[[ $BUDGET =~ ^[0-9]+$ ]] || die "--budget is a whole number of seconds, not '$BUDGET'"
+mkdir -p "$RESULTS" || exit 2
+RESULTS=$(realpath "$RESULTS")  # (before leaving the folder it was given from)
 cd "$(dirname "$0")/.."
-mkdir -p "$RESULTS"
-RESULTS=$(realpath "$RESULTS")
 stamp() { echo "[gpu_study $(date +%H:%M:%S) +${SECONDS}s] $*"; }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$RESULTS/device.txt" 2>&1

@@ -101,6 +101,7 @@ while [[ $# -gt 0 ]]; do
             PACK=$2
             shift 2 ;;
         -h|--help) usage; exit 0 ;;
+        -*) echo "gpu_suite.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
         *) break ;;
     esac
 done

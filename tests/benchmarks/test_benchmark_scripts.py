@@ -613,6 +613,7 @@ def test_fairseq_train_run_trains_each_model_with_bench_models_command_line(data
         (["--budget", "ten", "{data}", "{out}"], "--budget takes a whole number of seconds"),
         (["--budget", "0", "{data}", "{out}"], "--budget takes a whole number of seconds"),
         (["{out}/missing", "{out}"], "is not a folder"),
+        (["--froce", "{data}", "{out}"], "unknown option '--froce'"),
         ([], "Usage:"),
     ],
 )
@@ -622,6 +623,22 @@ def test_gpu_suite_rejects_bad_arguments_before_running_anything(args, message, 
     res = run(["benchmarks/gpu_suite.sh", *args], cwd=REPO, check=False)
     assert res.returncode == 2 and message in res.stdout + res.stderr
     assert not (out / "status.txt").exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--budget", "5m", "--results", "r", "--only", "hybrid-s1"], "not '5m'"),
+        (["--only", "hybrid-s1", "--results"], "--results needs a value"),
+        (["--results", "--only", "hybrid-s1"], "--results needs a value"),
+        (["--results", "r"], "Usage"),
+    ],
+)
+def test_gpu_study_refuses_bad_arguments_before_anything(args, message, tmp_path):
+    """(a missing value was bash's 'unbound variable'; a bad budget only the usage)"""
+    res = run(["bash", REPO / "benchmarks" / "gpu_study.sh", *args], cwd=tmp_path, check=False)
+    assert res.returncode == 2 and message in res.stdout + res.stderr, res.stderr
+    assert not list(tmp_path.iterdir()), "nothing made"
 
 
 def test_mfu_takes_the_peak_of_the_gpu_variant_named():
