@@ -163,6 +163,12 @@ def _classify(record: dict) -> tuple[str, float, dict] | None:
     return name, step, values
 
 
+def _not_a_log(path: Path) -> str:
+    if path.is_dir():
+        return f"{path} is a folder: --log takes fairseq's log file (e.g. train.log in it)"
+    return f"log file not found: {path}"
+
+
 def read_log(path: Path) -> dict[str, list[tuple[float, dict]]]:
     """Series name -> [(update, metrics)] sorted by update, from a fairseq log file.
 
@@ -170,7 +176,7 @@ def read_log(path: Path) -> dict[str, list[tuple[float, dict]]]:
     records are keyed by (series, update, epoch) and the last one wins.
     """
     if not path.is_file():
-        raise LogError(f"log file not found: {path}")
+        raise LogError(_not_a_log(path))
     text = path.read_text(encoding="utf-8", errors="replace")
     if not text.strip():
         raise LogError(f"log file is empty: {path}")
@@ -347,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         missing = [log for log in args.log if not log.is_file()]
         if missing:  # named before the folder
-            raise LogError(f"log file not found: {missing[0]}")
+            raise LogError(_not_a_log(missing[0]))
         written = plot_logs(args.log, out_dir, args.force, args.label, args.format)
     except LogError as err:
         return report("tpp-plot-training", err)

@@ -356,6 +356,9 @@ def test_embedding_similarity_errors(trained, tmp_path, capsys):
         == 1
     )
     assert "'volcano' is not in the prepared sentence" in capsys.readouterr().err
+    same = ["--path", str(checkpoint), "--data", str(data), "--words", "fire", "Fire"]
+    assert embedding_similarity.main(same) == 1
+    assert "--words names 'fire' twice" in capsys.readouterr().err
     empty = tmp_path / "empty.pt"
     empty.write_bytes(b"")
     assert embedding_similarity.main(["--path", str(empty), "--data", str(data)]) == 1

@@ -217,6 +217,7 @@ def test_refuses_to_overwrite_without_force(fairseq_run, tmp_path, capsys):
     "content, message",
     [
         (None, "not found"),
+        ("folder", "train.log is a folder: --log takes fairseq's log file"),
         ("", "empty"),
         ("  \n\n", "empty"),
         (
@@ -232,7 +233,9 @@ def test_refuses_to_overwrite_without_force(fairseq_run, tmp_path, capsys):
 )
 def test_bad_logs_fail_with_a_clear_message(tmp_path, content, message):
     log = tmp_path / "train.log"
-    if content is not None:
+    if content == "folder":
+        log.mkdir()
+    elif content is not None:
         log.write_text(content, encoding="utf-8")
     # through the command line: the exit status is what shell pipelines see
     run = subprocess.run(
