@@ -16,7 +16,8 @@
 # compressed: what travels) and wheelhouse/ (fairseq's sources and the wheels the
 # machine's Python lacks: numpy, scipy and scikit-learn are left out, which such images
 # hold), all ignored by git, and prints what the archive and the wheels weigh together
-# with the checkout. Intermediate files go to work/gpu/.
+# with the checkout. wheelhouse/tpp-commit.txt names the checkout's commit ("+": with
+# changes not committed), which the GPU scripts record. Intermediate files go to work/gpu/.
 set -euo pipefail
 
 FORCE=()
@@ -68,6 +69,10 @@ bash scripts/setup_env.sh --download-wheelhouse work/gpu/wheels --python-version
 "$PY" -m pip download -q --only-binary=:all: --python-version "$PYVER" --implementation cp \
     --platform manylinux_2_28_x86_64 -d work/gpu/wheels pytest  # the tests stage runs pytest
 rm -f work/gpu/wheels/{numpy,scipy,scikit_learn}-*
+# the checkout's commit, for the node's copy, which has no history (the records name it)
+commit=$(git rev-parse HEAD)
+[[ -z $(git status --porcelain --untracked-files=no) ]] || commit+=+
+echo "$commit" >work/gpu/wheels/tpp-commit.txt
 rm -rf wheelhouse.tmp && cp -r work/gpu/wheels wheelhouse.tmp && rm -rf wheelhouse && mv wheelhouse.tmp wheelhouse
 
 total=$(( $(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1) + $(du -sb data-bin/gpu_ende.tar.xz wheelhouse | awk '{ s += $1 } END { print s }') ))

@@ -16,8 +16,8 @@
 #              go at once (--parallel)
 # Other options go to tpp-study (e.g. --records records/gpu, to skip runs already
 # recorded); its configuration is --config gpu on data-bin/gpu_ende with the conv heads'
-# output scaled, seeds 1 and 2. Set TPP_COMMIT to the checkout's commit: the records name
-# it, and the node's copy of the checkout may lack its history.
+# output scaled, seeds 1 and 2. The records name the code's commit: TPP_COMMIT, else the
+# one gpu_prepare.sh wrote into wheelhouse/tpp-commit.txt (the node's copy has no history).
 set -uo pipefail
 
 BUDGET=540
@@ -42,6 +42,7 @@ done
 mkdir -p "$RESULTS" || exit 2
 RESULTS=$(realpath "$RESULTS")  # (before leaving the folder it was given from)
 cd "$(dirname "$0")/.."
+[[ -n ${TPP_COMMIT:-} || ! -f wheelhouse/tpp-commit.txt ]] || export TPP_COMMIT=$(<wheelhouse/tpp-commit.txt)
 stamp() { echo "[gpu_study $(date +%H:%M:%S) +${SECONDS}s] $*"; }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$RESULTS/device.txt" 2>&1

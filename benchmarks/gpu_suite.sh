@@ -137,7 +137,8 @@ FAILED=0
 # What the figures were measured on, for their report: the GPU, the driver, the versions
 {  # appended: a later run that skips existing tables must not rewrite where they came from
     echo "== $(date -u '+%Y-%m-%d %H:%M:%S UTC'): gpu_suite.sh ${STAGES[*]}"
-    git describe --always --dirty 2>/dev/null || echo "commit ${TPP_COMMIT:-unknown (not a git checkout; TPP_COMMIT unset)}"
+    git describe --always --dirty 2>/dev/null || echo "commit ${TPP_COMMIT:-$(cat wheelhouse/tpp-commit.txt 2>/dev/null \
+        || echo "unknown (not a git checkout; TPP_COMMIT unset, no wheelhouse/tpp-commit.txt)")}"
     echo "TPP_FAIRSEQ_SPEEDUPS=${TPP_FAIRSEQ_SPEEDUPS-(unset: the defaults of the plugin)}"
     "$PY" -c 'import sys, torch; print(f"Python {sys.version.split()[0]}, torch {torch.__version__}, CUDA {torch.version.cuda}"); print(torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device")' 2>&1
     "$PY" -c 'import triton; print(f"Triton {triton.__version__}")' 2>&1 | tail -1
