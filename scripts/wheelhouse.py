@@ -432,7 +432,15 @@ def open_wheelhouse(folder):
         manifest = json.loads(manifest_path.read_text())
     except (OSError, ValueError) as error:
         raise Abort(f"{manifest_path}: not a readable manifest ({error}); {remake}") from None
-    fields = {"python": str, "profile": str, "torch": str, "requirements": list}
+    fields = {
+        "python": str,
+        "profile": str,
+        "torch": str,
+        "torch_requirement": (str, type(None)),
+        "requirements": list,
+        "platforms": list,
+        "command": str,
+    }
     held = manifest if isinstance(manifest, dict) else {}
     wrong = [k for k, kind in fields.items() if not isinstance(held.get(k), kind)]
     if wrong or held["profile"] not in PROFILES:

@@ -376,10 +376,10 @@ def main(argv=None):
                 if not os.path.isfile(path):
                     raise AveragingError(f"{path}: no such checkpoint file")
             check_no_duplicates(paths)
-        output = os.path.realpath(args.output)
+        output = os.path.abspath(args.output)
         if any(
-            os.path.realpath(p) == output
-            or (os.path.exists(args.output) and os.path.samefile(p, args.output))
+            os.path.realpath(p) == os.path.realpath(output)
+            or (os.path.exists(output) and os.path.samefile(p, output))
             for p in paths
         ):
             raise AveragingError(f"{args.output}: the output is one of the inputs")

@@ -141,6 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     try:
+        if args.words[0].casefold() == args.words[1].casefold():
+            raise AnalysisError(
+                f"--words names {args.words[0]!r} twice: the similarity of a word with "
+                "itself is 1 in every layer; give two different words"
+            )
         check_model_arguments(args)
         loaded = load_model(args.path, args.data)
         prepared = prepare_sentence(
@@ -149,11 +154,6 @@ def main(argv: list[str] | None = None) -> int:
         src_tokens, tokens = encode(loaded, prepared)
         # words from the prepared text, not the dictionary's view of it: a word the
         # model does not know still has a position (and a representation, of <unk>)
-        if args.words[0].casefold() == args.words[1].casefold():
-            raise AnalysisError(
-                f"--words names {args.words[0]!r} twice: the similarity of a word with "
-                "itself is 1 in every layer; give two different words"
-            )
         words = word_spans(prepared.split())
         first, second = (find_word(words, w) for w in args.words)
         unknown = loaded.task.source_dictionary.unk_string()

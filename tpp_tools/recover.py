@@ -245,6 +245,8 @@ def main(argv=None):
             lock = take_lock(save_dir, ["tpp-recover-checkpoint", *argv])
         except TrainError as error:
             return report("tpp-recover-checkpoint", error)
+        except OSError:  # a folder it cannot write: checked without the lock (as before)
+            lock = None
     try:
         return recover_held(argv)
     finally:

@@ -526,7 +526,7 @@ def main(argv=None) -> int:
         ):
             if Path(folder).exists() and not Path(folder).is_dir():
                 raise TrainError(f"{name} '{folder}' is a file, not a folder")
-        if not any(Path(args.data).glob("dict.*.txt")):
+        if not any(Path(args.data).glob("dict*.txt")):
             raise TrainError(
                 f"data folder '{args.data}' has no dictionaries (dict.*.txt): give the folder "
                 "fairseq-preprocess or tpp-prepare-corpus wrote"

@@ -551,15 +551,20 @@ def test_a_wheelhouse_for_another_python_is_refused(wheelhouse, tmp_path):
     assert not (tmp_path / "venv").exists()
 
 
+WHOLE = (
+    '{"python": "%s", "profile": "%s", "torch": "cpu", "torch_requirement": null, '
+    '"requirements": [], "platforms": [], "command": "setup_env.sh --download-wheelhouse"}'
+)
+
+
 @pytest.mark.parametrize(
     "manifest, extra, message",
     [
         ('{"python": "3.1', [], "tpp-wheelhouse.json: not a readable manifest"),
         ("{}", [], "tpp-wheelhouse.json: not a whole manifest (its python, profile, torch,"),
-        ('{"python": "3.11", "profile": "all", "torch": "cpu", "requirements": []}', [],
-         "not a whole manifest (its profile)"),
-        ('{"python": "%s", "profile": "full", "torch": "cpu", "requirements": []}' % PYVER,
-         ["--python", "/nowhere/python3"], "/nowhere/python3: cannot be run as Python"),
+        (WHOLE % ("3.11", "all"), [], "not a whole manifest (its profile)"),
+        (WHOLE % (PYVER, "full"), ["--python", "/nowhere/python3"],
+         "/nowhere/python3: cannot be run as Python"),
     ],
 )  # fmt: skip
 def test_a_damaged_manifest_or_a_missing_python_is_named(manifest, extra, message, tmp_path):

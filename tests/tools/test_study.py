@@ -364,6 +364,8 @@ def test_long_steps_log_their_progress_and_keep_their_time_limit(tmp_path, capsy
         (["--variants", ","], "--variants: name at least one"),
         (["--max-update", "0"], "--max-update must be at least 1, not 0"),
         (["--average", "0"], "--average must be at least 1, not 0"),
+        (["--warmup-updates", "0"], "--warmup-updates must be at least 1, not 0"),
+        (["--lr", "0"], "--lr must be positive, not 0.0"),
         (["--layers", "0"], "--layers must be at least 1, not 0"),
         (["--embed-dim", "32", "--heads", "3"], "--embed-dim 32 is not divisible by --heads 3"),
         (["--dropout", "1.5"], "--dropout must be in [0, 1), not 1.5"),

@@ -168,8 +168,10 @@ def check_config(cfg: Config) -> Optional[str]:
     for name in ("dropout", "attention_dropout", "activation_dropout"):
         if not 0 <= getattr(cfg, name) < 1:
             return f"--{name.replace('_', '-')} must be in [0, 1), not {getattr(cfg, name)}"
-    if cfg.lr <= 0 or cfg.warmup_updates < 1:  # (fairseq's inverse_sqrt divides by it)
-        return f"--lr must be positive and --warmup-updates at least 1, not {cfg.lr} and {cfg.warmup_updates}"
+    if cfg.lr <= 0:
+        return f"--lr must be positive, not {cfg.lr}"
+    if cfg.warmup_updates < 1:  # (fairseq's inverse_sqrt divides by it)
+        return f"--warmup-updates must be at least 1, not {cfg.warmup_updates}"
     return None
 
 
