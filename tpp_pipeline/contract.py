@@ -16,7 +16,7 @@ import collections
 import os
 from typing import Iterable, Mapping, Sequence
 
-from .errors import UserError
+from .errors import OptionError, UserError
 
 #: the label streams the pipeline's tagger produces (POS, then NER)
 TAG_KINDS = ("pos", "ner")
@@ -43,10 +43,11 @@ def label_stream_prefix(data_dir: str, split: str, src: str, tgt: str, kind: str
 
 
 def parse_tag_kinds(value: str) -> list:
-    """``"pos,ner"`` -> ``["pos", "ner"]``; empty for none; a repeated name is an error."""
+    """``--tags``: ``"pos,ner"`` -> ``["pos", "ner"]``; empty for none; a repeated name is
+    an error."""
     names = [t for t in (value or "").replace(" ", "").split(",") if t]
     if len(set(names)) != len(names):
-        raise ValueError(f"a tag kind is listed twice in {value!r}")
+        raise OptionError(f"--tags: a tag kind is listed twice in {value!r}")
     return names
 
 

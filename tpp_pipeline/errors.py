@@ -24,6 +24,12 @@ class UserError(Exception):
     status = 2
 
 
+class OptionError(UserError, ValueError):
+    """An option's value that the model, task or criterion cannot use (the plugin's options
+    given to fairseq's commands): one line, as argparse's own errors; a ``ValueError`` too,
+    for code that builds the modules itself and catches those."""
+
+
 def report(prog: str, error: BaseException) -> int:
     """Print ``error`` as a command's one line and return its exit status (2 unless it
     has its own)."""

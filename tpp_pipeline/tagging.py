@@ -22,6 +22,7 @@ i-th of n contiguous slices of all chunks, for cluster array jobs; :func:`merge_
 joins the chunks once every shard is done.
 """
 
+import argparse
 import concurrent.futures
 import contextlib
 import importlib.util
@@ -145,15 +146,33 @@ def check_model(name=None):
     folder; None: one of :data:`DEFAULT_MODELS`), before any step runs."""
     if name is None:
         default_model_name()
-    elif not (
-        os.path.isdir(name)
-        or name.startswith("blank:")
-        or importlib.util.find_spec(name) is not None
-    ):
+    elif name.startswith("blank:"):
+        import spacy
+
+        try:
+            spacy.util.get_lang_class(name[len("blank:") :])
+        except ImportError:
+            raise DataError(
+                f"spaCy has no language {name[len('blank:'):]!r} (--spacy-model {name})"
+            ) from None
+    elif os.path.isdir(name):
+        if not os.path.isfile(os.path.join(name, "config.cfg")):
+            raise DataError("is a folder without a spaCy model's config.cfg (--spacy-model)", name)
+    elif not _is_model_package(name):
         raise DataError(
             f"spaCy model '{name}' (--spacy-model) is neither an installed "
             "package nor a folder; install it, or name another"
         )
+
+
+def _is_model_package(name: str) -> bool:
+    """An installed package of a spaCy model (its ``meta.json`` beside its code)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # ("foo.bar": no package foo)
+        return False
+    folders = (spec and spec.submodule_search_locations) or []
+    return any(os.path.isfile(os.path.join(folder, "meta.json")) for folder in folders)
 
 
 def _single_token(label):
@@ -356,13 +375,18 @@ def _pending_chunks(jobs, units):
 
 
 def parse_shard(text):
-    """``"i/n"`` -> ``(i, n)`` with 0 <= i < n (array task ids are 0-based)."""
+    """``"i/n"`` -> ``(i, n)`` with 0 <= i < n (array task ids are 0-based); argparse's
+    type for ``--tag-shard``, whose message it shows."""
     try:
         index, total = (int(x) for x in text.split("/"))
     except ValueError:
-        raise ValueError(f"shard must look like 3/10, not {text!r}") from None
+        raise argparse.ArgumentTypeError(f"must look like 3/10, not {text!r}") from None
     if not 0 <= index < total:
-        raise ValueError(f"shard index must be in [0, {total}), not {index}")
+        raise argparse.ArgumentTypeError(
+            f"the shard's index must be in [0, {total}) in {text!r}"
+            if total > 0
+            else f"the number of shards must be at least 1, not {total}"
+        )
     return index, total
 
 

@@ -3,7 +3,10 @@
 (``--encoder-tag-layers pos:1,ner:2``, ``--tag-loss-weights pos:1,ner:0.5``). Errors
 name the option and quote the value."""
 
+import math
 from typing import Callable, Dict, List, TypeVar
+
+from tpp_pipeline.errors import OptionError
 
 T = TypeVar("T")
 
@@ -17,7 +20,7 @@ def parse_int_list(value, option: str) -> List[int]:
     try:
         return [int(v) for v in items]
     except ValueError:
-        raise ValueError(f"--{option}: expected comma-separated integers, got {value!r}") from None
+        raise OptionError(f"--{option}: expected comma-separated integers, got {value!r}") from None
 
 
 def parse_named(value, option: str, cast: Callable[[str], T] = int) -> Dict[str, T]:
@@ -36,11 +39,11 @@ def parse_named(value, option: str, cast: Callable[[str], T] = int) -> Dict[str,
             if cast is int and not raw.isdigit():
                 raise ValueError
         except ValueError:
-            raise ValueError(
+            raise OptionError(
                 f"--{option}: expected NAME:{kind}[,NAME:{kind}...], got {value!r}"
             ) from None
         if name in result:
-            raise ValueError(f"--{option}: {name!r} given twice in {value!r}")
+            raise OptionError(f"--{option}: {name!r} given twice in {value!r}")
         result[name] = number
     return result
 
@@ -55,7 +58,7 @@ def tag_layers(value, encoder_layers: int) -> Dict[str, int]:
     layers = parse_named(value, "encoder-tag-layers")
     for name, layer in layers.items():
         if not 1 <= layer <= encoder_layers:
-            raise ValueError(
+            raise OptionError(
                 f"--encoder-tag-layers: layer {layer} for tag {name!r} is outside the "
                 f"encoder's layers 1..{encoder_layers}"
             )
@@ -66,9 +69,11 @@ def check_tag_weights(weights: Dict[str, float], decay_updates: int) -> None:
     """The tag losses' weights (none negative) and their decay (``--tag-loss-decay-updates``,
     0 or more)."""
     for name, weight in weights.items():
-        if weight < 0:
-            raise ValueError(f"--tag-loss-weights: weight of {name!r} must be >= 0, got {weight}")
+        if not 0 <= weight < math.inf:  # (NaN too)
+            raise OptionError(
+                f"--tag-loss-weights: weight of {name!r} must be a number >= 0, got {weight}"
+            )
     if decay_updates < 0:
-        raise ValueError(
+        raise OptionError(
             f"--tag-loss-decay-updates must be >= 0 (0: constant weights), got {decay_updates}"
         )

@@ -439,6 +439,7 @@ def _no_step_ran(corpus, work="work"):
         "--bpe-codes garbage",
         "--bpe-codes a folder",
         "--spacy-model missing",
+        "--spacy-model not a model",
         "input is a folder",
         "output in the work folder",
     ],
@@ -481,6 +482,10 @@ def test_bad_inputs_and_settings_are_refused_before_any_step(corpus, case):
     elif case == "--spacy-model missing":
         extra = ["--spacy-model", "no_such_spacy_model"]
         expected = "spaCy model 'no_such_spacy_model' (--spacy-model) is neither an installed"
+    elif case == "--spacy-model not a model":  # (spaCy's traceback after two steps)
+        (corpus / "model").mkdir()
+        extra = ["--spacy-model", corpus / "model"]
+        expected = f"{corpus / 'model'}: is a folder without a spaCy model's config.cfg"
     elif case == "output in the work folder":  # (--name final was the step folder final/)
         extra = ["--data-bin", corpus / "work"]
         expected = (
@@ -504,6 +509,8 @@ def test_bad_inputs_and_settings_are_refused_before_any_step(corpus, case):
         (["--tag-chunk-size", "0"], "argument --tag-chunk-size: must be at least 1, not 0"),
         (["--tag-batch-size", "0"], "argument --tag-batch-size: must be at least 1, not 0"),
         (["--workers", "0"], "argument --workers: must be at least 1, not 0"),
+        (["--tag-shard", "3/2"], "argument --tag-shard: the shard's index must be in [0, 2)"),
+        (["--tag-shard", "0/0"], "argument --tag-shard: the number of shards must be at least"),
         (["--bpe-merges", "0"], "argument --bpe-merges: must be at least 1, not 0"),
         (["--max-ratio", "0"], "argument --max-ratio: must be at least 1, not 0"),
         (["--max-ratio", "0.5"], "argument --max-ratio: must be at least 1, not 0.5"),

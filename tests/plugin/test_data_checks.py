@@ -177,3 +177,32 @@ def test_data_fairseq_reads_is_not_refused(tmp_path, impl, vocab):
     if impl == "mmap":
         with pytest.raises(DataFileError, match=f"holds id {vocab - 1}, but its dictionary"):
             check_binarized(prefix, vocab - 1)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--encoder-conv-heads", "9"], "--encoder-conv-heads (9) must be between 0 and"),
+        (
+            ["--encoder-conv-dilations", "1,10000"],
+            "--encoder-conv-kernel-sizes and --encoder-conv-dilations: layer 2's window",
+        ),
+        (
+            ["--tag-loss-weights", "pos:nan"],
+            "--tag-loss-weights: weight of 'pos' must be a number >= 0",
+        ),
+        (["--tag-loss-weights", "pso:0"], "--tag-loss-weights: 'pso' is not a kind of tag"),
+        (["--tags", "pos,pos"], "--tags: a tag kind is listed twice in 'pos,pos'"),
+    ],
+)
+def test_a_plugin_option_fairseq_cannot_use_is_one_line(data, tmp_path, options, message):
+    """(each was a Python traceback ending in that message, or trained: a misspelt tag's
+    weight stayed 1, a window 10,000 apart trained, a NaN weight ran to NaN gradients)"""
+    train = ["fairseq-train", data, "--user-dir", PLUGIN_DIR, "--arch", "transformer_pp_tiny"]
+    train += ["--task", "translation_with_tags", "--optimizer", "adam", "--lr", "1e-3", "--cpu"]
+    train += ["--criterion", "label_smoothed_cross_entropy_with_tags", "--max-tokens", "500"]
+    train += ["--max-update", "2", "--num-workers", "0", "--no-save", *options]
+    trained = run(train, check=False, timeout=300)
+    assert trained.returncode != 0
+    assert "Traceback" not in trained.stderr, trained.stderr[-3000:]
+    assert f"fairseq-train: error: {message}" in trained.stderr, trained.stderr[-3000:]

@@ -354,12 +354,18 @@ def test_layers_to_keep_prunes_a_model_as_fairseq_prunes_its_transformer():
         (dict(encoder_tag_layers="pos"), "--encoder-tag-layers"),
         (dict(conv_weight_dropout=1.5), "--conv-weight-dropout"),
         (dict(cross_self_attention=True), "--cross-self-attention"),
+        # a window longer than the sentences the model takes (10**20 taps were built)
+        (dict(encoder_conv_kernel_sizes="100000000000000000000,3"), "-kernel-sizes and --en"),
+        (dict(decoder_conv_dilations="1,1000"), "--decoder-conv-dilations: layer 2's window"),
     ],
 )
 def test_bad_options_fail_at_build_naming_the_option(overrides, option):
-    with pytest.raises(ValueError) as err:
+    """As fairseq's commands' one-line errors (a ValueError too)."""
+    from tpp_pipeline.errors import OptionError
+
+    with pytest.raises(OptionError) as err:
         build_model(**overrides)
-    assert option in str(err.value)
+    assert option in str(err.value) and isinstance(err.value, ValueError)
 
 
 def test_even_kernel_widths_are_supported():

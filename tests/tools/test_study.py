@@ -360,6 +360,8 @@ def test_long_steps_log_their_progress_and_keep_their_time_limit(tmp_path, capsy
         (["--parallel", "0"], "--parallel must be at least 1, not 0"),
         (["--threads", "0"], "--threads must be at least 1, not 0"),
         (["--step-timeout", "0"], "--step-timeout must be positive, not 0"),
+        (["--step-timeout", "nan"], "--step-timeout must be positive, not nan"),
+        (["--seeds", "1,2147483648"], "--seeds: 2147483648 is not a seed fairseq takes"),
         (["--seeds", "1,1"], "--seeds: a seed is named twice (one run would be counted as two)"),
         (["--variants", ","], "--variants: name at least one"),
         (["--max-update", "0"], "--max-update must be at least 1, not 0"),
@@ -902,7 +904,7 @@ def test_tag_loss_options_make_new_runs_of_the_tags_variant_only(tmp_path):
     "option, value, message",
     [
         ("--tag-loss-weights", "pos=0.1", "--tag-loss-weights: expected NAME:NUMBER"),
-        ("--tag-loss-weights", "pos:-1", "weight of 'pos' must be >= 0"),
+        ("--tag-loss-weights", "pos:-1", "weight of 'pos' must be a number >= 0"),
         ("--encoder-tag-layers", "pos:1,ner:4", "is outside the encoder's layers 1..3"),
         ("--tag-loss-decay-updates", "-5", "--tag-loss-decay-updates must be >= 0"),
     ],

@@ -36,6 +36,9 @@ from fairseq.criterions.label_smoothed_cross_entropy import (  # noqa: I001
     LabelSmoothedCrossEntropyCriterionConfig,
 )
 
+from tpp_pipeline.contract import TAG_KINDS
+from tpp_pipeline.errors import OptionError
+
 from ..options import check_tag_weights, parse_named
 
 logger = logging.getLogger(__name__)
@@ -86,12 +89,19 @@ class LabelSmoothedCrossEntropyWithTagsCriterion(LabelSmoothedCrossEntropyCriter
         for name, alias in (("pos", pos_loss_weight), ("ner", ner_loss_weight)):
             if alias is not None:
                 if name in self.tag_weights and self.tag_weights[name] != alias:
-                    raise ValueError(
+                    raise OptionError(
                         f"--{name}-loss-weight {alias} contradicts --tag-loss-weights "
                         f"{name}:{self.tag_weights[name]}"
                     )
                 self.tag_weights[name] = alias
         check_tag_weights(self.tag_weights, tag_loss_decay_updates)
+        known = {*TAG_KINDS, *getattr(task, "tag_names", ())}
+        unknown = [name for name in self.tag_weights if name not in known]
+        if unknown:  # a misspelt name would leave its tag's weight at 1, silently
+            raise OptionError(
+                f"--tag-loss-weights: {unknown[0]!r} is not a kind of tag "
+                f"({', '.join(sorted(known))})"
+            )
         self.tag_loss_decay_updates = tag_loss_decay_updates
         self.num_updates = 0
         self._warned_no_head = set()

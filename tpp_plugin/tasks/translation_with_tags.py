@@ -33,7 +33,7 @@ from tpp_pipeline.contract import (
 )
 
 from tpp_fairseq.checkpoint_match import RECORD_KEY, record_of_task
-from tpp_pipeline.errors import UserError
+from tpp_pipeline.errors import OptionError, UserError
 from ..criterions.label_smoothed_cross_entropy_with_tags import (
     LabelSmoothedCrossEntropyWithTagsCriterion,
 )
@@ -98,7 +98,7 @@ class TranslationWithTagsTask(TranslationTask):
         super().__init__(cfg, src_dict, tgt_dict)
         self.tag_names = parse_tag_kinds(cfg.tags)
         if self.tag_names and (cfg.truncate_source or getattr(cfg, "prepend_bos", False)):
-            raise ValueError(
+            raise OptionError(
                 "--truncate-source / --prepend-bos change the source tokens and would "
                 "misalign the labels; they are not supported with --tags"
             )
@@ -140,7 +140,7 @@ class TranslationWithTagsTask(TranslationTask):
             and self.tag_dictionaries
             and not isinstance(criterion, LabelSmoothedCrossEntropyWithTagsCriterion)
         ):
-            raise ValueError(
+            raise OptionError(
                 f"--task translation_with_tags loads the tags {', '.join(self.tag_dictionaries)} for the model's "
                 f"{heads} tag head(s), which --criterion {getattr(cfg, '_name', type(criterion).__name__)} does not "
                 "train (their parameters would get no gradient: an error under data-parallel training). Use "
@@ -294,7 +294,7 @@ class TranslationWithTagsTask(TranslationTask):
             if not combine:
                 break
         if len(streams) > 1 and self.cfg.upsample_primary != 1:
-            raise ValueError("--upsample-primary is not supported with --tags")
+            raise OptionError("--upsample-primary is not supported with --tags")
         labels = streams[0] if len(streams) == 1 else ConcatDataset(streams)
         check_tag_alignment(split, name, " + ".join(prefixes), src_sizes, labels.sizes)
         return labels

@@ -301,6 +301,9 @@ def _check_arguments(p, args) -> None:
         p.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
     if len(set(args.seeds)) != len(args.seeds):
         p.error("--seeds: a seed is named twice (one run would be counted as two)")
+    outside = [seed for seed in args.seeds if not 0 <= seed < 2**31]
+    if outside:  # (tpp-train refuses them: every run would fail after the data is made)
+        p.error(f"--seeds: {outside[0]} is not a seed fairseq takes (0 to 2**31 - 1)")
     if len(args.seeds) < 2:
         p.error(
             "--seeds: at least two seeds (a single run cannot tell a difference from seed noise)"
@@ -396,7 +399,7 @@ def _settle_device(args, cfg) -> None:
     args.gen_max_tokens = args.gen_max_tokens or (8192 if args.device == "cuda" else 4096)
     if args.step_timeout is None:
         args.step_timeout = 1800.0 if args.device == "cuda" else 7200.0
-    elif args.step_timeout <= 0:
+    elif not args.step_timeout > 0:  # (NaN too: no time limit at all)
         raise StudyError(f"--step-timeout must be positive, not {args.step_timeout:g}")
 
 

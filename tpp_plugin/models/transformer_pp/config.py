@@ -9,6 +9,8 @@ errors name the option.
 
 from typing import Dict, List, Optional
 
+from tpp_pipeline.errors import OptionError
+
 from ...modules import HybridMultiheadAttention
 from ...modules.hybrid_attention import OUTPUT_SCALINGS
 from ...modules.conv_heads_triton import IMPLS as CONV_HEADS_IMPLS
@@ -38,7 +40,7 @@ def _bool(value) -> bool:
         return True
     if str(value).lower() in ("0", "false", "no", "off"):
         return False
-    raise ValueError(f"expected true or false, got {value!r}")
+    raise OptionError(f"expected true or false, got {value!r}")
 
 
 def add_args(parser) -> None:
@@ -111,11 +113,11 @@ class ConvHeadsConfig:
         self.right_padded_targets = not getattr(args, "left_pad_target", False)
         opt = f"{side}-conv"
         if self.heads < 1 or self.embed_dim % self.heads != 0:
-            raise ValueError(
+            raise OptionError(
                 f"--{side}-attention-heads ({self.heads}) must divide --{side}-embed-dim ({self.embed_dim})"
             )
         if not 0 <= self.conv_heads <= self.heads:
-            raise ValueError(
+            raise OptionError(
                 f"--{opt}-heads ({self.conv_heads}) must be between 0 and --{side}-attention-heads ({self.heads})"
             )
         self.kernel_sizes = parse_int_list(
@@ -130,22 +132,31 @@ class ConvHeadsConfig:
         ):
             if keep:  # the values of the layers kept, which fairseq renumbers 0, 1, ...
                 if len(values) <= keep[-1]:
-                    raise ValueError(
+                    raise OptionError(
                         f"--{side}-layers-to-keep keeps layer {keep[-1]}, but --{option} gives "
                         f"{len(values)} values ({','.join(map(str, values))})"
                     )
                 values[:] = [values[i] for i in keep]
             if len(values) != self.num_layers:
-                raise ValueError(
+                raise OptionError(
                     f"--{option} needs one value per layer: {len(values)} given "
                     f"({','.join(map(str, values))}) for --{side}-layers {self.num_layers}"
                 )
             if any(v < 1 for v in values):
-                raise ValueError(f"--{option} values must be >= 1, got {values}")
+                raise OptionError(f"--{option} values must be >= 1, got {values}")
+        positions = f"max_{'source' if side == 'encoder' else 'target'}_positions"
+        longest = getattr(args, positions, None) or 1024  # (fairseq's default)
+        for layer, (width, dilation) in enumerate(zip(self.kernel_sizes, self.dilations), 1):
+            if (width - 1) * dilation + 1 > longest:  # (a window of 10**20 taps was built)
+                raise OptionError(
+                    f"--{opt}-kernel-sizes and --{opt}-dilations: layer {layer}'s window, "
+                    f"{width} taps {dilation} apart, spans {(width - 1) * dilation + 1} "
+                    f"positions, more than the {longest} the model takes"
+                )
         if not self.query_temperature > 0:
-            raise ValueError(f"--conv-query-temperature must be > 0, got {self.query_temperature}")
+            raise OptionError(f"--conv-query-temperature must be > 0, got {self.query_temperature}")
         if not 0.0 <= self.weight_dropout < 1.0:
-            raise ValueError(f"--conv-weight-dropout must be in [0, 1), got {self.weight_dropout}")
+            raise OptionError(f"--conv-weight-dropout must be in [0, 1), got {self.weight_dropout}")
 
     def attention(
         self,
@@ -187,7 +198,7 @@ def kept_layers(args, side: str) -> Optional[List[int]]:
         return None
     keep = sorted(parse_int_list(value, f"{side}-layers-to-keep"))
     if keep[0] < 0 or len(set(keep)) < len(keep):
-        raise ValueError(f"--{side}-layers-to-keep: distinct 0-based layer numbers, got {value!r}")
+        raise OptionError(f"--{side}-layers-to-keep: distinct 0-based layer numbers, got {value!r}")
     return keep
 
 
@@ -202,7 +213,7 @@ def tag_layers_of(args) -> Dict[str, int]:
     layers = tag_layers(args.encoder_tag_layers, max(args.encoder_layers, keep[-1] + 1))
     pruned = {name: layer for name, layer in layers.items() if layer - 1 not in keep}
     if pruned:
-        raise ValueError(
+        raise OptionError(
             f"--encoder-layers-to-keep {','.join(map(str, keep))} (0-based) prunes the encoder "
             f"layers that tag heads read ({format_named(pruned)}, 1-based): keep those layers, "
             f"or build the model without its tag heads (--encoder-tag-layers '', in "

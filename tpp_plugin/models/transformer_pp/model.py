@@ -26,6 +26,8 @@ from fairseq.models.transformer import (
 from fairseq.modules import LayerDropModuleList
 from torch import Tensor, nn
 
+from tpp_pipeline.errors import OptionError
+
 from ...modules import TagHeads
 from ...options import format_named, parse_named
 from . import config
@@ -104,10 +106,10 @@ class TransformerPPDecoder(TransformerDecoderBase):
         self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None
     ):
         if getattr(cfg, "base_layers", 0):
-            raise ValueError("--base-layers is not supported by transformer_pp")
+            raise OptionError("--base-layers is not supported by transformer_pp")
         self.conv = ConvHeadsConfig(cfg, "decoder")
         if getattr(cfg, "cross_self_attention", False) and self.conv.conv_heads > 0:
-            raise ValueError(
+            raise OptionError(
                 "--cross-self-attention is not supported with convolution heads in the "
                 "decoder's self-attention (--decoder-conv-heads 0 allows it)"
             )
