@@ -635,11 +635,18 @@ PIPELINE = (
 STEPS = tuple(step.name for step in PIPELINE)
 
 
+#: the folders the steps write in the work folder (``orig``: the WMT script's downloads)
+WORK_FOLDERS = ("raw", "tok", "clean", "bpe", "tags", "final", "orig", ".steps")
+
+
 def check_folders_apart(work_dir, dest_dir):
-    """Refuse an output folder that is, holds or lies in the work folder (its step
-    folders, ``final/`` say, would be written over)."""
+    """Refuse an output folder that is or holds the work folder, or is one of the steps'
+    folders in it (``final/`` say), which binarizing or ``--force`` would write over."""
     out, work = os.path.realpath(dest_dir), os.path.realpath(work_dir)
-    if os.path.commonpath([out, work]) in (out, work):  # the one in (or is) the other
+    inside = os.path.relpath(out, work).split(os.sep)[0]
+    if os.path.commonpath([out, work]) == out or (
+        os.path.commonpath([out, work]) == work and inside in WORK_FOLDERS
+    ):
         raise DataError(
             f"the output folder and the work folder {work_dir} (--work-dir) overlap: the "
             "binarized data goes to a folder of its own (--data-bin, --name)",

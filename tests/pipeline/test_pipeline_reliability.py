@@ -487,9 +487,9 @@ def test_bad_inputs_and_settings_are_refused_before_any_step(corpus, case):
         extra = ["--spacy-model", corpus / "model"]
         expected = f"{corpus / 'model'}: is a folder without a spaCy model's config.cfg"
     elif case == "output in the work folder":  # (--name final was the step folder final/)
-        extra = ["--data-bin", corpus / "work"]
+        extra = ["--data-bin", corpus / "work", "--name", "final"]
         expected = (
-            f"{corpus / 'work' / 'rel'}: the output folder and the work folder "
+            f"{corpus / 'work' / 'final'}: the output folder and the work folder "
             f"{corpus / 'work'} (--work-dir) overlap"
         )
     else:

@@ -342,7 +342,8 @@ def test_tag_loss_weights_are_data(databin):
     [
         (dict(tag_loss_weights="pos=1"), "--tag-loss-weights: expected NAME:NUMBER"),
         (dict(tag_loss_weights="pos:1,pos:2"), "given twice"),
-        (dict(tag_loss_weights="pos:-1"), "must be >= 0"),
+        (dict(tag_loss_weights="pos:-1"), "must be a number >= 0"),
+        (dict(tag_loss_weights="pos:nan"), "must be a number >= 0"),
         (dict(tag_loss_weights="pos:0.5", pos_loss_weight=0.7), "contradicts --tag-loss-weights"),
         (dict(tag_loss_decay_updates=-1), "--tag-loss-decay-updates must be >= 0"),
     ],

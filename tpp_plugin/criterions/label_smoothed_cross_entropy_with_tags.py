@@ -36,7 +36,6 @@ from fairseq.criterions.label_smoothed_cross_entropy import (  # noqa: I001
     LabelSmoothedCrossEntropyCriterionConfig,
 )
 
-from tpp_pipeline.contract import TAG_KINDS
 from tpp_pipeline.errors import OptionError
 
 from ..options import check_tag_weights, parse_named
@@ -95,12 +94,14 @@ class LabelSmoothedCrossEntropyWithTagsCriterion(LabelSmoothedCrossEntropyCriter
                     )
                 self.tag_weights[name] = alias
         check_tag_weights(self.tag_weights, tag_loss_decay_updates)
-        known = {*TAG_KINDS, *getattr(task, "tag_names", ())}
-        unknown = [name for name in self.tag_weights if name not in known]
-        if unknown:  # a misspelt name would leave its tag's weight at 1, silently
-            raise OptionError(
-                f"--tag-loss-weights: {unknown[0]!r} is not a kind of tag "
-                f"({', '.join(sorted(known))})"
+        loaded = getattr(task, "tag_names", None)
+        unused = [name for name in self.tag_weights if loaded is not None and name not in loaded]
+        if unused:  # (a misspelt name leaves its tag's weight at 1: said, not silent)
+            logger.warning(
+                "--tag-loss-weights names %s, which the task does not load (--tags %s): "
+                "its weight is not used",
+                ", ".join(map(repr, unused)),
+                ",".join(loaded) or "''",
             )
         self.tag_loss_decay_updates = tag_loss_decay_updates
         self.num_updates = 0
