@@ -50,6 +50,7 @@ except ImportError:  # (an extra of the package)
 matplotlib.use("Agg")  # no display on cluster nodes; set before pyplot is imported
 import matplotlib.pyplot as plt  # noqa: E402
 
+PROG = "tpp-plot-training"
 FIGSIZE = (8, 5)  # inches; at DPI below every PNG is exactly 800 x 500 pixels
 DPI = 100
 TRAIN_INNER = "train_inner"
@@ -172,8 +173,11 @@ def _not_a_log(path: Path) -> str:
 def read_log(path: Path) -> dict[str, list[tuple[float, dict]]]:
     """Series name -> [(update, metrics)] sorted by update, from a fairseq log file.
 
-    fairseq can write the same record twice (e.g. at the last update of a run), so
-    records are keyed by (series, update, epoch) and the last one wins.
+    fairseq can write the same record twice (e.g. at the last update of a run), and a
+    resumed training logs again the updates after its checkpoint, so records are keyed by
+    (series, update, epoch) and the last one wins. A training started again from scratch
+    in the same log (its updates back to the first one logged) replaces what came before:
+    only the last is plotted, and that is said.
     """
     if not path.is_file():
         raise LogError(_not_a_log(path))
@@ -181,13 +185,27 @@ def read_log(path: Path) -> dict[str, list[tuple[float, dict]]]:
     if not text.strip():
         raise LogError(f"log file is empty: {path}")
     latest: dict[tuple, dict] = {}
+    first = last = None  # the training records' updates: the first and the last logged
+    starts = 1
     for line in text.splitlines():
         record = _record_from_line(line)
         parsed = _classify(record) if record is not None else None
         if parsed is None:
             continue
         name, step, values = parsed
+        if name == TRAIN_INNER:
+            if last is not None and step < last and step <= first:  # trained from scratch
+                latest.clear()
+                starts += 1
+            first = step if first is None else min(first, step)
+            last = step
         latest[(name, step, record.get("epoch"))] = values
+    if starts > 1:
+        print(
+            f"{PROG}: {path} holds {starts} trainings started from scratch: "
+            "plotting the last one",
+            file=sys.stderr,
+        )
     series: dict[str, list[tuple[float, dict]]] = defaultdict(list)
     for (name, step, _epoch), values in latest.items():
         series[name].append((step, values))
@@ -313,7 +331,7 @@ def plot_log(log: Path, out_dir: Path, force: bool = False) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="tpp-plot-training",
+        prog=PROG,
         description="Plot loss, perplexity and POS/NER tagging curves from a "
         "fairseq-train log (--log-file PATH, --log-format json or simple; "
         "scripts/train.sh writes <save-dir>/train.log).",

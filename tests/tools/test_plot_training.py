@@ -120,6 +120,32 @@ def test_reads_the_real_log_file(fairseq_run):
     assert "train" in series  # end-of-epoch averages
 
 
+def test_a_training_from_scratch_appended_to_a_log_replaces_it(fairseq_run, tmp_path, capsys):
+    """A resumed training logs again the updates after its checkpoint (the last record
+    wins); one started from scratch in the same log is plotted alone, and said. (Both
+    runs' records were merged into one curve.)"""
+    log, _ = fairseq_run
+    text = log.read_text()
+    other = text.replace('"loss": "', '"loss": "1')  # another training's records
+    resumed = "\n".join(line for line in other.splitlines() if '"num_updates": "2"' not in line)
+    again = other[: other.index('"num_updates": "6"')].rpartition("\n")[0] + "\n"  # (to 4)
+    assert '"num_updates": "4"' in resumed and '"num_updates": "2"' not in resumed
+    (tmp_path / "resumed.log").write_text(text + resumed)
+    (tmp_path / "twice.log").write_text(text + again)
+    (tmp_path / "again.log").write_text(again)
+    capsys.readouterr()
+    merged = plotter.read_log(tmp_path / "resumed.log")["train_inner"]
+    assert "from scratch" not in capsys.readouterr().err
+    original = dict(plotter.read_log(log)["train_inner"])
+    assert [s for s, _ in merged] == sorted(original)
+    assert merged[0][1] == original[2] and merged[-1][1] != original[8]  # last one wins
+    alone = plotter.read_log(tmp_path / "again.log")
+    assert [s for s, _ in alone["train_inner"]] == [2, 4]
+    assert plotter.read_log(tmp_path / "twice.log") == alone
+    said = capsys.readouterr().err
+    assert f"{tmp_path / 'twice.log'} holds 2 trainings started from scratch" in said
+
+
 def test_console_output_gives_the_same_records(fairseq_run):
     log, console = fairseq_run
     assert plotter.read_log(console) == plotter.read_log(log)
