@@ -334,6 +334,32 @@ def check_settings(args) -> None:
         raise TrainError(f"--label-smoothing must be in [0, 1), not '{args.label_smoothing}'")
 
 
+def check_fairseq_arguments(arguments: Sequence[str]) -> None:
+    """Raise :class:`TrainError` with fairseq-train's own message where it would refuse
+    ``arguments`` (its command line without the program), parsed here by fairseq's
+    parser, and where the plugin's model would refuse its options (``check_args``): for
+    a caller about to start many trainings (a study), not after it has made their data."""
+    import contextlib
+    import io
+
+    from fairseq import options
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            parsed = options.parse_args_and_arch(options.get_training_parser(), arguments)
+    except SystemExit:  # argparse's error: its last line, "PROG: error: ..."
+        lines = said.getvalue().strip().splitlines() or ["(no message)"]
+        raise TrainError(lines[-1].split("error: ", 1)[-1]) from None
+    check = getattr(ARCH_MODEL_REGISTRY.get(parsed.arch), "check_args", None)
+    if check is not None:
+        try:
+            check(parsed)
+        except ValueError as err:  # the plugin's OptionError
+            raise TrainError(str(err)) from None
+
+
 #: seconds a killed trainer's data loader processes may hold its lock: they inherit it
 #: and notice their parent's death within a few seconds
 LOADER_GRACE = 20.0

@@ -207,13 +207,16 @@ def test_a_plugin_option_fairseq_cannot_use_is_one_line(data, tmp_path, options,
     assert f"fairseq-train: error: {message}" in trained.stderr, trained.stderr[-3000:]
 
 
-def test_a_tag_loss_weight_of_a_tag_not_loaded_is_said(data, tmp_path):
-    """(a misspelt name left its tag's weight at 1, silently)"""
+def test_a_tag_weight_or_head_of_a_tag_not_loaded_is_said(data, tmp_path):
+    """(a misspelt name left its tag's weight at 1, or built no head, silently)"""
     train = ["fairseq-train", data, "--user-dir", PLUGIN_DIR, "--arch", "transformer_pp_tiny"]
     train += ["--task", "translation_with_tags", "--optimizer", "adam", "--lr", "1e-3", "--cpu"]
     train += ["--criterion", "label_smoothed_cross_entropy_with_tags", "--max-tokens", "500"]
     train += ["--max-update", "1", "--num-workers", "0", "--no-save", "--tag-loss-weights", "pso:0"]
+    train += ["--encoder-tag-layers", "pos:1,nre:2"]
     trained = run(train, check=False, timeout=300)
     assert trained.returncode == 0, trained.stderr[-3000:]
     said = trained.stdout + trained.stderr
     assert "--tag-loss-weights names 'pso', which the task does not load (--tags pos,ner)" in said
+    assert "--encoder-tag-layers: no 'nre' head is built, the task loads no 'nre' labels" in said
+    assert "no 'pos' head" not in said

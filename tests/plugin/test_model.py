@@ -330,7 +330,10 @@ def test_layers_to_keep_prunes_a_model_as_fairseq_prunes_its_transformer():
         assert all(torch.equal(a, b) for a, b in zip(kept.parameters(), source.parameters()))
     with pytest.raises(ValueError, match=r"--encoder-layers-to-keep 1 .*pos:1.*encoder_tag_layers"):
         build_model(**keep, dictionary=d, tag_dictionaries=tags)
-    with pytest.raises(ValueError, match=r"keeps layer 2, but --encoder-conv-kernel-sizes gives 2"):
+    with pytest.raises(
+        ValueError,
+        match=r"keeps layer 2 \(0-based\), but --encoder-conv-kernel-sizes gives the encoder 2 layers",
+    ):
         build_model(encoder_layers_to_keep="0,2", dictionary=d)
     for bad in ("-1", "0,0"):
         with pytest.raises(ValueError, match=r"--decoder-layers-to-keep: distinct 0-based"):

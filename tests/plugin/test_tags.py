@@ -345,6 +345,8 @@ def test_tag_loss_weights_are_data(databin):
         (dict(tag_loss_weights="pos:-1"), "must be a number >= 0"),
         (dict(tag_loss_weights="pos:nan"), "must be a number >= 0"),
         (dict(tag_loss_weights="pos:0.5", pos_loss_weight=0.7), "contradicts --tag-loss-weights"),
+        (dict(pos_loss_weight=-1.0), "--pos-loss-weight must be a number >= 0, got -1.0"),
+        (dict(ner_loss_weight=float("nan")), "--ner-loss-weight must be a number >= 0"),
         (dict(tag_loss_decay_updates=-1), "--tag-loss-decay-updates must be >= 0"),
     ],
 )

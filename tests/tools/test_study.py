@@ -920,6 +920,34 @@ def test_bad_tag_loss_options_are_refused_before_anything_runs(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (
+            ["--", "--bogus", "1"],
+            "the transformer runs' training would refuse its options: "
+            "unrecognized arguments: --bogus 1",
+        ),
+        (
+            ["--layers", "1"],
+            "the hybrid+tags runs' training would refuse its options: "
+            "--encoder-tag-layers: layer 2 for tag 'ner' is outside the encoder's layers 1..1",
+        ),
+        (["--", "--save-dir", "elsewhere"], "--save-dir after --: give it before --"),
+    ],
+)
+def test_options_every_runs_training_would_refuse_are_refused_first(
+    tmp_path, capsys, options, message
+):
+    """(fairseq-train refused them in every run, after the data had been made)"""
+    data = data_folder(tmp_path / "data")
+    argv = ["--config", "cpu", "--data", str(data), "--test-reference", str(tmp_path / "ref")]
+    argv += ["--out", str(tmp_path / "out"), "--variants", "transformer,hybrid+tags", *options]
+    assert study.main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_tag_loss_options_from_the_command_line(tmp_path):
     shown, _ = dry_run(
         tmp_path,

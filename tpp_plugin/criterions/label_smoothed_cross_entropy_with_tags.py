@@ -87,6 +87,8 @@ class LabelSmoothedCrossEntropyWithTagsCriterion(LabelSmoothedCrossEntropyCriter
         self.tag_weights = parse_named(tag_loss_weights, "tag-loss-weights", cast=float)
         for name, alias in (("pos", pos_loss_weight), ("ner", ner_loss_weight)):
             if alias is not None:
+                if not 0 <= alias < math.inf:  # (NaN too)
+                    raise OptionError(f"--{name}-loss-weight must be a number >= 0, got {alias}")
                 if name in self.tag_weights and self.tag_weights[name] != alias:
                     raise OptionError(
                         f"--{name}-loss-weight {alias} contradicts --tag-loss-weights "

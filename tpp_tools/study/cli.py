@@ -52,6 +52,7 @@ from .records import (
 )
 from .plan import plan_or_report, report_finished, select_runs
 from .runs import (
+    check_commands,
     eta_text,
     execute,
     gpu_slots,
@@ -407,6 +408,8 @@ def _main(argv) -> int:
     args = parse_args(argv)
     cfg = _config(args)
     _settle_device(args, cfg)
+    if not (args.report_only or args.status):  # (before the study writes anything)
+        check_commands(args, cfg)
     from tpp_pipeline.errors import DataError
     from tpp_pipeline.textio import ensure_writable_dir
 

@@ -156,6 +156,30 @@ def plan_runs(args, cfg: Config, data: Path) -> List[Run]:
     return runs
 
 
+def check_commands(args, cfg: Config) -> None:
+    """Refuse, before any data is made, options that would fail every run: each variant's
+    training command as ``tpp-train`` and fairseq-train would read it (the options after
+    ``--`` included), on a data folder still to be made."""
+    from .. import train
+
+    # the runs' trainings do not see tpp-train's variables (_train): nor does this check
+    hidden = {name: os.environ.pop(name) for name in TRAIN_VARIABLES if name in os.environ}
+    try:
+        for variant in args.variants:
+            folder = args.out / "runs" / f"{variant}-check"
+            data = args.out / "data"
+            words = train_command(variant, 1, cfg, data, folder, args.device, args.extra)
+            try:
+                options = train.parse_args(words[1:])
+                train.check_fairseq_arguments(train.fairseq_command(options)[1:])
+            except train.TrainError as err:
+                raise StudyError(
+                    f"the {variant} runs' training would refuse its options: {err}"
+                ) from None
+    finally:
+        os.environ.update(hidden)
+
+
 def trained_updates(run: Run) -> int:
     done = run.folder / "train.done"
     if done.exists():

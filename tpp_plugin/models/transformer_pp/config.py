@@ -133,8 +133,8 @@ class ConvHeadsConfig:
             if keep:  # the values of the layers kept, which fairseq renumbers 0, 1, ...
                 if len(values) <= keep[-1]:
                     raise OptionError(
-                        f"--{side}-layers-to-keep keeps layer {keep[-1]}, but --{option} gives "
-                        f"{len(values)} values ({','.join(map(str, values))})"
+                        f"--{side}-layers-to-keep keeps layer {keep[-1]} (0-based), but --{option} "
+                        f"gives the {side} {len(values)} layers ({','.join(map(str, values))})"
                     )
                 values[:] = [values[i] for i in keep]
             if len(values) != self.num_layers:

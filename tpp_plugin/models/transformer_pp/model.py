@@ -14,6 +14,7 @@ hooks rather than by rewriting layers:
    criterion asks, so generation needs nothing but the source text.
 """
 
+import logging
 from typing import Dict, List, Optional
 
 from fairseq.models import register_model
@@ -33,6 +34,8 @@ from ...options import format_named, parse_named
 from . import config
 from .config import ConvHeadsConfig, tag_layers_of
 from .layers import TransformerPPDecoderLayer, TransformerPPEncoderLayer, wrap_layer
+
+logger = logging.getLogger(__name__)
 
 
 class LayerCounter:
@@ -157,19 +160,25 @@ class TransformerPPModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
-        from .presets import transformer_pp_base_architecture
-
-        transformer_pp_base_architecture(args)
-        # validate before anything is built: errors name the option, not a shape
-        ConvHeadsConfig(args, "encoder")
-        ConvHeadsConfig(args, "decoder")
-        tag_layers = tag_layers_of(args)
+        tag_layers = cls.check_args(args)
         args.encoder_tag_classes = format_named(cls.resolve_tag_classes(args, task, tag_layers))
         # the side this task pads targets on (the decoder's attention is built for it),
         # whatever the configuration a checkpoint was saved with says
         task_cfg = getattr(task, "cfg", None) or getattr(task, "args", None)
         args.left_pad_target = bool(getattr(task_cfg, "left_pad_target", False))
         return super().build_model(args, task)
+
+    @staticmethod
+    def check_args(args) -> Dict[str, int]:
+        """Raise :class:`OptionError` naming the option where ``args`` cannot build a
+        model (before anything is built: errors name the option, not a shape); returns
+        the tag heads' layers."""
+        from .presets import transformer_pp_base_architecture
+
+        transformer_pp_base_architecture(args)
+        ConvHeadsConfig(args, "encoder")
+        ConvHeadsConfig(args, "decoder")
+        return tag_layers_of(args)
 
     @staticmethod
     def resolve_tag_classes(args, task, tag_layers: Dict[str, int]) -> Dict[str, int]:
@@ -185,6 +194,11 @@ class TransformerPPModel(TransformerModel):
                 classes[name] = len(task_dicts[name])
             elif name in saved:
                 classes[name] = saved[name]
+            elif task_dicts:  # (a misspelt name built no head: said, not silent)
+                logger.warning(
+                    f"--encoder-tag-layers: no '{name}' head is built, the task loads no "
+                    f"'{name}' labels (--tags {','.join(task_dicts)})"
+                )
         return classes
 
     @classmethod
