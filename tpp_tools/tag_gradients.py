@@ -191,8 +191,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             batches = first_batches(task, model, args.split, args.batches, args.max_tokens)
             table = tag_gradients(model, task, criterion, batches)
-        except FileNotFoundError as err:
-            raise AnalysisError(f"{args.data}: {err}") from None
+        except FileNotFoundError as err:  # (the task's advice is to train without tags)
+            raise AnalysisError(
+                f"{args.data}: {getattr(err, 'what', err)} (the tag losses' gradients need "
+                "the labels: pass a folder prepared with tags)"
+            ) from None
     except AnalysisError as err:
         return report(PROG, err)
     if args.json:

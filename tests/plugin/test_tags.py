@@ -496,9 +496,9 @@ def test_a_folder_without_tags_is_one_error_line_of_fairseq_train(tmp_path):
     assert proc.returncode != 0 and "done training" not in proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert (
-        f"fairseq-train: error: the data folder has no label files for --tags pos,ner (expected "
-        f"{data / 'dict.pos.txt'}, {data / 'dict.ner.txt'}; a folder prepared with tpp-prepare-corpus "
-        "--no-tags has none): pass --tags '' (or --task translation)"
+        f"fairseq-train: error: the data folder has no label files for --tags pos,ner: expected "
+        f"{data / 'dict.pos.txt'}, {data / 'dict.ner.txt'} (a folder prepared with tpp-prepare-corpus "
+        "--no-tags has none: pass --tags '' (or --task translation)"
     ) in proc.stderr, proc.stderr[-3000:]
 
 

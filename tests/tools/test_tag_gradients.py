@@ -158,6 +158,13 @@ def test_a_data_folder_without_the_label_streams_is_named(trained, tmp_path):
     shown = run(["tpp-tag-gradients", "--path", tagged, "--data", plain], check=False, timeout=300)
     assert shown.returncode == 1, shown.stderr[-2000:]
     assert f"{plain} has no label streams for {tagged}'s tag heads" in shown.stderr
+    for kind in ("pos", "ner"):  # the label dictionaries, not the streams
+        (plain / f"dict.{kind}.txt").symlink_to(data / f"dict.{kind}.txt")
+    shown = run(["tpp-tag-gradients", "--path", tagged, "--data", plain], check=False, timeout=300)
+    assert shown.returncode == 1, shown.stderr[-2000:]
+    assert "labels not found: expected" in shown.stderr, shown.stderr[-2000:]
+    assert "the tag losses' gradients need the labels" in shown.stderr
+    assert "--tags ''" not in shown.stderr, "(advice to train without tags)"
 
 
 def test_a_model_without_tag_heads_is_named(trained):

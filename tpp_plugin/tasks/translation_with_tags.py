@@ -45,7 +45,13 @@ logger = logging.getLogger(__name__)
 
 class MissingTagsError(UserError, FileNotFoundError):
     """The data folder lacks label files that ``--tags`` asks for: a user's error, which a
-    command-line tool (fairseq-train) reports in one line, without a traceback."""
+    command-line tool (fairseq-train) reports in one line, without a traceback. ``what``
+    is what is missing, without the advice to train without tags (for a tool that needs
+    them)."""
+
+    def __init__(self, what: str, advice: str):
+        super().__init__(f"{what} ({advice})")
+        self.what = what
 
 
 class UnjoinedRanksError(UserError):
@@ -206,16 +212,17 @@ class TranslationWithTagsTask(TranslationTask):
             self.tag_names
         ):
             raise MissingTagsError(
-                f"the data folder has no label files for --tags {','.join(self.tag_names)} (expected "
-                f"{', '.join(self.missing_tag_dictionaries.values())}; a folder prepared with "
-                "tpp-prepare-corpus --no-tags has none): pass --tags '' (or --task translation) to "
-                "train without them, or prepare the data with tags; where the task is the "
-                "checkpoint's (fairseq-validate), pass --model-overrides \"{'tags': ''}\""
+                f"the data folder has no label files for --tags {','.join(self.tag_names)}: "
+                f"expected {', '.join(self.missing_tag_dictionaries.values())}",
+                "a folder prepared with tpp-prepare-corpus --no-tags has none: pass --tags '' "
+                "(or --task translation) to train without them, or prepare the data with tags; "
+                "where the task is the checkpoint's (fairseq-validate), pass --model-overrides "
+                "\"{'tags': ''}\"",
             )
         for name, path in self.missing_tag_dictionaries.items():
             raise MissingTagsError(
-                f"label dictionary for tag '{name}' not found: expected {path} "
-                f"(binarize the tags next to the text, or pass --tags '' to train without them)"
+                f"label dictionary for tag '{name}' not found: expected {path}",
+                "binarize the tags next to the text, or pass --tags '' to train without them",
             )
         pair = self.datasets[split]
         tags = {
@@ -278,7 +285,8 @@ class TranslationWithTagsTask(TranslationTask):
                     break
                 raise MissingTagsError(
                     f"{split}: {name} labels not found: expected {candidates[0]}.bin and "
-                    f"{candidates[0]}.idx (or pass --tags '' to train without labels)"
+                    f"{candidates[0]}.idx",
+                    "or pass --tags '' to train without labels",
                 )
             check_binarized(
                 prefix,
