@@ -1437,6 +1437,12 @@ def test_one_study_per_folder_and_sigterm_stops_its_trainers(tmp_path):
             in second.stderr
         )
         assert len(_trainers(out)) == 1, "the refused study started nothing"
+        # a run's save dir is locked as tpp-train locks it (its tpp-train runs with --no-lock)
+        save_dir = next((out / "runs").glob("transformer-s1-*")) / "checkpoints"
+        recover = run(["tpp-recover-checkpoint", "--save-dir", save_dir], check=False)
+        assert recover.returncode == 2, recover.stderr
+        assert f"another training is using the save dir {save_dir}" in recover.stderr
+        assert "tpp-study" in recover.stderr
         first.send_signal(signal.SIGTERM)
         assert first.wait(timeout=120) == 128 + signal.SIGTERM
         rest = _rest(output)

@@ -12,7 +12,7 @@ import pytest
 
 from support import REPO, run
 from tpp_tools.evaluate import read_lines
-from tpp_tools.study.commands import count_lines
+from tpp_tools.study.commands import RunLock, count_lines
 from tpp_tools.study.config import StudyError
 from tpp_tools.study.records import (
     RECORD,
@@ -153,6 +153,21 @@ def test_merging_never_replaces_translations_the_run_made_here(tmp_path):
     ours.write_bytes(theirs)  # the same translations: the record is taken
     assert import_records([tmp_path / "elsewhere"], [study_run], reference) == [study_run.name]
     assert (study_run.folder / RECORD).is_file()
+
+
+def test_a_record_is_not_copied_into_a_run_folder_being_written(tmp_path):
+    """(a SLURM study's report job merged its --records without any lock, beside a run
+    being trained in that folder)"""
+    study_run, reference = a_record_of_this_study(tmp_path, b"Sentence.\n" * 2000)
+    study_run.folder.mkdir(parents=True)
+    held = RunLock(study_run.folder, study_run.name)
+    try:
+        with pytest.raises(StudyError, match="another process is writing in its folder"):
+            import_records([tmp_path / "elsewhere"], [study_run], reference)
+        assert not (study_run.folder / RECORD).exists()
+    finally:
+        held.close()
+    assert import_records([tmp_path / "elsewhere"], [study_run], reference) == [study_run.name]
 
 
 def test_pack_into_a_folder_is_refused_and_leaves_nothing(tmp_path):

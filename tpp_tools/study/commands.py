@@ -57,7 +57,7 @@ class Children:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
-                pass_fds=() if lock is None else (lock.fd,),
+                pass_fds=() if lock is None else lock.fds,
             )
             self._procs.add(proc)
             if lock is not None:
@@ -150,6 +150,21 @@ class RunLock:
                 "then run the study again"
             ) from None
         self.held_by(os.getpid(), [name, "(tpp-study)"])
+        self.fds = (self.fd,)  # the locks its commands inherit
+
+    def hold_save_dir(self, save_dir: Path) -> None:
+        """Hold the run's save dir's lock too, as ``tpp-train`` holds it, for its commands
+        to inherit: a tool that takes that lock (``tpp-recover-checkpoint``) is refused
+        beside the run's training, which ``tpp-train --no-lock`` runs."""
+        from ..train import TrainError, take_lock
+
+        save_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = take_lock(save_dir, ["tpp-study", str(self.path.parent)])
+        except TrainError as err:
+            self.close()
+            raise RunBusy(str(err)) from None
+        self.fds = (self.fd, fd)
 
     def held_by(self, pid: int, cmd) -> None:
         record = (
@@ -162,7 +177,8 @@ class RunLock:
         os.pwrite(self.fd, record, 0)
 
     def close(self) -> None:
-        os.close(self.fd)
+        for fd in self.fds:
+            os.close(fd)
 
 
 class RunBusy(RuntimeError):

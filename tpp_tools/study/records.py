@@ -28,7 +28,7 @@ from typing import Dict, List, Optional
 
 from tpp_pipeline import checkout
 
-from .commands import count_lines, json_records, log
+from .commands import RunBusy, RunLock, count_lines, json_records, log
 from .config import StudyError
 
 RECORD = "record.json.gz"
@@ -420,10 +420,17 @@ def import_records(sources: List[Path], runs, reference: Path) -> List[str]:
         if path.exists():
             continue
         run.folder.mkdir(parents=True, exist_ok=True)
-        if hyp is not None:
-            (run.folder / "eval").mkdir(exist_ok=True)
-            _write_atomic(run.folder / "eval" / "hyp.detok", hyp)
-        _write_atomic(path, data)
+        try:  # (not into a folder where the run is being trained: a SLURM job's, a study's)
+            lock = RunLock(run.folder, name)
+        except RunBusy as err:
+            raise StudyError(f"{where}: {err}") from None
+        try:
+            if hyp is not None:
+                (run.folder / "eval").mkdir(exist_ok=True)
+                _write_atomic(run.folder / "eval" / "hyp.detok", hyp)
+            _write_atomic(path, data)
+        finally:
+            lock.close()
         copied.append(name)
         log(f"{name}: record taken from {where}")
     if other:
