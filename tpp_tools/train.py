@@ -559,6 +559,13 @@ def main(argv=None) -> int:
             )
         if Path(args.log_file).is_dir():
             raise TrainError(f"--log-file '{args.log_file}' is a folder; it names the log file")
+        if Path(args.log_file).is_file():  # fairseq appends to it: a log, not a checkpoint
+            with open(args.log_file, "rb") as log:
+                if b"\0" in log.read(1 << 16):
+                    raise TrainError(
+                        f"--log-file '{args.log_file}' holds binary data, not a log: fairseq "
+                        "would append its log to it; name a log file"
+                    )
         Path(args.save_dir).mkdir(parents=True, exist_ok=True)
         Path(args.log_file).parent.mkdir(parents=True, exist_ok=True)
         job = JobVerdict.of_this_job()

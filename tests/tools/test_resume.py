@@ -714,6 +714,18 @@ def test_a_data_folder_or_log_file_fairseq_cannot_use_is_refused_by_name(tmp_pat
     )  # fmt: skip
     assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
     assert f"--log-file '{tmp_path}' is a folder; it names the log file" in bad.stderr
+    checkpoint = tmp_path / "checkpoint_last.pt"  # (a log appended to it destroys it)
+    checkpoint.write_bytes(b"PK\x03\x04\x00\x00" + bytes(range(256)))
+    before = checkpoint.read_bytes()
+    bad = subprocess.run(
+        ["bash", str(SCRIPTS / "train.sh"), "--data", folder, "--save-dir", tmp_path / "c",
+         "--log-file", checkpoint],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+    assert f"--log-file '{checkpoint}' holds binary data, not a log" in bad.stderr, bad.stderr
+    assert checkpoint.read_bytes() == before
 
 
 def test_tpp_train_finds_fairseq_train_beside_its_python_without_the_environment(tmp_path):
