@@ -77,6 +77,8 @@ _SIMPLE_INNER = re.compile(r"^epoch (\d+):\s+(\d+) / (\d+) (\S+=.*)$")
 # --log-format simple, epoch summary or validation: "epoch 001 | [valid on 'valid' subset | ]loss 7.1 | ..."
 _SIMPLE_SUMMARY = re.compile(r"^epoch (\d+) \| (.*)$")
 _SUBSET = re.compile(r"^\S+ on '([^']+)' subset$")
+# fairseq-train's line as it starts: "training on 1 devices (GPUs/TPUs)"
+_STARTED = re.compile(r"\btraining on \d+ devices\b")
 
 
 def _simple_record(message: str) -> dict | None:
@@ -170,6 +172,49 @@ def _not_a_log(path: Path) -> str:
     return f"log file not found: {path}"
 
 
+def _last_training(lines) -> tuple[list[tuple], int]:
+    """The records ``(series, update, epoch, metrics)`` of the log's last training from
+    scratch, and how many trainings from scratch the log holds. The log is cut at each
+    fairseq-train start (the line ``training on N devices``); a start whose first
+    training record is at the first update logged before it, or earlier, is a training
+    from scratch (a resumed one starts after its checkpoint's update). A log without
+    start lines (records only) is cut where the training records go back so far."""
+    starts = [[]]
+    for line in lines:
+        if _STARTED.search(line):
+            if starts[-1]:
+                starts.append([])
+            continue
+        record = _record_from_line(line)
+        parsed = _classify(record) if record is not None else None
+        if parsed is not None:
+            name, step, values = parsed
+            starts[-1].append((name, step, record.get("epoch"), values))
+    if len(starts) == 1:  # no start lines: cut where the updates go back
+        records, starts, last = starts[0], [[]], None
+        for record in records:
+            if record[0] == TRAIN_INNER:
+                if last is not None and record[1] < last:
+                    # what the new training logged before it (validation): behind ``last``
+                    moved = []
+                    while starts[-1] and starts[-1][-1][0] != TRAIN_INNER:
+                        if starts[-1][-1][1] >= last:
+                            break
+                        moved.insert(0, starts[-1].pop())
+                    starts.append(moved)
+                last = record[1]
+            starts[-1].append(record)
+    kept, first, scratch = [], None, 1
+    for records in starts:
+        steps = [step for name, step, _, _ in records if name == TRAIN_INNER]
+        if steps and first is not None and steps[0] <= first:  # trained from scratch
+            kept, scratch = [], scratch + 1
+        if steps:
+            first = steps[0] if first is None else min(first, steps[0])
+        kept += records
+    return kept, scratch
+
+
 def read_log(path: Path) -> dict[str, list[tuple[float, dict]]]:
     """Series name -> [(update, metrics)] sorted by update, from a fairseq log file.
 
@@ -184,25 +229,13 @@ def read_log(path: Path) -> dict[str, list[tuple[float, dict]]]:
     text = path.read_text(encoding="utf-8", errors="replace")
     if not text.strip():
         raise LogError(f"log file is empty: {path}")
+    records, scratch = _last_training(text.splitlines())
     latest: dict[tuple, dict] = {}
-    first = last = None  # the training records' updates: the first and the last logged
-    starts = 1
-    for line in text.splitlines():
-        record = _record_from_line(line)
-        parsed = _classify(record) if record is not None else None
-        if parsed is None:
-            continue
-        name, step, values = parsed
-        if name == TRAIN_INNER:
-            if last is not None and step < last and step <= first:  # trained from scratch
-                latest.clear()
-                starts += 1
-            first = step if first is None else min(first, step)
-            last = step
-        latest[(name, step, record.get("epoch"))] = values
-    if starts > 1:
+    for name, step, epoch, values in records:
+        latest[(name, step, epoch)] = values
+    if scratch > 1:
         print(
-            f"{PROG}: {path} holds {starts} trainings started from scratch: "
+            f"{PROG}: {path} holds {scratch} trainings started from scratch: "
             "plotting the last one",
             file=sys.stderr,
         )

@@ -239,12 +239,17 @@ def fairseq_command(args):
             args.user_dir = str(plugin_dir())
         except PluginNotFound as error:
             raise TrainError(str(error)) from None
-    for word in args.extra:  # the folders tpp-train locks, recovers and logs in are its own
+    for word in args.extra:  # what tpp-train uses itself is given to it, not to fairseq only
         option = word.split("=", 1)[0]
         if option in ("--save-dir", "--log-file"):
             raise TrainError(
                 f"{option} after --: give it before -- (tpp-train takes the save dir's lock, "
                 "recovers its checkpoint and writes its log where these options point)"
+            )
+        if option == "--user-dir":
+            raise TrainError(
+                "--user-dir after --: give it before -- (fairseq would load that folder "
+                "instead of the plugin tpp-train passes, whose models it trains)"
             )
     given = {}  # options after --, as OPTION VALUE or OPTION=VALUE: fairseq keeps the last
     for word, following in zip(args.extra, [*args.extra[1:], ""]):
@@ -352,6 +357,8 @@ def check_fairseq_arguments(arguments: Sequence[str]) -> None:
     except SystemExit:  # argparse's error: its last line, "PROG: error: ..."
         lines = said.getvalue().strip().splitlines() or ["(no message)"]
         raise TrainError(lines[-1].split("error: ", 1)[-1]) from None
+    except ValueError as err:  # fairseq's own refusals (--fp16 on a TPU), the plugin's
+        raise TrainError(str(err)) from None
     check = getattr(ARCH_MODEL_REGISTRY.get(parsed.arch), "check_args", None)
     if check is not None:
         try:

@@ -332,7 +332,7 @@ def test_layers_to_keep_prunes_a_model_as_fairseq_prunes_its_transformer():
         build_model(**keep, dictionary=d, tag_dictionaries=tags)
     with pytest.raises(
         ValueError,
-        match=r"keeps layer 2 \(0-based\), but --encoder-conv-kernel-sizes gives the encoder 2 layers",
+        match=r"keeps layer 2 \(0-based\), but the encoder has 2 layers \(--encoder-layers\)",
     ):
         build_model(encoder_layers_to_keep="0,2", dictionary=d)
     for bad in ("-1", "0,0"):

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -122,28 +123,39 @@ def test_reads_the_real_log_file(fairseq_run):
 
 def test_a_training_from_scratch_appended_to_a_log_replaces_it(fairseq_run, tmp_path, capsys):
     """A resumed training logs again the updates after its checkpoint (the last record
-    wins); one started from scratch in the same log is plotted alone, and said. (Both
-    runs' records were merged into one curve.)"""
+    wins); one started from scratch in the same log is plotted alone, with what it logged
+    before its first training record, and that is said. (Both runs' records were merged
+    into one curve.) Also in a log of records only, without fairseq-train's start lines."""
     log, _ = fairseq_run
     text = log.read_text()
-    other = text.replace('"loss": "', '"loss": "1')  # another training's records
-    resumed = "\n".join(line for line in other.splitlines() if '"num_updates": "2"' not in line)
-    again = other[: other.index('"num_updates": "6"')].rpartition("\n")[0] + "\n"  # (to 4)
-    assert '"num_updates": "4"' in resumed and '"num_updates": "2"' not in resumed
-    (tmp_path / "resumed.log").write_text(text + resumed)
-    (tmp_path / "twice.log").write_text(text + again)
-    (tmp_path / "again.log").write_text(again)
-    capsys.readouterr()
-    merged = plotter.read_log(tmp_path / "resumed.log")["train_inner"]
-    assert "from scratch" not in capsys.readouterr().err
-    original = dict(plotter.read_log(log)["train_inner"])
-    assert [s for s, _ in merged] == sorted(original)
-    assert merged[0][1] == original[2] and merged[-1][1] != original[8]  # last one wins
-    alone = plotter.read_log(tmp_path / "again.log")
-    assert [s for s, _ in alone["train_inner"]] == [2, 4]
-    assert plotter.read_log(tmp_path / "twice.log") == alone
-    said = capsys.readouterr().err
-    assert f"{tmp_path / 'twice.log'} holds 2 trainings started from scratch" in said
+    assert text.count("training on 1 devices") == 1
+    lines = text.replace('"loss": "', '"loss": "1').splitlines()  # another training's
+    resumed = [line for line in lines if '"num_updates": "2"' not in line]
+    start = next(i for i, line in enumerate(lines) if "training on 1 devices" in line)
+    valid = next(line for line in lines if '"valid_num_updates"' in line)
+    early = re.sub(r'"valid_num_updates": "\d+"', '"valid_num_updates": "1"', valid)
+    end = next(i for i, line in enumerate(lines) if '"num_updates": "6"' in line)
+    again = [*lines[: start + 1], early, *lines[start + 1 : end]]  # to update 4
+    for form, keep in (("log", lambda line: True), ("records", lambda line: line[:2] == '{"')):
+        logs = {
+            "resumed": [*text.splitlines(), *resumed],
+            "twice": [*text.splitlines(), *again],
+            "again": again,
+            "original": text.splitlines(),
+        }
+        for name, content in logs.items():
+            (tmp_path / f"{name}.{form}").write_text("\n".join(filter(keep, content)) + "\n")
+        capsys.readouterr()
+        merged = plotter.read_log(tmp_path / f"resumed.{form}")["train_inner"]
+        assert "from scratch" not in capsys.readouterr().err
+        original = dict(plotter.read_log(tmp_path / f"original.{form}")["train_inner"])
+        assert [s for s, _ in merged] == sorted(original)
+        assert merged[0][1] == original[2] and merged[-1][1] != original[8]  # last one wins
+        alone = plotter.read_log(tmp_path / f"again.{form}")
+        assert [s for s, _ in alone["train_inner"]] == [2, 4] and alone["valid"][0][0] == 1
+        assert plotter.read_log(tmp_path / f"twice.{form}") == alone
+        said = capsys.readouterr().err
+        assert f"{tmp_path / f'twice.{form}'} holds 2 trainings started from scratch" in said
 
 
 def test_console_output_gives_the_same_records(fairseq_run):

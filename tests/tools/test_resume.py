@@ -663,6 +663,7 @@ def test_max_update_must_be_a_positive_number(value, tmp_path):
         (["--", "--lr=0"], "--lr must be a positive number, not '0'"),
         (["--", "--save-dir", "elsewhere"], "--save-dir after --: give it before --"),
         (["--", "--log-file=train.log"], "--log-file after --: give it before --"),
+        (["--", "--user-dir", "elsewhere"], "--user-dir after --: give it before --"),
     ],
 )
 def test_values_fairseq_would_misread_are_refused_before_training(options, message):

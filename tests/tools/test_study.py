@@ -4,6 +4,7 @@ import argparse
 import gzip
 import json
 import math
+import os
 import shlex
 import shutil
 import statistics
@@ -15,6 +16,7 @@ import pytest
 
 from support import binarize_tagged, run
 from tpp_tools import study
+from tpp_tools.train import take_lock
 
 # Run folders of a study planned by scripts/run_study.py before the runner moved into
 # tpp_tools, on the data folder of data_folder() below (run version 1): a study started
@@ -934,6 +936,10 @@ def test_bad_tag_loss_options_are_refused_before_anything_runs(
             "--encoder-tag-layers: layer 2 for tag 'ner' is outside the encoder's layers 1..1",
         ),
         (["--", "--save-dir", "elsewhere"], "--save-dir after --: give it before --"),
+        (
+            ["--", "--fp16", "--bf16"],  # (fairseq's own ValueError while it parses)
+            "the transformer runs' training would refuse its options: Cannot combine --fp16",
+        ),
     ],
 )
 def test_options_every_runs_training_would_refuse_are_refused_first(
@@ -1230,10 +1236,16 @@ def test_runs_at_once_on_a_gpu_share_the_cores(tmp_path, monkeypatch):
     monkeypatch.setattr(
         study.runs,
         "run_command",
-        lambda cmd, log, env=None, timeout=None, lock=None, progress=None: envs.append(env),
+        lambda cmd, log, env=None, timeout=None, lock=None, progress=None: envs.append(env)
+        or fds.append(len(lock.fds)),
     )
     monkeypatch.setattr(study.runs, "write_record", lambda *a: None)
+    fds = []
+    (folder / "checkpoints").mkdir(exist_ok=True)
+    held = None
     for launcher in ("local", "slurm"):
+        if launcher == "slurm":  # its job holds the save dir's lock, as slurm.RunJob does
+            held = take_lock(folder / "checkpoints", ["a SLURM job"])
         args = argparse.Namespace(
             device="cuda",
             launcher=launcher,
@@ -1245,6 +1257,10 @@ def test_runs_at_once_on_a_gpu_share_the_cores(tmp_path, monkeypatch):
         )
         run = study.Run("hybrid", 1, folder, ["fairseq-train"], {})
         study.execute(run, cfg, {"data": tmp_path / "data", "reference": tmp_path / "ref"}, args)
+    os.close(held)
+    # the local study's commands hold the run folder's and the save dir's locks; a SLURM
+    # job's the run folder's (it holds the save dir's itself: taken twice, it was refused)
+    assert set(fds[: len(fds) // 2]) == {2} and set(fds[len(fds) // 2 :]) == {1}
     local, cluster = envs
     assert local["OMP_NUM_THREADS"] == local["MKL_NUM_THREADS"] == "2"
     assert "OMP_NUM_THREADS" not in cluster

@@ -149,8 +149,8 @@ class RunLock:
                 f"({holder or 'it has not recorded itself'}); wait for it to end or stop it, "
                 "then run the study again"
             ) from None
-        self.held_by(os.getpid(), [name, "(tpp-study)"])
         self.fds = (self.fd,)  # the locks its commands inherit
+        self.held_by(os.getpid(), [name, "(tpp-study)"])
 
     def hold_save_dir(self, save_dir: Path) -> None:
         """Hold the run's save dir's lock too, as ``tpp-train`` holds it, for its commands
@@ -158,11 +158,10 @@ class RunLock:
         beside the run's training, which ``tpp-train --no-lock`` runs."""
         from ..train import TrainError, take_lock
 
-        save_dir.mkdir(parents=True, exist_ok=True)
         try:
+            save_dir.mkdir(parents=True, exist_ok=True)
             fd = take_lock(save_dir, ["tpp-study", str(self.path.parent)])
         except TrainError as err:
-            self.close()
             raise RunBusy(str(err)) from None
         self.fds = (self.fd, fd)
 
@@ -173,8 +172,9 @@ class RunLock:
             + " ".join(shlex.quote(str(c)) for c in cmd)[:400]
             + "\n"
         ).encode()
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, record, 0)
+        for fd in self.fds:  # (the save dir's too: a tool refused there names the command)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, record, 0)
 
     def close(self) -> None:
         for fd in self.fds:

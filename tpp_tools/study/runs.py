@@ -290,9 +290,9 @@ def _execute(run: Run, cfg: Config, paths, args, env_extra: Dict[str, str]) -> N
         return  # finished here, or elsewhere and its record merged (--records)
     run.folder.mkdir(parents=True, exist_ok=True)
     lock = RunLock(run.folder, run.name)
-    if getattr(args, "launcher", None) != "slurm":  # (a SLURM job holds it: slurm.RunJob)
-        lock.hold_save_dir(run.folder / "checkpoints")
     try:
+        if getattr(args, "launcher", None) != "slurm":  # (a SLURM job holds it: slurm.RunJob)
+            lock.hold_save_dir(run.folder / "checkpoints")
         _steps(run, cfg, paths, args, env_extra, lock)
     finally:
         lock.close()

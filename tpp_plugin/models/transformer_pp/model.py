@@ -176,8 +176,14 @@ class TransformerPPModel(TransformerModel):
         from .presets import transformer_pp_base_architecture
 
         transformer_pp_base_architecture(args)
-        ConvHeadsConfig(args, "encoder")
-        ConvHeadsConfig(args, "decoder")
+        for side in ("encoder", "decoder"):
+            keep, depth = config.kept_layers(args, side), getattr(args, f"{side}_layers")
+            if keep and keep[-1] >= depth:  # (the whole depth: fairseq has not pruned yet)
+                raise OptionError(
+                    f"--{side}-layers-to-keep keeps layer {keep[-1]} (0-based), but the "
+                    f"{side} has {depth} layers (--{side}-layers)"
+                )
+            ConvHeadsConfig(args, side)
         return tag_layers_of(args)
 
     @staticmethod
