@@ -564,8 +564,8 @@ def test_study_jobs_that_fail_are_named_with_their_logs_and_how_to_resume(
     assert "--partition nosuch: no such partition on this cluster (it has debug)" in refused.stderr
     assert not (out / "slurm").exists() and not (out / "runs").exists()
 
-    # every run's job fails (fairseq-train refuses an option): the report job says which, where
-    # their logs are and how to resume
+    # every run's job fails (fairseq-train finds no model to fine-tune, which it checks only
+    # as it trains): the report job says which, where their logs are and how to resume
     command = study_command(
         tagged_data,
         out,
@@ -574,7 +574,7 @@ def test_study_jobs_that_fail_are_named_with_their_logs_and_how_to_resume(
         "--time-limit",
         "10",
         study=tiny,
-        extra=["--", "--no-such-option"],
+        extra=["--", "--finetune-from-model", "no-such-model.pt"],
     )
     submitted = subprocess.run(command, env=cluster, capture_output=True, text=True, timeout=300)
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
@@ -589,7 +589,8 @@ def test_study_jobs_that_fail_are_named_with_their_logs_and_how_to_resume(
         out / "runs" / name for name, e in record["runs"].items() if e["run"] == "control-s2"
     )
     assert (
-        "control-s2 failed: command failed" in run_log and "--no-such-option" in run_log
+        "control-s2 failed: command failed" in run_log
+        and "--finetune-from-model no-such-model.pt does not exist" in run_log
     ), run_log[-3000:]
     # the reason first, then submitit's traceback
     assert run_log.index("FAILED: control-s2 failed") < run_log.index("Traceback"), run_log[-3000:]
@@ -604,7 +605,7 @@ def test_study_jobs_that_fail_are_named_with_their_logs_and_how_to_resume(
             report_log,
         )
     assert "to resume, submit the study again with the same command" in report_log
-    assert "--no-such-option" in report_log.split("to resume")[-1]  # the command, as it was given
+    assert "no-such-model.pt" in report_log.split("to resume")[-1]  # the command, as given
 
 
 def test_submitting_a_study_again_replaces_its_queued_report_job(cluster, tagged_data, tmp_path):
