@@ -680,52 +680,33 @@ def test_values_fairseq_would_misread_are_refused_before_training(options, messa
 
 
 def test_a_data_folder_or_log_file_fairseq_cannot_use_is_refused_by_name(tmp_path):
+    def refused(*options):
+        """train.sh's error output; it must end with status 2 and no traceback."""
+        bad = subprocess.run(
+            ["bash", str(SCRIPTS / "train.sh"), *options], capture_output=True, text=True
+        )
+        assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+        return bad.stderr
+
     data = tmp_path / "train.en-de.en.bin"
     data.write_bytes(b"")
-    bad = subprocess.run(
-        ["bash", str(SCRIPTS / "train.sh"), "--data", data, "--save-dir", tmp_path / "ckpt"],
-        capture_output=True,
-        text=True,
-    )
-    assert bad.returncode == 2
-    assert f"--data '{data}' is a file: give the data folder it is in" in bad.stderr
+    said = refused("--data", data, "--save-dir", tmp_path / "ckpt")
+    assert f"--data '{data}' is a file: give the data folder it is in" in said
     folder = tmp_path / "data"
     folder.mkdir()
-    bad = subprocess.run(
-        ["bash", str(SCRIPTS / "train.sh"), "--data", folder, "--save-dir", data],
-        capture_output=True,
-        text=True,
-    )
-    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
-    assert f"--save-dir '{data}' is a file, not a folder" in bad.stderr, bad.stderr
+    said = refused("--data", folder, "--save-dir", data)
+    assert f"--save-dir '{data}' is a file, not a folder" in said
     # a folder without dictionaries; a log file that is a folder (fairseq's tracebacks)
-    bad = subprocess.run(
-        ["bash", str(SCRIPTS / "train.sh"), "--data", folder, "--save-dir", tmp_path / "c"],
-        capture_output=True,
-        text=True,
-    )
-    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
-    assert f"data folder '{folder}' has no dictionaries (dict.*.txt)" in bad.stderr, bad.stderr
+    said = refused("--data", folder, "--save-dir", tmp_path / "c")
+    assert f"data folder '{folder}' has no dictionaries (dict.*.txt)" in said
     (folder / "dict.en.txt").write_text("a 1\n")
-    bad = subprocess.run(
-        ["bash", str(SCRIPTS / "train.sh"), "--data", folder, "--save-dir", tmp_path / "c",
-         "--log-file", tmp_path],
-        capture_output=True,
-        text=True,
-    )  # fmt: skip
-    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
-    assert f"--log-file '{tmp_path}' is a folder; it names the log file" in bad.stderr
+    said = refused("--data", folder, "--save-dir", tmp_path / "c", "--log-file", tmp_path)
+    assert f"--log-file '{tmp_path}' is a folder; it names the log file" in said
     checkpoint = tmp_path / "checkpoint_last.pt"  # (a log appended to it destroys it)
     checkpoint.write_bytes(b"PK\x03\x04\x00\x00" + bytes(range(256)))
     before = checkpoint.read_bytes()
-    bad = subprocess.run(
-        ["bash", str(SCRIPTS / "train.sh"), "--data", folder, "--save-dir", tmp_path / "c",
-         "--log-file", checkpoint],
-        capture_output=True,
-        text=True,
-    )  # fmt: skip
-    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
-    assert f"--log-file '{checkpoint}' holds binary data, not a log" in bad.stderr, bad.stderr
+    said = refused("--data", folder, "--save-dir", tmp_path / "c", "--log-file", checkpoint)
+    assert f"--log-file '{checkpoint}' holds binary data, not a log" in said
     assert checkpoint.read_bytes() == before
 
 
