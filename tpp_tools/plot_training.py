@@ -177,7 +177,8 @@ def _last_training(lines) -> tuple[list[tuple], int]:
     scratch, and how many trainings from scratch the log holds. The log is cut at each
     fairseq-train start (the line ``training on N devices``); a start whose first
     training record is at the first update logged before it, or earlier, is a training
-    from scratch (a resumed one starts after its checkpoint's update). A log without
+    from scratch (a resumed one starts after its checkpoint's update; one resumed from a
+    checkpoint older than the log's first record cannot be told from it). A log without
     start lines (records only) is cut where the training records go back so far."""
     starts = [[]]
     for line in lines:
