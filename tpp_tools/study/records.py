@@ -397,24 +397,9 @@ def import_records(sources: List[Path], runs, reference: Path) -> List[str]:
                 )
             accepted[run.name] = (where, data, hyp, record)
     for name, (where, data, hyp, record) in accepted.items():
-        run = planned[name]
-        path = run.folder / RECORD
-        if path.exists():
-            if path.read_bytes() != data:
-                raise StudyError(
-                    f"{where}: {run.folder} already holds another record of {name}; move one of "
-                    "them aside"
-                )
-            continue
-        local = run.folder / "eval" / "hyp.detok"
-        if local.exists() and file_sha256(local) != record["translations_sha256"]:
-            raise StudyError(
-                f"{where}: {local} holds other translations of {name} than the record's "
-                "(translated here, its record not yet written); move its eval folder aside "
-                "to take the record"
-            )
+        _check_destination(planned[name], where, data, record)  # (all, before any copy)
     copied = []
-    for name, (where, data, hyp, _) in accepted.items():
+    for name, (where, data, hyp, record) in accepted.items():
         run = planned[name]
         path = run.folder / RECORD
         if path.exists():
@@ -425,6 +410,8 @@ def import_records(sources: List[Path], runs, reference: Path) -> List[str]:
         except RunBusy as err:
             raise StudyError(f"{where}: {err}") from None
         try:
+            if not _check_destination(run, where, data, record):  # (again, under the lock)
+                continue
             if hyp is not None:
                 (run.folder / "eval").mkdir(exist_ok=True)
                 _write_atomic(run.folder / "eval" / "hyp.detok", hyp)
@@ -436,6 +423,27 @@ def import_records(sources: List[Path], runs, reference: Path) -> List[str]:
     if other:
         log(f"records of runs this study does not plan, left out: {'; '.join(other)}")
     return copied
+
+
+def _check_destination(run, where: str, data: bytes, record: dict) -> bool:
+    """Whether ``run``'s folder can take the record ``data`` (False: it holds it already);
+    a :class:`StudyError` where it holds another record, or other translations."""
+    path = run.folder / RECORD
+    if path.exists():
+        if path.read_bytes() != data:
+            raise StudyError(
+                f"{where}: {run.folder} already holds another record of {run.name}; move one "
+                "of them aside"
+            )
+        return False
+    local = run.folder / "eval" / "hyp.detok"
+    if local.exists() and file_sha256(local) != record["translations_sha256"]:
+        raise StudyError(
+            f"{where}: {local} holds other translations of {run.name} than the record's "
+            "(translated here, its record not yet written); move its eval folder aside "
+            "to take the record"
+        )
+    return True
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
