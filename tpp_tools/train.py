@@ -222,7 +222,28 @@ def fairseq_arguments(data, options: Mapping[str, object], extra: Sequence = ())
     repeated option)."""
     recipe = {**OPTIMIZER, **RESUMABLE}
     options = {**options, **{name: v for name, v in recipe.items() if name not in options}}
+    given = options_given(extra)
+    for name, own in (
+        ("optimizer", ("adam_betas", "adam_eps")),
+        ("lr_scheduler", ("warmup_init_lr",)),
+    ):
+        # another optimizer or schedule after --: the recipe's options of its own are not
+        # that one's (fairseq refuses those it does not know)
+        if given.get("--" + name.replace("_", "-"), options[name]) != recipe[name]:
+            options = {key: value for key, value in options.items() if key not in own}
     return [str(data), *option_words(options), *map(str, extra)]
+
+
+def options_given(extra: Sequence) -> dict:
+    """The options among ``extra`` (given as OPTION VALUE or OPTION=VALUE) with their last
+    value, as fairseq keeps it."""
+    given = {}
+    words = [str(word) for word in extra]
+    for word, following in zip(words, [*words[1:], ""]):
+        option, equals, value = word.partition("=")
+        if option.startswith("--"):
+            given[option] = value if equals else following
+    return given
 
 
 def fairseq_command(args):
@@ -251,11 +272,7 @@ def fairseq_command(args):
                 "--user-dir after --: give it before -- (fairseq would load that folder "
                 "instead of the plugin tpp-train passes, whose models it trains)"
             )
-    given = {}  # options after --, as OPTION VALUE or OPTION=VALUE: fairseq keeps the last
-    for word, following in zip(args.extra, [*args.extra[1:], ""]):
-        option, equals, value = word.partition("=")
-        if option.startswith("--"):
-            given[option] = value if equals else following
+    given = options_given(args.extra)
     for option in (
         "--max-update",
         "--max-tokens",

@@ -679,6 +679,31 @@ def test_values_fairseq_would_misread_are_refused_before_training(options, messa
     assert "Traceback" not in bad.stderr
 
 
+@pytest.mark.parametrize(
+    "extra, left_out",
+    [
+        (["--optimizer", "sgd"], ["--adam-betas", "--adam-eps"]),
+        (["--lr-scheduler=fixed"], ["--warmup-init-lr"]),
+        (["--optimizer", "nag", "--lr-scheduler", "cosine"], ["--adam-betas", "--warmup-init-lr"]),
+    ],
+)
+def test_another_optimizer_or_schedule_after_the_separator_trains(extra, left_out):
+    """The recipe's options of Adam and of its schedule are left out for another one after
+    -- (fairseq refused them: "unrecognized arguments: --adam-betas (0.9, 0.98) ...")."""
+    from tpp_tools import train
+
+    data = REPO / "tests"  # (a dry run: fairseq's parser reads no data)
+    command = train.fairseq_command(
+        train.parse_args(["--preset", "tiny", "--data", str(data), "--", *extra])
+    )
+    assert not set(left_out) & set(command)
+    train.check_fairseq_arguments(command[1:])  # fairseq's own parser takes them
+    recipe = train.fairseq_command(train.parse_args(["--preset", "tiny", "--data", str(data)]))
+    assert {"--adam-betas", "--adam-eps", "--warmup-init-lr"} <= set(recipe)
+    with pytest.raises(train.TrainError, match="unrecognized arguments: --adam-betas"):
+        train.check_fairseq_arguments([*recipe[1:], "--optimizer", "sgd"])
+
+
 def test_a_data_folder_or_log_file_fairseq_cannot_use_is_refused_by_name(tmp_path):
     def refused(*options):
         """train.sh's error output; it must end with status 2 and no traceback."""
