@@ -194,13 +194,13 @@ def test_values_read_back_in_training_are_counted_by_the_line_that_reads_them(da
     assert not any(line.startswith("tpp_plugin.") for _, line in reads["tpp"]), out
 
 
-def test_what_training_keeps_for_backward_is_counted_by_part(data):
+def test_what_training_keeps_for_backward_is_counted_by_part():
     """``kept_for_backward``: the control keeps exactly what ``transformer`` keeps, part by
-    part; the hybrid layers' self-attention keeps something else, their other parts not."""
+    part; the hybrid layers' self-attention keeps something else, their other parts not.
+    On bench_model's synthetic corpus (no ``--data``), as docs/benchmarks.md counts it."""
     out = run_benchmark(
-        "kept_for_backward", "--data", data, "--size", "128", "--layers", "1",
-        "--max-tokens", "512",
-    ).stdout  # fmt: skip
+        "kept_for_backward", "--size", "128", "--layers", "1", "--max-tokens", "512"
+    ).stdout
     table = out.split("kept for backward, MiB", 1)[1].splitlines()[2:]
     rows = {" ".join(line.split()[:-3]): line.split()[-3:] for line in table if line[:1] != "r"}
     assert "encoder self-attention" in rows and "decoder feed-forward" in rows, out
