@@ -178,8 +178,9 @@ def _last_training(lines) -> tuple[list[tuple], int]:
     fairseq-train start (the line ``training on N devices``); a start whose first
     training record is at the first update logged before it, or earlier, is a training
     from scratch (a resumed one starts after its checkpoint's update; one resumed from a
-    checkpoint older than the log's first record cannot be told from it). A log without
-    start lines (records only) is cut where the training records go back so far."""
+    checkpoint older than the log's first record cannot be told from it, nor one from
+    scratch logging less often). A log without start lines (records only) is cut where
+    the training records go back so far."""
     starts = [[]]
     for line in lines:
         if _STARTED.search(line):
@@ -207,7 +208,10 @@ def _last_training(lines) -> tuple[list[tuple], int]:
             starts[-1].append(record)
     kept, first, scratch = [], None, 1
     for records in starts:
-        steps = [step for name, step, _, _ in records if name == TRAIN_INNER]
+        steps = [step for name, step, _, _ in records if name == TRAIN_INNER] or [
+            step
+            for _, step, _, _ in records  # (no training record: an interval over an epoch)
+        ]
         if steps and first is not None and steps[0] <= first:  # trained from scratch
             kept, scratch = [], scratch + 1
         if steps:

@@ -52,6 +52,18 @@ OPTIMIZER = {
     "warmup_init_lr": "1e-07",
 }
 
+#: the recipe's options that only some of fairseq's optimizers or schedules take, and
+#: which: left out where another one is chosen after ``--``
+TAKEN_BY = {
+    "adam_betas": ("optimizer", {"adam", "cpu_adam"}),
+    "adam_eps": ("optimizer", {"adam", "cpu_adam"}),
+    "warmup_init_lr": ("lr_scheduler", {"inverse_sqrt", "cosine", "reduce_lr_on_plateau", "step"}),
+    "warmup_updates": (
+        "lr_scheduler",
+        {"inverse_sqrt", "cosine", "reduce_lr_on_plateau", "step", "fixed", "polynomial_decay"},
+    ),
+}
+
 #: every epoch's batches grouped anew from the seed and the epoch, so that a run resumed
 #: in a later epoch trains on the batches an uninterrupted run would (fairseq otherwise
 #: groups them once, with the seed of the epoch the process starts in)
@@ -223,14 +235,15 @@ def fairseq_arguments(data, options: Mapping[str, object], extra: Sequence = ())
     recipe = {**OPTIMIZER, **RESUMABLE}
     options = {**options, **{name: v for name, v in recipe.items() if name not in options}}
     given = options_given(extra)
-    for name, own in (
-        ("optimizer", ("adam_betas", "adam_eps")),
-        ("lr_scheduler", ("warmup_init_lr",)),
-    ):
-        # another optimizer or schedule after --: the recipe's options of its own are not
-        # that one's (fairseq refuses those it does not know)
-        if given.get("--" + name.replace("_", "-"), options[name]) != recipe[name]:
-            options = {key: value for key, value in options.items() if key not in own}
+    chosen = {
+        name: given.get("--" + name.replace("_", "-"), options[name])
+        for name in ("optimizer", "lr_scheduler")
+    }
+    options = {  # (another optimizer or schedule after --: fairseq refuses what it does not take)
+        name: value
+        for name, value in options.items()
+        if name not in TAKEN_BY or chosen[TAKEN_BY[name][0]] in TAKEN_BY[name][1]
+    }
     return [str(data), *option_words(options), *map(str, extra)]
 
 

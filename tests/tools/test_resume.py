@@ -680,23 +680,29 @@ def test_values_fairseq_would_misread_are_refused_before_training(options, messa
 
 
 @pytest.mark.parametrize(
-    "extra, left_out",
+    "extra, left_out, kept",
     [
-        (["--optimizer", "sgd"], ["--adam-betas", "--adam-eps"]),
-        (["--lr-scheduler=fixed"], ["--warmup-init-lr"]),
-        (["--optimizer", "nag", "--lr-scheduler", "cosine"], ["--adam-betas", "--warmup-init-lr"]),
+        (["--optimizer", "sgd"], ["--adam-betas", "--adam-eps"], ["--warmup-init-lr"]),
+        (["--optimizer", "cpu_adam"], [], ["--adam-betas", "--adam-eps"]),
+        (["--lr-scheduler=fixed"], ["--warmup-init-lr"], ["--warmup-updates", "--adam-betas"]),
+        (["--lr-scheduler", "cosine"], [], ["--warmup-init-lr", "--warmup-updates"]),
+        (
+            ["--optimizer", "nag", "--lr-scheduler", "tri_stage"],
+            ["--adam-betas", "--warmup-init-lr", "--warmup-updates"],
+            ["--lr"],
+        ),
     ],
 )
-def test_another_optimizer_or_schedule_after_the_separator_trains(extra, left_out):
-    """The recipe's options of Adam and of its schedule are left out for another one after
-    -- (fairseq refused them: "unrecognized arguments: --adam-betas (0.9, 0.98) ...")."""
+def test_another_optimizer_or_schedule_after_the_separator_trains(extra, left_out, kept):
+    """The recipe's options that another optimizer or schedule after -- does not take are
+    left out, those it takes kept (fairseq refused them: "unrecognized arguments:
+    --adam-betas (0.9, 0.98) ...")."""
     from tpp_tools import train
 
-    data = REPO / "tests"  # (a dry run: fairseq's parser reads no data)
-    command = train.fairseq_command(
-        train.parse_args(["--preset", "tiny", "--data", str(data), "--", *extra])
-    )
-    assert not set(left_out) & set(command)
+    data = REPO / "tests"  # (fairseq's parser reads no data)
+    options = train.parse_args(["--preset", "tiny", "--data", str(data), "--", *extra])
+    command = train.fairseq_command(options)
+    assert not set(left_out) & set(command) and set(kept) <= set(command)
     train.check_fairseq_arguments(command[1:])  # fairseq's own parser takes them
     recipe = train.fairseq_command(train.parse_args(["--preset", "tiny", "--data", str(data)]))
     assert {"--adam-betas", "--adam-eps", "--warmup-init-lr"} <= set(recipe)

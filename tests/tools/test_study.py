@@ -1212,6 +1212,31 @@ def test_runs_going_at_once_on_gpus_take_one_gpu_each(monkeypatch):
     assert held[-1] is None
 
 
+def test_between_its_commands_a_runs_locks_name_the_study(tmp_path):
+    """While a command runs, the run folder's and the save dir's locks name it; once it has
+    ended, the study again (a tool refused there named a process that no longer was, and
+    waited for its data loaders first)."""
+    from tpp_tools.study.commands import CHILDREN, RunLock
+    from tpp_tools.train import TrainError
+
+    lock = RunLock(tmp_path, "hybrid-s1")
+    try:
+        lock.hold_save_dir(tmp_path / "checkpoints")
+        show = ["sh", "-c", f"cat {tmp_path / 'checkpoints' / '.lock'}"]  # the record meanwhile
+        with open(tmp_path / "run.log", "w") as out:
+            assert CHILDREN.run(show, out, None, lock=lock) == 0
+        shown = (tmp_path / "run.log").read_text()
+        assert shown.startswith("process ") and ": sh -c 'cat " in shown, shown
+        assert f"process {os.getpid()} " not in shown
+        for path in (tmp_path / ".lock", tmp_path / "checkpoints" / ".lock"):
+            record = path.read_text()
+            assert record.startswith(f"process {os.getpid()} on host ") and "(tpp-study)" in record
+        with pytest.raises(TrainError, match=rf"\(process {os.getpid()} on host .*tpp-study"):
+            take_lock(tmp_path / "checkpoints", ["tpp-recover-checkpoint"])
+    finally:
+        lock.close()
+
+
 def test_runs_at_once_on_a_gpu_share_the_cores(tmp_path, monkeypatch):
     """On a GPU the runs at once divide the cores among them (eight runs of a core count's
     threads each would oversubscribe the CPU eightfold); the CPU keeps one thread a run;

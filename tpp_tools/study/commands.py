@@ -77,6 +77,8 @@ class Children:
             if proc.poll() is not None:  # interrupted by a signal: stop() waits for it
                 with self._lock:
                     self._procs.discard(proc)
+                if lock is not None:  # the locks' records name the study again, not a
+                    lock.held_by(os.getpid(), lock.own)  # command that has ended
 
     @staticmethod
     def _wait(proc, timeout, progress):
@@ -150,7 +152,12 @@ class RunLock:
                 "then run the study again"
             ) from None
         self.fds = (self.fd,)  # the locks its commands inherit
-        self.held_by(os.getpid(), [name, "(tpp-study)"])
+        self.own = [name, "(tpp-study)"]  # the study's own record, between its commands
+        try:
+            self.held_by(os.getpid(), self.own)
+        except OSError:
+            os.close(self.fd)
+            raise
 
     def hold_save_dir(self, save_dir: Path) -> None:
         """Hold the run's save dir's lock too, as ``tpp-train`` holds it, for its commands
