@@ -1483,11 +1483,15 @@ def test_one_study_per_folder_and_sigterm_stops_its_trainers(tmp_path):
         recover = run(["tpp-recover-checkpoint", "--save-dir", save_dir], check=False)
         assert recover.returncode == 2, recover.stderr
         assert f"another training is using the save dir {save_dir}" in recover.stderr
-        assert "tpp-study" in recover.stderr
+        assert "-m tpp_tools.train --no-lock" in recover.stderr, "(the command training there)"
         first.send_signal(signal.SIGTERM)
         assert first.wait(timeout=120) == 128 + signal.SIGTERM
         rest = _rest(output)
         assert "SIGTERM: stopping the runs' commands" in rest and ": training (" not in rest, rest
+    except BaseException:
+        for pid in _trainers(out):  # (a check above failed: none left training for ever)
+            os.kill(int(pid), signal.SIGKILL)
+        raise
     finally:
         if first.poll() is None:
             first.kill()
