@@ -523,6 +523,31 @@ def test_validating_a_tagged_checkpoint_on_a_folder_without_tags_says_the_workin
     assert "valid on 'valid' subset" in validated.stdout + validated.stderr
 
 
+def test_a_checkpoint_with_fewer_tag_heads_loads_under_the_tags_task(
+    databin, tmp_path, monkeypatch
+):
+    """A model trained with --tags pos is rebuilt with its one head under --task
+    translation_with_tags reading POS and NER labels (it had a NER head added, and its
+    state did not load); POS labels that are not the checkpoint's are refused by naming
+    both sizes, also where the check of the checkpoint's data is switched off."""
+    train_tiny(databin, "--tags", "pos", "--save-dir", tmp_path / "ck", check=True)
+    generate = ["fairseq-generate", "--user-dir", REPO / "tpp_plugin", "--cpu"]
+    generate += ["--path", tmp_path / "ck" / "checkpoint_last.pt", "--task"]
+    generate += ["translation_with_tags", "--gen-subset", "valid", "--beam", "2"]
+    generate += ["--max-tokens", "500", "--num-workers", "0"]
+    translated = run([*generate[:1], databin, *generate[1:]])
+    assert "Generate valid with beam=2" in translated.stdout + translated.stderr
+
+    other = shutil.copytree(databin, tmp_path / "other")
+    with open(other / "dict.pos.txt", "a") as labels:
+        labels.write("NEWLABEL 1\n")
+    monkeypatch.setenv("TPP_FAIRSEQ_CHECKS", "one-line-errors")
+    refused = run([*generate[:1], other, *generate[1:]], check=False)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert "the checkpoint's 'pos' head predicts" in refused.stderr, refused.stderr[-3000:]
+    assert "--task translation" in refused.stderr
+
+
 def test_translating_a_sentence_over_the_limit_says_the_limit_and_how_to_raise_it(
     databin, tmp_path
 ):

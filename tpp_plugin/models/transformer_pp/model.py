@@ -188,18 +188,29 @@ class TransformerPPModel(TransformerModel):
 
     @staticmethod
     def resolve_tag_classes(args, task, tag_layers: Dict[str, int]) -> Dict[str, int]:
-        """Number of classes of each tag head. Taken from the task's tag dictionaries
-        when training with tags; otherwise (e.g. generating with ``--task translation``)
-        from the value saved in the checkpoint's arguments, so the model is rebuilt with
-        the same heads and its state loads."""
+        """Number of classes of each tag head. A model rebuilt from a checkpoint (its
+        arguments hold ``encoder_tag_classes``) gets the heads saved with it, so that its
+        state loads whatever tags the task reads (``--task translation`` has none); a new
+        model gets one head per tag dictionary of the task."""
         task_dicts = getattr(task, "tag_dictionaries", None) or {}
-        saved = parse_named(getattr(args, "encoder_tag_classes", "") or "", "encoder-tag-classes")
+        saved = getattr(args, "encoder_tag_classes", None)
+        if saved is not None:
+            saved = parse_named(saved, "encoder-tag-classes")
+            classes = {name: saved[name] for name in tag_layers if name in saved}
+            for name, count in classes.items():
+                if name in task_dicts and len(task_dicts[name]) != count:
+                    raise OptionError(
+                        f"the checkpoint's '{name}' head predicts {count} classes, but the "
+                        f"task's '{name}' dictionary has {len(task_dicts[name])}: the labels "
+                        f"of this data folder are not the ones it was trained on (translate "
+                        f"with --task translation, or pass --model-overrides "
+                        f"\"{{'encoder_tag_layers': ''}}\")"
+                    )
+            return classes
         classes = {}
         for name in tag_layers:
             if name in task_dicts:
                 classes[name] = len(task_dicts[name])
-            elif name in saved:
-                classes[name] = saved[name]
             elif task_dicts:  # (a misspelt name built no head: said, not silent)
                 logger.warning(
                     f"--encoder-tag-layers: no '{name}' head is built, the task loads no "
