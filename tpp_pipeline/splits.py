@@ -182,13 +182,18 @@ def carve_corpus(
     prefix, e.g. your own test set) are copied as they are and reserved: training
     keeps no pair sharing a side with them. Returns the written files per split.
     Existing outputs are kept (the carving is deterministic) unless ``force``; made
-    from another corpus or with other settings (:data:`SETTINGS` records them), they are
-    an error without ``force``."""
+    from another corpus or with other settings (:data:`SETTINGS` records them), or
+    other than this carving makes them, they are an error without ``force``."""
     out_dir = Path(out_dir)
     given = dict(given or {})
     for name, size in sizes.items():
         if size < 0:
             raise DataError(f"--{name} must be 0 or more pairs, not {size}")
+    if src_lang == tgt_lang:
+        raise DataError(
+            f"source and target language are both '{src_lang}' (-s, -t): they must differ, "
+            "as they name the files"
+        )
     names = ["train", *sizes, *given]
     outputs = {
         name: (out_dir / f"{name}.{src_lang}", out_dir / f"{name}.{tgt_lang}") for name in names
@@ -211,16 +216,53 @@ def carve_corpus(
                 path,
             )
     record = out_dir / SETTINGS
-    if not force and all(p.exists() for pair in outputs.values() for p in pair):
-        if not record.exists():  # carved before the record existed: kept as they are
+    every = [p for pair in outputs.values() for p in pair]
+    existing = [p for p in every if p.exists()]
+    if not force and record.exists() and existing:
+        complete = len(existing) == len(every)
+        _check_record(record, prefix, src_lang, tgt_lang, sizes, seed, given, complete)
+        if complete:
             return outputs
-        try:
-            settings = carving_settings(prefix, src_lang, tgt_lang, sizes, seed, given)
-        except DataError:  # the corpus is gone: nothing to compare the carving with
+    settings = carving_settings(prefix, src_lang, tgt_lang, sizes, seed, given)
+    carved = _carved_files(prefix, src_lang, tgt_lang, sizes, seed, given, outputs)
+    if not force and existing:
+        # no record, or an interrupted carving: outputs are kept only where they are
+        # exactly what this carving writes (an earlier one's, or its first files)
+        for path in existing:
+            if path.read_bytes() != "".join(line + "\n" for line in carved[path]).encode():
+                raise DataError(
+                    "exists and is not what this carving writes (not carved here, or "
+                    "carved with other settings): use --force to replace it, or another --out",
+                    path,
+                )
+        if len(existing) == len(every):
+            with atomic_open(record) as handle:
+                json.dump(settings, handle, indent=1, sort_keys=True)
             return outputs
-        made = recorded_settings(record)
-        if made == settings:
-            return outputs
+    # an interrupted carving must not leave old and new splits that look like one carving
+    # (removed once the new one is known to work out, so that a refused one keeps them)
+    if out_dir.is_dir():
+        for path in [record, *(p for pair in outputs.values() for p in pair)]:
+            path.unlink(missing_ok=True)
+    for path, lines in carved.items():
+        write_lines(path, lines)
+    with atomic_open(record) as handle:
+        json.dump(settings, handle, indent=1, sort_keys=True)
+    return outputs
+
+
+def _check_record(record, prefix, src_lang, tgt_lang, sizes, seed, given, complete) -> None:
+    """Raise naming what changed where :data:`SETTINGS` records another carving than
+    this one. A corpus that is gone leaves nothing to compare a ``complete`` carving
+    with: it is kept."""
+    try:
+        settings = carving_settings(prefix, src_lang, tgt_lang, sizes, seed, given)
+    except DataError:
+        if complete:
+            return
+        raise
+    made = recorded_settings(record)
+    if made != settings:
         changed = ", ".join(
             f"{key} {made.get(key)} -> {value}"
             for key, value in settings.items()
@@ -231,28 +273,28 @@ def carve_corpus(
             "or another --out",
             record,
         )
-    settings = carving_settings(prefix, src_lang, tgt_lang, sizes, seed, given)
+
+
+def _carved_files(prefix, src_lang, tgt_lang, sizes, seed, given, outputs):
+    """Output path -> its lines: the given held-out sets as they are, the others carved."""
     sources, targets = read_pairs(prefix, src_lang, tgt_lang)
+    if not sources:
+        raise DataError("holds no pairs: nothing to carve", side_path(prefix, src_lang))
     held = {
         name: read_pairs(held_prefix, src_lang, tgt_lang) for name, held_prefix in given.items()
     }
     reserved = [pair for held_src, held_tgt in held.values() for pair in zip(held_src, held_tgt)]
-    splits = carve(sources, targets, sizes, seed=seed, reserved=reserved)
-    # an interrupted carving must not leave old and new splits that look like one carving
-    # (removed once the new one is known to work out, so that a refused one keeps them)
-    if out_dir.is_dir():
-        for path in [record, *(p for pair in outputs.values() for p in pair)]:
-            path.unlink(missing_ok=True)
+    try:
+        splits = carve(sources, targets, sizes, seed=seed, reserved=reserved)
+    except DataError as err:  # (too few distinct pairs: in this corpus)
+        raise DataError(err.message, side_path(prefix, src_lang)) from None
+    carved = {}
     for name, (held_src, held_tgt) in held.items():
-        write_lines(outputs[name][0], held_src)
-        write_lines(outputs[name][1], held_tgt)
+        carved[outputs[name][0]], carved[outputs[name][1]] = held_src, held_tgt
     for name in ["train", *sizes]:
-        src_out, tgt_out = outputs[name]
-        write_lines(src_out, [sources[i] for i in splits[name]])
-        write_lines(tgt_out, [targets[i] for i in splits[name]])
-    with atomic_open(record) as handle:
-        json.dump(settings, handle, indent=1, sort_keys=True)
-    return outputs
+        carved[outputs[name][0]] = [sources[i] for i in splits[name]]
+        carved[outputs[name][1]] = [targets[i] for i in splits[name]]
+    return carved
 
 
 #: the file in ``--out`` that records what a carving was made from and with

@@ -236,12 +236,26 @@ def test_a_carving_with_other_settings_is_refused_over_an_earlier_one(tmp_path):
 
 
 def test_an_empty_held_out_set_takes_no_pair_and_a_negative_one_is_refused(tmp_path):
+    """Also refused, naming the file where there is one: more pairs than the corpus
+    holds, an empty corpus, the same language on both sides."""
     corpus = corpus_with_repeats(tmp_path / "raw")
     shown = carve(corpus, tmp_path / "carved", "--valid", "0", "--test", "0")
     assert "test: 0 pairs" in shown.stdout and "valid: 0 pairs" in shown.stdout
     assert len(read(tmp_path / "carved" / "train.en")) == 40
     negative = carve(corpus, tmp_path / "other", "--valid", "-3", check=False)
     assert negative.returncode == 2 and "--valid must be 0 or more pairs, not -3" in negative.stderr
+    too_many = carve(corpus, tmp_path / "other", "--valid", "30", check=False)
+    assert too_many.returncode == 2 and f"{corpus}.en: only " in too_many.stderr, too_many.stderr
+    (tmp_path / "empty.en").write_text("")
+    (tmp_path / "empty.de").write_text("")
+    empty = carve(tmp_path / "empty", tmp_path / "other", check=False)
+    assert empty.returncode == 2 and "empty.en: holds no pairs" in empty.stderr, empty.stderr
+    same = run(
+        ["tpp-carve-splits", "--corpus", corpus, "-s", "en", "-t", "en", "--out", tmp_path],
+        check=False,
+    )
+    assert same.returncode == 2 and "both 'en' (-s, -t)" in same.stderr
+    assert not (tmp_path / "other").exists()
 
 
 def test_invalid_utf8_is_named_with_its_line_and_column(tmp_path):
@@ -286,7 +300,7 @@ def test_invisible_characters_do_not_hide_a_duplicate(tmp_path):
 def test_an_interrupted_carving_again_is_not_taken_for_a_finished_one(tmp_path, monkeypatch):
     """A carving with --force stopped after its first file left the earlier carving's
     record and files beside the new ones: the next run took the mixture for the earlier
-    carving."""
+    carving. It is now refused, as a file other than the carving's, until --force."""
     from tpp_pipeline import splits
 
     corpus = corpus_with_repeats(tmp_path / "raw")
@@ -306,7 +320,9 @@ def test_an_interrupted_carving_again_is_not_taken_for_a_finished_one(tmp_path, 
     except KeyboardInterrupt:
         pass
     monkeypatch.setattr(splits, "write_lines", write_lines)
-    splits.carve_corpus(corpus, "en", "de", out, sizes, seed=1)
+    with pytest.raises(splits.DataError, match="is not what this carving writes"):
+        splits.carve_corpus(corpus, "en", "de", out, sizes, seed=1)
+    splits.carve_corpus(corpus, "en", "de", out, sizes, seed=1, force=True)
     for split in ("train", "valid", "test"):
         for lang in ("en", "de"):
             assert read(out / f"{split}.{lang}") == read(fresh / f"{split}.{lang}")
@@ -325,3 +341,36 @@ def test_a_carving_again_that_is_refused_keeps_the_earlier_one(tmp_path):
     with pytest.raises(DataError, match="distinct pairs left for test"):
         splits.carve_corpus(corpus, "en", "de", out, {"test": 500, "valid": 3}, force=True)
     assert {path.name: path.read_bytes() for path in out.iterdir()} == before
+
+
+def test_files_in_out_that_are_not_the_carvings_are_never_replaced_without_force(tmp_path):
+    """A user's files in --out (some of the outputs, or all of them) are refused, naming
+    the first, and kept; the outputs of a carving made without a record (or stopped
+    before it wrote its last file) are what the carving writes: kept and completed."""
+    corpus = corpus_with_repeats(tmp_path / "raw")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "test.de").write_text("my own test set\n")
+    refused = carve(corpus, mine, "--valid", "3", "--test", "4", check=False)
+    assert refused.returncode == 2 and "test.de" in refused.stderr, refused.stderr
+    assert "is not what this carving writes" in refused.stderr and "--force" in refused.stderr
+    assert read(mine / "test.de") == ["my own test set"] and not (mine / "train.en").exists()
+    for split in ("train", "valid", "test"):
+        for lang in ("en", "de"):
+            (mine / f"{split}.{lang}").write_text(f"{split} {lang}\n")
+    refused = carve(corpus, mine, "--valid", "3", "--test", "4", check=False)
+    assert refused.returncode == 2 and "is not what this carving writes" in refused.stderr
+    assert read(mine / "train.en") == ["train en"]
+    carve(corpus, mine, "--valid", "3", "--test", "4", "--force")
+    assert len(read(mine / "test.de")) == 4
+
+    out = tmp_path / "carved"
+    carve(corpus, out, "--valid", "3", "--test", "4")
+    carving = {path.name: path.read_bytes() for path in out.iterdir()}
+    (out / ".carve-settings.json").unlink()  # carved before the record existed
+    (out / "valid.de").unlink()  # and stopped before its last file
+    carve(corpus, out, "--valid", "3", "--test", "4")
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == carving
+    (out / ".carve-settings.json").unlink()
+    carve(corpus, out, "--valid", "3", "--test", "4")
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == carving
