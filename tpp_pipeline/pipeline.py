@@ -230,6 +230,7 @@ def _copy(src_path, dst_path):
 # What the user knows each step setting by, for the error about changed settings.
 OPTION_NAMES = {
     "inputs": "the input files",
+    "utf8_errors": "--utf8-errors",
     "min": "--min-len",
     "max": "--max-len",
     "ratio": "--max-ratio",
@@ -374,7 +375,10 @@ class Step:
 
 
 def _tokenize_settings(ctx):
-    return {"inputs": [file_identity(p) for s in SPLITS for p in ctx.raw[s].values()]}
+    settings = {"inputs": [file_identity(p) for s in SPLITS for p in ctx.raw[s].values()]}
+    if ctx.args.utf8_errors != "strict":  # (absent by default: earlier work folders stay done)
+        settings["utf8_errors"] = ctx.args.utf8_errors
+    return settings
 
 
 def _tokenize(ctx):

@@ -83,6 +83,9 @@ def test_invalid_utf8_names_file_and_line(corpus):
     assert not (corpus / "work" / "tok" / "train.en.tmp").exists()
     # opting in to replacement makes the same input go through
     assert _run(corpus, "--stop-after", "tokenize", "--utf8-errors", "replace").returncode == 0
+    # and is a setting of the text: going back to strict is not "already done"
+    strict = _run(corpus, "--stop-after", "tokenize")
+    assert strict.returncode == 2 and "--utf8-errors" in strict.stderr, strict.stderr
 
 
 def test_non_english_source_needs_no_tags_and_then_skips_tagging(corpus):
