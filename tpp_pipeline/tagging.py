@@ -25,6 +25,7 @@ joins the chunks once every shard is done.
 import argparse
 import concurrent.futures
 import contextlib
+import ctypes
 import importlib.util
 import json
 import logging
@@ -32,7 +33,9 @@ import multiprocessing
 import os
 import re
 import shutil
+import signal
 import tempfile
+import threading
 import time
 
 from .contract import TAG_KINDS
@@ -463,11 +466,40 @@ def tag_files(
     return sentences, words, time.perf_counter() - start
 
 
+#: ``prctl``'s option that asks for a signal when the parent process ends (Linux)
+PR_SET_PDEATHSIG = 1
+
+
+def _init_pool_worker(parent_pid, *init_args):
+    """A tagging worker ends with the run that started it: killed outright (SIGKILL, the
+    OOM killer), the run would otherwise leave its workers waiting for chunks forever,
+    holding its work folder's lock (which they inherit, being forked)."""
+    try:  # Linux: a signal when the parent ends (the worker exits on SIGTERM)
+        libc = ctypes.CDLL(None, use_errno=True)
+        watched = libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        watched = False
+    if not watched:
+        threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
+    if os.getppid() != parent_pid:  # (it ended before the signal was asked for)
+        os._exit(1)
+    _init_worker(*init_args)
+
+
+def _exit_with_parent(parent_pid):
+    while os.getppid() == parent_pid:
+        time.sleep(1.0)
+    os._exit(1)
+
+
 def _tag_in_processes(jobs, units, workers, init_args, finished):
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     with concurrent.futures.ProcessPoolExecutor(
-        workers, mp_context=context, initializer=_init_worker, initargs=init_args
+        workers,
+        mp_context=context,
+        initializer=_init_pool_worker,
+        initargs=(os.getpid(), *init_args),
     ) as pool:
         in_flight = set()
         for job, i, lines in _pending_chunks(jobs, units):

@@ -1,5 +1,7 @@
 """Interrupted tagging resumes and gives byte-identical output; finished chunks are kept."""
 
+import contextlib
+import glob
 import json
 import os
 import signal
@@ -104,6 +106,57 @@ def test_killed_run_resumes_to_identical_output(corpus, uninterrupted, tmp_path)
     result = subprocess.run(_pipeline(corpus, work), capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "already done, resuming" in result.stderr
+    assert _tags(work) == uninterrupted
+
+
+def _children(pid):
+    """The processes whose parent is ``pid`` (Linux's /proc)."""
+    found = []
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:  # (ended meanwhile)
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.split("/")[2]))
+    return found
+
+
+def test_workers_end_with_a_run_killed_alone_and_it_resumes(corpus, uninterrupted, tmp_path):
+    """Only the run's main process killed (SIGKILL, as the OOM killer does): its forked
+    tagging workers end too, instead of waiting for chunks forever with the work
+    folder's lock, which refused every run after it."""
+    work = tmp_path / "orphans"
+    chunk_dir = work / "tags" / "train.chunks"
+    process = subprocess.Popen(
+        _pipeline(corpus, work, "--workers", "2"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    workers = []
+    try:
+        deadline = time.time() + 300
+        while not (chunk_dir / "000000.ner").exists():
+            assert process.poll() is None, "the run ended before it could be interrupted"
+            assert time.time() < deadline
+            time.sleep(0.02)
+        workers = _children(process.pid)
+        assert len(workers) >= 2, workers
+        process.kill()  # the main process alone
+        process.wait()
+        deadline = time.time() + 60
+        while [p for p in workers if os.path.exists(f"/proc/{p}")]:
+            assert time.time() < deadline, "the tagging workers outlived their run"
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    result = subprocess.run(
+        _pipeline(corpus, work, "--workers", "2"), capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
     assert _tags(work) == uninterrupted
 
 
