@@ -677,13 +677,12 @@ def run_pipeline(args, prefixes, name, src, tgt):
         )
     with lock:
         ledger = StepLedger(work_dir, force=args.force, names=OPTION_NAMES)
-        made_here = ((ledger.saved("binarize") or {}).get("settings") or {}).get(
-            "dest"
-        ) == os.path.abspath(dest_dir)
-        if os.path.exists(dest_dir) and not args.force and not made_here:
+        last = ((ledger.saved("binarize") or {}).get("settings") or {}).get("dest")
+        if os.path.exists(dest_dir) and not args.force and last != os.path.abspath(dest_dir):
+            made = f"its last binarize wrote {last}" if last else "it has binarized nothing"
             raise DataError(
-                "output folder exists and was not made by this run's work folder; "
-                "pass --force to overwrite it",
+                f"output folder exists, and is not this work folder's ({made}); pass --force "
+                "to overwrite it",
                 dest_dir,
             )
         ctx = Context(args, raw, src, tgt, work_dir, dest_dir)

@@ -867,6 +867,12 @@ def test_a_changed_setting_is_named_and_force_redoes_only_what_depends_on_it(cor
         in moved.stderr
     ), moved.stderr
     assert _binarized(corpus / "bin2" / "rel") == _binarized(corpus / "bin" / "rel")
+    back = _run(corpus, "--bpe-merges", "100")  # the first folder again: said as it is
+    assert back.returncode == 2 and "Traceback" not in back.stderr, back.stderr
+    assert (
+        f"{corpus / 'bin' / 'rel'}: output folder exists, and is not this work folder's (its "
+        f"last binarize wrote {corpus / 'bin2' / 'rel'}); pass --force" in back.stderr
+    ), back.stderr
 
     changed = _run(corpus, "--bpe-merges", "100", "--data-bin", corpus / "bin2", "--max-ratio", "2")
     assert changed.returncode == 2, changed.stderr
