@@ -23,7 +23,7 @@ log = logging.getLogger("tpp_pipeline")
 _LINES_PER_TASK = 2000
 
 
-def learn_joint_bpe(text_paths, codes_path, merges):
+def learn_joint_bpe(text_paths, codes_path, merges, progress=True):
     """Learn ``merges`` BPE merge operations on the concatenation of ``text_paths``.
 
     The words are counted here, in this process, and handed to subword-nmt as its
@@ -31,9 +31,10 @@ def learn_joint_bpe(text_paths, codes_path, merges):
     (the same counts; it breaks ties by the pair itself) of files that end with a newline
     (a file without one does not join its last word to the next file's first), without
     a copy of the text on disk and without subword-nmt's own worker pool, which forks the
-    calling process (see ``workers.py``).
+    calling process (see ``workers.py``). Without ``progress``, subword-nmt's progress
+    bar is not shown.
     """
-    from subword_nmt.learn_bpe import learn_bpe
+    from subword_nmt import learn_bpe as subword_nmt_learn
 
     counts = collections.Counter()
     for path in text_paths:
@@ -41,8 +42,14 @@ def learn_joint_bpe(text_paths, codes_path, merges):
             for line in handle:
                 counts.update(word for word in line.strip("\r\n ").split(" ") if word)
     vocabulary = (f"{word} {count}\n" for word, count in counts.items())
-    with atomic_open(codes_path) as outfile:
-        learn_bpe(vocabulary, outfile, merges, min_frequency=2, is_dict=True)
+    shown = subword_nmt_learn.tqdm
+    if not progress:
+        subword_nmt_learn.tqdm = lambda iterable, *args, **kwargs: iterable
+    try:
+        with atomic_open(codes_path) as outfile:
+            subword_nmt_learn.learn_bpe(vocabulary, outfile, merges, min_frequency=2, is_dict=True)
+    finally:
+        subword_nmt_learn.tqdm = shown
 
 
 def check_codes(path):

@@ -512,7 +512,12 @@ def _bpe_learn(ctx):
     if ctx.args.bpe_codes:
         _copy(ctx.args.bpe_codes, ctx.codes)
     else:
-        bpe.learn_joint_bpe(ctx.lay.texts("clean", ["train"]), ctx.codes, ctx.args.bpe_merges)
+        bpe.learn_joint_bpe(
+            ctx.lay.texts("clean", ["train"]),
+            ctx.codes,
+            ctx.args.bpe_merges,
+            progress=not ctx.args.quiet,
+        )
 
 
 # 5. bpe_apply: segment every split, projecting the labels onto the subwords -------------

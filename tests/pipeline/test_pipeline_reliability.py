@@ -854,7 +854,9 @@ def test_a_changed_setting_is_named_and_force_redoes_only_what_depends_on_it(cor
     inputs" without naming one, and --force then tagged everything again. Another
     --data-bin now just binarizes there; a changed setting is named, with its two values;
     --force redoes its step and those after it, keeping the ones before (tagging)."""
-    assert _run(corpus, "--bpe-merges", "100").returncode == 0
+    first = _run(corpus, "--bpe-merges", "100")
+    assert first.returncode == 0 and "step bpe_learn: running" in first.stderr
+    assert "%|" not in first.stderr, first.stderr  # --quiet: no progress bar, subword-nmt's too
     tags = corpus / "work" / "tags" / "train.pos"
     tagged = tags.stat().st_mtime_ns
 
