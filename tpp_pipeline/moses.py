@@ -36,8 +36,8 @@ class MosesPreprocessor:
         self.tokenizer = MosesTokenizer(lang=lang)
 
     def __call__(self, line):
-        text = self.normalizer.normalize(line)
-        text = replace_non_printing(text)
+        # before the normaliser, which deletes a \r inside a line (joining two words)
+        text = self.normalizer.normalize(replace_non_printing(line))
         text = self.tokenizer.tokenize(
             text, aggressive_dash_splits=True, escape=True, return_str=True
         )

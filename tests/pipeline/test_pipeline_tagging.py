@@ -13,7 +13,7 @@ TRICKY = ENGLISH + [
     "State-of-the-art, e-mail & co-operation: it's 5 o'clock -- 10:30 p.m. in the U.S.",
     "Visit www.example.org or mail info@example.org; price: €20 / £15 (approx.)!",
     "日本語のテキスト and Ελληνικά and emoji 🙂 mixed in.",
-    "Control\u0007char and zero\u200bwidth and non\u00a0breaking space.",
+    "Control\u0007char and zero\u200bwidth and non\u00a0breaking space and carriage\rreturn.",
     " ".join(f"token{i}" for i in range(400)),
 ]
 
@@ -62,6 +62,7 @@ def test_tricky_lines_survive_tokenisation(processed):
     assert tok[len(ENGLISH)] == "" and tok[len(ENGLISH) + 1] == ""  # empty stays empty
     assert len(tok[-1].split()) == 400  # long line kept whole
     assert "\u0007" not in tok[-2] and "\u200b" not in tok[-2] and "\u00a0" not in tok[-2]
+    assert "carriage return" in tok[-2]  # a space, as every control character
     assert "@-@" in tok[len(ENGLISH) + 2] and "&amp;" in tok[1] and "&apos;" in tok[6]
     # the BPE of every line joins back to the tokens
     for t, b in zip(tok, processed["bpe.en"]):
