@@ -299,6 +299,16 @@ def check_before_running(args, prefixes, src, tgt):
                     "least one sentence to translate",
                     path,
                 )
+    for split, other in (("valid", "train"), ("test", "train"), ("test", "valid")):
+        if all(os.path.samefile(raw[split][lang], raw[other][lang]) for lang in (src, tgt)):
+            log.warning(
+                "--%spref and --%spref name the same files (%s): the %s set is the %s set",
+                split,
+                other,
+                raw[split][src],
+                split,
+                "training" if other == "train" else other,
+            )
     if args.bpe_codes:
         bpe.check_codes(args.bpe_codes)
     if tags and not args.spacy_model:

@@ -4,6 +4,7 @@ outputs are never half-written; one run per work folder at a time."""
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -86,6 +87,19 @@ def test_invalid_utf8_names_file_and_line(corpus):
     # and is a setting of the text: going back to strict is not "already done"
     strict = _run(corpus, "--stop-after", "tokenize")
     assert strict.returncode == 2 and "--utf8-errors" in strict.stderr, strict.stderr
+
+
+def test_a_held_out_set_that_is_the_training_set_is_said(corpus):
+    """The same files for --trainpref and --validpref (or --testpref) are a warning: the
+    model would be validated or scored on the text it was trained on."""
+    shutil.copy(corpus / "train.en", corpus / "copy.en")  # equal text, other files: silent
+    shutil.copy(corpus / "train.de", corpus / "copy.de")
+    args = ["--stop-after", "tokenize", "--no-tags", "--testpref", corpus / "copy"]
+    same = _run(corpus, *args, "--validpref", corpus / "train")
+    assert same.returncode == 0, same.stderr
+    said = f"--validpref and --trainpref name the same files ({corpus / 'train'}.en): the valid "
+    assert said + "set is the training set" in same.stderr, same.stderr
+    assert "--testpref and" not in same.stderr
 
 
 def test_non_english_source_needs_no_tags_and_then_skips_tagging(corpus):
