@@ -305,6 +305,34 @@ def test_under_layerdrop_each_tag_head_reads_its_layers_output():
     assert {("pos", 0), ("ner", 0), ("ner", 1), ("ner", 2)} <= seen, seen
 
 
+def test_a_checkpoint_before_0_2_loads_pruned_to_any_layers():
+    """A state dict with the separate input projections of versions before 0.2 loads
+    into a model pruned to its second layers (fairseq upgrades before it prunes: the
+    projections were fused under the pruned model's numbers, so layer 1's never were)."""
+    from tpp_plugin.modules.hybrid_attention import _LEGACY_NAMES
+
+    torch.manual_seed(0)
+    d = make_dictionary()
+    full = build_model(dictionary=d, encoder_tag_layers="")
+    legacy = full.state_dict()
+    for side in ("encoder", "decoder"):
+        for i, layer in enumerate(getattr(full, side).layers):
+            prefix = f"{side}.layers.{i}.self_attn."
+            for part in ("weight", "bias"):
+                fused = legacy.pop(f"{prefix}in_proj.{part}")  # projection after projection
+                pieces = fused.split(layer.self_attn._widths)
+                for name, rows in zip(layer.self_attn._names, pieces):
+                    if name != "pad":
+                        legacy[f"{prefix}{_LEGACY_NAMES[name]}.{part}"] = rows
+    keep = dict(encoder_layers_to_keep="1", decoder_layers_to_keep="1")
+    pruned = build_model(dictionary=d, encoder_tag_layers="", **keep)
+    cfg = argparse.Namespace(arch="transformer_pp_tiny", **keep)  # as a checkpoint's
+    pruned.load_state_dict(legacy, strict=True, model_cfg=cfg)
+    for side in ("encoder", "decoder"):
+        kept, source = getattr(pruned, side).layers[0], getattr(full, side).layers[1]
+        assert all(torch.equal(a, b) for a, b in zip(kept.parameters(), source.parameters()))
+
+
 def test_layers_to_keep_prunes_a_model_as_fairseq_prunes_its_transformer():
     """fairseq's pruning of a LayerDrop-trained model as it loads
     (``--model-overrides "{'encoder_layers_to_keep': '1', ...}"``): the model is built

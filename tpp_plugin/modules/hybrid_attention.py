@@ -59,6 +59,29 @@ _LEGACY_NAMES = {
 }
 
 
+def fuse_legacy_projections(state_dict, prefix: str) -> None:
+    """Fuse the separate input projections that versions before 0.2 saved under
+    ``prefix`` (``q_proj``, ..., ``context_query.score_proj``) into ``prefix +
+    "in_proj"``: the same rows in the order of :data:`PROJECTIONS`, padded as the module
+    pads them. Works from the state dict's names alone, so that a model pruned with
+    ``--*-layers-to-keep`` (whose modules are renumbered) is upgraded before pruning."""
+    if prefix + "in_proj.weight" in state_dict:
+        return
+    legacy = [
+        prefix + _LEGACY_NAMES[n]
+        for n in PROJECTIONS
+        if f"{prefix}{_LEGACY_NAMES[n]}.weight" in state_dict
+    ]
+    if not legacy:
+        return  # not a checkpoint of this module: let loading report it
+    for part in ("weight", "bias"):
+        pieces = [state_dict.pop(f"{old}.{part}") for old in legacy]
+        rows = sum(piece.shape[0] for piece in pieces)
+        if rows % ALIGN:
+            pieces.append(pieces[0].new_zeros(ALIGN - rows % ALIGN, *pieces[0].shape[1:]))
+        state_dict[f"{prefix}in_proj.{part}"] = torch.cat(pieces)
+
+
 @with_incremental_state
 class HybridMultiheadAttention(nn.Module):
     """``H - H_c`` scaled dot-product heads and ``H_c`` convolution-attention heads.
@@ -657,19 +680,8 @@ class HybridMultiheadAttention(nn.Module):
 
     def upgrade_state_dict_named(self, state_dict, name):
         """Fuse the separate input projections of checkpoints written before version
-        0.2 into ``in_proj`` (same rows, in the order of :data:`PROJECTIONS`)."""
-        prefix = f"{name}." if name else ""
-        if prefix + "in_proj.weight" in state_dict:
-            return state_dict
-        legacy = [prefix + _LEGACY_NAMES[n] for n, _ in self.projection_sizes if n != "pad"]
-        if not all(f"{old}.weight" in state_dict for old in legacy):
-            return state_dict  # not a checkpoint of this module: let loading report it
-        pad = dict(self.projection_sizes).get("pad", 0)
-        for part in ("weight", "bias"):
-            pieces = [state_dict.pop(f"{old}.{part}") for old in legacy]
-            if pad:
-                pieces.append(pieces[0].new_zeros(pad, *pieces[0].shape[1:]))
-            state_dict[f"{prefix}in_proj.{part}"] = torch.cat(pieces)
+        0.2 into ``in_proj`` (:func:`fuse_legacy_projections`)."""
+        fuse_legacy_projections(state_dict, f"{name}." if name else "")
         return state_dict
 
     def extra_repr(self) -> str:

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from tpp_pipeline.errors import OptionError
 
 from ...modules import TagHeads
+from ...modules.hybrid_attention import fuse_legacy_projections
 from ...options import format_named, parse_named
 from . import config
 from .config import ConvHeadsConfig, tag_layers_of
@@ -271,6 +272,12 @@ class TransformerPPModel(TransformerModel):
         return decoder_out
 
     def upgrade_state_dict_named(self, state_dict, name):
+        # The hybrid attentions of a checkpoint before 0.2, by the state dict's own layer
+        # numbers: fairseq prunes (--*-layers-to-keep) after upgrading, and its modules
+        # below are numbered as pruned.
+        legacy = ".self_attn.local_conv.pointwise.weight"
+        for key in [k for k in state_dict if k.startswith(name) and k.endswith(legacy)]:
+            fuse_legacy_projections(state_dict, key[: -len(legacy)] + ".self_attn.")
         super().upgrade_state_dict_named(state_dict, name)
         # A checkpoint trained with tag heads loads into a model built without some or
         # all of them (--encoder-tag-layers): the heads are training-only, drop the
