@@ -700,8 +700,33 @@ def run_pipeline(args, prefixes, name, src, tgt):
                 "to overwrite it",
                 dest_dir,
             )
+        learns_bpe = args.stop_after is None or (
+            STEPS.index(args.stop_after) >= STEPS.index("bpe_learn")
+        )
+        if learns_bpe and not args.force and not args.tag_shard:
+            _check_tagging_unchanged(ledger, tags=not args.no_tags)
         ctx = Context(args, raw, src, tgt, work_dir, dest_dir)
         return _run_steps(ctx, ledger)
+
+
+def _check_tagging_unchanged(ledger, tags):
+    """Refuse, before any step, a run that tags a work folder whose BPE was learned
+    without tags, or the other way round: the steps are chained, so BPE and what follows
+    would be refused only after tagging (hours, on WMT) without naming ``--no-tags``."""
+    learned = ledger.saved("bpe_learn")
+    if learned is None:
+        return
+    tagged = ledger.saved("tag")
+    learned_with_tags = tagged is not None and learned.get("upstream") == tagged.get("stamp")
+    if learned_with_tags != tags:
+        made = "with tags" if learned_with_tags else "without tags (--no-tags)"
+        now = "tags" if tags else "--no-tags"
+        raise DataError(
+            f"this work folder was prepared {made}, and this run asks for {now}: pass "
+            "--force to prepare it again (tagging is kept where done; BPE and the steps "
+            "after it are redone), or use another --work-dir",
+            ledger.marker_path("bpe_learn"),
+        )
 
 
 def _run_steps(ctx, ledger):

@@ -102,6 +102,23 @@ def test_a_held_out_set_that_is_the_training_set_is_said(corpus):
     assert "--testpref and" not in same.stderr
 
 
+def test_tags_added_to_a_folder_prepared_without_them_are_refused_before_tagging(corpus):
+    """A work folder whose BPE was learned with --no-tags, run again with tags (or the
+    other way round), is refused before any step, naming --no-tags: it tagged the whole
+    corpus first, then refused BPE for "the steps before it"."""
+    done = _run(corpus, "--no-tags", "--stop-after", "bpe_learn", "--bpe-merges", "100")
+    assert done.returncode == 0, done.stderr
+    tagged = _run(corpus, "--stop-after", "bpe_learn", "--bpe-merges", "100")
+    assert tagged.returncode == 2 and "step tag" not in tagged.stderr, tagged.stderr
+    assert "prepared without tags (--no-tags), and this run asks for tags" in tagged.stderr
+    forced = _run(corpus, "--stop-after", "bpe_learn", "--bpe-merges", "100", "--force")
+    assert forced.returncode == 0 and "step bpe_learn: running" in forced.stderr, forced.stderr
+    untagged = _run(corpus, "--no-tags", "--bpe-merges", "100")
+    assert untagged.returncode == 2 and "prepared with tags, and this run asks for --no-tags" in (
+        untagged.stderr
+    )
+
+
 def test_non_english_source_needs_no_tags_and_then_skips_tagging(corpus):
     result = _run(corpus, src="de", tgt="en")
     assert result.returncode == 2
