@@ -146,6 +146,13 @@ def encode(loaded: LoadedModel, prepared: str):
             f"no token of {prepared!r} is in the source dictionary: is "
             "the sentence tokenised/BPE-segmented like the training data?"
         )
+    limit = loaded.model.encoder.max_positions()
+    if len(tokens) > limit:
+        raise AnalysisError(
+            f"the sentence is {len(tokens)} subwords long with its end of sentence, and "
+            f"the model reads at most {limit} (its --max-source-positions): give a "
+            "shorter one"
+        )
     return torch.as_tensor(ids).unsqueeze(0), tokens
 
 

@@ -38,6 +38,7 @@ from collections import OrderedDict
 
 import torch
 
+from tpp_pipeline.lock import exit_cleanly_on_sigterm
 from tpp_pipeline.errors import UserError, report
 
 from tpp_fairseq import checkpoint_match
@@ -365,6 +366,7 @@ def save_atomically(state, output, force):
 
 def main(argv=None):
     args = parse_args(argv)
+    exit_cleanly_on_sigterm()  # Ctrl-C, kill: the temporary output removed, no traceback
     try:
         if args.num_update_checkpoints or args.num_epoch_checkpoints:
             by_update = args.num_update_checkpoints is not None

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tpp_pipeline.lock import exit_cleanly_on_sigterm
 from tpp_pipeline.errors import report
 
 from .analysis_model import (
@@ -139,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the two words to compare (default: fire mountain)",
     )
     args = parser.parse_args(argv)
+    exit_cleanly_on_sigterm()  # Ctrl-C, kill: no traceback
 
     try:
         if args.words[0].casefold() == args.words[1].casefold():

@@ -31,6 +31,7 @@ fairseq-generate failed.
 
 import argparse
 import codecs
+import contextlib
 import math
 import os
 import re
@@ -713,6 +714,21 @@ def writable_folder(path, what, error):
         ensure_writable_dir(path, what)
     except DataError as err:
         raise error(str(err)) from None
+
+
+@contextlib.contextmanager
+def staged_files(folder: Path):
+    """A fresh folder inside ``folder`` to write a set of outputs into; once the block
+    ends without error its files replace ``folder``'s of the same names, so that a run
+    stopped or failed part-way leaves the earlier set whole, and two runs never share a
+    temporary name. The staging folder is removed either way."""
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=folder))
+    try:
+        yield staging
+        for path in sorted(staging.iterdir()):
+            os.replace(path, Path(folder) / path.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def main(argv=None):

@@ -41,6 +41,7 @@ except ImportError:  # (an extra of the package)
 matplotlib.use("Agg")  # no display on cluster nodes; set before pyplot is imported
 import matplotlib.pyplot as plt  # noqa: E402
 
+from tpp_pipeline.lock import exit_cleanly_on_sigterm
 from tpp_pipeline.errors import report
 from tpp_pipeline.pipeline import positive_int
 
@@ -52,7 +53,7 @@ from .analysis_model import (
     load_model,
     prepare_sentence,
 )
-from .evaluate import writable_folder
+from .evaluate import staged_files, writable_folder
 
 CELL_INCHES = 4  # each head's heatmap gets a 4 x 4 inch cell ...
 DPI = 100  # ... i.e. 400 x 400 pixels: a PNG is (400 * columns) x (400 * rows)
@@ -176,10 +177,8 @@ def draw_grid(
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     # no bbox_inches="tight": the pixel size must follow from the head count alone
-    tmp = out.with_name(out.name + ".tmp")
-    fig.savefig(tmp, dpi=DPI, format="png")
+    fig.savefig(out, dpi=DPI, format="png")
     plt.close(fig)
-    tmp.replace(out)
 
 
 TITLES = {
@@ -219,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--force", action="store_true", help="overwrite existing PNGs")
     args = parser.parse_args(argv)
+    exit_cleanly_on_sigterm()  # Ctrl-C, kill: the maps staged so far removed, no traceback
 
     try:
         if not args.sentence.strip():  # before the (slow) model loading
@@ -267,11 +267,14 @@ def main(argv: list[str] | None = None) -> int:
         "decoder_self": (out_labels, in_labels),
         "decoder_cross": (out_labels, src_labels),
     }
-    for kind, layer, module in modules:
-        rows, cols = labels[kind]
-        title = f"{TITLES[kind]}, layer {layer}{layer_note(module)}"
-        draw_grid(maps[kind, layer], head_kinds(module), rows, cols, title, targets[kind, layer])
-        print(f"wrote {targets[kind, layer]}")
+    with staged_files(args.out_dir) as staging:  # (a failed run leaves the earlier maps whole)
+        for kind, layer, module in modules:
+            rows, cols = labels[kind]
+            title = f"{TITLES[kind]}, layer {layer}{layer_note(module)}"
+            staged = staging / targets[kind, layer].name
+            draw_grid(maps[kind, layer], head_kinds(module), rows, cols, title, staged)
+    for target in targets.values():
+        print(f"wrote {target}")
     if args.force:  # the maps of layers this model lacks are an earlier model's
         for kind in TITLES:
             named = {

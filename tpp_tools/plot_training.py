@@ -38,6 +38,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from tpp_pipeline.lock import exit_cleanly_on_sigterm
 from tpp_pipeline.errors import UserError, report
 
 try:
@@ -315,14 +316,12 @@ def figure(runs: dict, title: str, ylabel: str, metrics: tuple, log_scale: bool)
 
 
 def save(fig, outs) -> None:
-    """Writes ``fig`` into each path of ``outs`` (format from the suffix), each under a
-    temporary name renamed when complete, and closes it. SVG keeps its text as text."""
+    """Writes ``fig`` into each path of ``outs`` (format from the suffix) and closes it.
+    SVG keeps its text as text."""
     with plt.rc_context({"svg.fonttype": "none"}):
         for out in outs:
             # no bbox_inches="tight": it would change the pixel size from figure to figure
-            partial = out.with_name(out.name + ".tmp")
-            fig.savefig(partial, dpi=DPI, format=out.suffix[1:])
-            partial.replace(out)
+            fig.savefig(out, dpi=DPI, format=out.suffix[1:])
     plt.close(fig)
 
 
@@ -345,20 +344,21 @@ def plot_logs(logs, out_dir: Path, force: bool = False, labels=None, formats=("p
     clash = [p for p in targets if p.exists() and p.suffix[1:] in formats]
     if clash and not force:
         raise LogError(f"{clash[0]} exists; pass --force to overwrite")
-    from .evaluate import writable_folder  # made only once everything else is known good
+    from .evaluate import staged_files, writable_folder  # (once everything else is good)
 
     writable_folder(out_dir, "--out-dir folder", LogError)
-    written = []
-    for stem, (title, ylabel, metrics, log_scale) in PLOTS.items():
-        outs = [out_dir / f"{stem}.{fmt}" for fmt in formats]
-        fig = figure(runs, title, ylabel, metrics, log_scale)
-        if fig is not None:
-            save(fig, outs)
-            written.extend(outs)
-        else:
-            for out in outs:
-                if out.exists():
-                    out.unlink()  # a stale plot from an older run would be misleading
+    written, stale = [], []
+    with staged_files(out_dir) as staging:  # (a failed run leaves the earlier figures whole)
+        for stem, (title, ylabel, metrics, log_scale) in PLOTS.items():
+            names = [f"{stem}.{fmt}" for fmt in formats]
+            fig = figure(runs, title, ylabel, metrics, log_scale)
+            if fig is not None:
+                save(fig, [staging / name for name in names])
+                written.extend(out_dir / name for name in names)
+            else:  # a stale plot from an older run would be misleading
+                stale.extend(out_dir / name for name in names)
+    for out in stale:
+        out.unlink(missing_ok=True)
     return written
 
 
@@ -405,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--force", action="store_true", help="overwrite existing figures")
     args = parser.parse_args(argv)
+    exit_cleanly_on_sigterm()  # Ctrl-C, kill: the figures staged so far removed, no traceback
     out_dir = args.out_dir or args.log[0].parent / "plots"
     try:
         missing = [log for log in args.log if not log.is_file()]

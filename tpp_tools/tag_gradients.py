@@ -25,6 +25,7 @@ import json
 import sys
 from pathlib import Path
 
+from tpp_pipeline.lock import exit_cleanly_on_sigterm
 from tpp_pipeline.errors import report
 
 from .analysis_model import AnalysisError, load_model
@@ -161,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=2048, help="tokens per batch")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
+    exit_cleanly_on_sigterm()  # Ctrl-C, kill: no traceback
     if args.batches < 1 or args.max_tokens < 1:
         parser.error("--batches and --max-tokens must be positive")
 

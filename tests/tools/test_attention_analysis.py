@@ -161,7 +161,7 @@ def test_captured_maps_have_the_right_shapes_and_are_attention(trained):
     )
 
 
-def test_plot_attention_refuses_to_overwrite_without_force(trained, tmp_path, capsys):
+def test_plot_attention_refuses_to_overwrite_without_force(trained, tmp_path, capsys, monkeypatch):
     checkpoint, data = trained
     out = tmp_path / "att"
     out.mkdir()
@@ -189,6 +189,21 @@ def test_plot_attention_refuses_to_overwrite_without_force(trained, tmp_path, ca
     assert not (out / "decoder_cross_layer6.png").exists()
     assert (out / "decoder_cross_layer1_old.png").exists()
 
+    # a run stopped part-way leaves the earlier maps whole, and nothing else behind
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    draw_grid = plot_attention.draw_grid
+
+    def stopped_after_one(*args):
+        draw_grid(*args)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(plot_attention, "draw_grid", stopped_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        plot_attention.main(
+            [a if a != SENTENCE else "The fire is old ." for a in base] + ["--force"]
+        )
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before
+
 
 @pytest.mark.parametrize(
     "case, message",
@@ -202,6 +217,7 @@ def test_plot_attention_refuses_to_overwrite_without_force(trained, tmp_path, ca
         ("codes-not-text", "codes.bin: not UTF-8"),
         ("codes-not-codes", "not BPE codes that subword-nmt can read (--bpe-codes)"),
         ("out-dir-a-file", "att: not a folder (--out-dir)"),
+        ("too-long", "subwords long with its end of sentence, and the model reads at most 1024"),
     ],
 )
 def test_plot_attention_errors(trained, tmp_path, case, message):
@@ -224,6 +240,8 @@ def test_plot_attention_errors(trained, tmp_path, case, message):
             (data / path.name).write_bytes(path.read_bytes())
     elif case == "blank-sentence":
         sentence = "   "
+    elif case == "too-long":
+        sentence = " ".join([SENTENCE] * 150)
     extra = []
     if case.startswith("codes"):
         codes = tmp_path / ("codes.bin" if case == "codes-not-text" else "codes.txt")

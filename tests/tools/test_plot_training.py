@@ -251,6 +251,28 @@ def test_refuses_to_overwrite_without_force(fairseq_run, tmp_path, capsys):
     assert_real_png(out / "loss.png")
 
 
+def test_a_forced_run_that_fails_part_way_leaves_the_earlier_figures_whole(
+    fairseq_run, tmp_path, monkeypatch
+):
+    """The figures are written into a staging folder and replace the earlier ones only
+    once all are written: a run stopped after its first figure replaced it alone."""
+    log, _ = fairseq_run
+    out = tmp_path / "plots"
+    assert plotter.main(["--log", str(log), "--out-dir", str(out), "--format", "png", "svg"]) == 0
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    assert len(before) >= 4
+    save = plotter.save
+
+    def stopped_after_one(fig, outs):
+        save(fig, outs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(plotter, "save", stopped_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        plotter.main(["--log", str(log), "--out-dir", str(out), "--format", "svg", "--force"])
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before  # no staging left
+
+
 @pytest.mark.parametrize(
     "content, message",
     [
