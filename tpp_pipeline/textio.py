@@ -66,6 +66,8 @@ def ensure_writable_dir(path, what):
     """Create folder ``path`` if needed and check that a file can be created in it, so
     that an output that cannot be written is an error before the long steps, not after.
     ``what`` names the folder in the error (e.g. "--data-bin folder")."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise DataError(f"is a file, not a folder: choose a {what} you can write to", path)
     try:
         os.makedirs(path, exist_ok=True)
         handle, probe = tempfile.mkstemp(prefix=".write-test-", dir=path)

@@ -375,6 +375,11 @@ def main(argv=None):
         else:
             paths = args.inputs
             for path in paths:
+                if os.path.isdir(path):
+                    raise AveragingError(
+                        f"{path}: is a folder: give --num-update-checkpoints N (or "
+                        "--num-epoch-checkpoints N) to average its last N checkpoints"
+                    )
                 if not os.path.isfile(path):
                     raise AveragingError(f"{path}: no such checkpoint file")
             check_no_duplicates(paths)
@@ -391,7 +396,7 @@ def main(argv=None):
             raise AveragingError(f"{output}: already exists (use --force to replace it)")
         from .evaluate import writable_folder
 
-        writable_folder(os.path.dirname(output), "output folder", AveragingError)
+        writable_folder(os.path.dirname(output), "folder for --output", AveragingError)
         print(f"averaging {len(paths)} checkpoints:", file=sys.stderr)
         for path in paths:
             print(f"  {path}", file=sys.stderr)

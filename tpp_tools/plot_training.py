@@ -329,14 +329,16 @@ def plot_logs(logs, out_dir: Path, force: bool = False, labels=None, formats=("p
     """Read ``logs`` and write their figures into ``out_dir`` in each of ``formats``;
     return the files written. ``labels`` name the runs (default: the logs' folders)."""
     logs = [Path(log) for log in logs]
-    if labels is None:
+    derived = labels is None
+    if derived:
         labels = [log.parent.name or str(log) for log in logs]
         if len(set(labels)) < len(labels):
             labels = [str(log) for log in logs]
     if len(labels) != len(logs):
         raise LogError(f"{len(labels)} --label for {len(logs)} --log: give one per log")
     if len(set(labels)) < len(labels):
-        raise LogError(f"--label names a run twice: {', '.join(labels)}")
+        twice = "--log names a log" if derived else "--label names a run"
+        raise LogError(f"{twice} twice: {', '.join(labels)}")
     if len(set(formats)) < len(formats) or not set(formats) <= set(FORMATS):
         raise LogError(f"--format: each of {', '.join(FORMATS)} at most once")
     runs = {label: read_log(log) for label, log in zip(labels, logs)}

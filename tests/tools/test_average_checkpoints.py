@@ -83,7 +83,9 @@ def test_an_output_folder_that_cannot_be_written_is_an_error_before_averaging(tm
     command = ["tpp-average-checkpoints", "--inputs", str(good), "--output", str(out)]
     result = subprocess.run(command, env=tool_env(), capture_output=True, text=True)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    assert "cannot create or write into this output folder" in result.stderr
+    assert f"{tmp_path / 'taken'}: is a file, not a folder: choose a folder for --output" in (
+        result.stderr
+    )
     assert "averaging" not in result.stderr, "refused before the long part"
 
 
@@ -213,6 +215,10 @@ def test_bad_inputs_and_overwrite_protection(tmp_path):
     assert result.returncode == 2 and str(corrupt) in result.stderr
     result = run_average("--inputs", good, tmp_path / "missing.pt", "--output", out)
     assert result.returncode == 2 and "missing.pt" in result.stderr
+    result = run_average("--inputs", tmp_path, "--output", out)
+    assert (
+        result.returncode == 2 and "is a folder: give --num-update-checkpoints N" in result.stderr
+    )
     assert not out.exists()
 
     out.write_bytes(b"precious")
@@ -417,3 +423,27 @@ def test_unusable_files_get_a_reason_a_person_can_read(two_runs, tmp_path):
         assert result.returncode == 2
         assert f"{path}: {reason}" in result.stderr, result.stderr
         assert "Traceback" not in result.stderr
+
+
+def test_a_run_terminated_while_saving_leaves_no_temporary_file(tmp_path):
+    """SIGTERM (kill, a job's time limit) as the average is being written: the command
+    ends with 143 and no traceback, and removes its temporary file (it was left behind,
+    as SIGTERM ended the process without Python's clean-up)."""
+    inputs = [fake_checkpoint(tmp_path / f"checkpoint_1_{u}.pt", seed=u) for u in (10, 20)]
+    terminated_as_it_saves = (
+        "import os, signal, sys, torch\n"
+        "from tpp_tools import average\n"
+        "save = torch.save\n"
+        "def save_then_terminated(*args, **kwargs):\n"
+        "    save(*args, **kwargs)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "torch.save = save_then_terminated\n"
+        "sys.exit(average.main(sys.argv[1:]))\n"
+    )
+    out = tmp_path / "out" / "avg.pt"
+    command = [sys.executable, "-c", terminated_as_it_saves, "--inputs", *inputs, "--output", out]
+    result = subprocess.run(
+        [str(a) for a in command], capture_output=True, text=True, env=tool_env()
+    )
+    assert result.returncode == 143 and "Traceback" not in result.stderr, result.stderr
+    assert list((tmp_path / "out").iterdir()) == []

@@ -321,7 +321,7 @@ def test_an_output_folder_that_cannot_be_written_is_named(fairseq_run, tmp_path)
     assert "cannot create or write into this --out-dir folder" in run.stderr
 
 
-def test_several_runs_on_one_figure_in_every_format(fairseq_run, sample_bin, tmp_path):
+def test_several_runs_on_one_figure_in_every_format(fairseq_run, sample_bin, tmp_path, capsys):
     """Two runs compared: one colour per run, named by --label, their training and
     validation curves (no epoch averages); PNG, PDF and SVG of the same figures."""
     first, _ = fairseq_run
@@ -359,6 +359,9 @@ def test_several_runs_on_one_figure_in_every_format(fairseq_run, sample_bin, tmp
     assert plotter.main(one) == 2 and not (tmp_path / "x").exists()
     bad = ["--log", str(first), str(second), "--label", "a", "a", "--out-dir", str(tmp_path / "y")]
     assert plotter.main(bad) == 2 and not (tmp_path / "y").exists()
+    assert "--label names a run twice" in capsys.readouterr().err
+    twice = ["--log", str(first), str(first), "--out-dir", str(tmp_path / "y")]
+    assert plotter.main(twice) == 2 and "--log names a log twice" in capsys.readouterr().err
 
 
 def test_only_series_with_data_are_in_the_legend(tmp_path):
