@@ -538,8 +538,11 @@ def _run_generate(command, generated, sentences, split, log):
     started = time.monotonic()
     with open(generated, "w", encoding="utf-8") as handle:
         # (it inherits the --out folder's lock: one left running by a killed evaluation
-        # holds it)
-        status = subprocess.run(command, stdout=handle, pass_fds=held_locks()).returncode
+        # holds it). In a session of its own: Ctrl-C reaches this process alone, which
+        # stops it, rather than printing its traceback.
+        status = subprocess.run(
+            command, stdout=handle, pass_fds=held_locks(), start_new_session=True
+        ).returncode
     print(
         f"{PROG}: fairseq-generate exited after {time.monotonic() - started:.0f} s",
         file=log,
@@ -739,8 +742,9 @@ def main(argv=None):
         argv, generate_args = argv[:cut], argv[cut + 1 :]
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # (a background job's stays)
-        signal.signal(signal.SIGINT, _terminate)  # Ctrl-C: the same clean-up, no traceback
+    for signum in (signal.SIGINT, signal.SIGHUP):  # Ctrl-C, a closed terminal: the same
+        if signal.getsignal(signum) is not signal.SIG_IGN:  # (a background job's, nohup's)
+            signal.signal(signum, _terminate)
     try:
         scores = evaluate(
             args.data,

@@ -3,10 +3,13 @@ scripts/train.sh and averaged by tpp-average-checkpoints: the scores match
 sacreBLEU computed independently, the reference is checked before translating, and a
 failed run never touches the results of an earlier one."""
 
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import sacrebleu
@@ -489,3 +492,46 @@ def test_the_tokenised_bleu_raises_no_warning_about_tokenised_input(caplog):
     assert "detokenize" not in caplog.text, caplog.text
     assert float(scores["bleu_tok_compound_split"]) == pytest.approx(100.0)
     assert float(scores["sacrebleu_detok"]) == pytest.approx(100.0)
+
+
+def _parent(pid):
+    """The parent of process ``pid`` (Linux's /proc), or None once it has ended."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
+
+
+def test_ctrl_c_stops_the_evaluation_without_a_traceback(evaluated, tmp_path):
+    """Ctrl-C reaches the terminal's whole foreground process group: fairseq-generate
+    printed its KeyboardInterrupt traceback (when it won the race with the evaluation's
+    own clean-up). It now runs in a process group of its own, which Ctrl-C does not
+    reach, and the evaluation stops it, keeping the earlier results."""
+    out = tmp_path / "eval"
+    shutil.copytree(evaluated["out"], out)
+    before = folder_contents(out)
+    stderr = tmp_path / "stderr.txt"
+    with open(stderr, "w") as handle:
+        process = subprocess.Popen(
+            ["tpp-evaluate", *map(str, model_and_data(evaluated, out)), "--force"],
+            stdout=subprocess.DEVNULL,
+            stderr=handle,
+            env=tool_env(),
+            start_new_session=True,  # its own group, as a terminal's foreground job
+        )
+    try:
+        deadline = time.time() + 120
+        while "INFO:fairseq" not in stderr.read_text():  # fairseq-generate's first lines
+            assert process.poll() is None and time.time() < deadline, stderr.read_text()
+            time.sleep(0.05)
+        children = [p for p in os.listdir("/proc") if p.isdigit() and _parent(p) == process.pid]
+        assert children and all(os.getpgid(int(p)) != process.pid for p in children), children
+        os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C does
+        assert process.wait(timeout=60) == 130
+    finally:
+        if process.poll() is None:
+            process.kill()
+    said = stderr.read_text()
+    assert "Traceback" not in said and "KeyboardInterrupt" not in said, said[-3000:]
+    assert folder_contents(out) == before
