@@ -239,7 +239,8 @@ def test_generate_prunes_layers_as_fairseq_does_with_layers_to_keep(trained):
     """fairseq-generate's pruning of layers (a LayerDrop-trained model's use):
     --model-overrides with *_layers_to_keep builds the kept layers with their own kernel
     widths and loads them; the POS head reads a pruned layer, so the model must be built
-    without its tag heads, which the error says how to do."""
+    without its tag heads, which the error says how to do. One side's list alone keeps
+    the other side whole."""
 
     def generate(overrides, check=True):
         options = ("--beam", "2", "--batch-size", "20", "--model-overrides", overrides)
@@ -251,6 +252,9 @@ def test_generate_prunes_layers_as_fairseq_does_with_layers_to_keep(trained):
     assert "prunes the encoder layers that tag heads read (pos:1" in refused.stderr
     pruned = generate("{" + keep + ", 'encoder_tag_layers': ''}")
     assert len(hypothesis_lines(pruned)) == 20
+    # one side pruned, the other kept whole (fairseq's pruning dropped all its layers)
+    one_side = generate("{'decoder_layers_to_keep': '1'}")
+    assert len(hypothesis_lines(one_side)) == 20
 
 
 def test_the_documented_interactive_line_translates_raw_text(trained, tmp_path):

@@ -356,6 +356,14 @@ def test_layers_to_keep_prunes_a_model_as_fairseq_prunes_its_transformer():
     for side in ("encoder", "decoder"):
         kept, source = getattr(pruned, side).layers[0], getattr(full, side).layers[1]
         assert all(torch.equal(a, b) for a, b in zip(kept.parameters(), source.parameters()))
+    # one side's list alone: the other side is kept whole (fairseq dropped its layers)
+    sizes = dict(encoder_conv_kernel_sizes="3,5", decoder_conv_kernel_sizes="3,7")
+    one = build_model(decoder_layers_to_keep="1", **sizes, **options)
+    cfg = argparse.Namespace(arch="transformer_pp_tiny", decoder_layers_to_keep="1")
+    one.load_state_dict(full.state_dict(), strict=True, model_cfg=cfg)
+    assert torch.equal(one.encoder.layers[1].fc1.weight, full.encoder.layers[1].fc1.weight)
+    assert torch.equal(one.decoder.layers[0].fc1.weight, full.decoder.layers[1].fc1.weight)
+    assert cfg.decoder_layers_to_keep == "1" and not hasattr(cfg, "encoder_layers_to_keep")
     with pytest.raises(ValueError, match=r"--encoder-layers-to-keep 1 .*pos:1.*encoder_tag_layers"):
         build_model(**keep, dictionary=d, tag_dictionaries=tags)
     with pytest.raises(

@@ -14,6 +14,8 @@ hooks rather than by rewriting layers:
    criterion asks, so generation needs nothing but the source text.
 """
 
+import contextlib
+import copy
 import logging
 from typing import Dict, List, Optional
 
@@ -25,6 +27,7 @@ from fairseq.models.transformer import (
     TransformerModel,
 )
 from fairseq.modules import LayerDropModuleList
+from omegaconf import DictConfig, open_dict
 from torch import Tensor, nn
 
 from tpp_pipeline.errors import OptionError
@@ -270,6 +273,21 @@ class TransformerPPModel(TransformerModel):
         if return_tag_logits:
             decoder_out[1]["tag_logits"] = self.encoder.tag_logits(encoder_out)
         return decoder_out
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        """fairseq's, but ``--*-layers-to-keep`` given for one side keeps every layer of
+        the other: fairseq's pruning drops each numbered layer of a side it was not
+        given a list for (the state dict then misses all of that side's layers)."""
+        cfg = model_cfg if model_cfg is not None else args
+        sides = [s for s in ("encoder", "decoder") if getattr(cfg, f"{s}_layers_to_keep", None)]
+        if len(sides) == 1:
+            other = "decoder" if sides == ["encoder"] else "encoder"
+            found = {int(k.split(".")[2]) for k in state_dict if k.startswith(f"{other}.layers.")}
+            cfg = copy.deepcopy(cfg)
+            with open_dict(cfg) if isinstance(cfg, DictConfig) else contextlib.nullcontext():
+                setattr(cfg, f"{other}_layers_to_keep", ",".join(map(str, sorted(found))))
+            model_cfg, args = (cfg, None) if model_cfg is not None else (None, cfg)
+        return super().load_state_dict(state_dict, strict, model_cfg=model_cfg, args=args)
 
     def upgrade_state_dict_named(self, state_dict, name):
         # The hybrid attentions of a checkpoint before 0.2, by the state dict's own layer
