@@ -275,7 +275,7 @@ def _read_config(path):
         return None
 
 
-def _prepare_chunk_dir(job, config, force):
+def _prepare_chunk_dir(job, config, force, sharded=False):
     """Create the chunk folder, or check that its chunks were made with ``config``.
 
     The shards of an array job prepare the same folders at the same moment, so the
@@ -308,11 +308,31 @@ def _prepare_chunk_dir(job, config, force):
     with open(config_path, encoding="utf-8") as handle:
         saved = json.load(handle)
     if saved != config:
+        changed = "; ".join(
+            f"{CONFIG_NAMES.get(key, key)} was {saved.get(key)!r}, now {config.get(key)!r}"
+            for key in sorted(set(saved) | set(config))
+            if saved.get(key) != config.get(key)
+        )
+        advice = (
+            "give every shard the settings of the others, or tag again from the start "
+            "(without --tag-shard, with --force)"
+            if sharded
+            else "pass --force to start over"
+        )
         raise DataError(
-            "tag chunks here were made with other settings or input "
-            f"({saved} != {config}); pass --force to start over",
+            f"tag chunks here were made with other settings or input ({changed}): {advice}",
             config_path,
         )
+
+
+#: what the user knows each setting of a chunk folder's record by
+CONFIG_NAMES = {
+    "model": "--spacy-model",
+    "pos_scheme": "--pos-scheme",
+    "chunk_size": "--tag-chunk-size",
+    "lines": "the input's lines",
+    "input_size": "the input's size",
+}
 
 
 _worker_labeler = None
@@ -422,6 +442,7 @@ def tag_files(
                 "input_size": os.path.getsize(job.input_path),
             },
             force,
+            sharded=total > 1,
         )
     todo_lines = sum(len(range(*job.chunk_range(i))) for job, i in units if not job.chunk_done(i))
     done_before = len(units) - sum(1 for job, i in units if not job.chunk_done(i))

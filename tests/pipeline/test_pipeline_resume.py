@@ -285,3 +285,22 @@ def test_a_shard_losing_the_race_with_other_settings_is_refused(tmp_path, monkey
     assert raced == [{"model": "other"}]
     assert "config.json" in str(error.value)
     assert json.loads((tmp_path / "chunks" / "config.json").read_text()) == {"model": "other"}
+
+
+def test_a_shard_with_other_settings_is_told_what_differs_and_what_works(tmp_path):
+    """A shard of an array job run with another --tag-chunk-size than the shard before
+    it: the error names the option and both values, and does not advise --force, which
+    --tag-shard refuses."""
+    text = tmp_path / "train.en"
+    text.write_text("".join(f"line {i}\n" for i in range(50)))
+    config = {"model": "m", "pos_scheme": "upos", "lines": 50, "input_size": text.stat().st_size}
+    first = tagging.TagJob(str(text), str(tmp_path / "train"), 25)
+    tagging._prepare_chunk_dir(first, {**config, "chunk_size": 25}, force=False, sharded=True)
+    other = tagging.TagJob(str(text), str(tmp_path / "train"), 20)
+    with pytest.raises(DataError) as refused:
+        tagging._prepare_chunk_dir(other, {**config, "chunk_size": 20}, force=False, sharded=True)
+    said = str(refused.value)
+    assert "(--tag-chunk-size was 25, now 20): give every shard the settings" in said, said
+    assert "pass --force" not in said
+    with pytest.raises(DataError, match=r"was 25, now 20\): pass --force to start over"):
+        tagging._prepare_chunk_dir(other, {**config, "chunk_size": 20}, force=False)
