@@ -73,24 +73,26 @@ def uninterrupted(corpus, tmp_path_factory):
     return _tags(work)
 
 
+def _started_until_its_first_chunk(command, chunk_dir):
+    """``command`` started in a process group of its own, once it has tagged a chunk."""
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    deadline = time.time() + 300
+    while not (chunk_dir / "000000.ner").exists():
+        if process.poll() is not None or time.time() > deadline:
+            os.killpg(process.pid, signal.SIGKILL)
+            raise AssertionError("the run ended, or did not start tagging, before it was killed")
+        time.sleep(0.02)
+    return process
+
+
 def test_killed_run_resumes_to_identical_output(corpus, uninterrupted, tmp_path):
     work = tmp_path / "killed"
     chunk_dir = work / "tags" / "train.chunks"
-    process = subprocess.Popen(
-        _pipeline(corpus, work),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.time() + 300
-        while not (chunk_dir / "000000.ner").exists():
-            assert process.poll() is None, "the run ended before it could be interrupted"
-            assert time.time() < deadline
-            time.sleep(0.02)
-    finally:
-        os.killpg(process.pid, signal.SIGKILL)  # the run's own process group only
-        process.wait()
+    process = _started_until_its_first_chunk(_pipeline(corpus, work), chunk_dir)
+    os.killpg(process.pid, signal.SIGKILL)  # the run's own process group only
+    process.wait()
     done = sorted(p.name for p in chunk_dir.glob("*.ner"))
     n_chunks = -(-LINES // CHUNK)
     assert 1 <= len(done) < n_chunks, "interrupt came too late to test resuming"
@@ -129,19 +131,8 @@ def test_workers_end_with_a_run_killed_alone_and_it_resumes(corpus, uninterrupte
     folder's lock, which refused every run after it."""
     work = tmp_path / "orphans"
     chunk_dir = work / "tags" / "train.chunks"
-    process = subprocess.Popen(
-        _pipeline(corpus, work, "--workers", "2"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    workers = []
+    process = _started_until_its_first_chunk(_pipeline(corpus, work, "--workers", "2"), chunk_dir)
     try:
-        deadline = time.time() + 300
-        while not (chunk_dir / "000000.ner").exists():
-            assert process.poll() is None, "the run ended before it could be interrupted"
-            assert time.time() < deadline
-            time.sleep(0.02)
         workers = _children(process.pid)
         assert len(workers) >= 2, workers
         process.kill()  # the main process alone
