@@ -700,31 +700,32 @@ def run_pipeline(args, prefixes, name, src, tgt):
                 "to overwrite it",
                 dest_dir,
             )
-        learns_bpe = args.stop_after is None or (
-            STEPS.index(args.stop_after) >= STEPS.index("bpe_learn")
-        )
-        if learns_bpe and not args.force and not args.tag_shard:
-            _check_tagging_unchanged(ledger, tags=not args.no_tags)
+        if not args.force:
+            _check_tagging_unchanged(ledger, tags=not args.no_tags, shard=bool(args.tag_shard))
         ctx = Context(args, raw, src, tgt, work_dir, dest_dir)
         return _run_steps(ctx, ledger)
 
 
-def _check_tagging_unchanged(ledger, tags):
+def _check_tagging_unchanged(ledger, tags, shard=False):
     """Refuse, before any step, a run that tags a work folder whose BPE was learned
     without tags, or the other way round: the steps are chained, so BPE and what follows
-    would be refused only after tagging (hours, on WMT) without naming ``--no-tags``."""
-    learned = ledger.saved("bpe_learn")
+    would be refused only after tagging (hours, on WMT) without naming ``--no-tags``.
+    Said only where the folder's markers show it; anything else the steps report."""
+    learned = (ledger.saved("bpe_learn") or {}).get("upstream")
     if learned is None:
         return
-    tagged = ledger.saved("tag")
-    learned_with_tags = tagged is not None and learned.get("upstream") == tagged.get("stamp")
-    if learned_with_tags != tags:
-        made = "with tags" if learned_with_tags else "without tags (--no-tags)"
-        now = "tags" if tags else "--no-tags"
+    if learned == (ledger.saved("tag") or {}).get("stamp"):
+        made = "with tags"
+    elif learned == (ledger.saved("preclean") or {}).get("stamp"):
+        made = "without tags (--no-tags)"
+    else:
+        return
+    if (made == "with tags") != tags:
+        how = "pass --force (without --tag-shard) to" if shard else "pass --force to"
         raise DataError(
-            f"this work folder was prepared {made}, and this run asks for {now}: pass "
-            "--force to prepare it again (tagging is kept where done; BPE and the steps "
-            "after it are redone), or use another --work-dir",
+            f"this work folder was prepared {made}, and this run asks for "
+            f"{'tags' if tags else '--no-tags'}: {how} prepare it again (tagging is kept "
+            "where done; BPE and the steps after it are redone), or use another --work-dir",
             ledger.marker_path("bpe_learn"),
         )
 

@@ -176,6 +176,7 @@ def carve_corpus(
     seed: int = 1,
     force: bool = False,
     given: Dict[str, str] = None,
+    keep_unrecorded: bool = False,
 ) -> Dict[str, Tuple[Path, Path]]:
     """Read ``PREFIX.{src,tgt}[.xz]``, carve the held-out sets, write
     ``out_dir/{train,<held-out names>}.{src,tgt}``. ``given`` held-out sets (name ->
@@ -183,7 +184,9 @@ def carve_corpus(
     keeps no pair sharing a side with them. Returns the written files per split.
     Existing outputs are kept (the carving is deterministic) unless ``force``; made
     from another corpus or with other settings (:data:`SETTINGS` records them), or
-    other than this carving makes them, they are an error without ``force``."""
+    other than this carving makes them, they are an error without ``force``.
+    ``keep_unrecorded``: a complete set without a record is kept as it is (a folder the
+    caller made itself, carved by a version before the record, perhaps differently)."""
     out_dir = Path(out_dir)
     given = dict(given or {})
     for name, size in sizes.items():
@@ -218,6 +221,8 @@ def carve_corpus(
     record = out_dir / SETTINGS
     every = [p for pair in outputs.values() for p in pair]
     existing = [p for p in every if p.exists()]
+    if not force and keep_unrecorded and len(existing) == len(every) and not record.exists():
+        return outputs
     if not force and record.exists() and existing:
         complete = len(existing) == len(every)
         _check_record(record, prefix, src_lang, tgt_lang, sizes, seed, given, complete)
@@ -231,8 +236,9 @@ def carve_corpus(
         for path in existing:
             if path.read_bytes() != "".join(line + "\n" for line in carved[path]).encode():
                 raise DataError(
-                    "exists and is not what this carving writes (not carved here, or "
-                    "carved with other settings): use --force to replace it, or another --out",
+                    "exists and is not what this carving writes (not carved here, or with "
+                    "other settings or an older version): use --force to replace it, or "
+                    "another --out",
                     path,
                 )
         if len(existing) == len(every):

@@ -58,7 +58,8 @@ def _describe_change(label, old, new):
         if gone:
             detail.append("no longer used: " + ", ".join(gone))
         return f"{label} ({'; '.join(detail) or 'reordered'})"
-    return f"{label} was {json.dumps(old)}, now {json.dumps(new)}"
+    said = lambda value: "not given" if value is None else json.dumps(value)  # noqa: E731
+    return f"{label} was {said(old)}, now {said(new)}"
 
 
 class StepLedger:

@@ -240,6 +240,11 @@ def main(argv: list[str] | None = None) -> int:
             hypothesis = tgt_dict.encode_line(
                 args.target, add_if_not_exist=False, append_eos=True
             ).long()
+            if len(hypothesis) > loaded.model.decoder.max_positions():
+                raise AnalysisError(
+                    f"--target is {len(hypothesis)} subwords long with its end of sentence, "
+                    f"and the model reads at most {loaded.model.decoder.max_positions()}"
+                )
         else:
             hypothesis = translate(loaded, src_tokens, args.beam)
         out_labels = [tgt_dict[i] for i in hypothesis.tolist()]

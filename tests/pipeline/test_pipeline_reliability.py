@@ -86,7 +86,8 @@ def test_invalid_utf8_names_file_and_line(corpus):
     assert _run(corpus, "--stop-after", "tokenize", "--utf8-errors", "replace").returncode == 0
     # and is a setting of the text: going back to strict is not "already done"
     strict = _run(corpus, "--stop-after", "tokenize")
-    assert strict.returncode == 2 and "--utf8-errors" in strict.stderr, strict.stderr
+    assert strict.returncode == 2, strict.stderr
+    assert '--utf8-errors was "replace", now not given' in strict.stderr, strict.stderr
 
 
 def test_a_held_out_set_that_is_the_training_set_is_said(corpus):
@@ -111,6 +112,9 @@ def test_tags_added_to_a_folder_prepared_without_them_are_refused_before_tagging
     tagged = _run(corpus, "--stop-after", "bpe_learn", "--bpe-merges", "100")
     assert tagged.returncode == 2 and "step tag" not in tagged.stderr, tagged.stderr
     assert "prepared without tags (--no-tags), and this run asks for tags" in tagged.stderr
+    shard = _run(corpus, "--tag-shard", "0/2", "--bpe-merges", "100")  # a SLURM array task
+    assert shard.returncode == 2 and "step tag" not in shard.stderr, shard.stderr
+    assert "pass --force (without --tag-shard) to prepare it again" in shard.stderr
     forced = _run(corpus, "--stop-after", "bpe_learn", "--bpe-merges", "100", "--force")
     assert forced.returncode == 0 and "step bpe_learn: running" in forced.stderr, forced.stderr
     untagged = _run(corpus, "--no-tags", "--bpe-merges", "100")

@@ -361,6 +361,12 @@ def test_files_in_out_that_are_not_the_carvings_are_never_replaced_without_force
     refused = carve(corpus, mine, "--valid", "3", "--test", "4", check=False)
     assert refused.returncode == 2 and "is not what this carving writes" in refused.stderr
     assert read(mine / "train.en") == ["train en"]
+    # a study's own folder, carved by a version before the record (perhaps otherwise): kept
+    from tpp_pipeline import splits
+
+    sizes = {"test": 4, "valid": 3}
+    splits.carve_corpus(corpus, "en", "de", mine, sizes, keep_unrecorded=True)
+    assert read(mine / "train.en") == ["train en"] and not (mine / ".carve-settings.json").exists()
     carve(corpus, mine, "--valid", "3", "--test", "4", "--force")
     assert len(read(mine / "test.de")) == 4
 

@@ -218,6 +218,7 @@ def test_plot_attention_refuses_to_overwrite_without_force(trained, tmp_path, ca
         ("codes-not-codes", "not BPE codes that subword-nmt can read (--bpe-codes)"),
         ("out-dir-a-file", "att: not a folder (--out-dir)"),
         ("too-long", "subwords long with its end of sentence, and the model reads at most 1024"),
+        ("target-too-long", "--target is 1201 subwords long with its end of sentence, and the"),
     ],
 )
 def test_plot_attention_errors(trained, tmp_path, case, message):
@@ -249,6 +250,8 @@ def test_plot_attention_errors(trained, tmp_path, case, message):
         extra = ["--bpe-codes", str(codes)]
     elif case == "out-dir-a-file":
         (tmp_path / "att").write_text("not a folder")
+    elif case == "target-too-long":
+        extra = ["--target", " ".join(["Berg"] * 1200)]
     # through the command line: exit status and message as a user sees them
     run = subprocess.run(
         [

@@ -120,7 +120,17 @@ def _prepared_data(args, cfg: Config, plan_only: bool) -> Dict[str, Path]:
         data = root / "data-bin" / name
         if plan_only and not (data / "preprocess.done").exists():
             return {"data": data, "prepared": False, "src": src, "tgt": tgt}
-        carve_corpus(args.corpus, src, tgt, raw, sizes, seed=args.split_seed, given=given)
+        # (keep_unrecorded: a folder of this study's, carved before the record existed)
+        carve_corpus(
+            args.corpus,
+            src,
+            tgt,
+            raw,
+            sizes,
+            seed=args.split_seed,
+            given=given,
+            keep_unrecorded=True,
+        )
     except DataError as err:
         raise StudyError(str(err)) from None
     if not (data / "preprocess.done").exists():
