@@ -1222,11 +1222,15 @@ def test_between_its_commands_a_runs_locks_name_the_study(tmp_path):
     lock = RunLock(tmp_path, "hybrid-s1")
     try:
         lock.hold_save_dir(tmp_path / "checkpoints")
-        show = ["sh", "-c", f"cat {tmp_path / 'checkpoints' / '.lock'}"]  # the record meanwhile
+        # the record meanwhile, once the study has written it (it can only after the
+        # command has started: a loop that gives up after 30 s)
+        record = tmp_path / "checkpoints" / ".lock"
+        wait = f"for i in $(seq 3000); do grep -q 'sh -c' {record} && break; sleep 0.01; done"
+        show = ["sh", "-c", f"{wait}; cat {record}"]
         with open(tmp_path / "run.log", "w") as out:
             assert CHILDREN.run(show, out, None, lock=lock) == 0
         shown = (tmp_path / "run.log").read_text()
-        assert shown.startswith("process ") and ": sh -c 'cat " in shown, shown
+        assert shown.startswith("process ") and ": sh -c 'for i in " in shown, shown
         assert f"process {os.getpid()} " not in shown
         for path in (tmp_path / ".lock", tmp_path / "checkpoints" / ".lock"):
             record = path.read_text()
