@@ -223,12 +223,14 @@ def carve_corpus(
     existing = [p for p in every if p.exists()]
     if not force and keep_unrecorded and len(existing) == len(every) and not record.exists():
         return outputs
+    settings = None
     if not force and record.exists() and existing:
         complete = len(existing) == len(every)
-        _check_record(record, prefix, src_lang, tgt_lang, sizes, seed, given, complete)
+        settings = _check_record(record, prefix, src_lang, tgt_lang, sizes, seed, given, complete)
         if complete:
             return outputs
-    settings = carving_settings(prefix, src_lang, tgt_lang, sizes, seed, given)
+    if settings is None:  # (the corpus's checksums, once)
+        settings = carving_settings(prefix, src_lang, tgt_lang, sizes, seed, given)
     carved = _carved_files(prefix, src_lang, tgt_lang, sizes, seed, given, outputs)
     if not force and existing:
         # no record, or an interrupted carving: outputs are kept only where they are
@@ -257,15 +259,15 @@ def carve_corpus(
     return outputs
 
 
-def _check_record(record, prefix, src_lang, tgt_lang, sizes, seed, given, complete) -> None:
-    """Raise naming what changed where :data:`SETTINGS` records another carving than
-    this one. A corpus that is gone leaves nothing to compare a ``complete`` carving
-    with: it is kept."""
+def _check_record(record, prefix, src_lang, tgt_lang, sizes, seed, given, complete):
+    """This carving's :func:`carving_settings`; an error naming what changed where
+    :data:`SETTINGS` records another. A corpus that is gone leaves nothing to compare a
+    ``complete`` carving with: it is kept (None)."""
     try:
         settings = carving_settings(prefix, src_lang, tgt_lang, sizes, seed, given)
     except DataError:
         if complete:
-            return
+            return None
         raise
     made = recorded_settings(record)
     if made != settings:
@@ -279,6 +281,7 @@ def _check_record(record, prefix, src_lang, tgt_lang, sizes, seed, given, comple
             "or another --out",
             record,
         )
+    return settings
 
 
 def _carved_files(prefix, src_lang, tgt_lang, sizes, seed, given, outputs):
