@@ -1,8 +1,10 @@
 """Cosine similarity of two words of a sentence in each encoder layer's two kinds of
 self-attention representation.
 
-    tpp-embedding-similarity --path checkpoints/avg.pt --data data-bin/sample
-    tpp-embedding-similarity --path avg.pt --data data-bin/wmt14_en_de \\
+    tpp-embedding-similarity --path runs/demo/checkpoints/checkpoint_avg.pt \\
+        --data runs/demo/data-bin/sample_en_de --bpe-codes runs/demo/work/bpe/codes
+    tpp-embedding-similarity --path checkpoints/en_de/checkpoint_avg10.pt \\
+        --data data-bin/wmt14_en_de \\
         --bpe-codes work/wmt14_en_de/bpe/codes \\
         --sentence "There is a fire in the mountain." --words fire mountain
 
@@ -123,8 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         description="Per encoder layer: cosine similarity of two words in the dot-product "
         "heads' output vs the convolution heads' LocalConv representation.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Example: tpp-embedding-similarity --path avg.pt --data "
-        "data-bin/sample --words fire mountain",
+        epilog="Example (on tpp-demo's model): tpp-embedding-similarity --path "
+        "runs/demo/checkpoints/checkpoint_avg.pt --data runs/demo/data-bin/sample_en_de "
+        "--bpe-codes runs/demo/work/bpe/codes --words fire mountain",
     )
     add_model_arguments(parser)
     parser.add_argument(

@@ -1,11 +1,12 @@
 """Draw a trained model's attention maps for one sentence, one PNG per layer and kind.
 
-    tpp-plot-attention --path checkpoints/avg.pt --data data-bin/sample \\
-        --sentence "There is a fire in the mountain ." --out-dir attention/
+    # a sentence already BPE-segmented as the training data was
+    tpp-plot-attention --path runs/demo/checkpoints/checkpoint_avg.pt \\
+        --data runs/demo/data-bin/sample_en_de --sentence "There is a fire in the mountain ."
 
     # raw text: Moses-tokenise and BPE-segment it as the training data was
-    tpp-plot-attention --path avg.pt --data data-bin/wmt14_en_de \\
-        --bpe-codes data-bin/wmt14_en_de/code --sentence "There is a fire in the mountain."
+    tpp-plot-attention --path checkpoints/en_de/checkpoint_avg10.pt --data data-bin/wmt14_en_de \\
+        --bpe-codes work/wmt14_en_de/bpe/codes --sentence "There is a fire in the mountain."
 
 The model first translates the sentence (beam search, as fairseq-generate does). Then
 source and translation go through one teacher-forced forward pass in eval mode, during
@@ -201,8 +202,9 @@ def main(argv: list[str] | None = None) -> int:
         description="Plot per-head attention maps of a trained (Transformer++) model for "
         "one source sentence: one PNG per layer and attention kind.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Example: tpp-plot-attention --path checkpoints/avg.pt "
-        "--data data-bin/sample --sentence 'There is a fire in the mountain .'",
+        epilog="Example (on tpp-demo's model): tpp-plot-attention --path "
+        "runs/demo/checkpoints/checkpoint_avg.pt --data runs/demo/data-bin/sample_en_de "
+        "--bpe-codes runs/demo/work/bpe/codes --sentence 'There is a fire in the mountain.'",
     )
     add_model_arguments(parser)
     parser.add_argument("--sentence", required=True, help="source sentence")

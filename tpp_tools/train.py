@@ -74,8 +74,8 @@ PRESETS = {
     "en-de": ("transformer_pp_wmt_en_de_big", "5e-4", "data-bin/wmt14_en_de"),
     "en-fr": ("transformer_pp_wmt_en_fr_big", "5e-4", "data-bin/wmt14_en_fr"),
     "base": ("transformer_pp", "7e-4", "data-bin/wmt14_en_de"),
-    "cpu": ("transformer_pp_cpu", "1e-3", "data-bin/sample_en_de"),
-    "tiny": ("transformer_pp_tiny", "7e-4", "data-bin/sample"),
+    "cpu": ("transformer_pp_cpu", "1e-3", "runs/demo/data-bin/sample_en_de"),  # tpp-demo's
+    "tiny": ("transformer_pp_tiny", "7e-4", "runs/demo/data-bin/sample_en_de"),
 }
 
 #: option -> (environment variable, default); a flag beats the variable
