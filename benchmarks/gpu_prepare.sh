@@ -76,4 +76,5 @@ echo "$commit" >work/gpu/wheels/tpp-commit.txt
 rm -rf wheelhouse.tmp && cp -r work/gpu/wheels wheelhouse.tmp && rm -rf wheelhouse && mv wheelhouse.tmp wheelhouse
 
 total=$(( $(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1) + $(du -sb data-bin/gpu_ende.tar.xz wheelhouse | awk '{ s += $1 } END { print s }') ))
-echo "gpu_prepare.sh: data-bin/gpu_ende.tar.xz and wheelhouse/ ready; with the checkout $((total / 1048576)) MiB to carry (at most 64)"
+echo "gpu_prepare.sh: data-bin/gpu_ende.tar.xz and wheelhouse/ ready;" \
+    "with the checkout $((total / 1048576)) MiB to copy to the node"

@@ -9,7 +9,7 @@
 #
 #   --budget   seconds this command may take in all, install included; the study is
 #              stopped in time to pack what finished (default 540)
-#   --results  a folder that comes back: records.tar.gz (the finished runs' records and
+#   --results  a folder copied back from the node: records.tar.gz (the finished runs' records and
 #              translations; records-2.tar.gz where one is there already), logs.tar.gz
 #              (every run's logs, finished or not), study.log, install.log, device.txt
 #   --only     the runs to train, e.g. transformer-s1,hybrid-s1,hybrid+tags-s1; as many
