@@ -111,6 +111,8 @@ def parse_args(argv=None):
     if args.num_epoch_checkpoints is not None or args.num_update_checkpoints is not None:
         if count is None or count < 1:
             parser.error("the number of checkpoints to average must be at least 1")
+        if len(args.inputs) == 1 and not os.path.exists(args.inputs[0]):
+            parser.error(f"--inputs {args.inputs[0]}: no such folder")
         if len(args.inputs) != 1 or not os.path.isdir(args.inputs[0]):
             parser.error(
                 "--num-epoch-checkpoints/--num-update-checkpoints need exactly one "

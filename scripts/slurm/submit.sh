@@ -101,6 +101,10 @@ stage_index() {
 first=$(stage_index "$from")
 last=$(stage_index "$to")
 (( first <= last )) || die "--from $from comes after --to $to"
+case ${PRESET:-en-de} in
+  en-de|en-fr|base|cpu|tiny) ;;
+  *) die "unknown preset '$PRESET' (one of: en-de en-fr base cpu tiny)" ;;
+esac
 # only the WMT'14 presets know their data and test reference: the others would fail at
 # the first data stage, or at the end
 if [[ ${PRESET:-en-de} != *-* && -z ${PREPARE_CMD:-} ]]; then
@@ -123,6 +127,7 @@ positive() {  # VARIABLE OPTION: a whole number of at least 1
   [[ ${!1} =~ ^[1-9][0-9]*$ ]] || die "$2 must be a positive number, not '${!1}'"
 }
 CPU_ONLY=${CPU_ONLY:-0}
+[[ $CPU_ONLY == [01] ]] || die "CPU_ONLY must be 0 or 1 (--cpu sets 1), not '$CPU_ONLY'"
 NODES=${NODES:-1}
 GPUS_PER_NODE=${GPUS_PER_NODE:-4}
 CPUS_PER_TASK=${CPUS_PER_TASK:-8}
@@ -149,6 +154,13 @@ TIME_TAG=${TIME_TAG:-08:00:00}
 TIME_BINARIZE=${TIME_BINARIZE:-08:00:00}
 TIME_TRAIN=${TIME_TRAIN:-48:00:00}
 TIME_EVALUATE=${TIME_EVALUATE:-04:00:00}
+slurm_time() {  # VARIABLE OPTION: a time limit sbatch takes
+  [[ ${!1} =~ ^([0-9]+-)?[0-9]+(:[0-9]+){0,2}$ || ${!1} =~ ^(UNLIMITED|unlimited|INFINITE|infinite)$ ]] \
+    || die "$2 '${!1}' is not a SLURM time limit (MINUTES, HH:MM:SS or DAYS-HH:MM:SS)"
+}
+for stage in prepare tag binarize train evaluate; do
+  slurm_time "TIME_${stage^^}" "--time-$stage"
+done
 LOG_DIR=${LOG_DIR:-logs/slurm}
 
 # Pipeline settings travel to the jobs through the environment (sbatch --export=ALL).
@@ -167,7 +179,21 @@ for name in REFERENCE TRAIN_OPTS TPP_VENV SPLIT PREPARE_STAGE_CMD TAG_CMD BINARI
 done
 
 cd "$repo"  # relative paths (logs, data) are relative to the repository
-mkdir -p "$LOG_DIR"
+# What the first stage reads must be there now, unless it waits for a job that writes it.
+if [[ -z $after ]]; then
+  if (( first == $(stage_index train) )) && [[ ! -d $DATA_BIN ]]; then
+    die "--from train: no data folder $DATA_BIN (give --data-bin, or submit from an earlier stage)"
+  fi
+  if (( first == $(stage_index evaluate) )) && [[ ! -d $SAVE_DIR ]]; then
+    die "--from evaluate: no save dir $SAVE_DIR with checkpoints to average (give --save-dir)"
+  fi
+elif [[ $dry_run == 0 ]]; then
+  for job in ${after//[:,]/ }; do  # SLURM lets a dependency on a job it does not know start at once
+    scontrol show job "$job" >/dev/null 2>&1 \
+      || die "--after $after: SLURM knows no job $job (a job that ended long ago is forgotten: then leave --after out)"
+  done
+fi
+[[ $dry_run == 1 ]] || mkdir -p "$LOG_DIR"
 # a stage whose dependency failed is cancelled, not left pending for ever
 common=(--parsable --export=ALL --kill-on-invalid-dep=yes)
 [[ -n ${PARTITION:-} ]] && common+=(--partition "$PARTITION")
@@ -192,6 +218,7 @@ declare -A resources=(
 )
 
 previous=$after
+submitted=()  # "<stage> <id>" of the jobs submitted so far
 for ((i = first; i <= last; i++)); do
   stage=${STAGES[$i]}
   log=$LOG_DIR/tpp-$stage-%j.out
@@ -205,8 +232,16 @@ for ((i = first; i <= last; i++)); do
     previous="<$stage>"
     continue
   fi
-  id=$("${command[@]}") || die "sbatch failed for stage $stage"
+  if ! id=$("${command[@]}"); then  # the chain is all or nothing: cancel what was submitted
+    message="sbatch refused stage $stage (its message above)"
+    if (( ${#submitted[@]} )); then
+      scancel "${submitted[@]##* }" || true
+      message+="; cancelled the stages submitted before it: $(IFS=,; echo "${submitted[*]}")"
+    fi
+    die "$message"
+  fi
   id=${id%%;*}  # --parsable prints "id" or "id;cluster"
   echo "$stage $id"
+  submitted+=("$stage $id")
   previous=$id
 done

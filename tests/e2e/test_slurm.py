@@ -183,7 +183,47 @@ def test_chained_pipeline_runs_on_slurm(cluster, tmp_path):
     bleu = (tmp_path / "results" / "bleu.txt").read_text()
     assert re.search(r"^sacrebleu_detok: \d+\.\d\d$", bleu, re.M), bleu
     assert re.search(r"^bleu_tok_compound_split: \d+\.\d\d$", bleu, re.M), bleu
-    assert (tmp_path / "ckpt" / "checkpoint_avg2.pt").exists()
+    averaged = (tmp_path / "ckpt" / "checkpoint_avg2.pt").read_bytes()
+
+    # A failed evaluation of other checkpoints keeps the average that bleu.txt scored.
+    by_update = sorted(
+        (tmp_path / "ckpt").glob("checkpoint_*_*.pt"), key=lambda p: int(p.stem.split("_")[-1])
+    )
+    by_update[-1].unlink()  # the last two update checkpoints are now others
+    failing = dict(env, EVAL_OPTS="--beam 0")
+    again = subprocess.run(command + ["--from", "evaluate"], env=failing, capture_output=True)
+    assert again.returncode == 0, again.stderr
+    (job,) = [line.split()[1] for line in again.stdout.decode().splitlines()]
+    wait_for_queue_to_drain(env, [job], PIPELINE_TIMEOUT)
+    assert set(job_states(env, job).values()) == {"FAILED"}
+    assert (tmp_path / "ckpt" / "checkpoint_avg2.pt").read_bytes() == averaged
+    assert (tmp_path / "results" / "bleu.txt").read_text() == bleu
+    assert not list((tmp_path / "ckpt").glob(".kept-*"))
+
+
+def test_a_tag_task_resubmitted_alone_needs_the_number_of_shards(cluster, tmp_path):
+    """`sbatch --array=2 tag.sbatch` re-runs one task of a tagging: its array alone does
+    not say how many shards there are (it tagged shard 2 of 1), so TAG_SHARDS must."""
+    env = dict(cluster, TAG_CMD="echo tagging shard")
+    jobs = {}
+    for shards in (None, "4"):
+        job_env = dict(env, TAG_SHARDS=shards) if shards else env
+        log = tmp_path / f"tag-{shards}.out"
+        jobs[log] = subprocess.run(
+            ["sbatch", "--parsable", "--array=2", "--cpus-per-task=1", f"--output={log}"]
+            + ["scripts/slurm/tag.sbatch"],
+            cwd=REPO,
+            env=job_env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    wait_for_queue_to_drain(env, list(jobs.values()), 120)
+    alone, given = jobs
+    assert "set TAG_SHARDS to that number" in alone.read_text(), alone.read_text()
+    assert set(job_states(env, jobs[alone]).values()) == {"FAILED"}
+    assert "tagging shard 2/4" in given.read_text(), given.read_text()
+    assert set(job_states(env, jobs[given]).values()) == {"COMPLETED"}
 
 
 def test_dry_run_prints_chained_commands(tmp_path):
@@ -259,6 +299,11 @@ def test_more_training_tasks_than_gpus_is_refused_before_submitting(tmp_path):
         (["--preset"], "--preset needs a value"),
         (["--partition", "--cpu"], "--partition needs a value"),
         (["--bogus"], "unknown option '--bogus'"),
+        (["--preset", "en_de"], "unknown preset 'en_de' (one of: en-de en-fr base cpu tiny)"),
+        (["--time-train", "banana"], "--time-train 'banana' is not a SLURM time limit"),
+        (["--time-tag", "1:2:3:4"], "--time-tag '1:2:3:4' is not a SLURM time limit"),
+        (["--from", "train", "--data-bin", "no/such"], "--from train: no data folder no/such"),
+        (["--from", "evaluate", "--save-dir", "no/such"], "--from evaluate: no save dir no/such"),
     ],
 )
 def test_bad_resources_are_refused_before_submitting(options, message, tmp_path):
@@ -266,6 +311,54 @@ def test_bad_resources_are_refused_before_submitting(options, message, tmp_path)
     command = ["bash", str(SLURM / "submit.sh"), "--dry-run", "--log-dir", str(tmp_path), *options]
     result = subprocess.run(command, env=tool_env(), capture_output=True, text=True)
     assert result.returncode == 2 and f"submit.sh: error: {message}" in result.stderr, result.stderr
+    assert not result.stdout
+
+
+def test_cpu_only_is_0_or_1_and_every_slurm_time_format_is_taken(tmp_path):
+    """CPU_ONLY=yes asked for GPUs (only "1" meant the CPU); SLURM's other time formats
+    (minutes, days-hours) pass the check that refuses a time sbatch would refuse."""
+    command = ["bash", str(SLURM / "submit.sh"), "--dry-run", "--log-dir", str(tmp_path / "logs")]
+    env = dict(tool_env(), CPU_ONLY="yes")
+    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert result.returncode == 2 and "CPU_ONLY must be 0 or 1 (--cpu sets 1), not 'yes'" in (
+        result.stderr
+    )
+    times = ["--time-prepare", "90", "--time-tag", "2-12", "--time-train", "2-00:00:00"]
+    times += ["--time-binarize", "30:00", "--time-evaluate", "UNLIMITED"]
+    result = subprocess.run(command + times, env=tool_env(), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "--time=2-00:00:00" in result.stdout.splitlines()[3]
+    assert not (tmp_path / "logs").exists(), "a dry run creates no log folder"
+
+
+def test_a_stage_sbatch_refuses_cancels_the_stages_submitted_before_it(cluster, tmp_path):
+    """The chain is submitted whole or not at all: here the training job asks for GPUs
+    the local cluster has none of, so sbatch refuses it after the data stages were
+    submitted; those are cancelled (they would have run hours for nothing) and named."""
+    env = dict(cluster, SBATCH_EXTRA="--hold")  # held: nothing runs even for a moment
+    command = ["bash", str(SLURM / "submit.sh"), "--preset", "tiny", "--prepare-cmd", "true"]
+    command += ["--reference", "ref.de", "--data-bin", str(tmp_path / "data"), "--from", "tag"]
+    command += ["--to", "train", "--shards", "2", "--log-dir", str(tmp_path / "logs")]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    submitted = dict(line.split() for line in result.stdout.splitlines())
+    assert list(submitted) == ["tag", "binarize"], result.stdout
+    assert "sbatch refused stage train (its message above); cancelled the stages submitted " in (
+        result.stderr
+    )
+    assert f"tag {submitted['tag']},binarize {submitted['binarize']}" in result.stderr
+    for job in submitted.values():
+        assert set(job_states(cluster, job).values()) == {"CANCELLED"}, job_states(cluster, job)
+
+
+def test_after_a_job_slurm_does_not_know_is_refused(cluster, tmp_path):
+    """SLURM starts a job at once whose dependency names no job it knows: a mistyped
+    --after would train on data still being written."""
+    (tmp_path / "data").mkdir()
+    command = ["bash", str(SLURM / "submit.sh"), "--cpu", "--preset", "tiny", "--from", "train"]
+    command += ["--to", "train", "--data-bin", str(tmp_path / "data"), "--after", "987654"]
+    result = subprocess.run(command, env=cluster, capture_output=True, text=True)
+    assert result.returncode == 2 and "--after 987654: SLURM knows no job 987654" in result.stderr
     assert not result.stdout
 
 
@@ -661,3 +754,22 @@ def test_a_dry_run_checks_the_partition_on_the_cluster(cluster, tagged_data, tmp
     assert wrong.returncode == 2 and "Traceback" not in wrong.stderr, wrong.stderr
     assert "--partition nosuch: no such partition on this cluster (it has " in wrong.stderr
     assert not (tmp_path / "out" / "slurm").exists(), "nothing submitted"
+
+
+def test_a_tpp_venv_without_python_stops_the_job(cluster, tmp_path):
+    """A mistyped TPP_VENV was skipped: the job then ran whatever was on PATH and failed
+    later, naming a command, not the variable."""
+    log = tmp_path / "tag.out"
+    job = subprocess.run(
+        ["sbatch", "--parsable", "--array=0", "--cpus-per-task=1", f"--output={log}"]
+        + ["scripts/slurm/tag.sbatch"],
+        cwd=REPO,
+        env=dict(cluster, TPP_VENV=str(tmp_path / "no-venv"), TAG_CMD="echo tagging shard"),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    wait_for_queue_to_drain(cluster, [job], 120)
+    assert f"error: TPP_VENV='{tmp_path / 'no-venv'}' is not an environment" in log.read_text()
+    assert "tagging shard" not in log.read_text()
+    assert set(job_states(cluster, job).values()) == {"FAILED"}

@@ -219,6 +219,12 @@ def test_bad_inputs_and_overwrite_protection(tmp_path):
     assert (
         result.returncode == 2 and "is a folder: give --num-update-checkpoints N" in result.stderr
     )
+    result = run_average(
+        "--inputs", tmp_path / "no-run", "--num-update-checkpoints", "2", "--output", out
+    )
+    assert result.returncode == 2 and f"--inputs {tmp_path / 'no-run'}: no such folder" in (
+        result.stderr
+    )
     assert not out.exists()
 
     out.write_bytes(b"precious")
