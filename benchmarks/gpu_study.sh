@@ -48,7 +48,8 @@ stamp() { echo "[gpu_study $(date +%H:%M:%S) +${SECONDS}s] $*"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$RESULTS/device.txt" 2>&1
 [[ -d data-bin/gpu_ende ]] || tar -xJf data-bin/gpu_ende.tar.xz -C data-bin || exit 1
 stamp "installing"
-[[ -x /tmp/tpp/bin/python ]] || scripts/setup_env.sh --from-wheelhouse wheelhouse --venv /tmp/tpp \
+# (a second call on the same node reuses the environment, if the first one finished it)
+/tmp/tpp/bin/python -c 'import fairseq, tpp_plugin' 2>/dev/null || scripts/setup_env.sh --from-wheelhouse wheelhouse --venv /tmp/tpp \
     --system-site-packages --fairseq-extensions text >"$RESULTS/install.log" 2>&1 || {
     tail -20 "$RESULTS/install.log"; exit 1; }
 stamp "installed"

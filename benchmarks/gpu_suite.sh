@@ -403,6 +403,11 @@ for stage in "${STAGES[@]}"; do
             --models mha,mha-b,tpp,tpp-triton,tpp-general ;;
     esac
     summarize "$stage"
+    if [[ $stage == decide ]]; then  # the deciding ratios again, in the output's last lines
+        for table in decide_base.md decide_big.md; do
+            [[ -s $OUT/$table ]] && { echo; echo "### decide: $table (again)"; echo; output "$table"; }
+        done
+    fi
     pack
 done
 echo "gpu_suite.sh: logs and tables in $OUT (status.txt: one line per command; summary.md: every table)"

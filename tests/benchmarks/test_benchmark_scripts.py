@@ -424,6 +424,11 @@ def test_gpu_suite_decide_stage_stands_in_on_the_cpu(data, tmp_path):
         "decide\tdecide_big.md"
     )
     assert {p.name for p in pack.iterdir()} == {"summary.md", "status.txt", "gpu_results.tar.gz"}
+    # the two deciding tables again at the end, where a cut-off output keeps its last lines
+    tail = res.stdout[-4000:]
+    for table in ("decide_base.md", "decide_big.md"):
+        assert f"### decide: {table} (again)" in tail and "| tpp-fused |" in tail, tail
+    assert summary.count("### decide: decide_base.md") == 1, "summary.md has each table once"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the stages would run for real")
