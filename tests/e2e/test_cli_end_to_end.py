@@ -285,6 +285,42 @@ def test_the_documented_interactive_line_translates_raw_text(trained, tmp_path):
     assert len(out) == 2 and all(line.split("\t")[2].strip() for line in out), inter.stdout[-2000:]
 
 
+def test_the_documented_python_lines_translate_raw_text(trained, tmp_path):
+    """docs/training_and_evaluation.md's from_pretrained example, run as written with this
+    test's files in its paths: fairseq's hub interface loads the plugin's model from a
+    checkpoint and translates raw text."""
+    from subword_nmt.learn_bpe import learn_bpe
+
+    text = (REPO / "docs" / "training_and_evaluation.md").read_text(encoding="utf-8")
+    block = re.search(r"```python\n(from tpp_plugin.models import .*?)```", text, re.S).group(1)
+    codes = tmp_path / "codes"
+    with open(trained["root"] / "text" / "train.src") as corpus, open(codes, "w") as out:
+        learn_bpe(corpus, out, 50)
+    paths = {
+        '"checkpoints/en-de"': repr(str(trained["save"])),
+        '"checkpoint_avg10.pt"': '"checkpoint_best.pt"',
+        '"data-bin/wmt14_en_de"': repr(str(trained["data"])),
+        '"work/wmt14_en_de/bpe/codes"': repr(str(codes)),
+        '"en"': '"src"',
+        '"de"': '"tgt"',
+        '"There is a fire in the mountain."': '"s1 s2 s3."',
+    }
+    for documented, here in paths.items():
+        assert documented in block, documented
+        block = block.replace(documented, here)
+    proc = subprocess.run(
+        [sys.executable, "-c", block],
+        cwd=tmp_path,
+        env=tool_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    translation = proc.stdout.strip().splitlines()[-1]
+    assert translation and re.fullmatch(r"[\w .,]+", translation), proc.stdout[-2000:]
+
+
 def test_generate_with_bf16_says_it_decodes_in_float32_and_does(trained):
     """fairseq-generate 0.12 converts the model for --fp16 only: with --bf16 (which the
     plugin unties from --tpu) it decodes in float32, and says so, rather than that it
