@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates (or refreshes) the project's virtual environment: torch 2.13.0 (CPU build),
+# Creates (or refreshes) the project's virtual environment: torch 2.13.0 (the CPU build where
+# pip sees PyTorch's CPU index, e.g. PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu),
 # fairseq-fixed 0.12.3.1 built against it, the pipeline's tools and this package.
 #
 #   scripts/setup_env.sh            # venv in ./.venv (or $TPP_VENV)
@@ -52,7 +53,7 @@ export PIP_USER=0
 unset PIP_TARGET PIP_PREFIX PIP_ROOT
 pip=("$venv/bin/python" -m pip install --quiet)
 
-# 1. torch first (a CPU wheel), plus what fairseq's C extensions build with.
+# 1. torch first, plus what fairseq's C extensions build with.
 "${pip[@]}" "torch==$TORCH_VERSION" cython numpy setuptools wheel
 # 2. fairseq against that torch, without its torchaudio requirement (cannot load on this
 #    build, never imported by text tasks; scripts/build_fairseq_wheel.py). pip caches the

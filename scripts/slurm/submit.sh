@@ -31,7 +31,7 @@
 #                         TIME_PREPARE [08:00:00] TIME_TAG [08:00:00] TIME_BINARIZE [08:00:00]
 #                         TIME_TRAIN [48:00:00] TIME_EVALUATE [04:00:00]
 #   --from STAGE, --to STAGE   submit only part of the chain (prepare tag binarize train evaluate)
-#   --after JOBID         make the first submitted stage wait for JOBID (afterok)
+#   --after JOBID[:JOBID...]  make the first submitted stage wait for these jobs (afterok)
 #   --log-dir DIR         LOG_DIR [logs/slurm]: one log per job (array: per task)
 #   --dry-run             print the sbatch commands instead of submitting
 # Also passed to the jobs: TPP_VENV, DATA_NAME, SPLIT, PREPARE_STAGE_CMD, TAG_CMD,
@@ -85,7 +85,7 @@ while [[ $# -gt 0 ]]; do
     --time-evaluate) TIME_EVALUATE=$2; shift 2 ;;
     --from) from=$2; shift 2 ;;
     --to) to=$2; shift 2 ;;
-    --after) after=$2; shift 2 ;;
+    --after) after=${2//,/:}; shift 2 ;;  # afterok:A:B (in afterok:A,B SLURM reads B as afterany)
     --log-dir) LOG_DIR=$2; shift 2 ;;
     --dry-run) dry_run=1; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -155,7 +155,7 @@ TIME_BINARIZE=${TIME_BINARIZE:-08:00:00}
 TIME_TRAIN=${TIME_TRAIN:-48:00:00}
 TIME_EVALUATE=${TIME_EVALUATE:-04:00:00}
 slurm_time() {  # VARIABLE OPTION: a time limit sbatch takes
-  [[ ${!1} =~ ^([0-9]+-)?[0-9]+(:[0-9]+){0,2}$ || ${!1} =~ ^(UNLIMITED|unlimited|INFINITE|infinite)$ ]] \
+  [[ ${!1} =~ ^([0-9]+-)?[0-9]+(:[0-9]+){0,2}$ || ${!1^^} =~ ^(UNLIMITED|INFINITE|-1)$ ]] \
     || die "$2 '${!1}' is not a SLURM time limit (MINUTES, HH:MM:SS or DAYS-HH:MM:SS)"
 }
 for stage in prepare tag binarize train evaluate; do
@@ -188,7 +188,7 @@ if [[ -z $after ]]; then
     die "--from evaluate: no save dir $SAVE_DIR with checkpoints to average (give --save-dir)"
   fi
 elif [[ $dry_run == 0 ]]; then
-  for job in ${after//[:,]/ }; do  # SLURM lets a dependency on a job it does not know start at once
+  for job in ${after//:/ }; do  # SLURM lets a dependency on a job it does not know start at once
     scontrol show job "$job" >/dev/null 2>&1 \
       || die "--after $after: SLURM knows no job $job (a job that ended long ago is forgotten: then leave --after out)"
   done

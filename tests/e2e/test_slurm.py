@@ -199,6 +199,16 @@ def test_chained_pipeline_runs_on_slurm(cluster, tmp_path):
     assert (tmp_path / "ckpt" / "checkpoint_avg2.pt").read_bytes() == averaged
     assert (tmp_path / "results" / "bleu.txt").read_text() == bleu
     assert not list((tmp_path / "ckpt").glob(".kept-*"))
+    # ... and so does one whose averaging fails (more checkpoints asked for than there are)
+    into_the_same = dict(env, AVG_CHECKPOINT=str(tmp_path / "ckpt" / "checkpoint_avg2.pt"))
+    again = subprocess.run(
+        command + ["--from", "evaluate", "--n-avg", "50"], env=into_the_same, capture_output=True
+    )
+    (job,) = [line.split()[1] for line in again.stdout.decode().splitlines()]
+    wait_for_queue_to_drain(env, [job], PIPELINE_TIMEOUT)
+    assert set(job_states(env, job).values()) == {"FAILED"}
+    assert (tmp_path / "ckpt" / "checkpoint_avg2.pt").read_bytes() == averaged
+    assert not list((tmp_path / "ckpt").glob(".kept-*")), "no second name left for the old one"
 
 
 def test_a_tag_task_resubmitted_alone_needs_the_number_of_shards(cluster, tmp_path):
@@ -324,7 +334,7 @@ def test_cpu_only_is_0_or_1_and_every_slurm_time_format_is_taken(tmp_path):
         result.stderr
     )
     times = ["--time-prepare", "90", "--time-tag", "2-12", "--time-train", "2-00:00:00"]
-    times += ["--time-binarize", "30:00", "--time-evaluate", "UNLIMITED"]
+    times += ["--time-binarize", "30:00", "--time-evaluate", "Unlimited"]
     result = subprocess.run(command + times, env=tool_env(), capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "--time=2-00:00:00" in result.stdout.splitlines()[3]
