@@ -211,6 +211,19 @@ def test_chained_pipeline_runs_on_slurm(cluster, tmp_path):
     assert not list((tmp_path / "ckpt").glob(".kept-*")), "no second name left for the old one"
 
 
+def submit_tag_task(env, task, log):
+    """tag.sbatch submitted by hand from the repository, as an array of task ``task``."""
+    return subprocess.run(
+        ["sbatch", "--parsable", f"--array={task}", "--cpus-per-task=1", f"--output={log}"]
+        + ["scripts/slurm/tag.sbatch"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+
 def test_a_tag_task_resubmitted_alone_needs_the_number_of_shards(cluster, tmp_path):
     """`sbatch --array=2 tag.sbatch` re-runs one task of a tagging: its array alone does
     not say how many shards there are (it tagged shard 2 of 1), so TAG_SHARDS must."""
@@ -219,15 +232,7 @@ def test_a_tag_task_resubmitted_alone_needs_the_number_of_shards(cluster, tmp_pa
     for shards in (None, "4"):
         job_env = dict(env, TAG_SHARDS=shards) if shards else env
         log = tmp_path / f"tag-{shards}.out"
-        jobs[log] = subprocess.run(
-            ["sbatch", "--parsable", "--array=2", "--cpus-per-task=1", f"--output={log}"]
-            + ["scripts/slurm/tag.sbatch"],
-            cwd=REPO,
-            env=job_env,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        jobs[log] = submit_tag_task(job_env, 2, log)
     wait_for_queue_to_drain(env, list(jobs.values()), 120)
     alone, given = jobs
     assert "set TAG_SHARDS to that number" in alone.read_text(), alone.read_text()
@@ -770,15 +775,8 @@ def test_a_tpp_venv_without_python_stops_the_job(cluster, tmp_path):
     """A mistyped TPP_VENV was skipped: the job then ran whatever was on PATH and failed
     later, naming a command, not the variable."""
     log = tmp_path / "tag.out"
-    job = subprocess.run(
-        ["sbatch", "--parsable", "--array=0", "--cpus-per-task=1", f"--output={log}"]
-        + ["scripts/slurm/tag.sbatch"],
-        cwd=REPO,
-        env=dict(cluster, TPP_VENV=str(tmp_path / "no-venv"), TAG_CMD="echo tagging shard"),
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    env = dict(cluster, TPP_VENV=str(tmp_path / "no-venv"), TAG_CMD="echo tagging shard")
+    job = submit_tag_task(env, 0, log)
     wait_for_queue_to_drain(cluster, [job], 120)
     assert f"error: TPP_VENV='{tmp_path / 'no-venv'}' is not an environment" in log.read_text()
     assert "tagging shard" not in log.read_text()
