@@ -68,7 +68,7 @@ def test_the_documented_command_is_the_one_train_sh_runs():
     documented = shlex.split(block.group(1).replace("\\\n", " "))[1:]
     command = dry_run(
         "--preset", "en-de", "--data", "data-bin/wmt14_en_de",
-        "--save-dir", "checkpoints/en_de", "--fp16",
+        "--save-dir", "checkpoints/en-de", "--fp16",
     )  # fmt: skip
     assert Path(command[0]).name == documented[0] == "fairseq-train"
     assert option(command, "--user-dir") == str(REPO / "tpp_plugin")
@@ -133,12 +133,14 @@ def test_installed_from_a_wheel_the_default_folders_are_in_the_current_folder(
     monkeypatch.setattr(tpp_pipeline, "checkout", lambda: None)
     args = train.parse_args(["--preset", "tiny", "--dry-run"])
     command = train.fairseq_command(args)
-    assert command[1] == str(tmp_path / "data-bin" / "sample")
+    assert command[1] == str(tmp_path / "runs" / "demo" / "data-bin" / "sample_en_de")
     assert args.save_dir == str(tmp_path / "checkpoints" / "tiny")
     monkeypatch.undo()
     monkeypatch.setenv("TPP_ROOT", str(tmp_path / "submitted"))
     args = train.parse_args(["--preset", "tiny", "--dry-run"])
-    assert train.fairseq_command(args)[1] == str(tmp_path / "submitted" / "data-bin" / "sample")
+    assert train.fairseq_command(args)[1] == str(
+        tmp_path / "submitted" / "runs" / "demo" / "data-bin" / "sample_en_de"
+    )
     monkeypatch.setattr(demo, "checkout", lambda: None)
     with pytest.raises(SystemExit) as shown:
         demo.main(["--help"])
