@@ -211,17 +211,24 @@ def test_chained_pipeline_runs_on_slurm(cluster, tmp_path):
     assert not list((tmp_path / "ckpt").glob(".kept-*")), "no second name left for the old one"
 
 
-def submit_tag_task(env, task, log):
-    """tag.sbatch submitted by hand from the repository, as an array of task ``task``."""
+def sbatch(env, *options):
+    """A stage script submitted as a user would, from the repository root, straight to
+    sbatch: its job id."""
     return subprocess.run(
-        ["sbatch", "--parsable", f"--array={task}", "--cpus-per-task=1", f"--output={log}"]
-        + ["scripts/slurm/tag.sbatch"],
+        ["sbatch", "--parsable", *options],
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
         check=True,
     ).stdout.strip()
+
+
+def submit_tag_task(env, task, log):
+    """tag.sbatch submitted by hand, as an array of task ``task``."""
+    return sbatch(
+        env, f"--array={task}", "--cpus-per-task=1", f"--output={log}", "scripts/slurm/tag.sbatch"
+    )
 
 
 def test_a_tag_task_resubmitted_alone_needs_the_number_of_shards(cluster, tmp_path):
@@ -421,23 +428,14 @@ def test_training_job_requeues_itself_and_resumes(cluster, nmt_corpus, tmp_path,
         "--save-interval-updates 20 --log-interval 20",
         FAIRSEQ_EXTRA="--num-workers 0 --disable-validation --save-interval 1000",
     )
-    # submitted as a user would, from the repository root, straight to sbatch
-    job = subprocess.run(
-        [
-            "sbatch",
-            "--parsable",
-            f"--ntasks-per-node={tasks}",
-            "--gpus-per-node=0",
-            "--cpus-per-task=1",
-            f"--output={log}",
-            "scripts/slurm/train.sbatch",
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    job = sbatch(
+        env,
+        f"--ntasks-per-node={tasks}",
+        "--gpus-per-node=0",
+        "--cpus-per-task=1",
+        f"--output={log}",
+        "scripts/slurm/train.sbatch",
+    )
     deadline = time.monotonic() + 180
     while not (log.exists() and "Saved checkpoint" in log.read_text()):
         assert time.monotonic() < deadline, "no checkpoint written:\n" + (
