@@ -51,6 +51,7 @@ from=prepare
 to=evaluate
 after=
 dry_run=0
+gpus_given=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --prepare-cmd|--train-opts)  # (their values are options)
@@ -73,7 +74,7 @@ while [[ $# -gt 0 ]]; do
     --partition) PARTITION=$2; shift 2 ;;
     --account) ACCOUNT=$2; shift 2 ;;
     --nodes) NODES=$2; shift 2 ;;
-    --gpus-per-node) GPUS_PER_NODE=$2; shift 2 ;;
+    --gpus-per-node) GPUS_PER_NODE=$2; gpus_given=1; shift 2 ;;
     --tasks-per-node) TASKS_PER_NODE=$2; shift 2 ;;
     --cpus-per-task) CPUS_PER_TASK=$2; shift 2 ;;
     --shards) TAG_SHARDS=$2; shift 2 ;;
@@ -138,6 +139,8 @@ positive TAG_SHARDS --shards
 N_AVG=${N_AVG:-10}
 positive N_AVG --n-avg
 if [[ $CPU_ONLY == 1 ]]; then
+  (( ! gpus_given )) || die "--gpus-per-node $GPUS_PER_NODE with --cpu (CPU_ONLY=1), which asks" \
+    "for no GPUs: leave one of them out"
   TASKS_PER_NODE=${TASKS_PER_NODE:-1}
   positive TASKS_PER_NODE --tasks-per-node
 else
@@ -162,6 +165,10 @@ for stage in prepare tag binarize train evaluate; do
   slurm_time "TIME_${stage^^}" "--time-$stage"
 done
 LOG_DIR=${LOG_DIR:-logs/slurm}
+if [[ -n ${MASTER_PORT:-} ]]; then  # (fairseq would refuse it in the training job)
+  [[ $MASTER_PORT =~ ^[1-9][0-9]{0,4}$ ]] && (( MASTER_PORT <= 65535 )) \
+    || die "MASTER_PORT must be a TCP port (1-65535), not '$MASTER_PORT'"
+fi
 
 # Pipeline settings travel to the jobs through the environment (sbatch --export=ALL).
 export TPP_ROOT=$repo

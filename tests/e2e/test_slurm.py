@@ -317,6 +317,7 @@ def test_more_training_tasks_than_gpus_is_refused_before_submitting(tmp_path):
         (["--nodes", "0"], "--nodes must be a positive number, not '0'"),
         (["--cpu", "--tasks-per-node", "0"], "--tasks-per-node must be a positive number"),
         (["--gpus-per-node", "x"], "--gpus-per-node must be a positive number, not 'x'"),
+        (["--cpu", "--gpus-per-node", "4"], "--gpus-per-node 4 with --cpu (CPU_ONLY=1)"),
         (["--cpus-per-task", "-1"], "--cpus-per-task must be a positive number"),
         (["--preset"], "--preset needs a value"),
         (["--partition", "--cpu"], "--partition needs a value"),
@@ -334,6 +335,22 @@ def test_bad_resources_are_refused_before_submitting(options, message, tmp_path)
     result = subprocess.run(command, env=tool_env(), capture_output=True, text=True)
     assert result.returncode == 2 and f"submit.sh: error: {message}" in result.stderr, result.stderr
     assert not result.stdout
+
+
+@pytest.mark.parametrize("port", ["abc", "0", "65536", "29500x"])
+def test_a_master_port_fairseq_would_refuse_is_refused_before_submitting(port, tmp_path):
+    command = ["bash", str(SLURM / "submit.sh"), "--dry-run", "--log-dir", str(tmp_path)]
+    result = subprocess.run(
+        command, env=dict(tool_env(), MASTER_PORT=port), capture_output=True, text=True
+    )
+    assert result.returncode == 2 and (
+        f"MASTER_PORT must be a TCP port (1-65535), not '{port}'" in result.stderr
+    ), result.stderr
+    assert not result.stdout
+    result = subprocess.run(
+        command, env=dict(tool_env(), MASTER_PORT="65535"), capture_output=True, text=True
+    )
+    assert result.returncode == 0 and len(result.stdout.splitlines()) == 5, result.stderr
 
 
 def test_cpu_only_is_0_or_1_and_every_slurm_time_format_is_taken(tmp_path):
