@@ -6,7 +6,7 @@
 # Usage:
 #   scripts/train.sh [options] [-- extra fairseq-train options]
 #
-#   scripts/train.sh --preset en-de --data data-bin/wmt14_en_de --save-dir checkpoints/en_de
+#   scripts/train.sh --preset en-de --data data-bin/wmt14_en_de --save-dir checkpoints/en-de
 #   scripts/train.sh --preset en-fr --data data-bin/wmt14_en_fr -- --fp16 --num-workers 4
 #   MAX_TOKENS=2048 UPDATE_FREQ=20 scripts/train.sh --preset en-de      # same, via variables
 #

@@ -5,10 +5,10 @@ Transformer recipe it follows, the element-wise mean of the parameters of the la
 checkpoints of one run (no SWA learning-rate schedule, running average or batch-norm update).
 
     # the last 10 written with --save-interval-updates (checkpoint_<epoch>_<update>.pt)
-    tpp-average-checkpoints --inputs checkpoints/en_de --num-update-checkpoints 10 \\
-        --output checkpoints/en_de/checkpoint_avg10.pt
+    tpp-average-checkpoints --inputs checkpoints/en-de --num-update-checkpoints 10 \\
+        --output checkpoints/en-de/checkpoint_avg10.pt
     # the last 5 epoch checkpoints (checkpoint<epoch>.pt) up to epoch 30
-    tpp-average-checkpoints --inputs checkpoints/en_de --num-epoch-checkpoints 5 \\
+    tpp-average-checkpoints --inputs checkpoints/en-de --num-epoch-checkpoints 5 \\
         --checkpoint-upper-bound 30 --output avg.pt
     # an explicit list of files
     tpp-average-checkpoints --inputs a.pt b.pt c.pt --output avg.pt

@@ -3,7 +3,7 @@ self-attention representation.
 
     tpp-embedding-similarity --path runs/demo/checkpoints/checkpoint_avg.pt \\
         --data runs/demo/data-bin/sample_en_de --bpe-codes runs/demo/work/bpe/codes
-    tpp-embedding-similarity --path checkpoints/en_de/checkpoint_avg10.pt \\
+    tpp-embedding-similarity --path checkpoints/en-de/checkpoint_avg10.pt \\
         --data data-bin/wmt14_en_de \\
         --bpe-codes work/wmt14_en_de/bpe/codes \\
         --sentence "There is a fire in the mountain." --words fire mountain

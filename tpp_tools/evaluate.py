@@ -3,8 +3,8 @@
 Usage (``python -m tpp_tools.evaluate`` too; options after ``--`` go to fairseq-generate)::
 
     tpp-evaluate --data data-bin/wmt14_en_de \\
-        --checkpoint checkpoints/en_de/checkpoint_avg10.pt \\
-        --reference work/wmt14_en_de/raw/test.de --out results/en_de
+        --checkpoint checkpoints/en-de/checkpoint_avg10.pt \\
+        --reference work/wmt14_en_de/raw/test.de --out results/en-de
 
 From Python::
 

@@ -5,7 +5,7 @@
         --data runs/demo/data-bin/sample_en_de --sentence "There is a fire in the mountain ."
 
     # raw text: Moses-tokenise and BPE-segment it as the training data was
-    tpp-plot-attention --path checkpoints/en_de/checkpoint_avg10.pt --data data-bin/wmt14_en_de \\
+    tpp-plot-attention --path checkpoints/en-de/checkpoint_avg10.pt --data data-bin/wmt14_en_de \\
         --bpe-codes work/wmt14_en_de/bpe/codes --sentence "There is a fire in the mountain."
 
 The model first translates the sentence (beam search, as fairseq-generate does). Then

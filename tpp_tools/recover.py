@@ -21,7 +21,7 @@ This tool (``tpp-recover-checkpoint``), run by ``scripts/train.sh`` (and
 Usage (the options of a fairseq-train command line; others are ignored, the last value
 of a repeated option counts, as in fairseq)::
 
-    tpp-recover-checkpoint --save-dir checkpoints/en_de
+    tpp-recover-checkpoint --save-dir checkpoints/en-de
     tpp-recover-checkpoint --save-dir DIR --checkpoint-suffix -shard0
 
 Exit status: 0 (nothing to do, or recovered), 2 (no readable checkpoint to resume from),
