@@ -16,8 +16,10 @@ from tpp_tools.study.commands import RunLock, count_lines
 from tpp_tools.study.config import StudyError
 from tpp_tools.study.records import (
     RECORD,
+    check_pack,
     import_records,
     pack_records,
+    packed_runs,
     parse_record,
     read_record,
 )
@@ -65,6 +67,11 @@ def broken(record, dotted, value):
         ("statistics.BLEU", [[1, 2, 3]], "statistics.BLEU is not 2000 rows"),
         ("code", KeyError, "code is missing"),
         ("code.commit", 7, "code.commit is not a commit"),
+        ("spec.config", "cpu", "spec.config is not a table of settings"),
+        ("scores.sacrebleu_detok", "nan", "scores.sacrebleu_detok is not a BLEU score"),
+        ("scores.bleu_tok_compound_split", "-3", "bleu_tok_compound_split is not a BLEU score"),
+        ("train.wps", [float("inf")], "train.wps holds something other than numbers"),
+        ("statistics.BLEU", [[-1] * 10] * 2000, "statistics.BLEU is not 2000 rows"),
         ("train_command", ["fairseq-train", None], "train_command holds something other"),
     ],
 )
@@ -168,6 +175,78 @@ def test_a_record_is_not_copied_into_a_run_folder_being_written(tmp_path):
     finally:
         held.close()
     assert import_records([tmp_path / "elsewhere"], [study_run], reference) == [study_run.name]
+
+
+def test_an_archive_holding_one_record_twice_differently_is_refused(tmp_path):
+    """(a record appended to an archive, or stored as runs/x and ./runs/x: the last one
+    was taken, silently)"""
+    translations = b"Sentence.\n" * 2000
+    study_run, reference = a_record_of_this_study(tmp_path, translations)
+    source = tmp_path / "elsewhere" / study_run.folder.name
+    record = read_record(source / RECORD)
+    other = gzipped(broken(record, "scores.sacrebleu_detok", "99.0"))
+    archive = tmp_path / "twice.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(source / RECORD, arcname=f"runs/{source.name}/{RECORD}")
+        (tmp_path / "other").write_bytes(other)
+        tar.add(tmp_path / "other", arcname=f"./runs/{source.name}/{RECORD}")
+    with pytest.raises(StudyError, match="the archive holds 2 different files of that name"):
+        import_records([archive], [study_run], reference)
+    assert not study_run.folder.exists()
+    # the same file twice (as appending one again makes it) is one record
+    with tarfile.open(archive, "w:gz") as tar:
+        for _ in range(2):
+            tar.add(source / RECORD, arcname=f"runs/{source.name}/{RECORD}")
+    assert import_records([archive], [study_run], reference) == [study_run.name]
+
+
+def test_a_record_given_twice_keeps_its_translations_in_either_order(tmp_path):
+    translations = b"Sentence.\n" * 2000
+    study_run, reference = a_record_of_this_study(tmp_path, translations)
+    numbers = tmp_path / "numbers" / study_run.folder.name
+    numbers.mkdir(parents=True)
+    (numbers / RECORD).write_bytes((tmp_path / "elsewhere" / numbers.name / RECORD).read_bytes())
+    import_records([tmp_path / "elsewhere", tmp_path / "numbers"], [study_run], reference)
+    assert (study_run.folder / "eval" / "hyp.detok").read_bytes() == translations
+
+
+def test_pack_where_nothing_can_be_written_is_refused_before_packing(tmp_path):
+    """(found only after the runs had trained, as a traceback, and no report was written)"""
+    study_run = SimpleNamespace(name="r", folder=tmp_path / "study" / "runs" / "r", spec={})
+    study_run.folder.mkdir(parents=True)
+    (study_run.folder / RECORD).write_bytes(COMMITTED[0].read_bytes())
+    (tmp_path / "file").write_text("x")
+    for archive in (tmp_path / "file" / "x.tar.gz", tmp_path / "file" / "sub" / "x.tar.gz"):
+        with pytest.raises(StudyError, match="cannot be written .* is not a writable folder"):
+            check_pack(archive, [study_run], tmp_path / "study", force=True)
+    # an archive there already, cut short (copied back in part): an error, not a traceback
+    whole = tmp_path / "whole.tar.gz"
+    pack_records([study_run], whole, tmp_path / "study")
+    cut = tmp_path / "cut.tar.gz"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    with pytest.raises(StudyError, match="exists and is not a readable archive"):
+        check_pack(cut, [study_run], tmp_path / "study", force=False)
+    pack_records([study_run], cut, tmp_path / "study", force=True)
+    assert packed_runs(cut) == packed_runs(whole) == ["runs/r"]
+
+
+def test_pack_is_refused_up_front_by_the_rule_that_packing_applies(tmp_path):
+    """An archive holding the records of runs this study neither finished nor runs now
+    is refused before anything runs (it was accepted then, and refused after the runs)."""
+    from tpp_tools.study.plan import check_pack_now
+
+    study_run, reference = a_record_of_this_study(tmp_path, b"Sentence.\n" * 2000)
+    import_records([tmp_path / "elsewhere"], [study_run], reference)
+    out = tmp_path / "study"
+    other = SimpleNamespace(name="hybrid-s2", folder=out / "runs" / "hybrid-s2-0abc", spec={})
+    archive = tmp_path / "records.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for planned in (study_run, other):
+            tar.add(COMMITTED[0], arcname=f"runs/{planned.folder.name}/{RECORD}")
+    args = SimpleNamespace(pack=archive, out=out, force=False)
+    with pytest.raises(StudyError, match="would not pack again \\(runs/hybrid-s2-0abc\\)"):
+        check_pack_now(args, [study_run, other], [], reference)
+    check_pack_now(args, [study_run, other], [other], reference)  # (to be run: packed)
 
 
 def test_pack_into_a_folder_is_refused_and_leaves_nothing(tmp_path):

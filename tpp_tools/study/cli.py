@@ -45,12 +45,11 @@ from .config import CONFIGS, PROG, VARIANTS, Config, StudyError, check_config, c
 from .data import prepare_data
 from .records import (
     RECORD,
-    check_pack,
     import_records,
     read_record,
     validation_curve,
 )
-from .plan import plan_or_report, report_finished, select_runs
+from .plan import check_pack_now, plan_or_report, report_finished, select_runs
 from .runs import (
     check_commands,
     eta_text,
@@ -313,6 +312,12 @@ def _check_arguments(p, args) -> None:
         args.only = [name for name in args.only.split(",") if name]
         if not args.only:
             p.error("--only: name at least one run, e.g. transformer-s1")
+        names = [f"{variant}-s{seed}" for seed in args.seeds for variant in args.variants]
+        unknown = [name for name in args.only if name not in names]
+        if unknown:  # (now: not after the data is carved and prepared)
+            p.error(
+                f"--only: {', '.join(unknown)} not among this study's runs ({', '.join(names)})"
+            )
     args.variants_need_tags = "hybrid+tags" in args.variants
 
 
@@ -429,6 +434,14 @@ def _main(argv) -> int:
         )
     from tpp_pipeline.lock import work_dir_lock
 
+    if args.dry_run or args.report_only:  # no command to stop: leave through the finally blocks
+
+        def leave(signum, frame):  # (which remove a half-written --pack)
+            raise SystemExit(128 + signum)
+
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                signal.signal(signum, leave)
     if args.dry_run or (args.report_only and not args.records):
         # they write no run: no lock, another study may be running
         status = plan_or_report(args, cfg, command)
@@ -505,11 +518,10 @@ def study(args, cfg: Config, command: str) -> int:
     except RuntimeError as err:  # the data pipeline failed: its log's last lines
         raise StudyError(f"preparing the data: {err}", status=1) from None
     runs = plan_runs(args, cfg, paths["data"])
-    if args.pack:  # refused now, not after the runs
-        check_pack(args.pack, runs, args.out, args.force)
     if args.records:
         import_records(args.records, runs, paths["reference"])
     todo = select_runs(args, runs)
+    check_pack_now(args, runs, todo, paths["reference"])  # (not after the runs)
     where = args.device_name
     if args.device == "cuda":
         gpus = visible_gpus()

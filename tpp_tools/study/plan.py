@@ -38,16 +38,31 @@ def report_finished(args, cfg: Config, paths, runs, command: str, started: float
     missing = [run for run in runs if run.name not in records]
     if missing:
         log(f"not finished ({len(missing)} of {len(runs)}): {', '.join(r.name for r in missing)}")
+    unpacked = None
     if args.pack:  # first: a report that fails or runs out of time loses no record
-        size = pack_records(done, args.pack, args.out, force=args.force)
-        log(
-            f"records of {len(done)} finished run(s) packed into {args.pack} ({size / 2**20:.1f} MiB)"
-        )
+        try:
+            size = pack_records(done, args.pack, args.out, force=args.force)
+            log(
+                f"records of {len(done)} finished run(s) packed into {args.pack} ({size / 2**20:.1f} MiB)"
+            )
+        except StudyError as err:  # (said once the report is written)
+            unpacked = err
     report = None
     if any(run.variant == args.variants[0] for run in done):
         elapsed = time.time() - started
         report = write_report(args, cfg, paths, done, records, command, elapsed, missing)
+    if unpacked is not None:
+        log(f"report: {report}" if report else "no report: the baseline has no finished run")
+        raise unpacked
     return report, done
+
+
+def check_pack_now(args, runs, todo, reference) -> None:
+    """--pack refused before anything is trained or copied where the archive holds records
+    that the pack would not write again: of runs neither finished here nor to be run."""
+    if args.pack:
+        packed = [run for run in runs if run in todo or finished(run, reference)]
+        check_pack(args.pack, packed, args.out, args.force)
 
 
 def plan_or_report(args, cfg: Config, command: str) -> int:
@@ -77,10 +92,9 @@ def plan_or_report(args, cfg: Config, command: str) -> int:
             f"--report-only: the data folder {paths['data']} is not prepared: no run has finished",
             status=1,
         )
-    if args.pack:
-        check_pack(args.pack, runs, args.out, args.force)
     if args.records:
         import_records(args.records, runs, paths["reference"])
+    check_pack_now(args, runs, [], paths["reference"])
     report, done = report_finished(args, cfg, paths, runs, command, started)
     if report is None:
         raise StudyError(

@@ -18,6 +18,7 @@ import gzip
 import hashlib
 import io
 import json
+import math
 import os
 import subprocess
 import tarfile
@@ -36,6 +37,8 @@ RECORD = "record.json.gz"
 FORMAT = 1
 #: what an archive holds of a finished run (no checkpoints)
 PACKED = (RECORD, "eval/hyp.detok")
+# the most a record or a run's translations may take unpacked (a record is a few MiB)
+LARGEST = 256 * 2**20
 
 
 def file_sha256(path: Path) -> str:
@@ -191,7 +194,10 @@ def parse_record(data: bytes, where) -> dict:
     every field the study reads, of the type it reads."""
     try:
         with gzip.open(io.BytesIO(data), "rb") as handle:
-            record = json.loads(handle.read())
+            text = handle.read(LARGEST + 1)
+        if len(text) > LARGEST:
+            raise StudyError(f"{where}: not a run record (over {LARGEST >> 20} MiB unpacked)")
+        record = json.loads(text)
     except (OSError, EOFError, ValueError, zlib.error) as err:
         raise StudyError(f"{where}: not a readable run record ({err})") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:
@@ -222,16 +228,20 @@ def _malformed(record: dict) -> Optional[str]:
         value = _get(record, dotted)
         if not isinstance(value, kind) or isinstance(value, bool):
             return f"{dotted} is {'missing' if value is None else type(value).__name__}"
+    if not isinstance(record["spec"].get("config", {}), dict):
+        return "spec.config is not a table of settings"
     if not isinstance(record["code"].get("commit"), (str, type(None))):
         return "code.commit is not a commit"
     if not all(isinstance(word, str) for word in record["train_command"]):
         return "train_command holds something other than words"
     for key in ("sacrebleu_detok", "bleu_tok_compound_split"):
         try:
-            float(record["scores"][key])
+            score = float(record["scores"][key])
         except ValueError:
             return f"scores.{key} is not a number"
-    if not all(isinstance(x, number) for x in record["train"]["wps"]):
+        if not 0 <= score <= 100:  # (NaN too)
+            return f"scores.{key} is not a BLEU score (0 to 100)"
+    if not all(isinstance(x, number) and math.isfinite(x) for x in record["train"]["wps"]):
         return "train.wps holds something other than numbers"
     if not isinstance(record["train"].get("seconds"), (*number, type(None))):
         return "train.seconds is not a number"
@@ -245,12 +255,14 @@ def _malformed(record: dict) -> Optional[str]:
     for metric, width in _statistics_width().items():
         rows = record["statistics"][metric]
         if len(rows) != lines or not all(
-            isinstance(row, list) and len(row) == width and all(isinstance(x, int) for x in row)
+            isinstance(row, list)
+            and len(row) == width
+            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in row)
             for row in rows
         ):
             return (
                 f"statistics.{metric} is not {lines} rows (the reference's lines) of "
-                f"{width} whole numbers"
+                f"{width} counts (whole numbers, none negative)"
             )
     return None
 
@@ -352,13 +364,16 @@ def _found(source: Path):
     try:
         with tarfile.open(source) as tar:
             # (by normalised path: an archive made of "./runs/..." names them so)
-            members = {os.path.normpath(m.name): m for m in tar.getmembers() if m.isfile()}
+            members = {}
+            for member in tar.getmembers():
+                if member.isfile():
+                    members.setdefault(os.path.normpath(member.name), []).append(member)
             for name in sorted(n for n in members if Path(n).name == RECORD):
                 hyp = str(Path(name).parent / "eval" / "hyp.detok")
                 yield (
                     f"{source}:{name}",
-                    tar.extractfile(members[name]).read(),
-                    tar.extractfile(members[hyp]).read() if hyp in members else None,
+                    _member(tar, members[name], f"{source}:{name}"),
+                    _member(tar, members[hyp], f"{source}:{hyp}") if hyp in members else None,
                 )
     except (tarfile.TarError, EOFError, zlib.error) as err:
         raise StudyError(
@@ -366,6 +381,23 @@ def _found(source: Path):
         ) from None
     except OSError as err:  # (gzip's damaged-data errors among them)
         raise StudyError(f"--records {source}: cannot be read ({err})") from None
+
+
+def _member(tar, members, where: str) -> bytes:
+    """The contents of the archive's file ``members`` (one name, stored once or, appended,
+    several times): refused where the copies differ, or one is larger than a record can be."""
+    contents = set()
+    for member in members:
+        if member.size > LARGEST:
+            raise StudyError(
+                f"{where}: over {LARGEST >> 20} MiB, not a run's record or translations"
+            )
+        contents.add(tar.extractfile(member).read())
+    if len(contents) > 1:
+        raise StudyError(
+            f"{where}: the archive holds {len(members)} different files of that name; give only one"
+        )
+    return contents.pop()
 
 
 def import_records(sources: List[Path], runs, reference: Path) -> List[str]:
@@ -378,7 +410,9 @@ def import_records(sources: List[Path], runs, reference: Path) -> List[str]:
     reference_sha256 = file_sha256(reference)
     accepted, other = {}, []
     for source in sources:
+        found = 0
         for where, data, hyp in _found(Path(source)):
+            found += 1
             record = parse_record(data, where)
             run = planned.get(record["run"])
             if run is None:
@@ -395,7 +429,14 @@ def import_records(sources: List[Path], runs, reference: Path) -> List[str]:
                     f"two different records of {run.name}: {before[0]} and {where} (the run was "
                     "trained twice); give only one"
                 )
-            accepted[run.name] = (where, data, hyp, record)
+            if before is None or before[2] is None:  # (the copy with its translations)
+                accepted[run.name] = (where, data, hyp, record)
+        if not found:
+            archives = Path(source).is_dir() and any(Path(source).rglob("*.tar.gz"))
+            log(
+                f"--records {source}: no run record in it"
+                + (" (archives in a folder are not opened: name them)" if archives else "")
+            )
     for name, (where, data, hyp, record) in accepted.items():
         _check_destination(planned[name], where, data, record)  # (all, before any copy)
     copied = []
@@ -457,8 +498,11 @@ def packed_runs(archive: Path) -> List[str]:
     try:
         with tarfile.open(archive) as tar:
             names = [os.path.normpath(m.name) for m in tar.getmembers() if m.isfile()]
-    except (OSError, tarfile.TarError) as err:
-        raise StudyError(f"--pack {archive}: exists and is not a readable archive ({err})")
+    except (OSError, EOFError, zlib.error, tarfile.TarError) as err:
+        raise StudyError(
+            f"--pack {archive}: exists and is not a readable archive ({err}); give another name, "
+            "or --force to replace it"
+        ) from None
     return sorted(str(Path(n).parent) for n in names if Path(n).name == RECORD)
 
 
@@ -469,6 +513,11 @@ def check_pack(archive: Path, runs, out: Path, force: bool) -> None:
     archive = Path(archive)
     if archive.is_dir():
         raise StudyError(f"--pack {archive}: is a folder; --pack names the archive to write")
+    folder = archive.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent  # (the folders still to make are made in the nearest one)
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise StudyError(f"--pack {archive}: cannot be written ({folder} is not a writable folder)")
     if force or not archive.exists():
         return
     folders = {str(run.folder.relative_to(out)) for run in runs}
@@ -486,9 +535,9 @@ def pack_records(runs, archive: Path, out: Path, force: bool = False) -> int:
     records an existing archive holds (:func:`check_pack`). Returns its size."""
     archive = Path(archive)
     check_pack(archive, runs, out, force)
-    archive.parent.mkdir(parents=True, exist_ok=True)
     tmp = archive.with_name(f".{archive.name}.{os.getpid()}.tmp")
     try:
+        archive.parent.mkdir(parents=True, exist_ok=True)
         with tarfile.open(tmp, "w:gz") as tar:
             for run in runs:
                 for name in PACKED:
@@ -496,6 +545,8 @@ def pack_records(runs, archive: Path, out: Path, force: bool = False) -> int:
                     if path.exists():
                         tar.add(path, arcname=str(path.relative_to(out)))
         os.replace(tmp, archive)
+    except OSError as err:  # (a full disk)
+        raise StudyError(f"--pack {archive}: cannot be written ({err})", status=1) from None
     finally:
         tmp.unlink(missing_ok=True)
     return archive.stat().st_size
