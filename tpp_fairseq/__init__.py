@@ -67,6 +67,7 @@ def apply(root_level_before_fairseq=None) -> None:
     fixes.leave_process_groups()
     fixes.stop_prefetching_at_exit()
     fixes.block_ngrams_of_the_prefix()
+    fixes.diverse_beam_search_by_position()
     speed.states_of_either_layout()
     for name in chosen("TPP_FAIRSEQ_CHECKS", CHECKS, DEFAULT_CHECKS, "the checks"):
         CHECKS[name]()

@@ -3,9 +3,7 @@ one-line errors, switchable (:data:`tpp_fairseq.CHECKS`); each listed, with what
 answers, in docs/fairseq_notes.md.
 
 - **Safe loading of fairseq checkpoints** (torch >= 2.6 loads with ``weights_only=True``):
-  exactly the types fairseq checkpoints hold are allow-listed (an ``argparse.Namespace``,
-  numpy scalars and arrays, and the omegaconf configuration that a data-parallel resume
-  broadcasts from rank 0 to the others); everything else is still refused.
+  exactly the types fairseq checkpoints hold are allow-listed; all else is still refused.
 - **The last batch** (fairseq-fixed 0.12.3.1 drops the last batch whenever its size is
   not a multiple of ``--required-batch-size-multiple``: up to 7 test sentences never
   translated). Kept, as upstream fairseq keeps it.
@@ -19,6 +17,9 @@ answers, in docs/fairseq_notes.md.
 - **``--no-repeat-ngram-size`` without fairseq's CUDA extension** (fairseq issue #4709):
   the Python fallback compared the n-gram at the end of the whole token buffer, padding,
   so it blocked nothing. It is given the generated prefix.
+- **``--diverse-beam-groups`` on any batch but the first**: ``DiverseBeamSearch`` keeps
+  its groups' overlap per position in the batch but looks it up by the sentences'
+  dataset ids (an ``IndexError``, or another sentence's overlap). It is given positions.
 - **Debug logging switched on by ``import fairseq``** (a wav2vec module calls
   ``logging.basicConfig(level=DEBUG)``). The root level goes back to ``$LOGLEVEL``
   (default INFO), unless the program asked for DEBUG before.
@@ -312,6 +313,32 @@ def block_ngrams_of_the_prefix() -> None:
 
     forward._tpp_prefix = True
     NGramRepeatBlock.forward = forward
+
+
+def diverse_beam_search_by_position() -> None:
+    """fairseq's ``DiverseBeamSearch`` makes its groups' overlap a tensor of the first
+    step's batch and indexes it, at later steps, with ``sample["id"]`` (dataset ids, cut
+    to the sentences still searched). It is given each sentence's position in the first
+    step's batch instead (idempotent)."""
+    from fairseq.search import DiverseBeamSearch
+
+    if getattr(DiverseBeamSearch.step, "_tpp_positions", False):
+        return
+    original = DiverseBeamSearch.step
+
+    def step(self, step: int, lprobs, scores, prev_output_tokens=None, original_batch_idxs=None):
+        if original_batch_idxs is not None:
+            if step == 0:
+                self._tpp_first_ids = original_batch_idxs
+                positions = torch.arange(len(original_batch_idxs), device=lprobs.device)
+            else:  # (dataset ids are unique within a batch)
+                first = self._tpp_first_ids.to(original_batch_idxs.device)
+                positions = (original_batch_idxs[:, None] == first[None, :]).int().argmax(1)
+            original_batch_idxs = positions
+        return original(self, step, lprobs, scores, prev_output_tokens, original_batch_idxs)
+
+    step._tpp_positions = True
+    DiverseBeamSearch.step = step
 
 
 # --------------------------------------------------------------------------- logging

@@ -235,6 +235,22 @@ def test_generate_with_retain_dropout_keeps_the_conv_heads_drop_connect_on(train
     assert hypotheses(2, *retain) != first
 
 
+def test_diverse_beam_search_translates_every_batch_as_each_sentence_alone(trained):
+    """fairseq's diverse beam search looked its groups' overlap up by dataset id in a
+    tensor of one row per sentence of the batch: an IndexError from the second batch on."""
+
+    def hypotheses(batch_size):
+        """{sentence id: (score, tokens)}"""
+        options = ("--beam", "4", "--diverse-beam-groups", "2", "--batch-size", batch_size)
+        lines = hypothesis_lines(generate_test_split(trained, *options))
+        return {n: (float(score), words) for n, score, words in (x.split("\t") for x in lines)}
+
+    alone, batched = hypotheses("1"), hypotheses("20")
+    assert len(alone) == 20 and alone.keys() == batched.keys()
+    for n, (score, words) in alone.items():
+        assert batched[n][1] == words and batched[n][0] == pytest.approx(score, abs=1e-5), n
+
+
 def test_generate_prunes_layers_as_fairseq_does_with_layers_to_keep(trained):
     """fairseq-generate's pruning of layers (a LayerDrop-trained model's use):
     --model-overrides with *_layers_to_keep builds the kept layers with their own kernel
