@@ -68,6 +68,7 @@ def apply(root_level_before_fairseq=None) -> None:
     fixes.stop_prefetching_at_exit()
     fixes.block_ngrams_of_the_prefix()
     fixes.diverse_beam_search_by_position()
+    fixes.score_left_padded_references()
     speed.states_of_either_layout()
     for name in chosen("TPP_FAIRSEQ_CHECKS", CHECKS, DEFAULT_CHECKS, "the checks"):
         CHECKS[name]()

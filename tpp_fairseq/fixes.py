@@ -1,28 +1,24 @@
 """Corrections of the fairseq and torch the plugin runs on, always applied, and its
-one-line errors, switchable (:data:`tpp_fairseq.CHECKS`); each listed, with what it
-answers, in docs/fairseq_notes.md.
+one-line errors, switchable (:data:`tpp_fairseq.CHECKS`); each described, with the
+failure it answers, in docs/fairseq_notes.md.
 
 - **Safe loading of fairseq checkpoints** (torch >= 2.6 loads with ``weights_only=True``):
   exactly the types fairseq checkpoints hold are allow-listed; all else is still refused.
-- **The last batch** (fairseq-fixed 0.12.3.1 drops the last batch whenever its size is
-  not a multiple of ``--required-batch-size-multiple``: up to 7 test sentences never
-  translated). Kept, as upstream fairseq keeps it.
-- **--bf16 without XLA** (fairseq issue #4696: ``--bf16`` implies ``--tpu``). Untied where
-  torch_xla is not installed.
-- **Data-parallel ranks that end without leaving their process group** (fairseq never
-  destroys it): destroyed once ``distributed_main`` has finished.
-- **Prefetching threads at exit**: fairseq's batch prefetchers are daemon threads; one
-  inside torch's C++ code as Python finalizes aborts a command that succeeded (SIGABRT).
-  They are stopped at exit.
+- **The last batch**, which fairseq-fixed 0.12.3.1 drops when its size is not a multiple
+  of ``--required-batch-size-multiple``: kept, as upstream fairseq keeps it.
+- **--bf16 without XLA** (fairseq issue #4696: ``--bf16`` implies ``--tpu``): untied.
+- **Data-parallel ranks that end without leaving their process group**: it is destroyed
+  once ``distributed_main`` has finished.
+- **Prefetching threads at exit** (one inside torch's C++ code as Python finalizes aborts
+  a command that succeeded): stopped at exit.
 - **``--no-repeat-ngram-size`` without fairseq's CUDA extension** (fairseq issue #4709):
-  the Python fallback compared the n-gram at the end of the whole token buffer, padding,
-  so it blocked nothing. It is given the generated prefix.
-- **``--diverse-beam-groups`` on any batch but the first**: ``DiverseBeamSearch`` keeps
-  its groups' overlap per position in the batch but looks it up by the sentences'
-  dataset ids (an ``IndexError``, or another sentence's overlap). It is given positions.
-- **Debug logging switched on by ``import fairseq``** (a wav2vec module calls
-  ``logging.basicConfig(level=DEBUG)``). The root level goes back to ``$LOGLEVEL``
-  (default INFO), unless the program asked for DEBUG before.
+  the fallback is given the generated prefix, not the padded token buffer.
+- **``--diverse-beam-groups``**: the groups' overlap looked up by position in the batch,
+  not by dataset id (an ``IndexError`` from the second batch on).
+- **``--score-reference`` of left-padded targets** (``--left-pad-target``): each
+  reference read from its first token, not from the padding.
+- **Debug logging switched on by ``import fairseq``**: the root level goes back to
+  ``$LOGLEVEL`` (default INFO), unless the program asked for DEBUG before.
 - **One-line errors**: a :class:`~tpp_fairseq.errors.UserError`, or a write the disk
   refused (full, over quota, read-only), that reaches the top of a command is printed as
   ``<command>: error: <message>``, without a traceback; a checkpoint fairseq left
@@ -339,6 +335,29 @@ def diverse_beam_search_by_position() -> None:
 
     step._tpp_positions = True
     DiverseBeamSearch.step = step
+
+
+def score_left_padded_references() -> None:
+    """fairseq's ``SequenceScorer`` (``--score-reference``) reads each reference from
+    position 0 of the target, or from ``sample["start_indices"]``: with
+    ``--left-pad-target`` it scored the padding. A sample without start indices is
+    given the position of each target's first token (0 where right-padded; idempotent)."""
+    from fairseq.sequence_scorer import SequenceScorer
+
+    if getattr(SequenceScorer.generate, "_tpp_starts", False):
+        return
+    original = SequenceScorer.generate
+
+    def generate(self, models, sample, **kwargs):
+        target = sample.get("target")
+        if target is not None and "start_indices" not in sample:
+            starts = (target != self.pad).int().argmax(1)  # (the first token, not padding)
+            if starts.any():
+                sample = {**sample, "start_indices": starts.tolist()}
+        return original(self, models, sample, **kwargs)
+
+    generate._tpp_starts = True
+    SequenceScorer.generate = generate
 
 
 # --------------------------------------------------------------------------- logging

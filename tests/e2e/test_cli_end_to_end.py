@@ -251,6 +251,17 @@ def test_diverse_beam_search_translates_every_batch_as_each_sentence_alone(train
         assert batched[n][1] == words and batched[n][0] == pytest.approx(score, abs=1e-5), n
 
 
+def test_scoring_references_padded_on_the_left_scores_them_as_padded_on_the_right(trained):
+    """(fairseq's scorer read left-padded references from the padding)"""
+
+    def scores(*options):
+        lines = hypothesis_lines(generate_test_split(trained, "--score-reference", *options))
+        return {n: float(score) for n, score, _ in (line.split("\t") for line in lines)}
+
+    right = scores()
+    assert len(right) == 20 and scores("--left-pad-target") == pytest.approx(right, abs=1e-4)
+
+
 def test_generate_prunes_layers_as_fairseq_does_with_layers_to_keep(trained):
     """fairseq-generate's pruning of layers (a LayerDrop-trained model's use):
     --model-overrides with *_layers_to_keep builds the kept layers with their own kernel
