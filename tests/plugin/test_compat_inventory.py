@@ -18,6 +18,7 @@ import atexit, json, logging, sys
 import torch, torch.serialization
 import fairseq, fairseq.checkpoint_utils, fairseq.trainer, fairseq.tasks
 import fairseq.data.data_utils, fairseq.dataclass.utils, fairseq.optim.fp16_optimizer
+import fairseq.sequence_scorer  # (imported by a generator built for --score-reference)
 import fairseq_cli.train, fairseq_cli.generate, fairseq_cli.interactive, fairseq_cli.validate
 
 
