@@ -200,6 +200,27 @@ def test_an_archive_holding_one_record_twice_differently_is_refused(tmp_path):
     assert import_records([archive], [study_run], reference) == [study_run.name]
 
 
+def test_a_record_larger_than_a_record_can_be_is_refused_unread(tmp_path, monkeypatch):
+    """(a 1 KB archive unpacked to a 400 MB record was read whole into memory)"""
+    from tpp_tools.study import records
+
+    translations = b"A sentence translated at length" * 10 + b".\n"
+    study_run, reference = a_record_of_this_study(tmp_path, translations * 2000)
+    source = tmp_path / "elsewhere" / study_run.folder.name
+    archive = tmp_path / "records.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(source, arcname=f"runs/{source.name}")
+    data = (source / RECORD).read_bytes()
+    size = len(gzip.decompress(data))
+    monkeypatch.setattr(records, "LARGEST", size - 1)
+    with pytest.raises(StudyError, match="^here: not a run record \\(over 0 MiB unpacked"):
+        parse_record(data, "here")
+    monkeypatch.setattr(records, "LARGEST", size)  # (the translations: 600 KiB)
+    with pytest.raises(StudyError, match="hyp.detok: over 0 MiB, not a run's record"):
+        import_records([archive], [study_run], reference)
+    assert not study_run.folder.exists()
+
+
 def test_a_record_given_twice_keeps_its_translations_in_either_order(tmp_path):
     translations = b"Sentence.\n" * 2000
     study_run, reference = a_record_of_this_study(tmp_path, translations)
