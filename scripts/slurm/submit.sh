@@ -166,7 +166,7 @@ for stage in prepare tag binarize train evaluate; do
 done
 LOG_DIR=${LOG_DIR:-logs/slurm}
 if [[ -n ${MASTER_PORT:-} ]]; then  # (fairseq would refuse it in the training job)
-  [[ $MASTER_PORT =~ ^[1-9][0-9]{0,4}$ ]] && (( MASTER_PORT <= 65535 )) \
+  [[ $MASTER_PORT =~ ^[0-9]{1,5}$ ]] && (( 10#$MASTER_PORT >= 1 && 10#$MASTER_PORT <= 65535 )) \
     || die "MASTER_PORT must be a TCP port (1-65535), not '$MASTER_PORT'"
 fi
 

@@ -337,7 +337,7 @@ def test_bad_resources_are_refused_before_submitting(options, message, tmp_path)
     assert not result.stdout
 
 
-@pytest.mark.parametrize("port", ["abc", "0", "65536", "29500x"])
+@pytest.mark.parametrize("port", ["abc", "0", "65536", "29500x", "000000"])
 def test_a_master_port_fairseq_would_refuse_is_refused_before_submitting(port, tmp_path):
     command = ["bash", str(SLURM / "submit.sh"), "--dry-run", "--log-dir", str(tmp_path)]
     result = subprocess.run(
@@ -348,7 +348,7 @@ def test_a_master_port_fairseq_would_refuse_is_refused_before_submitting(port, t
     ), result.stderr
     assert not result.stdout
     result = subprocess.run(
-        command, env=dict(tool_env(), MASTER_PORT="65535"), capture_output=True, text=True
+        command, env=dict(tool_env(), MASTER_PORT="08080"), capture_output=True, text=True
     )
     assert result.returncode == 0 and len(result.stdout.splitlines()) == 5, result.stderr
 

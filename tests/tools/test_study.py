@@ -379,6 +379,10 @@ def test_long_steps_log_their_progress_and_keep_their_time_limit(tmp_path, capsy
         (["--gen-max-tokens", "-1"], "--gen-max-tokens must be at least 1, not -1"),
         (["-s", "en", "-t", "en"], "-s and -t are both 'en'"),
         (["--only", "transfomer-s1"], "--only: transfomer-s1 not among this study's runs"),
+        (
+            ["--pack", "/dev/null/r.tar.gz"],
+            "--pack /dev/null/r.tar.gz: cannot be written (/dev/null",
+        ),
     ],
 )
 def test_bad_input_is_an_error_naming_it(tmp_path, extra, message):

@@ -5,6 +5,7 @@ study folder holds. The records are the GPU study's own, as committed in records
 import gzip
 import hashlib
 import json
+import shutil
 import tarfile
 from types import SimpleNamespace
 
@@ -190,7 +191,7 @@ def test_an_archive_holding_one_record_twice_differently_is_refused(tmp_path):
         tar.add(source / RECORD, arcname=f"runs/{source.name}/{RECORD}")
         (tmp_path / "other").write_bytes(other)
         tar.add(tmp_path / "other", arcname=f"./runs/{source.name}/{RECORD}")
-    with pytest.raises(StudyError, match="the archive holds 2 different files of that name"):
+    with pytest.raises(StudyError, match="the archive holds different files of that name"):
         import_records([archive], [study_run], reference)
     assert not study_run.folder.exists()
     # the same file twice (as appending one again makes it) is one record
@@ -227,8 +228,13 @@ def test_a_record_given_twice_keeps_its_translations_in_either_order(tmp_path):
     numbers = tmp_path / "numbers" / study_run.folder.name
     numbers.mkdir(parents=True)
     (numbers / RECORD).write_bytes((tmp_path / "elsewhere" / numbers.name / RECORD).read_bytes())
-    import_records([tmp_path / "elsewhere", tmp_path / "numbers"], [study_run], reference)
-    assert (study_run.folder / "eval" / "hyp.detok").read_bytes() == translations
+    for order in (
+        [tmp_path / "elsewhere", numbers.parent],
+        [numbers.parent, tmp_path / "elsewhere"],
+    ):
+        shutil.rmtree(tmp_path / "study", ignore_errors=True)
+        import_records(order, [study_run], reference)
+        assert (study_run.folder / "eval" / "hyp.detok").read_bytes() == translations
 
 
 def test_pack_where_nothing_can_be_written_is_refused_before_packing(tmp_path):

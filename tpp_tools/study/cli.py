@@ -45,6 +45,7 @@ from .config import CONFIGS, PROG, VARIANTS, Config, StudyError, check_config, c
 from .data import prepare_data
 from .records import (
     RECORD,
+    check_pack_path,
     import_records,
     read_record,
     validation_curve,
@@ -422,6 +423,8 @@ def _main(argv) -> int:
         ensure_writable_dir(args.out, "study folder (--out)")
     except DataError as err:
         raise StudyError(f"{args.out}: {err}") from None
+    if args.pack:  # (before any data is carved)
+        check_pack_path(args.pack)
     command = f"{PROG} " + " ".join(shlex.quote(a) for a in argv)
     from . import slurm
 
@@ -549,7 +552,13 @@ def study(args, cfg: Config, command: str) -> int:
                 log(f"{run.name}: FAILED: {err}")
     finally:  # told to stop: the runs not started are not started
         pool.shutdown(wait=True, cancel_futures=True)
-    report, done = report_finished(args, cfg, paths, runs, command, started)
+    try:
+        report, done = report_finished(args, cfg, paths, runs, command, started)
+    except StudyError as err:  # (the pack failed: said before the runs that failed)
+        if not failures:
+            raise
+        log(f"error: {err}")
+        report = getattr(err, "report", None)
     if failures:
         raise StudyError(
             f"{len(failures)} run(s) failed; re-run the same command to resume:\n"

@@ -52,7 +52,9 @@ def report_finished(args, cfg: Config, paths, runs, command: str, started: float
         elapsed = time.time() - started
         report = write_report(args, cfg, paths, done, records, command, elapsed, missing)
     if unpacked is not None:
-        log(f"report: {report}" if report else "no report: the baseline has no finished run")
+        if report is not None:
+            unpacked = StudyError(f"{unpacked} (the report is written: {report})", unpacked.status)
+            unpacked.report = report
         raise unpacked
     return report, done
 

@@ -357,6 +357,11 @@ def _found(source: Path):
     if source.is_dir():
         for path in sorted(p for p in source.rglob(RECORD) if p.is_file()):
             hyp = path.parent / "eval" / "hyp.detok"
+            for name in (path, hyp):
+                if name.is_file() and name.stat().st_size > LARGEST:
+                    raise StudyError(
+                        f"{name}: over {LARGEST >> 20} MiB, not a run's record or translations"
+                    )
             yield path, path.read_bytes(), hyp.read_bytes() if hyp.is_file() else None
         return
     if not source.is_file():
@@ -394,9 +399,7 @@ def _member(tar, members, where: str) -> bytes:
             )
         contents.add(tar.extractfile(member).read())
     if len(contents) > 1:
-        raise StudyError(
-            f"{where}: the archive holds {len(members)} different files of that name; give only one"
-        )
+        raise StudyError(f"{where}: the archive holds different files of that name; give only one")
     return contents.pop()
 
 
@@ -506,10 +509,8 @@ def packed_runs(archive: Path) -> List[str]:
     return sorted(str(Path(n).parent) for n in names if Path(n).name == RECORD)
 
 
-def check_pack(archive: Path, runs, out: Path, force: bool) -> None:
-    """Refuse to replace ``archive`` (unless ``force``) where it holds the records of runs
-    other than ``runs`` (of the study folder ``out``): they would be lost. The same study
-    packing again (a resumed or re-reported study) replaces it."""
+def check_pack_path(archive: Path) -> None:
+    """Refuse an ``archive`` that cannot be written: a folder, or in none that can be."""
     archive = Path(archive)
     if archive.is_dir():
         raise StudyError(f"--pack {archive}: is a folder; --pack names the archive to write")
@@ -518,6 +519,14 @@ def check_pack(archive: Path, runs, out: Path, force: bool) -> None:
         folder = folder.parent  # (the folders still to make are made in the nearest one)
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
         raise StudyError(f"--pack {archive}: cannot be written ({folder} is not a writable folder)")
+
+
+def check_pack(archive: Path, runs, out: Path, force: bool) -> None:
+    """Refuse an ``archive`` that cannot be written, or (unless ``force``) one that holds
+    the records of runs other than ``runs`` (of the study folder ``out``): they would be
+    lost. The same study packing again (a resumed or re-reported study) replaces it."""
+    archive = Path(archive)
+    check_pack_path(archive)
     if force or not archive.exists():
         return
     folders = {str(run.folder.relative_to(out)) for run in runs}

@@ -32,7 +32,7 @@ from .commands import CHILDREN, log
 from .config import PROG, Config, StudyError
 from .data import prepare_data
 from .records import finished
-from .plan import plan_or_report, select_runs
+from .plan import check_pack_now, plan_or_report, select_runs
 from .runs import Run, execute, plan_runs
 
 #: how often one run's job may be put back in the queue at its time limit (preemptions
@@ -440,8 +440,8 @@ class ReportJob:
         args.dry_run, args.report_only = False, True
         try:
             status = plan_or_report(args, self.cfg, self.command)
-        except StudyError as err:
-            log(f"no report: {err}")
+        except StudyError as err:  # (a pack that failed after the report was written)
+            log(f"{'' if getattr(err, 'report', None) else 'no report: '}{err}")
             status = err.status
         paths = prepare_data(args, self.cfg, plan_only=True)
         runs = plan_runs(args, self.cfg, paths["data"])
@@ -494,6 +494,7 @@ def submit(args, cfg: Config, command: str) -> int:
         raise StudyError(problem)
     paths = prepare_data(args, cfg)
     runs = plan_runs(args, cfg, paths["data"])
+    check_pack_now(args, runs, runs, paths["reference"])  # (every run is submitted)
     (args.out / "slurm").mkdir(parents=True, exist_ok=True)
     record = load_jobs(args.out)
     queued = queue_states([job["job"] for job in record["runs"].values()])
