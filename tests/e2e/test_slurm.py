@@ -754,6 +754,20 @@ def test_submitting_a_study_again_replaces_its_queued_report_job(cluster, tagged
         subprocess.run(["scancel", *jobs, *runs], env=cluster, capture_output=True)
 
 
+def test_a_slurm_study_submits_the_runs_only_names(cluster, tagged_data, tmp_path):
+    """(every planned run was submitted, whatever --only said)"""
+    out = tmp_path / "study"
+    tiny = [*STUDY[: STUDY.index("--max-update")], "--max-update", "2", "--variants", "transformer"]
+    later = ("--launcher", "slurm", "--sbatch-option", "begin=now+600")  # (kept pending)
+    command = study_command(tagged_data, out, *later, "--only", "transformer-s2", study=tiny)
+    done = subprocess.run(command, env=cluster, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    record = json.loads((out / "slurm" / "jobs.json").read_text())
+    runs = {entry["run"]: entry["job"] for entry in record["runs"].values()}
+    subprocess.run(["scancel", *runs.values(), record["report"]["job"]], env=cluster)
+    assert list(runs) == ["transformer-s2"] and record["report"]["after"] == list(runs.values())
+
+
 def test_a_dry_run_checks_the_partition_on_the_cluster(cluster, tagged_data, tmp_path):
     """The dry run shows the job before anything is submitted, and a partition the
     cluster does not have is refused there already, naming the ones it has."""

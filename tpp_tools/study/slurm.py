@@ -11,7 +11,8 @@ started again resumes from ``checkpoint_last.pt``. The report job waits for ever
 job to end (``afterany``) and writes the report of what finished; runs that did not
 finish make it fail, naming their jobs, logs and the command that resumes them.
 Submitting the same command again submits only runs that are neither finished nor
-queued, and a new report job.
+queued, and a new report job. As in a local study, ``--only`` names the runs submitted
+(and reported missing), and a run whose record ``--records`` brings is not trained.
 """
 
 import json
@@ -31,7 +32,7 @@ from typing import Dict, List, Optional
 from .commands import CHILDREN, log
 from .config import PROG, Config, StudyError
 from .data import prepare_data
-from .records import finished
+from .records import finished, import_records
 from .plan import check_pack_now, plan_or_report, select_runs
 from .runs import Run, execute, plan_runs
 
@@ -444,7 +445,7 @@ class ReportJob:
             log(f"{'' if getattr(err, 'report', None) else 'no report: '}{err}")
             status = err.status
         paths = prepare_data(args, self.cfg, plan_only=True)
-        runs = plan_runs(args, self.cfg, paths["data"])
+        runs = select_runs(args, plan_runs(args, self.cfg, paths["data"]))  # (--only's)
         missing = [
             run for run in runs if not (paths.get("prepared") and finished(run, paths["reference"]))
         ]
@@ -494,7 +495,10 @@ def submit(args, cfg: Config, command: str) -> int:
         raise StudyError(problem)
     paths = prepare_data(args, cfg)
     runs = plan_runs(args, cfg, paths["data"])
-    check_pack_now(args, runs, runs, paths["reference"])  # (every run is submitted)
+    if args.records:  # (a run recorded elsewhere is not trained again)
+        import_records(args.records, runs, paths["reference"])
+    todo = select_runs(args, runs)
+    check_pack_now(args, runs, todo, paths["reference"])
     (args.out / "slurm").mkdir(parents=True, exist_ok=True)
     record = load_jobs(args.out)
     queued = queue_states([job["job"] for job in record["runs"].values()])
@@ -503,7 +507,7 @@ def submit(args, cfg: Config, command: str) -> int:
     params = resources(args, cfg)
     run_executor = executor(args, params)
     waiting_on = []
-    for run in runs:
+    for run in todo:
         if finished(run, paths["reference"]):
             log(f"{run.name}: finished ({run.folder})")
             continue
