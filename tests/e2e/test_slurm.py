@@ -663,6 +663,25 @@ def test_study_runs_as_slurm_jobs_one_requeued_and_reports_as_a_local_study(
     assert report_tables(slurm_out / "report.md") == tables
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
 
+    # a third study given the local one's records: no run is trained, the report is the same
+    archive, imported = tmp_path / "records.tar.gz", tmp_path / "imported"
+    packed = subprocess.run(
+        study_command(tagged_data, local_out, "--report-only", "--pack", str(archive)),
+        env=tool_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert packed.returncode == 0, packed.stdout + packed.stderr
+    command = study_command(tagged_data, imported, "--launcher", "slurm", "--records", str(archive))
+    submitted = subprocess.run(command, env=cluster, capture_output=True, text=True, timeout=300)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    assert submitted.stdout.count(": finished (") == 4, submitted.stdout
+    record = json.loads((imported / "slurm" / "jobs.json").read_text())
+    assert record["runs"] == {} and record["report"]["after"] == []
+    wait_for_queue_to_drain(cluster, [record["report"]["job"]], 120)
+    assert report_tables(imported / "report.md") == tables
+
 
 def test_study_jobs_that_fail_are_named_with_their_logs_and_how_to_resume(
     cluster, tagged_data, tmp_path
