@@ -17,6 +17,7 @@ computes, without the run's other settings and :data:`IGNORED_MODEL_KEYS`.
 
 import argparse
 import hashlib
+import logging
 import os
 import warnings
 from collections.abc import Mapping
@@ -24,6 +25,8 @@ from collections.abc import Mapping
 from omegaconf import OmegaConf
 
 from .errors import UserError
+
+logger = logging.getLogger(__name__)
 
 #: the key of the record (a plain dict, loadable with ``weights_only``) in the task state
 RECORD_KEY = "tpp_dictionaries"
@@ -231,26 +234,37 @@ def describe_dictionaries(differences, first_name, second_name):
         what = f"{roles[0]} dictionary ({files}) differs from the one"
     else:
         what = f"{', '.join(roles[:-1])} and {roles[-1]} dictionaries ({files}) differ from those"
-    _, first, second = differences[0]
+    role, first, second = differences[0]
     if first.get("size") == second.get("size"):
+        rows = (
+            ("labels", "row of the tag head", "label")
+            if role.startswith("tag:")
+            else ("words", "embedding row", "word")
+        )
         how = (
-            f"the same size ({first.get('size')} types) but other words or another order, so "
-            "every embedding row would stand for another word"
+            f"the same size ({first.get('size')} types) but other {rows[0]} or another order, "
+            f"so every {rows[1]} would stand for another {rows[2]}"
         )
     else:
         how = f"{first.get('size')} types in {first_name}, {second.get('size')} in {second_name}"
     return what, how
 
 
-def check_dictionaries(state, current, checkpoint, hint=""):
+def check_dictionaries(state, current, checkpoint, hint="", new_tag_heads=False):
     """Raise :class:`CheckpointMismatch` when the checkpoint (loaded ``state`` of the file
     ``checkpoint``) was trained with other dictionaries than ``current`` (a record).
+    ``new_tag_heads`` (a new training from the checkpoint's weights): a tag head whose
+    dictionary differs is dropped from ``state["model"]`` instead, to start as initialised.
     Returns False when the checkpoint has no record and could only be compared by its
     embedding sizes, True otherwise."""
     record = recorded(state)
     hint = f". {hint}" if hint else ""
     if record is not None:
         differences = dictionary_differences(record, current)
+        if new_tag_heads:
+            for role, _, _ in [d for d in differences if d[0].startswith("tag:")]:
+                drop_tag_head(state, role.split(":", 1)[1])
+            differences = [d for d in differences if not d[0].startswith("tag:")]
         if differences:
             what, how = describe_dictionaries(differences, "the checkpoint's", "the data folder's")
             raise CheckpointMismatch(
@@ -267,6 +281,18 @@ def check_dictionaries(state, current, checkpoint, hint=""):
                 f"the checkpoint's embeddings, {entry.get('size')} in the data folder's{hint}"
             )
     return False
+
+
+def drop_tag_head(state, kind) -> None:
+    """Remove the weights of the ``kind`` tag head from the checkpoint's ``state``."""
+    prefix = f"encoder.tag_heads.heads.{kind}."
+    model = state.get("model") or {}
+    for key in [k for k in model if k.startswith(prefix)]:
+        del model[key]
+    logger.warning(
+        f"the {kind} tag dictionary differs from the one the checkpoint was trained with: "
+        f"its {kind} tag head is left out and starts as initialised"
+    )
 
 
 # --------------------------------------------------------------------------- model options

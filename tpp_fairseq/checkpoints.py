@@ -39,8 +39,9 @@ class _Expectation:
     run's configuration; ``task`` None: the task that fairseq sets up from the first
     checkpoint, whose loaded states wait in ``pending`` until it is known."""
 
-    def __init__(self, task=None, cfg=None, hint=""):
+    def __init__(self, task=None, cfg=None, hint="", new_training=False):
         self.task, self.cfg, self.hint = task, cfg, hint
+        self.new_training = new_training  # (its tag heads may start afresh)
         self.pending = []
 
     def loaded(self, state, path):
@@ -61,7 +62,9 @@ class _Expectation:
     def check(self, state, path):
         current = checkpoint_match.record_of_task(self.task)
         if current is not None:
-            checkpoint_match.check_dictionaries(state, current, path, self.hint)
+            checkpoint_match.check_dictionaries(
+                state, current, path, self.hint, new_tag_heads=self.new_training
+            )
         if self.cfg is not None:
             checkpoint_match.check_resumed_options(state, self.cfg, path)
 
@@ -86,7 +89,9 @@ def trainer_load_checkpoint(
     reset_meters=False,
 ):
     """``Trainer.load_checkpoint``; a checkpoint with a record is checked against the
-    run's dictionaries and (unless ``--reset-optimizer``) model options when it is read."""
+    run's dictionaries and (unless ``--reset-optimizer``) model options when it is read.
+    A new training from its weights (``--finetune-from-model``, ``--reset-optimizer``)
+    may have other tag dictionaries: their heads start as initialised."""
     cfg = None
     if not reset_optimizer:  # the configuration as state_dict() saves it
         cfg = (
@@ -94,11 +99,16 @@ def trainer_load_checkpoint(
             if OmegaConf.is_config(self.cfg)
             else self.cfg
         )
-    hint = (
-        "Resume with the data folder the run was trained on, or train on this one in another "
-        "--save-dir"
-    )
-    token = _expectation.set(_Expectation(self.task, cfg, hint))
+        hint = (
+            "Resume with the data folder the run was trained on, or train on this one in "
+            "another --save-dir"
+        )
+    else:
+        hint = (
+            "Train from these weights on data binarized with the checkpoint's dictionaries "
+            "(fairseq-preprocess --srcdict, --tgtdict)"
+        )
+    token = _expectation.set(_Expectation(self.task, cfg, hint, new_training=reset_optimizer))
     try:
         return _original_trainer_load_checkpoint(
             self, filename, reset_optimizer, reset_lr_scheduler, optimizer_overrides, reset_meters

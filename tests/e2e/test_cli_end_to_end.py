@@ -405,6 +405,57 @@ def test_resume_continues_from_the_saved_update(trained, tmp_path):
     assert state["optimizer_history"][-1]["num_updates"] == 350
 
 
+def test_fine_tuning_starts_afresh_only_the_tag_heads_it_has_no_weights_for(trained, tmp_path):
+    """--finetune-from-model onto data whose POS labels are another dictionary, and from a
+    checkpoint trained without tags: those tag heads start as initialised and the rest
+    is loaded (both were refused: the labels' dictionary, or fairseq's "architectures
+    match"); resuming onto the other labels is still refused."""
+    relabelled = shutil.copytree(trained["data"], tmp_path / "relabelled")
+    labels = relabelled / "dict.pos.txt"
+    labels.write_text("".join(reversed(labels.read_text().splitlines(True))))
+    checkpoint = trained["save"] / "checkpoint_last.pt"
+
+    def fine_tune(data, source, name, *extra):
+        save = tmp_path / name
+        done = run(
+            ["fairseq-train", data, *TRAIN_FLAGS, "--save-dir", save, "--max-update", "1"]
+            + ["--lr", "1e-12", "--finetune-from-model", source, *extra],  # (weights kept)
+        )
+        weights = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=True)
+        return done.stdout + done.stderr, weights["model"]
+
+    def close(a, b):
+        return a.shape == b.shape and torch.allclose(a, b, atol=1e-6)
+
+    trained_weights = torch.load(checkpoint, map_location="cpu", weights_only=True)["model"]
+    log, weights = fine_tune(relabelled, checkpoint, "on_relabelled")
+    assert "its pos tag head is left out and starts as initialised" in log, log[-3000:]
+    assert "ner tag head" not in log
+    head = "encoder.tag_heads.heads.{}.weight"
+    assert not close(weights[head.format("pos")], trained_weights[head.format("pos")])
+    assert close(weights[head.format("ner")], trained_weights[head.format("ner")])
+    embeddings = "encoder.embed_tokens.weight"
+    assert close(weights[embeddings], trained_weights[embeddings])
+
+    fine_tune(trained["data"], checkpoint, "untagged", "--tags", "")
+    untagged = tmp_path / "untagged" / "checkpoint_last.pt"
+    log, weights = fine_tune(trained["data"], untagged, "tagged_again")
+    for kind in ("pos", "ner"):
+        assert f"the checkpoint has no {kind} tag head: it starts as initialised" in log
+        assert not close(weights[head.format(kind)], trained_weights[head.format(kind)])
+    assert close(weights[embeddings], trained_weights[embeddings])
+
+    resumed = run(  # (the run fine-tuned on the other labels, resumed on the first ones)
+        ["fairseq-train", trained["data"], *TRAIN_FLAGS, "--save-dir", tmp_path / "on_relabelled"]
+        + ["--max-update", "2"],
+        check=False,
+    )
+    last = resumed.stderr.strip().splitlines()[-1]
+    assert resumed.returncode != 0 and "Traceback" not in resumed.stderr, resumed.stderr[-3000:]
+    assert "pos tag dictionary (dict.pos.txt) differs" in last and "Resume with" in last, last
+    assert "every row of the tag head would stand for another label" in last, last
+
+
 def torchrun(port: int, *command):
     """Two CPU ranks of a fairseq command, through the project's rank wrapper."""
     return [

@@ -254,6 +254,23 @@ def test_a_checkpoint_loads_into_a_model_with_fewer_tag_heads(kept):
     assert torch.equal(fewer.encoder.embed_tokens.weight, full.encoder.embed_tokens.weight)
 
 
+@pytest.mark.parametrize("trained_with", ["pos:1", "ner:2", ""])
+def test_a_checkpoint_loads_into_a_model_with_more_tag_heads(trained_with):
+    """``--finetune-from-model`` into a run with tags: a head the checkpoint has not keeps
+    the weights it was built with (it was a missing key, and fairseq refused to load)."""
+    torch.manual_seed(0)
+    d = make_dictionary()
+    tags = {"pos": make_dictionary(6), "ner": make_dictionary(5)}
+    fewer = build_model(dictionary=d, tag_dictionaries=tags, encoder_tag_layers=trained_with)
+    full = build_model(dictionary=d, tag_dictionaries=tags)
+    built = {name: head.weight.clone() for name, head in full.encoder.tag_heads.heads.items()}
+    full.load_state_dict(fewer.state_dict(), strict=True)
+    for name, head in full.encoder.tag_heads.heads.items():
+        source = fewer.encoder.tag_heads.heads[name] if name in trained_with else None
+        assert torch.equal(head.weight, built[name] if source is None else source.weight)
+    assert torch.equal(full.encoder.embed_tokens.weight, fewer.encoder.embed_tokens.weight)
+
+
 def test_from_pretrained_names_no_model_of_fairseqs_transformer(tmp_path, monkeypatch):
     from tpp_plugin.models.transformer_pp.model import TransformerPPModel
 

@@ -297,10 +297,15 @@ class TransformerPPModel(TransformerModel):
         for key in [k for k in state_dict if k.startswith(name) and k.endswith(legacy)]:
             fuse_legacy_projections(state_dict, key[: -len(legacy)] + ".self_attn.")
         super().upgrade_state_dict_named(state_dict, name)
-        # A checkpoint trained with tag heads loads into a model built without some or
-        # all of them (--encoder-tag-layers): the heads are training-only, drop the
-        # weights of those it has not.
+        # The tag heads are training-only: a checkpoint with heads the model is built
+        # without (--encoder-tag-layers) loads without them, and one without heads the
+        # model has (--finetune-from-model into a run with tags) leaves them as built.
         heads = f"{name}.encoder.tag_heads.heads." if name else "encoder.tag_heads.heads."
         for key in [k for k in state_dict if k.startswith(heads)]:
             if key[len(heads) :].split(".")[0] not in self.encoder.tag_heads.heads:
                 del state_dict[key]
+        for kind, head in self.encoder.tag_heads.heads.items():
+            built = {heads + f"{kind}.{k}": v for k, v in head.state_dict().items()}
+            if not any(key in state_dict for key in built):
+                logger.info(f"the checkpoint has no {kind} tag head: it starts as initialised")
+                state_dict.update({key: value.clone() for key, value in built.items()})
