@@ -18,6 +18,9 @@
 # hold), all ignored by git, and prints what the archive and the wheels weigh together
 # with the checkout. wheelhouse/tpp-commit.txt names the checkout's commit ("+": with
 # changes not committed), which the GPU scripts record. Intermediate files go to work/gpu/.
+# It says whether the data folder is the one the study's records (records/gpu) were
+# trained on: on another, a study call trains runs that never join them. Python: PYTHON,
+# else the project's .venv, else python on PATH.
 set -euo pipefail
 
 FORCE=()
@@ -39,6 +42,7 @@ fi
 CORPUS=$(realpath -m "$1")
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
+[[ -n ${PYTHON:-} || ! -x .venv/bin/python ]] || PY=.venv/bin/python
 BIN=$(dirname "$(command -v "$PY")")
 
 if [[ ! -e data-bin/gpu_ende/dict.en.txt || ${#FORCE[@]} -gt 0 ]]; then
@@ -75,6 +79,23 @@ commit=$(git rev-parse HEAD)
 echo "$commit" >work/gpu/wheels/tpp-commit.txt
 rm -rf wheelhouse.tmp && cp -r work/gpu/wheels wheelhouse.tmp && rm -rf wheelhouse && mv wheelhouse.tmp wheelhouse
 
+"$PY" - <<'EOF'
+import gzip, json, sys
+from pathlib import Path
+from tpp_tools.study.data import fingerprint
+here = fingerprint(Path("data-bin/gpu_ende"))
+records = sorted(Path("records/gpu").glob("*/record.json.gz"))
+theirs = {json.loads(gzip.open(path).read())["spec"]["data"] for path in records}
+if theirs and theirs != {here}:
+    print(
+        f"gpu_prepare.sh: warning: data-bin/gpu_ende (fingerprint {here}) is not the data "
+        f"the records in records/gpu were trained on ({', '.join(sorted(theirs))}): "
+        "runs a study call trains on it will not join them",
+        file=sys.stderr,
+    )
+elif theirs:
+    print(f"gpu_prepare.sh: data-bin/gpu_ende is the data of the records in records/gpu ({here})")
+EOF
 total=$(( $(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1) + $(du -sb data-bin/gpu_ende.tar.xz wheelhouse | awk '{ s += $1 } END { print s }') ))
 echo "gpu_prepare.sh: data-bin/gpu_ende.tar.xz and wheelhouse/ ready;" \
     "with the checkout $((total / 1048576)) MiB to copy to the node"

@@ -16,7 +16,8 @@
 #              go at once (--parallel)
 # Other options go to tpp-study (e.g. --records records/gpu, to skip runs already
 # recorded); its configuration is --config gpu on data-bin/gpu_ende with the conv heads'
-# output scaled, seeds 1 and 2. The records name the code's commit: TPP_COMMIT, else the
+# output scaled, seeds 1 and 2, on the GPU (--device cuda: where torch sees no GPU, the
+# study stops at once). The records name the code's commit: TPP_COMMIT, else the
 # one gpu_prepare.sh wrote into wheelhouse/tpp-commit.txt (the node's copy has no history).
 set -uo pipefail
 
@@ -57,7 +58,7 @@ stamp "installed"
     >>"$RESULTS/device.txt" 2>&1
 
 runs=$(( $(tr -cd , <<<"$ONLY" | wc -c) + 1 ))
-study=(/tmp/tpp/bin/tpp-study --config gpu --data data-bin/gpu_ende --seeds 1,2 --out runs/study_gpu
+study=(/tmp/tpp/bin/tpp-study --config gpu --data data-bin/gpu_ende --seeds 1,2 --device cuda --out runs/study_gpu
     --test-reference data-bin/gpu_ende/raw/test.de --test-source data-bin/gpu_ende/raw/test.en
     --conv-head-scaling inv-sqrt-head-dim --parallel "$runs" --only "$ONLY" --step-timeout 150)
 # what stopping the study, the pack and the logs take at the end
