@@ -455,6 +455,21 @@ def test_fine_tuning_starts_afresh_only_the_tag_heads_it_has_no_weights_for(trai
     assert "pos tag dictionary (dict.pos.txt) differs" in last and "Resume with" in last, last
     assert "every row of the tag head would stand for another label" in last, last
 
+    # other words: refused, saying how to fine-tune (not how to resume)
+    reordered = shutil.copytree(trained["data"], tmp_path / "reordered")
+    for side in ("src", "tgt"):
+        words = reordered / f"dict.{side}.txt"
+        words.write_text("".join(reversed(words.read_text().splitlines(True))))
+    refused = run(
+        ["fairseq-train", reordered, *TRAIN_FLAGS, "--save-dir", tmp_path / "on_reordered"]
+        + ["--max-update", "1", "--finetune-from-model", checkpoint],
+        check=False,
+    )
+    last = refused.stderr.strip().splitlines()[-1]
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert "source and target dictionaries (dict.src.txt, dict.tgt.txt) differ" in last, last
+    assert "Train from these weights on data binarized with the checkpoint's" in last, last
+
 
 def torchrun(port: int, *command):
     """Two CPU ranks of a fairseq command, through the project's rank wrapper."""
