@@ -69,6 +69,7 @@ def apply(root_level_before_fairseq=None) -> None:
     fixes.block_ngrams_of_the_prefix()
     fixes.diverse_beam_search_by_position()
     fixes.score_left_padded_references()
+    fixes.one_handler_per_log_file()
     speed.states_of_either_layout()
     for name in chosen("TPP_FAIRSEQ_CHECKS", CHECKS, DEFAULT_CHECKS, "the checks"):
         CHECKS[name]()

@@ -17,6 +17,8 @@ failure it answers, in docs/fairseq_notes.md.
   not by dataset id (an ``IndexError`` from the second batch on).
 - **``--score-reference`` of left-padded targets** (``--left-pad-target``): each
   reference read from its first token, not from the padding.
+- **``--log-file``**, to which fairseq added a handler for every progress bar (every
+  line written once per epoch so far): one handler per file.
 - **Debug logging switched on by ``import fairseq``**: the root level goes back to
   ``$LOGLEVEL`` (default INFO), unless the program asked for DEBUG before.
 - **One-line errors**: a :class:`~tpp_fairseq.errors.UserError`, or a write the disk
@@ -28,6 +30,7 @@ failure it answers, in docs/fairseq_notes.md.
 import argparse
 import atexit
 import importlib.util
+import inspect
 import logging
 import os
 import queue
@@ -377,6 +380,32 @@ def undo_debug_logging_of_fairseq_import(root_level_before_fairseq=None) -> None
         and wanted != "DEBUG"
     ):
         root.setLevel(wanted)
+
+
+def one_handler_per_log_file() -> None:
+    """fairseq's ``progress_bar`` adds a handler for ``--log-file`` to its logger every
+    time a bar is made (every epoch, every validation), so every line went to the file
+    once per bar made so far. The file is given a handler once (idempotent)."""
+    from fairseq.logging import progress_bar as bars
+
+    if getattr(bars.progress_bar, "_tpp_once", False):
+        return
+    original = bars.progress_bar
+    signature = inspect.signature(original)
+
+    def progress_bar(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        log_file = bound.arguments.get("log_file")
+        if log_file is not None and any(
+            getattr(handler, "baseFilename", None) == os.path.abspath(log_file)
+            for handler in bars.logger.handlers
+        ):
+            bound.arguments["log_file"] = None  # (its handler is there already)
+        return original(*bound.args, **bound.kwargs)
+
+    progress_bar._tpp_once = True
+    progress_bar.__doc__ = original.__doc__
+    bars.progress_bar = progress_bar
 
 
 # --------------------------------------------------------------------------- one-line errors

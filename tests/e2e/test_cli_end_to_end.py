@@ -135,6 +135,13 @@ def test_training_lowers_the_loss_and_learns_pos_tags(trained):
     assert pos_acc > majority + 30.0
 
 
+def test_the_log_file_holds_every_line_once(trained):
+    """(fairseq gave --log-file one more handler with every progress bar: epoch N's
+    lines were in the file N times)"""
+    epochs = Counter(record["epoch"] for record in records(trained["log"], "train"))
+    assert len(epochs) > 2 and set(epochs.values()) == {1}, epochs
+
+
 def test_checkpoints_load_with_safe_loading(trained):
     names = sorted(p.name for p in trained["save"].glob("checkpoint*.pt"))
     assert {"checkpoint_last.pt", "checkpoint_best.pt"} <= set(names)
