@@ -261,16 +261,16 @@ def check_dictionaries(state, current, checkpoint, hint="", new_tag_heads=False)
     hint = f". {hint}" if hint else ""
     if record is not None:
         differences = dictionary_differences(record, current)
-        if new_tag_heads:
-            for role, _, _ in [d for d in differences if d[0].startswith("tag:")]:
-                drop_tag_head(state, role.split(":", 1)[1])
-            differences = [d for d in differences if not d[0].startswith("tag:")]
-        if differences:
-            what, how = describe_dictionaries(differences, "the checkpoint's", "the data folder's")
+        labels = [d for d in differences if d[0].startswith("tag:")] if new_tag_heads else []
+        refused = [d for d in differences if d not in labels]
+        if refused:
+            what, how = describe_dictionaries(refused, "the checkpoint's", "the data folder's")
             raise CheckpointMismatch(
                 f"{checkpoint} was trained on {record.get('data')}, whose {what} "
                 f"in {current.get('data')}: {how}{hint}"
             )
+        for role, _, _ in labels:  # (only once nothing is refused)
+            drop_tag_head(state, role.split(":", 1)[1])
         return True
     rows = embedding_rows(state)
     for role, entry in (current.get("dictionaries") or {}).items():

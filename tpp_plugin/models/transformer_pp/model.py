@@ -307,5 +307,5 @@ class TransformerPPModel(TransformerModel):
         for kind, head in self.encoder.tag_heads.heads.items():
             built = {heads + f"{kind}.{k}": v for k, v in head.state_dict().items()}
             if not any(key in state_dict for key in built):
-                logger.info(f"the checkpoint has no {kind} tag head: it starts as initialised")
+                logger.info(f"no weights for the {kind} tag head: it starts as initialised")
                 state_dict.update({key: value.clone() for key, value in built.items()})
