@@ -80,16 +80,18 @@ echo "$commit" >work/gpu/wheels/tpp-commit.txt
 rm -rf wheelhouse.tmp && cp -r work/gpu/wheels wheelhouse.tmp && rm -rf wheelhouse && mv wheelhouse.tmp wheelhouse
 
 "$PY" - <<'EOF' || echo "gpu_prepare.sh: warning: data-bin/gpu_ende not compared with records/gpu" >&2
-import gzip, json, sys
+import sys
 from pathlib import Path
+from tpp_tools.study.config import StudyError
 from tpp_tools.study.data import fingerprint
+from tpp_tools.study.records import read_record
 here = fingerprint(Path("data-bin/gpu_ende"))
 theirs = set()
 for path in sorted(Path("records/gpu").glob("*/record.json.gz")):
     try:
-        theirs.add(json.loads(gzip.open(path).read())["spec"]["data"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        print(f"gpu_prepare.sh: warning: {path} is not a readable record ({err})", file=sys.stderr)
+        theirs.add(read_record(path)["spec"]["data"])
+    except StudyError as err:
+        print(f"gpu_prepare.sh: warning: {err}", file=sys.stderr)
 if theirs and theirs != {here}:
     print(
         f"gpu_prepare.sh: warning: data-bin/gpu_ende (fingerprint {here}) is not the data "
