@@ -358,10 +358,8 @@ def _found(source: Path):
         for path in sorted(p for p in source.rglob(RECORD) if p.is_file()):
             hyp = path.parent / "eval" / "hyp.detok"
             for name in (path, hyp):
-                if name.is_file() and name.stat().st_size > LARGEST:
-                    raise StudyError(
-                        f"{name}: over {LARGEST >> 20} MiB, not a run's record or translations"
-                    )
+                if name.is_file():
+                    _not_too_large(name.stat().st_size, name)
             yield path, path.read_bytes(), hyp.read_bytes() if hyp.is_file() else None
         return
     if not source.is_file():
@@ -388,15 +386,17 @@ def _found(source: Path):
         raise StudyError(f"--records {source}: cannot be read ({err})") from None
 
 
+def _not_too_large(size: int, where) -> None:
+    if size > LARGEST:
+        raise StudyError(f"{where}: over {LARGEST >> 20} MiB, not a run's record or translations")
+
+
 def _member(tar, members, where: str) -> bytes:
     """The contents of the archive's file ``members`` (one name, stored once or, appended,
     several times): refused where the copies differ, or one is larger than a record can be."""
     contents = set()
     for member in members:
-        if member.size > LARGEST:
-            raise StudyError(
-                f"{where}: over {LARGEST >> 20} MiB, not a run's record or translations"
-            )
+        _not_too_large(member.size, where)
         contents.add(tar.extractfile(member).read())
     if len(contents) > 1:
         raise StudyError(f"{where}: the archive holds different files of that name; give only one")
