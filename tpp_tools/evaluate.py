@@ -37,7 +37,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -46,7 +45,7 @@ import time
 from pathlib import Path
 
 from tpp_pipeline.errors import UserError, report
-from tpp_pipeline.lock import held_locks, work_dir_lock
+from tpp_pipeline.lock import exit_cleanly_on_sigterm, held_locks, work_dir_lock
 
 from .user_dir import PluginNotFound, plugin_dir
 
@@ -703,10 +702,6 @@ def build_parser():
     return parser
 
 
-def _terminate(signum, frame):
-    raise SystemExit(128 + signum)  # unwinds through the clean-up of the temporary files
-
-
 def writable_folder(path, what, error):
     """Create ``path`` if need be and check that it takes a file, before the long work:
     ``error`` (an exception class) names it otherwise."""
@@ -741,10 +736,7 @@ def main(argv=None):
         cut = argv.index("--")
         argv, generate_args = argv[:cut], argv[cut + 1 :]
     args = build_parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminate)
-    for signum in (signal.SIGINT, signal.SIGHUP):  # Ctrl-C, a closed terminal: the same
-        if signal.getsignal(signum) is not signal.SIG_IGN:  # (a background job's, nohup's)
-            signal.signal(signum, _terminate)
+    exit_cleanly_on_sigterm()  # (the staged outputs are removed on the way out)
     try:
         scores = evaluate(
             args.data,

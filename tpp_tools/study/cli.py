@@ -435,16 +435,10 @@ def _main(argv) -> int:
             "the report draws its curves with matplotlib, which is not installed: "
             "pip install 'tpp-plugin[plots]'"
         )
-    from tpp_pipeline.lock import work_dir_lock
+    from tpp_pipeline.lock import exit_cleanly_on_sigterm, work_dir_lock
 
     if args.dry_run or args.report_only:  # no command to stop: leave through the finally blocks
-
-        def leave(signum, frame):  # (which remove a half-written --pack)
-            raise SystemExit(128 + signum)
-
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            if signal.getsignal(signum) is not signal.SIG_IGN:
-                signal.signal(signum, leave)
+        exit_cleanly_on_sigterm()  # (which remove a half-written --pack)
     if args.dry_run or (args.report_only and not args.records):
         # they write no run: no lock, another study may be running
         status = plan_or_report(args, cfg, command)
