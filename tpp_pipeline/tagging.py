@@ -523,21 +523,39 @@ def _tag_in_processes(jobs, units, workers, init_args, finished):
         initargs=(os.getpid(), *init_args),
     ) as pool:
         in_flight = set()
-        for job, i, lines in _pending_chunks(jobs, units):
-            # Bound the number of chunks held in memory to a couple per worker.
-            while len(in_flight) >= 2 * workers:
-                done, in_flight = concurrent.futures.wait(
-                    in_flight, return_when=concurrent.futures.FIRST_COMPLETED
+        try:
+            for job, i, lines in _pending_chunks(jobs, units):
+                # Bound the number of chunks held in memory to a couple per worker.
+                while len(in_flight) >= 2 * workers:
+                    done, in_flight = concurrent.futures.wait(
+                        in_flight, return_when=concurrent.futures.FIRST_COMPLETED
+                    )
+                    for future in done:
+                        finished(future.result())
+                in_flight.add(
+                    pool.submit(
+                        _tag_chunk,
+                        job.chunk_paths(i),
+                        lines,
+                        job.input_path,
+                        job.chunk_range(i)[0] + 1,
+                    )
                 )
-                for future in done:
-                    finished(future.result())
-            in_flight.add(
-                pool.submit(
-                    _tag_chunk, job.chunk_paths(i), lines, job.input_path, job.chunk_range(i)[0] + 1
-                )
-            )
-        for future in concurrent.futures.as_completed(in_flight):
-            finished(future.result())
+            for future in concurrent.futures.as_completed(in_flight):
+                finished(future.result())
+        except (KeyboardInterrupt, SystemExit):
+            _stop_workers(pool)
+            raise
+
+
+def _stop_workers(pool):
+    """End a pool's workers now, on a signal that reached the run's process alone (``kill``,
+    a container stopped): leaving the pool would wait for every chunk in flight. Those
+    chunks are tagged again by the next run."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.terminate()
 
 
 def missing_chunks(job):

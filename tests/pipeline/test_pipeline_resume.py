@@ -151,6 +151,46 @@ def test_workers_end_with_a_run_killed_alone_and_it_resumes(corpus, uninterrupte
     assert _tags(work) == uninterrupted
 
 
+def test_a_run_told_alone_to_stop_ends_its_workers_at_once(corpus, tmp_path):
+    """SIGTERM to the run's main process alone (``kill PID``; a container stopped) ends
+    it without waiting for the chunks its workers are tagging: here they would never
+    end. The workers end with it."""
+    work = tmp_path / "told"
+    started = tmp_path / "chunk-started"
+    script = (
+        "import sys, threading\n"
+        "from tpp_pipeline import pipeline, tagging\n"
+        "def endless(paths, lines, source, first_line):\n"
+        f"    open({str(started)!r}, 'a').close()\n"
+        "    threading.Event().wait()\n"
+        "tagging._tag_chunk = endless\n"
+        "sys.exit(pipeline.main(sys.argv[1:]))\n"
+    )
+    command = _pipeline(corpus, work, "--workers", "2")
+    process = subprocess.Popen(
+        [sys.executable, "-c", script, *command[1:]],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 300
+        while not started.exists():
+            assert process.poll() is None and time.time() < deadline, "tagging did not start"
+            time.sleep(0.02)
+        workers = _children(process.pid)
+        assert len(workers) >= 2, workers
+        process.send_signal(signal.SIGTERM)  # the main process alone
+        assert process.wait(timeout=60) == 128 + signal.SIGTERM
+        deadline = time.time() + 60
+        while [p for p in workers if os.path.exists(f"/proc/{p}")]:
+            assert time.time() < deadline, "the tagging workers outlived their run"
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+
+
 def test_run_stopped_after_merging_resumes_without_tagging_again(corpus, uninterrupted, tmp_path):
     """A run stopped once the chunks are merged but before the step is marked done (here,
     by a SIGTERM's exit as the label sets are read) keeps its chunks: the next run only
