@@ -479,6 +479,81 @@ def test_fine_tuning_starts_afresh_only_the_tag_heads_it_has_no_weights_for(trai
     assert "tag head is left out" not in refused.stdout + refused.stderr  # (it did not happen)
 
 
+HYDRA_MODEL = {  # transformer_pp with options of the plugin's own
+    "encoder_embed_dim": 32,
+    "decoder_embed_dim": 32,
+    "encoder_ffn_embed_dim": 64,
+    "decoder_ffn_embed_dim": 64,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_conv_heads": 1,
+    "encoder_conv_kernel_sizes": "3,7",
+    "decoder_conv_heads": 2,
+    "encoder_tag_layers": "pos:1,ner:2",
+    "dropout": 0.0,
+}
+
+
+def test_fairseq_hydra_train_trains_what_fairseq_train_does_with_the_same_options(
+    trained, tmp_path
+):
+    """fairseq-hydra-train with a YAML configuration builds transformer_pp with its own
+    options, as fairseq-train does (fairseq's TransformerConfig kept only its own fields of
+    hydra's configuration: the model was built without them and failed), and its
+    checkpoint resumes and translates."""
+    common = {"cpu": True, "seed": 1}
+    dataset = {"max_tokens": 1500, "num_workers": 0}
+    cli = ["fairseq-train", trained["data"], "--user-dir", PLUGIN_DIR, "--arch", "transformer_pp"]
+    cli += ["--task", "translation_with_tags", "--criterion"]
+    cli += ["label_smoothed_cross_entropy_with_tags", "--label-smoothing", "0.1"]
+    cli += ["--optimizer", "adam", "--lr", "0.003", "--max-update", "5"]
+    cli += ["--save-dir", tmp_path / "cli", "--no-epoch-checkpoints"]
+    for name, value in {**common, **dataset, **HYDRA_MODEL}.items():
+        option = "--" + name.replace("_", "-")
+        cli += [option] if value is True else [option, value]
+    run(cli)
+
+    yaml = f"""\
+common: {{user_dir: {PLUGIN_DIR}, cpu: true, seed: 1}}
+task: {{_name: translation_with_tags, data: {trained["data"]}}}
+criterion: {{_name: label_smoothed_cross_entropy_with_tags, label_smoothing: 0.1}}
+optimizer: {{_name: adam}}
+lr_scheduler: {{_name: fixed}}
+optimization: {{lr: [0.003], max_update: 5}}
+dataset: {{max_tokens: 1500, num_workers: 0}}
+checkpoint: {{save_dir: {tmp_path / "hydra"}, no_epoch_checkpoints: true}}
+model:
+  _name: transformer_pp
+"""
+    yaml += "".join(f"  {name}: {json.dumps(value)}\n" for name, value in HYDRA_MODEL.items())
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "tiny.yaml").write_text(yaml)
+    hydra = ["fairseq-hydra-train", "--config-dir", tmp_path / "config", "--config-name", "tiny"]
+    run(hydra, cwd=tmp_path)
+
+    def weights(name):
+        path = tmp_path / name / "checkpoint_last.pt"
+        return torch.load(path, map_location="cpu", weights_only=True)["model"]
+
+    by_cli, by_hydra = weights("cli"), weights("hydra")
+    assert any(".local_conv." in key for key in by_hydra)  # (the plugin's conv heads)
+    assert by_hydra.keys() == by_cli.keys()
+    assert all(torch.equal(by_hydra[key], by_cli[key]) for key in by_cli)
+
+    resumed = run([*hydra, "optimization.max_update=8"], cwd=tmp_path)
+    assert re.search(
+        r"Loaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ 5 updates\)",
+        resumed.stdout + resumed.stderr,
+    )
+    generated = run(
+        ["fairseq-generate", trained["data"], "--user-dir", PLUGIN_DIR, "--task", "translation"]
+        + ["--path", tmp_path / "hydra" / "checkpoint_last.pt", "--gen-subset", "test", "--cpu"]
+    )
+    assert len(hypothesis_lines(generated)) == 20
+
+
 def torchrun(port: int, *command):
     """Two CPU ranks of a fairseq command, through the project's rank wrapper."""
     return [

@@ -14,6 +14,7 @@ hooks rather than by rewriting layers:
    criterion asks, so generation needs nothing but the source text.
 """
 
+import argparse
 import contextlib
 import copy
 import logging
@@ -27,7 +28,7 @@ from fairseq.models.transformer import (
     TransformerModel,
 )
 from fairseq.modules import LayerDropModuleList
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import Tensor, nn
 
 from tpp_pipeline.errors import OptionError
@@ -164,12 +165,19 @@ class TransformerPPModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
-        tag_layers = cls.check_args(args)
-        args.encoder_tag_classes = format_named(cls.resolve_tag_classes(args, task, tag_layers))
-        # the side this task pads targets on (the decoder's attention is built for it),
-        # whatever the configuration a checkpoint was saved with says
-        task_cfg = getattr(task, "cfg", None) or getattr(task, "args", None)
-        args.left_pad_target = bool(getattr(task_cfg, "left_pad_target", False))
+        with open_dict(args) if isinstance(args, DictConfig) else contextlib.nullcontext():
+            tag_layers = cls.check_args(args)
+            classes = cls.resolve_tag_classes(args, task, tag_layers)
+            args.encoder_tag_classes = format_named(classes)
+            # the side this task pads targets on (the decoder's attention is built for
+            # it), whatever the configuration a checkpoint was saved with says
+            task_cfg = getattr(task, "cfg", None) or getattr(task, "args", None)
+            args.left_pad_target = bool(getattr(task_cfg, "left_pad_target", False))
+        if isinstance(args, DictConfig):
+            # fairseq-hydra-train's model configuration (and a checkpoint it saved) as
+            # fairseq-train's: fairseq's TransformerConfig.from_namespace keeps every
+            # option of a Namespace, but only its own fields of a DictConfig
+            args = argparse.Namespace(**OmegaConf.to_container(args, resolve=True))
         return super().build_model(args, task)
 
     @staticmethod
