@@ -355,7 +355,8 @@ def test_layers_to_keep_prunes_a_model_as_fairseq_prunes_its_transformer():
     (``--model-overrides "{'encoder_layers_to_keep': '1', ...}"``): the model is built
     with the kept layers' kernel widths, its tag heads read the kept layers under their
     new numbers, and the full model's state loads through fairseq's own pruning; a head
-    whose layer is pruned is refused, naming the way out."""
+    whose layer is pruned is refused, naming the way out, unless the checkpoint has no
+    such head."""
     torch.manual_seed(0)
     d = make_dictionary()
     tags = {"pos": make_dictionary(6), "ner": make_dictionary(5)}
@@ -383,6 +384,14 @@ def test_layers_to_keep_prunes_a_model_as_fairseq_prunes_its_transformer():
     assert cfg.decoder_layers_to_keep == "1" and not hasattr(cfg, "encoder_layers_to_keep")
     with pytest.raises(ValueError, match=r"--encoder-layers-to-keep 1 .*pos:1.*encoder_tag_layers"):
         build_model(**keep, dictionary=d, tag_dictionaries=tags)
+    # rebuilt from a checkpoint saved without the head of a pruned layer
+    for kept, saved, heads in (
+        ("1", "ner:5", {"ner": 1}),
+        ("1", "", {}),
+        ("0", "pos:6", {"pos": 1}),
+    ):
+        rebuilt = build_model(encoder_layers_to_keep=kept, dictionary=d, encoder_tag_classes=saved)
+        assert rebuilt.encoder.tag_heads.layers == heads
     with pytest.raises(
         ValueError,
         match=r"keeps layer 2 \(0-based\), but the encoder has 2 layers \(--encoder-layers\)",

@@ -14,7 +14,7 @@ from tpp_pipeline.errors import OptionError
 from ...modules import HybridMultiheadAttention
 from ...modules.hybrid_attention import OUTPUT_SCALINGS
 from ...modules.conv_heads_triton import IMPLS as CONV_HEADS_IMPLS
-from ...options import format_named, parse_int_list, tag_layers
+from ...options import format_named, parse_int_list, parse_named, tag_layers
 
 #: the paper's kernel widths for blocks 1..5 (encoder and decoder alike)
 PAPER_KERNEL_SIZES = (3, 5, 7, 11, 15)
@@ -205,12 +205,18 @@ def kept_layers(args, side: str) -> Optional[List[int]]:
 def tag_layers_of(args) -> Dict[str, int]:
     """``--encoder-tag-layers``, checked against the number of encoder layers; where
     ``--encoder-layers-to-keep`` prunes the encoder, the layers the heads read renumbered
-    as fairseq renumbers the kept layers (a head whose layer is pruned is an error)."""
+    as fairseq renumbers the kept layers (a head whose layer is pruned is an error). A
+    model rebuilt from a checkpoint has only the heads it was saved with."""
     keep = kept_layers(args, "encoder")
     if not keep:
         return tag_layers(args.encoder_tag_layers, args.encoder_layers)
+    layers = parse_named(args.encoder_tag_layers, "encoder-tag-layers")
+    saved = getattr(args, "encoder_tag_classes", None)
+    if saved is not None:
+        saved = parse_named(saved, "encoder-tag-classes")
+        layers = {name: layer for name, layer in layers.items() if name in saved}
     # ``encoder_layers`` is the whole depth before fairseq builds, the kept one after
-    layers = tag_layers(args.encoder_tag_layers, max(args.encoder_layers, keep[-1] + 1))
+    layers = tag_layers(format_named(layers), max(args.encoder_layers, keep[-1] + 1))
     pruned = {name: layer for name, layer in layers.items() if layer - 1 not in keep}
     if pruned:
         raise OptionError(
