@@ -69,7 +69,8 @@ def check_tag_alignment(
     if len(bad):
         i = int(bad[0])
         raise TagAlignmentError(
-            f"{split}: sentence {i} has {int(tag_sizes[i]) - 1} {kind} labels for "
+            f"{split}: sentence {i} (0-based: line {i + 1} of the text) has "
+            f"{int(tag_sizes[i]) - 1} {kind} labels for "
             f"{int(src_sizes[i]) - 1} source tokens ({where}; {len(bad)} misaligned "
             f"sentence(s) in this split)",
             sentence=i,

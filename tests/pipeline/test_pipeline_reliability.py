@@ -266,8 +266,8 @@ def test_failed_binarize_leaves_no_staging_folder(corpus):
     assert result.returncode == 2, result.stderr
     # the error names the text file that was binarized, and its line
     assert (
-        f"{final_pos}:3: valid: sentence 2 has {labels} pos labels for {labels - 1} source "
-        "tokens"
+        f"{final_pos}:3: valid: sentence 2 (0-based: line 3 of the text) has {labels} pos "
+        f"labels for {labels - 1} source tokens"
     ) in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
     assert (corpus / "work" / "preprocess.log").exists()  # kept where the work is

@@ -2,6 +2,7 @@
 loss against hand computations, and the errors on misaligned or missing label files."""
 
 import argparse
+import re
 import shutil
 
 import pytest
@@ -23,6 +24,7 @@ from tpp_plugin.criterions.label_smoothed_cross_entropy_with_tags import (
 )
 from tpp_plugin.tasks import TranslationWithTagsTask
 from tpp_pipeline.contract import TagAlignmentError
+from tpp_pipeline.errors import DataError
 from tpp_plugin.tasks.translation_with_tags import TranslationWithTagsConfig
 
 from support import REPO, binarize_tagged, build_model, run, toy_tags
@@ -295,9 +297,10 @@ def test_misaligned_labels_name_split_sentence_and_lengths(databin, tmp_path):
     builder.finalize(prefix + ".idx")
     expected_len = len(original[3]) - 1
     message = (
-        f"valid: sentence 3 has {expected_len + 1} pos labels for {expected_len} source tokens"
+        f"valid: sentence 3 (0-based: line 4 of the text) has {expected_len + 1} pos labels "
+        f"for {expected_len} source tokens"
     )
-    with pytest.raises(TagAlignmentError, match=message):
+    with pytest.raises(TagAlignmentError, match=re.escape(message)):
         make_task(data).load_dataset("valid")
     refused = train_tiny(data, "--no-save")  # fairseq-train says it in one line
     assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
@@ -321,6 +324,57 @@ def test_missing_label_files_name_the_expected_path(databin, tmp_path):
     task = make_task(data, tags="")
     task.load_dataset("valid")
     assert "source_tags" not in first_batch(task, "valid", 4)
+
+
+def test_labels_of_the_other_language_or_of_a_missing_sub_split_are_named(databin, tmp_path):
+    """A folder's labels are of the language it was binarized from: translating the other
+    way they label the target, and are refused, saying so (they were read as the
+    source's). A sub-split's labels (``train1``, read with ``train``) missing are named."""
+    with pytest.raises(FileNotFoundError) as refused:
+        TranslationWithTagsTask.setup_task(
+            TranslationWithTagsConfig(
+                data=str(databin),
+                source_lang="tgt",
+                target_lang="src",
+                dataset_impl="mmap",
+                required_seq_len_multiple=1,
+                train_subset="train",
+            )
+        ).load_dataset("valid")
+    assert (
+        f"valid: the pos labels of this folder ({databin}/valid.src-tgt.pos) are of its src "
+        in (str(refused.value))
+    )
+    assert "translate from src (-s src -t tgt), or pass --tags ''" in str(refused.value)
+
+    data = tmp_path / "data-bin"
+    shutil.copytree(databin, data)
+    for name in [p.name for p in data.glob("valid.src-tgt.*")]:  # valid1: a copy of valid
+        shutil.copy(data / name, data / name.replace("valid.", "valid1.", 1))
+    make_task(data, upsample_primary=1).load_dataset("valid", combine=True)
+    for ext in ("bin", "idx"):
+        (data / f"valid1.src-tgt.pos.{ext}").unlink()
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"valid1: pos labels not found: expected .*valid1\.src-tgt\.pos\.bin",
+    ):
+        make_task(data, upsample_primary=1).load_dataset("valid", combine=True)
+
+
+def test_every_folder_of_sharded_data_has_the_first_ones_dictionaries(databin, tmp_path):
+    """``--data a:b`` (one folder per epoch, its dictionaries read from the first alone):
+    a folder binarized with other dictionaries (the same labels in another order here)
+    is refused, naming its file, instead of training on the wrong labels."""
+    shard = tmp_path / "shard"
+    shutil.copytree(databin, shard)
+    make_task(f"{databin}:{shard}")
+    labels = shard / "dict.pos.txt"
+    labels.write_text("".join(reversed(labels.read_text().splitlines(True))))
+    with pytest.raises(
+        DataError, match=rf"{labels}: this dictionary is not {databin}/dict\.pos\.txt"
+    ):
+        make_task(f"{databin}:{shard}")
+    make_task(f"{databin}:{shard}", tags="ner")  # (the POS labels unread)
 
 
 def test_options_that_would_misalign_labels_are_refused(databin):

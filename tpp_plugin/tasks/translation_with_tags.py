@@ -33,7 +33,7 @@ from tpp_pipeline.contract import (
 )
 
 from tpp_fairseq.checkpoint_match import RECORD_KEY, record_of_task
-from tpp_pipeline.errors import OptionError, UserError
+from tpp_pipeline.errors import DataError, OptionError, UserError
 from ..criterions.label_smoothed_cross_entropy_with_tags import (
     LabelSmoothedCrossEntropyWithTagsCriterion,
 )
@@ -121,6 +121,26 @@ class TranslationWithTagsTask(TranslationTask):
                 logger.info(f"[{name}] dictionary: {len(self.tag_dictionaries[name])} types")
             else:
                 self.missing_tag_dictionaries[name] = path
+        self._check_shard_dictionaries(utils.split_paths(cfg.data))
+
+    def _check_shard_dictionaries(self, paths):
+        """Every folder of ``--data a:b:...`` (one per epoch, in turn) binarized with the
+        first one's dictionaries, which fairseq reads alone: a folder of other ids would
+        train on other words and labels, without an error."""
+        names = [f"dict.{lang}.txt" for lang in (self.cfg.source_lang, self.cfg.target_lang)]
+        names += [os.path.basename(label_dictionary_path("", name)) for name in self.tag_names]
+        for number, name in enumerate(names):
+            first = os.path.join(paths[0], name)
+            option = "--tgtdict" if number == 1 else "--srcdict"  # (labels: source-only)
+            for path in [os.path.join(shard, name) for shard in paths[1:]]:
+                if not (os.path.exists(first) and os.path.exists(path)):
+                    continue
+                if Dictionary.load(path).symbols != Dictionary.load(first).symbols:
+                    raise DataError(
+                        f"this dictionary is not {first}: binarize every folder of --data with "
+                        f"the first one's dictionaries (fairseq-preprocess {option} {first})",
+                        path,
+                    )
 
     def state_dict(self):
         """fairseq's task state (saved with every checkpoint) and the record of this task's
@@ -238,18 +258,7 @@ class TranslationWithTagsTask(TranslationTask):
         src, tgt = self.cfg.source_lang, self.cfg.target_lang
         first = None
         for k in itertools.count():
-            split_k = split + (str(k) if k > 0 else "")
-            bases = [
-                os.path.join(data_path, f"{split_k}.{a}-{b}.") for a, b in ((src, tgt), (tgt, src))
-            ]
-            base = next(
-                (
-                    b
-                    for b in bases
-                    if indexed_dataset.dataset_exists(b + src, impl=self.cfg.dataset_impl)
-                ),
-                None,
-            )
+            base = self._text_base(data_path, split + (str(k) if k > 0 else ""))
             if base is None:
                 break
             for lang, dictionary in ((src, self.src_dict), (tgt, self.tgt_dict)):
@@ -261,31 +270,43 @@ class TranslationWithTagsTask(TranslationTask):
                 break
         return first
 
+    def _exists(self, prefix):
+        return indexed_dataset.dataset_exists(prefix, impl=self.cfg.dataset_impl)
+
+    def _text_base(self, data_path, split_k):
+        """``DATA/{split_k}.{src}-{tgt}.`` or ``DATA/{split_k}.{tgt}-{src}.``, where fairseq
+        finds the text of ``split_k`` (None: in neither)."""
+        src, tgt = self.cfg.source_lang, self.cfg.target_lang
+        bases = [
+            os.path.join(data_path, f"{split_k}.{a}-{b}.") for a, b in ((src, tgt), (tgt, src))
+        ]
+        return next((base for base in bases if self._exists(base + src)), None)
+
     def _load_tag_stream(self, split, name, data_path, combine, src_sizes):
         """Load ``{split}.{src}-{tgt}.{name}`` (and ``split1``, ``split2``... when
-        combining shards, as the text is), checked against the source sizes."""
+        combining shards, as the text is), checked against the source sizes. Labels are
+        of the language a folder was binarized from: ``{split}.{tgt}-{src}.{name}``
+        labels ``tgt``, the target here, and is refused."""
         src, tgt = self.cfg.source_lang, self.cfg.target_lang
         streams, prefixes = [], []
         for k in itertools.count():
             split_k = split + (str(k) if k > 0 else "")
-            candidates = [
-                label_stream_prefix(data_path, split_k, src, tgt, name),
-                label_stream_prefix(data_path, split_k, tgt, src, name),
-            ]
-            prefix = next(
-                (
-                    p
-                    for p in candidates
-                    if indexed_dataset.dataset_exists(p, impl=self.cfg.dataset_impl)
-                ),
-                None,
-            )
-            if prefix is None:
-                if k > 0:
+            prefix = label_stream_prefix(data_path, split_k, src, tgt, name)
+            if not self._exists(prefix):
+                if k > 0 and self._text_base(data_path, split_k) is None:
                     break
+                reversed_labels = label_stream_prefix(data_path, split_k, tgt, src, name)
+                if self._exists(reversed_labels):
+                    raise MissingTagsError(
+                        f"{split_k}: the {name} labels of this folder ({reversed_labels}) are "
+                        f"of its {tgt} sentences, the target here: there are none for the "
+                        f"source, {src}",
+                        f"translate from {tgt} (-s {tgt} -t {src}), or pass --tags '' to "
+                        "train without labels",
+                    )
                 raise MissingTagsError(
-                    f"{split}: {name} labels not found: expected {candidates[0]}.bin and "
-                    f"{candidates[0]}.idx",
+                    f"{split_k}: {name} labels not found: expected {prefix}.bin and "
+                    f"{prefix}.idx",
                     "or pass --tags '' to train without labels",
                 )
             check_binarized(
