@@ -19,6 +19,7 @@ writing, with the contract's check).
 import json
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -41,7 +42,7 @@ SPLITS = ("train", "valid", "test")
 def run_fairseq_preprocess(arguments, log_path, append=False):
     """Run fairseq-preprocess of this Python environment; raise with its log on failure."""
     command = [sys.executable, "-m", "fairseq_cli.preprocess"] + [str(a) for a in arguments]
-    log.info("running fairseq-preprocess %s", " ".join(str(a) for a in arguments))
+    log.info("running fairseq-preprocess %s", shlex.join(str(a) for a in arguments))
     with open(log_path, "a" if append else "w", encoding="utf-8") as handle:
         result = subprocess.run(
             command, stdout=handle, stderr=subprocess.STDOUT, pass_fds=held_locks()

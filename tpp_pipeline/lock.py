@@ -27,6 +27,7 @@ import fcntl
 import json
 import logging
 import os
+import shlex
 import signal
 import socket
 import sys
@@ -206,7 +207,7 @@ def work_dir_lock(
                         "pid": os.getpid(),
                         "host": socket.gethostname(),
                         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-                        "command": " ".join(sys.argv)[:500],
+                        "command": shlex.join(sys.argv)[:500],
                     }
                 )
                 + "\n"

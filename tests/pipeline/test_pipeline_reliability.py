@@ -4,6 +4,7 @@ outputs are never half-written; one run per work folder at a time."""
 import errno
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -406,6 +407,18 @@ def test_a_command_the_pipeline_runs_holds_its_locks(tmp_path):
         child.wait(timeout=60)
     with work_dir_lock(tmp_path):  # free once the command has ended
         pass
+
+
+def test_the_lock_names_its_holders_command_as_it_can_be_run_again(tmp_path, monkeypatch):
+    """A run refused by the lock is told the holder's command, quoted as a shell takes it
+    (a path with a space is one word)."""
+    from tpp_pipeline.lock import LOCK_NAME, work_dir_lock
+
+    argv = ["tpp-prepare-corpus", "--work-dir", str(tmp_path / "work dir")]
+    monkeypatch.setattr(sys, "argv", argv)
+    with work_dir_lock(tmp_path):
+        record = json.loads((tmp_path / LOCK_NAME).read_text())
+    assert shlex.split(record["command"]) == argv
 
 
 def test_sighup_stops_the_pipelines_commands_and_clears_its_lock(tmp_path):
