@@ -125,6 +125,14 @@ def _children(pid):
     return found
 
 
+def _wait_for_their_end(workers):
+    """Return once the processes ``workers`` have ended; fail after a minute."""
+    deadline = time.time() + 60
+    while [p for p in workers if os.path.exists(f"/proc/{p}")]:
+        assert time.time() < deadline, "the tagging workers outlived their run"
+        time.sleep(0.05)
+
+
 def test_workers_end_with_a_run_killed_alone_and_it_resumes(corpus, uninterrupted, tmp_path):
     """Only the run's main process killed (SIGKILL, as the OOM killer does): its forked
     tagging workers end too, instead of waiting for chunks forever with the work
@@ -137,10 +145,7 @@ def test_workers_end_with_a_run_killed_alone_and_it_resumes(corpus, uninterrupte
         assert len(workers) >= 2, workers
         process.kill()  # the main process alone
         process.wait()
-        deadline = time.time() + 60
-        while [p for p in workers if os.path.exists(f"/proc/{p}")]:
-            assert time.time() < deadline, "the tagging workers outlived their run"
-            time.sleep(0.05)
+        _wait_for_their_end(workers)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
@@ -182,10 +187,7 @@ def test_a_run_told_alone_to_stop_ends_its_workers_at_once(corpus, tmp_path):
         assert len(workers) >= 2, workers
         process.send_signal(signal.SIGTERM)  # the main process alone
         assert process.wait(timeout=60) == 128 + signal.SIGTERM
-        deadline = time.time() + 60
-        while [p for p in workers if os.path.exists(f"/proc/{p}")]:
-            assert time.time() < deadline, "the tagging workers outlived their run"
-            time.sleep(0.05)
+        _wait_for_their_end(workers)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
