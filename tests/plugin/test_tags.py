@@ -364,7 +364,8 @@ def test_labels_of_the_other_language_or_of_a_missing_sub_split_are_named(databi
 def test_every_folder_of_sharded_data_has_the_first_ones_dictionaries(databin, tmp_path):
     """``--data a:b`` (one folder per epoch, its dictionaries read from the first alone):
     a folder binarized with other dictionaries (the same labels in another order here)
-    is refused, naming its file, instead of training on the wrong labels."""
+    is refused, naming its file, instead of training on the wrong labels; one without
+    labels is named as training starts, not when its epoch comes."""
     shard = tmp_path / "shard"
     shutil.copytree(databin, shard)
     make_task(f"{databin}:{shard}")
@@ -375,6 +376,12 @@ def test_every_folder_of_sharded_data_has_the_first_ones_dictionaries(databin, t
     ):
         make_task(f"{databin}:{shard}")
     make_task(f"{databin}:{shard}", tags="ner")  # (the POS labels unread)
+    # a later folder's labels missing: said as the first folder's training split loads
+    for ext in ("bin", "idx"):
+        (shard / f"train.src-tgt.ner.{ext}").unlink()
+    with pytest.raises(FileNotFoundError, match=rf"train: ner labels not found: expected {shard}/"):
+        make_task(f"{databin}:{shard}", tags="ner").load_dataset("train", epoch=1)
+    make_task(f"{databin}:{shard}", tags="ner").load_dataset("valid")  # (the first folder's)
 
 
 def test_options_that_would_misalign_labels_are_refused(databin):

@@ -244,6 +244,10 @@ class TranslationWithTagsTask(TranslationTask):
                 f"label dictionary for tag '{name}' not found: expected {path}",
                 "binarize the tags next to the text, or pass --tags '' to train without them",
             )
+        if split == self.cfg.train_subset:  # (at the start, not when their epoch comes)
+            for folder in paths[1:]:  # --data a:b: one folder per epoch
+                for name in self.tag_names:
+                    self._label_prefix(folder, split, name, optional=True)
         pair = self.datasets[split]
         tags = {
             name: self._load_tag_stream(split, name, data_path, combine, pair.src_sizes)
@@ -282,33 +286,38 @@ class TranslationWithTagsTask(TranslationTask):
         ]
         return next((base for base in bases if self._exists(base + src)), None)
 
+    def _label_prefix(self, data_path, split_k, name, optional=False):
+        """``DATA/{split_k}.{src}-{tgt}.{name}``; an error naming it where it is missing
+        (with ``optional``, None where ``split_k`` has no text either). Labels are of the
+        language a folder was binarized from: ``{split_k}.{tgt}-{src}.{name}`` labels
+        ``tgt``, the target here, and is refused."""
+        src, tgt = self.cfg.source_lang, self.cfg.target_lang
+        prefix = label_stream_prefix(data_path, split_k, src, tgt, name)
+        if self._exists(prefix):
+            return prefix
+        if optional and self._text_base(data_path, split_k) is None:
+            return None
+        reversed_labels = label_stream_prefix(data_path, split_k, tgt, src, name)
+        if self._exists(reversed_labels):
+            raise MissingTagsError(
+                f"{split_k}: the {name} labels of this folder ({reversed_labels}) are of its "
+                f"{tgt} sentences, the target here: there are none for the source, {src}",
+                f"translate from {tgt} (-s {tgt} -t {src}), or pass --tags '' to train "
+                "without labels",
+            )
+        raise MissingTagsError(
+            f"{split_k}: {name} labels not found: expected {prefix}.bin and {prefix}.idx",
+            "or pass --tags '' to train without labels",
+        )
+
     def _load_tag_stream(self, split, name, data_path, combine, src_sizes):
         """Load ``{split}.{src}-{tgt}.{name}`` (and ``split1``, ``split2``... when
-        combining shards, as the text is), checked against the source sizes. Labels are
-        of the language a folder was binarized from: ``{split}.{tgt}-{src}.{name}``
-        labels ``tgt``, the target here, and is refused."""
-        src, tgt = self.cfg.source_lang, self.cfg.target_lang
+        combining shards, as the text is), checked against the source sizes."""
         streams, prefixes = [], []
         for k in itertools.count():
-            split_k = split + (str(k) if k > 0 else "")
-            prefix = label_stream_prefix(data_path, split_k, src, tgt, name)
-            if not self._exists(prefix):
-                if k > 0 and self._text_base(data_path, split_k) is None:
-                    break
-                reversed_labels = label_stream_prefix(data_path, split_k, tgt, src, name)
-                if self._exists(reversed_labels):
-                    raise MissingTagsError(
-                        f"{split_k}: the {name} labels of this folder ({reversed_labels}) are "
-                        f"of its {tgt} sentences, the target here: there are none for the "
-                        f"source, {src}",
-                        f"translate from {tgt} (-s {tgt} -t {src}), or pass --tags '' to "
-                        "train without labels",
-                    )
-                raise MissingTagsError(
-                    f"{split_k}: {name} labels not found: expected {prefix}.bin and "
-                    f"{prefix}.idx",
-                    "or pass --tags '' to train without labels",
-                )
+            prefix = self._label_prefix(data_path, split + (str(k) if k > 0 else ""), name, k > 0)
+            if prefix is None:
+                break
             check_binarized(
                 prefix,
                 len(self.tag_dictionaries[name]),
