@@ -125,17 +125,18 @@ class TranslationWithTagsTask(TranslationTask):
 
     def _check_shard_dictionaries(self, paths):
         """Every folder of ``--data a:b:...`` (one per epoch, in turn) binarized with the
-        first one's dictionaries, which fairseq reads alone: a folder of other ids would
+        dictionaries the task has read from the first one: a folder of other ids would
         train on other words and labels, without an error."""
-        names = [f"dict.{lang}.txt" for lang in (self.cfg.source_lang, self.cfg.target_lang)]
-        names += [os.path.basename(label_dictionary_path("", name)) for name in self.tag_names]
-        for number, name in enumerate(names):
-            first = os.path.join(paths[0], name)
-            option = "--tgtdict" if number == 1 else "--srcdict"  # (labels: source-only)
-            for path in [os.path.join(shard, name) for shard in paths[1:]]:
-                if not (os.path.exists(first) and os.path.exists(path)):
-                    continue
-                if Dictionary.load(path).symbols != Dictionary.load(first).symbols:
+        src, tgt = self.cfg.source_lang, self.cfg.target_lang
+        loaded = {f"dict.{src}.txt": (self.src_dict, "--srcdict")}
+        loaded[f"dict.{tgt}.txt"] = (self.tgt_dict, "--tgtdict")
+        for name, dictionary in self.tag_dictionaries.items():  # (binarized source-only)
+            loaded[os.path.basename(label_dictionary_path("", name))] = (dictionary, "--srcdict")
+        for shard in paths[1:]:
+            for name, (dictionary, option) in loaded.items():
+                path = os.path.join(shard, name)
+                if os.path.exists(path) and Dictionary.load(path).symbols != dictionary.symbols:
+                    first = os.path.join(paths[0], name)
                     raise DataError(
                         f"this dictionary is not {first}: binarize every folder of --data with "
                         f"the first one's dictionaries (fairseq-preprocess {option} {first})",
