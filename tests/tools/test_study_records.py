@@ -48,6 +48,8 @@ def broken(record, dotted, value):
         held = held[part]
     if value is KeyError:
         del held[last]
+    elif isinstance(value, type(lambda: 0)):
+        held[last] = value(held[last])
     else:
         held[last] = value
     return record
@@ -74,6 +76,19 @@ def broken(record, dotted, value):
         ("train.wps", [float("inf")], "train.wps holds something other than numbers"),
         ("statistics.BLEU", [[-1] * 10] * 2000, "statistics.BLEU is not 2000 rows"),
         ("train_command", ["fairseq-train", None], "train_command holds something other"),
+        ("device", "CPU\n# A heading of its own", "device holds a line break or another character"),
+        (
+            "run",
+            "transformer-s1\n[study 00:00:00] forged",
+            "run holds a line break or another character",
+        ),
+        ("parameters", -5, "parameters is not a count of parameters"),
+        ("train.seconds", -1e9, "train.seconds is not a number of seconds"),
+        ("train.wps", [True], "train.wps holds something other than numbers"),
+        ("valid", lambda v: [{**v[0], "nll_loss": float("nan")}], "valid holds points without"),
+        ("valid", lambda v: v[::-1], "valid's points are not in order of updates"),
+        ("scores.sacrebleu_detok", "42.00", "sacrebleu_detok (42.00) is not the BLEU of its"),
+        ("reference.lines", 0, "reference.lines is not a number of lines"),
     ],
 )
 def test_a_record_without_what_the_report_reads_is_refused_naming_it(dotted, value, problem):
@@ -309,3 +324,108 @@ def test_lines_are_ended_by_newlines_only_as_carved_and_scored(tmp_path):
     text.write_bytes("\ufeffeins\nzwei\u2028drei\nvier\x0cf\u00fcnf\rsechs\nsieben".encode())
     assert count_lines(text) == 4
     assert read_lines(text) == ["eins", "zwei\u2028drei", "vier\x0cf\u00fcnf\rsechs", "sieben"]
+
+
+def committed_archive(tmp_path, mode: str = "w"):
+    """The committed records as an archive (uncompressed by default) made as --pack makes it."""
+    archive = tmp_path / ("records.tar" if mode == "w" else "records.tar.gz")
+    with tarfile.open(archive, mode) as tar:
+        for path in COMMITTED:
+            tar.add(path, arcname=f"runs/{path.parent.name}/{RECORD}")
+    return archive
+
+
+def test_an_archive_cut_short_between_two_files_is_refused(tmp_path):
+    """(a tar cut at a file boundary read as a smaller archive: its last runs were
+    reported as not finished, silently)"""
+    whole = committed_archive(tmp_path)
+    with tarfile.open(whole) as tar:
+        boundary = tar.getmembers()[-1].offset
+    planned = [SimpleNamespace(name="none", folder=tmp_path / "none", spec={})]
+    reference = tmp_path / "ref"
+    reference.write_text("a\n")
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(whole.read_bytes()[:boundary])
+    compressed = tmp_path / "cut.tar.gz"
+    compressed.write_bytes(gzip.compress(cut.read_bytes()))  # (whole as gzip, cut as tar)
+    for damaged in (cut, compressed):
+        with pytest.raises(StudyError, match=f"--records {damaged}: .*end-of-archive block"):
+            import_records([damaged], planned, reference)
+    assert import_records([whole], planned, reference) == []  # (none of them planned)
+    joined = tmp_path / "joined.tar"  # (two archives joined by cat: the second went unread)
+    joined.write_bytes(whole.read_bytes() * 2)
+    with pytest.raises(StudyError, match="holds more after its end-of-archive block"):
+        import_records([joined], planned, reference)
+
+
+def test_an_empty_file_or_other_files_are_refused_in_one_line(tmp_path):
+    planned = [SimpleNamespace(name="none", folder=tmp_path / "none", spec={})]
+    reference = tmp_path / "ref"
+    reference.write_text("a\n")
+    (tmp_path / "empty.tar.gz").write_bytes(b"")
+    (tmp_path / "notes.txt").write_text("records are elsewhere\n")
+    for name, problem in (
+        ("empty.tar.gz", "is empty, not an archive of run records"),
+        ("notes.txt", "not readable as a tar archive, nor as one compressed by gzip, bzip2 or xz"),
+    ):
+        with pytest.raises(StudyError) as info:
+            import_records([tmp_path / name], planned, reference)
+        assert str(info.value) == f"--records {tmp_path / name}: " + (
+            problem
+            if name == "empty.tar.gz"
+            else f"not a folder or a whole tar archive ({problem})"
+        )
+
+
+def test_one_runs_record_file_is_taken_with_its_translations(tmp_path):
+    translations = b"Sentence.\n" * 2000
+    study_run, reference = a_record_of_this_study(tmp_path, translations)
+    record = tmp_path / "elsewhere" / study_run.folder.name / RECORD
+    assert import_records([record], [study_run], reference) == [study_run.name]
+    assert (study_run.folder / "eval" / "hyp.detok").read_bytes() == translations
+
+
+def test_the_same_record_compressed_anew_is_the_same_record(tmp_path):
+    """(records were compared byte for byte: one gzipped again was "another record of
+    the run", and refused)"""
+    study_run, reference = a_record_of_this_study(tmp_path, b"Sentence.\n" * 2000)
+    source = tmp_path / "elsewhere" / study_run.folder.name / RECORD
+    again = tmp_path / "again" / study_run.folder.name / RECORD
+    again.parent.mkdir(parents=True)
+    again.write_bytes(gzip.compress(gzip.decompress(source.read_bytes()), compresslevel=1))
+    assert again.read_bytes() != source.read_bytes()
+    assert import_records([source, again], [study_run], reference) == [study_run.name]
+    assert import_records([again], [study_run], reference) == []  # (it holds it already)
+
+
+def test_archives_in_a_folder_of_records_are_named_as_not_opened(tmp_path, capsys):
+    """(a folder holding records and archives: the archives' runs went unmentioned)"""
+    study_run, reference = a_record_of_this_study(tmp_path, b"Sentence.\n" * 2000)
+    archive = committed_archive(tmp_path / "elsewhere", mode="w:gz")
+    assert import_records([tmp_path / "elsewhere"], [study_run], reference) == [study_run.name]
+    out = capsys.readouterr().out
+    assert "the archives in it are not opened (name them to read them): " + str(archive) in out
+
+
+def test_a_report_that_cannot_be_written_is_an_error_leaving_no_temporary_file(tmp_path):
+    from tpp_tools.study.records import write_atomic
+
+    (tmp_path / "report.md").mkdir()
+    with pytest.raises(StudyError, match="report.md: cannot be written"):
+        write_atomic(tmp_path / "report.md", b"# A report\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.md"]
+
+
+def test_the_report_names_each_runs_code_and_scoring_where_they_differ():
+    from tpp_tools.study.report import _code, _per_run
+
+    runs = [SimpleNamespace(name=n) for n in ("transformer-s1", "hybrid-s1", "hybrid-s2")]
+    code = {
+        "transformer-s1": {"tpp": "0.2.0", "commit": "7a38847" + "+"},
+        "hybrid-s1": {"tpp": "0.2.0", "commit": None},
+        "hybrid-s2": {"tpp": "0.2.0", "commit": None},
+    }
+    assert _per_run(runs, lambda r: _code({"code": code[r.name]})) == (
+        "7a38847 with changes not committed (transformer-s1); version 0.2.0 (hybrid-s1, hybrid-s2)"
+    )
+    assert _per_run(runs, lambda r: "same") == "same"

@@ -246,9 +246,9 @@ def _add_mode_arguments(p) -> None:
         "--records",
         nargs="+",
         type=Path,
-        metavar="FOLDER|ARCHIVE",
-        help="merge the records of runs finished elsewhere (folders, searched recursively, or "
-        "--pack archives): each goes to this study's run of the same identity (settings, data), "
+        metavar="FOLDER|ARCHIVE|RECORD",
+        help="merge the records of runs finished elsewhere (folders, searched recursively, "
+        "--pack archives, or record.json.gz files): each goes to this study's run of the same identity (settings, data), "
         "checked against its test reference, and is then a finished run, not trained again; "
         "records of other runs or studies are left out and named",
     )

@@ -7,7 +7,7 @@ curve, and sacreBLEU's per-sentence statistics of BLEU and chrF (what the paired
 bootstrap resamples) — so it can be kept and shared where translations cannot; the
 translations stay beside it (``eval/hyp.detok``) and travel in archives.
 
-A study on another machine merges records (``--records FOLDER|ARCHIVE ...``): each is
+A study on another machine merges records (``--records FOLDER|ARCHIVE|RECORD ...``): each is
 copied into the run folder of the same identity, after checking that it was made with
 the very settings, data and test reference of this study. Runs with a record are not
 trained again, so records from several short allocations accumulate into one study.
@@ -213,7 +213,6 @@ def parse_record(data: bytes, where) -> dict:
 
 def _malformed(record: dict) -> Optional[str]:
     """What is missing or of the wrong type in ``record`` (None where nothing is)."""
-    number = (int, float)
     fields = [
         ("run", str), ("folder", str), ("spec", dict), ("train_command", list),
         ("code", dict), ("code.tpp", str), ("device", str), ("parameters", int),
@@ -241,17 +240,30 @@ def _malformed(record: dict) -> Optional[str]:
             return f"scores.{key} is not a number"
         if not 0 <= score <= 100:  # (NaN too)
             return f"scores.{key} is not a BLEU score (0 to 100)"
-    if not all(isinstance(x, number) and math.isfinite(x) for x in record["train"]["wps"]):
+    if record["parameters"] <= 0:
+        return "parameters is not a count of parameters"
+    if not all(_amount(x) for x in record["train"]["wps"]):
         return "train.wps holds something other than numbers"
-    if not isinstance(record["train"].get("seconds"), (*number, type(None))):
-        return "train.seconds is not a number"
+    seconds = record["train"].get("seconds")  # (None or NaN: not known, the run found trained)
+    unknown = seconds is None or (isinstance(seconds, float) and math.isnan(seconds))
+    if not (unknown or _amount(seconds)):
+        return "train.seconds is not a number of seconds"
     keys = ("updates", "loss", "nll_loss")
     if not all(
-        isinstance(v, dict) and all(isinstance(v.get(k), number) for k in keys)
+        isinstance(v, dict) and all(_amount(v.get(k), any_sign=k != "updates") for k in keys)
         for v in record["valid"]
     ):
         return "valid holds points without their updates, loss and nll_loss"
+    updates = [v["updates"] for v in record["valid"]]
+    if updates != sorted(set(updates)) or not all(isinstance(u, int) for u in updates):
+        return "valid's points are not in order of updates, once each"
+    for dotted in ("run", "folder", "device", "code.tpp", "code.commit", "sacrebleu"):
+        value = _get(record, dotted)
+        if isinstance(value, str) and not value.isprintable():
+            return f"{dotted} holds a line break or another character not printed as text"
     lines = record["reference"]["lines"]
+    if lines < 1:
+        return "reference.lines is not a number of lines"
     for metric, width in _statistics_width().items():
         rows = record["statistics"][metric]
         if len(rows) != lines or not all(
@@ -264,7 +276,30 @@ def _malformed(record: dict) -> Optional[str]:
                 f"statistics.{metric} is not {lines} rows (the reference's lines) of "
                 f"{width} counts (whole numbers, none negative)"
             )
+    bleu = _bleu_of(record["statistics"]["BLEU"])
+    if abs(float(record["scores"]["sacrebleu_detok"]) - bleu) > 0.0051:
+        return (
+            f"scores.sacrebleu_detok ({record['scores']['sacrebleu_detok']}) is not the BLEU of "
+            f"its statistics ({bleu:.2f})"
+        )
     return None
+
+
+def _amount(x, any_sign=False) -> bool:
+    """A finite number (not a bool), not negative unless ``any_sign``."""
+    return (
+        isinstance(x, (int, float))
+        and not isinstance(x, bool)
+        and math.isfinite(x)
+        and (any_sign or x >= 0)
+    )
+
+
+def _bleu_of(statistics: List[list]) -> float:
+    """Corpus BLEU (sacreBLEU's default settings) of per-sentence statistics."""
+    from sacrebleu.metrics import BLEU
+
+    return BLEU()._aggregate_and_compute(statistics).score
 
 
 @functools.lru_cache(maxsize=1)
@@ -353,17 +388,18 @@ def _get(spec: dict, dotted: str):
 
 def _found(source: Path):
     """(where, record bytes, translations bytes or None) of every record in a folder
-    (searched recursively) or a tar archive."""
+    (searched recursively) or a tar archive, or of one record file."""
     if source.is_dir():
         for path in sorted(p for p in source.rglob(RECORD) if p.is_file()):
-            hyp = path.parent / "eval" / "hyp.detok"
-            for name in (path, hyp):
-                if name.is_file():
-                    _not_too_large(name.stat().st_size, name)
-            yield path, path.read_bytes(), hyp.read_bytes() if hyp.is_file() else None
+            yield from _found_beside(path)
         return
     if not source.is_file():
         raise StudyError(f"--records {source}: no such file or folder")
+    if source.name == RECORD:  # (one run's record, its translations beside it)
+        yield from _found_beside(source)
+        return
+    if source.stat().st_size == 0:
+        raise StudyError(f"--records {source}: is empty, not an archive of run records")
     try:
         with tarfile.open(source) as tar:
             # (by normalised path: an archive made of "./runs/..." names them so)
@@ -371,6 +407,7 @@ def _found(source: Path):
             for member in tar.getmembers():
                 if member.isfile():
                     members.setdefault(os.path.normpath(member.name), []).append(member)
+            _check_whole(tar, source)
             for name in sorted(n for n in members if Path(n).name == RECORD):
                 hyp = str(Path(name).parent / "eval" / "hyp.detok")
                 yield (
@@ -378,12 +415,45 @@ def _found(source: Path):
                     _member(tar, members[name], f"{source}:{name}"),
                     _member(tar, members[hyp], f"{source}:{hyp}") if hyp in members else None,
                 )
+    except tarfile.ReadError as err:
+        if str(err).startswith("file could not be opened"):  # (every format was tried)
+            err = "not readable as a tar archive, nor as one compressed by gzip, bzip2 or xz"
+        raise StudyError(
+            f"--records {source}: not a folder or a whole tar archive ({err})"
+        ) from None
     except (tarfile.TarError, EOFError, zlib.error) as err:
         raise StudyError(
             f"--records {source}: not a folder or a whole tar archive ({err})"
         ) from None
     except OSError as err:  # (gzip's damaged-data errors among them)
         raise StudyError(f"--records {source}: cannot be read ({err})") from None
+
+
+def _found_beside(path: Path):
+    """(where, bytes, translations' bytes or None) of the record file ``path``."""
+    hyp = path.parent / "eval" / "hyp.detok"
+    for name in (path, hyp):
+        if name.is_file():
+            _not_too_large(name.stat().st_size, name)
+    yield path, path.read_bytes(), hyp.read_bytes() if hyp.is_file() else None
+
+
+def _check_whole(tar: tarfile.TarFile, source: Path) -> None:
+    """Refuse an archive that ends without tar's end-of-archive block (one cut short
+    between two files reads as a smaller archive, its last runs silently missing), or
+    holds more after it (archives joined by ``cat``: the later ones went unread)."""
+    tar.fileobj.seek(tar.offset)
+    if tar.fileobj.read(tarfile.BLOCKSIZE) != tarfile.NUL * tarfile.BLOCKSIZE:
+        raise StudyError(
+            f"--records {source}: not a whole tar archive (it ends without tar's end-of-archive "
+            "block: cut short?)"
+        )
+    while chunk := tar.fileobj.read(2**20):
+        if chunk.strip(tarfile.NUL):
+            raise StudyError(
+                f"--records {source}: holds more after its end-of-archive block (archives "
+                "joined into one?): give each archive to --records"
+            )
 
 
 def _not_too_large(size: int, where) -> None:
@@ -427,21 +497,23 @@ def import_records(sources: List[Path], runs, reference: Path) -> List[str]:
                 continue
             check_record(record, where, reference_sha256, hyp)
             before = accepted.get(run.name)
-            if before is not None and before[1] != data:
+            if before is not None and before[3] != record:
                 raise StudyError(
                     f"two different records of {run.name}: {before[0]} and {where} (the run was "
                     "trained twice); give only one"
                 )
             if before is None or before[2] is None:  # (the copy with its translations)
                 accepted[run.name] = (where, data, hyp, record)
-        if not found:
-            archives = Path(source).is_dir() and any(Path(source).rglob("*.tar.gz"))
+        archives = _archives_in(Path(source))
+        if archives:
             log(
-                f"--records {source}: no run record in it"
-                + (" (archives in a folder are not opened: name them)" if archives else "")
+                f"--records {source}: the archives in it are not opened (name them to read "
+                f"them): {', '.join(map(str, archives))}"
             )
+        if not found:
+            log(f"--records {source}: no run record in it")
     for name, (where, data, hyp, record) in accepted.items():
-        _check_destination(planned[name], where, data, record)  # (all, before any copy)
+        _check_destination(planned[name], where, record)  # (all, before any copy)
     copied = []
     for name, (where, data, hyp, record) in accepted.items():
         run = planned[name]
@@ -454,27 +526,37 @@ def import_records(sources: List[Path], runs, reference: Path) -> List[str]:
         except RunBusy as err:
             raise StudyError(f"{where}: {err}") from None
         try:
-            if not _check_destination(run, where, data, record):  # (again, under the lock)
+            if not _check_destination(run, where, record):  # (again, under the lock)
                 continue
             if hyp is not None:
                 (run.folder / "eval").mkdir(exist_ok=True)
-                _write_atomic(run.folder / "eval" / "hyp.detok", hyp)
-            _write_atomic(path, data)
+                write_atomic(run.folder / "eval" / "hyp.detok", hyp)
+            write_atomic(path, data)
         finally:
             lock.close()
         copied.append(name)
         log(f"{name}: record taken from {where}")
     if other:
-        log(f"records of runs this study does not plan, left out: {'; '.join(other)}")
+        log(f"records of runs this study does not plan, left out ({len(other)}):")
+        for line in other:
+            log(f"  {line}")
     return copied
 
 
-def _check_destination(run, where: str, data: bytes, record: dict) -> bool:
-    """Whether ``run``'s folder can take the record ``data`` (False: it holds it already);
+def _archives_in(folder: Path) -> List[Path]:
+    """The tar archives (by their names) in ``folder``, searched recursively."""
+    if not folder.is_dir():
+        return []
+    endings = (".tar", ".tgz", ".tar.gz", ".tar.xz", ".txz", ".tar.bz2", ".tbz2")
+    return sorted(p for p in folder.rglob("*") if p.name.endswith(endings) and p.is_file())
+
+
+def _check_destination(run, where: str, record: dict) -> bool:
+    """Whether ``run``'s folder can take ``record`` (False: it holds it already);
     a :class:`StudyError` where it holds another record, or other translations."""
     path = run.folder / RECORD
     if path.exists():
-        if path.read_bytes() != data:
+        if read_record(path) != record:
             raise StudyError(
                 f"{where}: {run.folder} already holds another record of {run.name}; move one "
                 "of them aside"
@@ -490,10 +572,16 @@ def _check_destination(run, where: str, data: bytes, record: dict) -> bool:
     return True
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
+    """``data`` into ``path`` by a temporary name; a :class:`StudyError` where it cannot be."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as err:
+        raise StudyError(f"{path}: cannot be written ({err.strerror})", status=1) from None
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def packed_runs(archive: Path) -> List[str]:

@@ -14,7 +14,7 @@ from typing import Dict, List, Optional
 
 from .commands import count_lines, json_records
 from .config import VARIANTS, Config, tag_settings
-from .records import validation_curve
+from .records import validation_curve, write_atomic
 from .runs import Run
 
 
@@ -220,6 +220,25 @@ def _fmt(x, digits=2):
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
+def _per_run(runs: List[Run], value_of) -> str:
+    """The value every run has, or each value with the runs that have it."""
+    runs_of: Dict[str, List[str]] = {}
+    for run in runs:
+        runs_of.setdefault(value_of(run), []).append(run.name)
+    if len(runs_of) == 1:
+        return next(iter(runs_of))
+    return "; ".join(f"{value} ({', '.join(names)})" for value, names in runs_of.items())
+
+
+def _code(record: dict) -> str:
+    """The code a record's run trained with: its commit (``+``: with changes not committed),
+    else the package's version."""
+    commit = record["code"].get("commit")
+    if commit is None:
+        return f"version {record['code']['tpp']}"
+    return f"{commit[:-1]} with changes not committed" if commit.endswith("+") else commit
+
+
 def _header_lines(args, cfg, paths, runs, records, facts, elapsed, missing, device, baseline):
     """The report's title, the settings every run shares, and the table's head."""
     lines = [
@@ -240,7 +259,7 @@ def _header_lines(args, cfg, paths, runs, records, facts, elapsed, missing, devi
         f"{' (the paper)' if cfg.conv_head_scaling == 'none' else ''}"
         f"{tag_settings(cfg) if 'hybrid+tags' in args.variants else ''}.",
         f"Seeds: {', '.join(map(str, sorted({r.seed for r in runs})))}. Device: {device}. Code: "
-        f"{', '.join(sorted({str(records[r.name]['code']['commit'] or records[r.name]['code']['tpp']) for r in runs}))}. "
+        f"{_per_run(runs, lambda r: _code(records[r.name]))}. "
         f"Wall time of this invocation: {elapsed / 60:.1f} min; training time per run (median): "
         f"{statistics.median(facts[r.name]['train_seconds'] for r in runs) / 60:.0f} min "
         "(words/s and times are as measured under the machine's load at the time: not a speed comparison, "
@@ -298,8 +317,7 @@ def _table_rows(args, by_variant, facts, boot) -> List[str]:
 def _closing_lines(args, by_variant, records, facts, paths, signatures, boot, command, runs):
     """What the bootstrap is, the signatures, the curves, the commands and the analyses."""
     lines = []
-    first = runs[0]
-    sig = facts[first.name]["scores"]
+    scores = {r.name: facts[r.name]["scores"] for r in runs}
     seeds = "; ".join(
         f"{VARIANTS[v]['label'].split()[0]} {', '.join(map(str, boot[v]['seeds']))}"
         for v in by_variant
@@ -316,8 +334,13 @@ def _closing_lines(args, by_variant, records, facts, paths, signatures, boot, co
         "translations are word for word the baseline's is marked \"identical translations\" (sacreBLEU "
         "gives such a pair its smallest p-value by design).",
         f"Signatures: BLEU `{signatures['BLEU']}`; chrF `{signatures['chrF']}`; "
-        f"per-run detokenised BLEU `{sig.get('sacrebleu_detok_signature', '')}`; tokenised `"
-        f"{sig.get('bleu_tok_compound_split_signature', '')}`.",
+        "per-run detokenised BLEU "
+        + _per_run(runs, lambda r: f"`{scores[r.name].get('sacrebleu_detok_signature', '')}`")
+        + "; tokenised "
+        + _per_run(
+            runs, lambda r: f"`{scores[r.name].get('bleu_tok_compound_split_signature', '')}`"
+        )
+        + ".",
         "",
         "![learning curves](curves.png)",
         "",
@@ -366,9 +389,9 @@ def _write_summary(args, cfg, command, runs, facts, boot, signatures) -> None:
         },
         "signatures": signatures,
     }
-    tmp = args.out / f"summary.json.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(summary, indent=1, default=str) + "\n")
-    os.replace(tmp, args.out / "summary.json")
+    write_atomic(
+        args.out / "summary.json", (json.dumps(summary, indent=1, default=str) + "\n").encode()
+    )
 
 
 def write_report(
@@ -394,14 +417,7 @@ def write_report(
     boot, signatures = significance(by_variant, records, args.bootstrap_samples)
     plot = args.out / "curves.png"
     plot_curves(runs, records, plot, unfinished=missing or [])
-    devices: Dict[str, List[str]] = {}
-    for run in runs:
-        devices.setdefault(records[run.name]["device"], []).append(run.name)
-    device = (
-        next(iter(devices))
-        if len(devices) == 1
-        else "; ".join(f"{d} ({', '.join(names)})" for d, names in devices.items())
-    )
+    device = _per_run(runs, lambda run: records[run.name]["device"])
 
     baseline = VARIANTS[args.variants[0]]["label"].split()[0]  # "(a)": what p compares with
 
@@ -413,8 +429,6 @@ def write_report(
         args, by_variant, records, facts, paths, signatures, boot, command, runs
     )
     report = args.out / "report.md"
-    tmp = report.with_suffix(f".md.{os.getpid()}.tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, report)
+    write_atomic(report, ("\n".join(lines) + "\n").encode())
     _write_summary(args, cfg, command, runs, facts, boot, signatures)
     return report
