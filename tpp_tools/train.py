@@ -445,7 +445,7 @@ def remove_partial_checkpoints(save_dir: Path) -> None:
 
 def follows_rank_0() -> bool:
     """A rank other than 0 of a data-parallel job started by torchrun (through
-    scripts/fairseq_rank.sh): the save dir's lock and the repair of its checkpoint are
+    tpp-fairseq-rank): the save dir's lock and the repair of its checkpoint are
     the job's, taken by rank 0, which alone writes checkpoints."""
     try:
         return int(os.environ.get("WORLD_SIZE", "1")) > 1 and int(os.environ["RANK"]) > 0

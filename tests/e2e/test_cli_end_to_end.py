@@ -563,7 +563,7 @@ def torchrun(port: int, *command):
         "2",
         "--master_port",
         str(port),
-        SCRIPTS / "fairseq_rank.sh",
+        "tpp-fairseq-rank",
         *command,
     ]
 
@@ -738,6 +738,25 @@ def test_the_recipe_trains_data_parallel_under_torchrun_and_resumes(trained, tmp
     assert state["optimizer_history"][-1]["num_updates"] == 20
 
 
+def test_the_rank_wrapper_gives_fairseq_the_rank_and_is_refused_outside_torchrun(tmp_path):
+    env = {k: v for k, v in tool_env().items() if k not in ("RANK", "WORLD_SIZE")}
+    command = ["tpp-fairseq-rank", "fairseq-train", str(tmp_path)]
+    refused = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2
+    assert (
+        refused.stderr == "tpp-fairseq-rank: error: run this through torchrun (RANK is not set)\n"
+    )
+    # under torchrun: the command, with fairseq's options for its rank ("--" before it or not)
+    env.update(RANK="1", WORLD_SIZE="2")
+    for separator in ([], ["--"]):
+        command = ["tpp-fairseq-rank", *separator, "echo", "fairseq-train", "DATA", "--cpu"]
+        ran = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+        assert ran.stdout.split() == [
+            "fairseq-train", "DATA", "--cpu", "--distributed-init-method", "env://",
+            "--distributed-world-size", "2", "--distributed-rank", "1", "--distributed-no-spawn",
+        ]  # fmt: skip
+
+
 def test_torchrun_without_the_rank_wrapper_is_refused(trained, tmp_path):
     """Issue 49.7: `torchrun fairseq-train` on CPUs ran two independent trainings into
     one save dir (fairseq joins torchrun's processes only when it counts several CUDA
@@ -763,7 +782,7 @@ def test_torchrun_without_the_rank_wrapper_is_refused(trained, tmp_path):
     assert refused.returncode != 0
     assert "fairseq-train: error: torchrun started 2 processes, but fairseq did not join" in text
     assert text.count("did not join them into one job") == 2, "each rank says so"
-    assert "torchrun --no-python --nproc_per_node 2 scripts/fairseq_rank.sh" in text
+    assert "torchrun --no-python --nproc_per_node 2 tpp-fairseq-rank fairseq-train" in text
     assert not (save / "checkpoint_last.pt").exists(), "nothing trained"
 
 

@@ -70,9 +70,9 @@ def check_joined() -> None:
         raise UnjoinedRanksError(
             f"torchrun started {world} processes, but fairseq did not join them into one "
             "job (its world size is 1): each would train a model of its own into the same "
-            "--save-dir. Start the command through scripts/fairseq_rank.sh, which hands "
-            "fairseq torchrun's rank and world size: torchrun --no-python --nproc_per_node "
-            f"{world} scripts/fairseq_rank.sh fairseq-train ..."
+            "--save-dir. Start the command through tpp-fairseq-rank, which hands fairseq "
+            "torchrun's rank and world size: torchrun --no-python --nproc_per_node "
+            f"{world} tpp-fairseq-rank fairseq-train ..."
         )
 
 
