@@ -11,6 +11,7 @@ import io
 import re
 import subprocess
 import sys
+import tarfile
 import zipfile
 
 from support import REPO
@@ -154,3 +155,25 @@ def test_the_wheel_loses_torchaudio_and_says_so_in_its_version(tmp_path):
     again = tmp_path / "again"
     again.mkdir()
     assert builder.without_dropped_requirements(new, again).name == new.name, "done once"
+
+
+def test_the_source_distribution_holds_every_file_of_the_checkout(tmp_path):
+    """(it held the packages alone: not the tests, the docs, nor the script that the
+    install guide builds fairseq with)"""
+    tracked = subprocess.run(
+        ["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True, text=True, check=True
+    ).stdout.split("\0")
+    tracked = sorted(name for name in tracked if name and (REPO / name).is_file())
+    copy = tmp_path / "checkout"
+    for name in tracked:
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        (copy / name).write_bytes((REPO / name).read_bytes())
+    subprocess.run(
+        [sys.executable, "-c", "from setuptools import build_meta as b; b.build_sdist('dist')"],
+        cwd=copy, capture_output=True, check=True, timeout=300,
+    )  # fmt: skip
+    (sdist,) = (copy / "dist").glob("*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        names = {m.name.split("/", 1)[1] for m in tar.getmembers() if m.isfile()}
+    made = {"PKG-INFO", "setup.cfg"} | {n for n in names if ".egg-info/" in n}
+    assert sorted(names - made) == sorted(n for n in tracked if n != "setup.cfg")
