@@ -64,26 +64,15 @@ def _numpy_globals():
             obj = getattr(module, name, None)
             if obj is not None:
                 found.append((obj, f"{module_name}.{name}"))
-    # dtype classes (numpy >= 1.25 pickles dtypes through numpy.dtypes.*DType)
-    dtypes = getattr(np, "dtypes", None)
-    if dtypes is not None:
-        for name in dir(dtypes):
-            obj = getattr(dtypes, name)
-            if isinstance(obj, type) and name.endswith("DType"):
-                found.append(obj)
     # scalar types such as numpy.float64 that appear as metric values
-    for name in (
-        "float16",
-        "float32",
-        "float64",
-        "int8",
-        "int16",
-        "int32",
-        "int64",
-        "uint8",
-        "bool_",
-    ):
-        found.append(getattr(np, name))
+    names = ("float16", "float32", "float64", "bool_")
+    names += tuple(f"{kind}{bits}" for kind in ("int", "uint") for bits in (8, 16, 32, 64))
+    scalars = [getattr(np, name) for name in names]
+    found += scalars
+    # their dtypes' classes (numpy >= 1.25 pickles a dtype as numpy.dtypes.Float64DType...);
+    # no other dtype: an object array's would unpickle whatever objects it holds
+    if getattr(np, "dtypes", None) is not None:
+        found += [type(np.dtype(scalar)) for scalar in scalars]
     return found
 
 

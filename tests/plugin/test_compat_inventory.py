@@ -187,3 +187,24 @@ def test_another_fairseq_than_the_changes_are_written_for_is_warned_about(monkey
     monkeypatch.setattr(fairseq, "__version__", "0.13.0")
     tpp_fairseq.check_fairseq_version()
     assert "written for fairseq 0.12.x; this is fairseq 0.13.0" in caplog.text
+
+
+def test_safe_loading_takes_numpy_numbers_and_refuses_object_arrays(tmp_path):
+    """What fairseq checkpoints hold loads (numpy scalars and arrays of numbers, as
+    --eval-bleu's counts); an array of Python objects is refused, as without the plugin
+    (every numpy dtype was allow-listed, the object dtype's too)."""
+    import pickle
+
+    import numpy as np
+    import torch
+
+    from tpp_fairseq import allow_fairseq_checkpoints
+
+    allow_fairseq_checkpoints()
+    path = tmp_path / "state.pt"
+    torch.save({"bleu": np.float64(3.5), "counts": np.array([1, 2], dtype=np.int64)}, path)
+    loaded = torch.load(path, weights_only=True)
+    assert loaded["bleu"] == 3.5 and loaded["counts"].tolist() == [1, 2]
+    torch.save({"objects": np.array(["a", 1], dtype=object)}, path)
+    with pytest.raises(pickle.UnpicklingError, match="ObjectDType"):
+        torch.load(path, weights_only=True)
