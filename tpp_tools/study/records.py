@@ -212,7 +212,7 @@ def parse_record(data: bytes, where) -> dict:
 
 
 def _malformed(record: dict) -> Optional[str]:
-    """What is missing or of the wrong type in ``record`` (None where nothing is)."""
+    """What is missing, of the wrong type or implausible in ``record`` (None where nothing is)."""
     fields = [
         ("run", str), ("folder", str), ("spec", dict), ("train_command", list),
         ("code", dict), ("code.tpp", str), ("device", str), ("parameters", int),
@@ -240,6 +240,12 @@ def _malformed(record: dict) -> Optional[str]:
             return f"scores.{key} is not a number"
         if not 0 <= score <= 100:  # (NaN too)
             return f"scores.{key} is not a BLEU score (0 to 100)"
+    return _implausible(record)
+
+
+def _implausible(record: dict) -> Optional[str]:
+    """What in ``record``, whose fields are all of their types, cannot be what a run
+    recorded (None where nothing is): the report would print it as if it were."""
     if record["parameters"] <= 0:
         return "parameters is not a count of parameters"
     if not all(_amount(x) for x in record["train"]["wps"]):
