@@ -697,7 +697,7 @@ def parser():
         "--fairseq-extensions",
         choices=sorted(FAIRSEQ_EXTENSIONS),
         help="all (the default): every C++ extension of fairseq, compiled against the "
-        "node's torch (2-3 minutes); text: only those translation and language "
+        "node's torch (3-4 minutes); text: only those translation and language "
         "modelling use (libbleu, data_utils_fast, token_block_utils_fast; no "
         "torch needed to build them, about 8 times less compiling): leaves out "
         "fairseq.libbase (BASE layers) and fairseq.libnat (Levenshtein models)",

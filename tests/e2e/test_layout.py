@@ -25,6 +25,7 @@ CONSOLE_SCRIPTS = [
     "tpp-study",
     "tpp-demo",
     "tpp-user-dir",
+    "tpp-fairseq-rank",
 ]
 
 
