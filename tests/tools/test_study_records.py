@@ -416,8 +416,8 @@ def test_a_report_that_cannot_be_written_is_an_error_leaving_no_temporary_file(t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.md"]
 
 
-def test_the_report_names_each_runs_code_and_scoring_where_they_differ():
-    from tpp_tools.study.report import _code, _per_run
+def test_the_report_names_each_runs_code_and_switches_where_they_differ():
+    from tpp_tools.study.report import _code, _per_run, _switches
 
     runs = [SimpleNamespace(name=n) for n in ("transformer-s1", "hybrid-s1", "hybrid-s2")]
     code = {
@@ -429,3 +429,11 @@ def test_the_report_names_each_runs_code_and_scoring_where_they_differ():
         "7a38847 with changes not committed (transformer-s1); version 0.2.0 (hybrid-s1, hybrid-s2)"
     )
     assert _per_run(runs, lambda r: "same") == "same"
+    switches = {
+        "transformer-s1": {"environment": {"TPP_FAIRSEQ_SPEEDUPS": "fused"}},
+        "hybrid-s1": {"environment": {}},
+        "hybrid-s2": {},  # (a record written before records named them)
+    }
+    assert _per_run(runs, lambda r: _switches(switches[r.name])) == (
+        "TPP_FAIRSEQ_SPEEDUPS=fused (transformer-s1); none (hybrid-s1); not recorded (hybrid-s2)"
+    )

@@ -172,6 +172,9 @@ def run_facts(record: dict) -> dict:
         "scores": record["scores"],
         "chrf": chrf._aggregate_and_compute(record["statistics"]["chrF"]).score,
         "parameters": record["parameters"],
+        "device": record["device"],
+        "code": _code(record),
+        "switches": _switches(record),
     }
 
 
@@ -239,6 +242,14 @@ def _code(record: dict) -> str:
     return f"{commit[:-1]} with changes not committed" if commit.endswith("+") else commit
 
 
+def _switches(record: dict) -> str:
+    """The plugin's switches of fairseq's loop (``TPP_FAIRSEQ_*``) the run trained under."""
+    environment = record.get("environment")
+    if not isinstance(environment, dict):
+        return "not recorded"
+    return ", ".join(f"{k}={v}" for k, v in sorted(environment.items())) or "none"
+
+
 def _header_lines(args, cfg, paths, runs, records, facts, elapsed, missing, device, baseline):
     """The report's title, the settings every run shares, and the table's head."""
     lines = [
@@ -259,7 +270,8 @@ def _header_lines(args, cfg, paths, runs, records, facts, elapsed, missing, devi
         f"{' (the paper)' if cfg.conv_head_scaling == 'none' else ''}"
         f"{tag_settings(cfg) if 'hybrid+tags' in args.variants else ''}.",
         f"Seeds: {', '.join(map(str, sorted({r.seed for r in runs})))}. Device: {device}. Code: "
-        f"{_per_run(runs, lambda r: _code(records[r.name]))}. "
+        f"{_per_run(runs, lambda r: facts[r.name]['code'])}. Switches of fairseq's loop "
+        f"(TPP_FAIRSEQ_*): {_per_run(runs, lambda r: facts[r.name]['switches'])}. "
         f"Wall time of this invocation: {elapsed / 60:.1f} min; training time per run (median): "
         f"{statistics.median(facts[r.name]['train_seconds'] for r in runs) / 60:.0f} min "
         "(words/s and times are as measured under the machine's load at the time: not a speed comparison, "
@@ -417,7 +429,7 @@ def write_report(
     boot, signatures = significance(by_variant, records, args.bootstrap_samples)
     plot = args.out / "curves.png"
     plot_curves(runs, records, plot, unfinished=missing or [])
-    device = _per_run(runs, lambda run: records[run.name]["device"])
+    device = _per_run(runs, lambda run: facts[run.name]["device"])
 
     baseline = VARIANTS[args.variants[0]]["label"].split()[0]  # "(a)": what p compares with
 
