@@ -18,16 +18,24 @@ use :func:`load_checkpoint`, which looks at the file first and says what it is:
 Loading is always ``weights_only=True``.
 """
 
+import logging
 import os
 import pickle
+import sys
 import zipfile
 
-import torch
+# the root logger's level before fairseq is first imported (None: it already was): its
+# import turns on DEBUG, which a command would print lines of, unless asked for before
+_root_level = None if "fairseq" in sys.modules else logging.getLogger().level
 
-from tpp_pipeline.errors import UserError
+import torch  # noqa: E402
 
-from tpp_fairseq import allow_fairseq_checkpoints
+from tpp_pipeline.errors import UserError  # noqa: E402
 
+from tpp_fairseq import allow_fairseq_checkpoints  # noqa: E402  (imports fairseq)
+from tpp_fairseq.fixes import undo_debug_logging_of_fairseq_import  # noqa: E402
+
+undo_debug_logging_of_fairseq_import(_root_level)
 allow_fairseq_checkpoints()  # what fairseq checkpoints hold, for torch's safe loading
 
 ZIP_MAGIC = b"PK\x03\x04"

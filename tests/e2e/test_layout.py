@@ -42,6 +42,7 @@ def test_console_script_from_the_installed_environment_prints_its_help(
     monkeypatch.delenv("PYTHONPATH", raising=False)
     shown = run([console_scripts / name, "--help"], cwd=tmp_path, timeout=300)
     assert shown.stdout.startswith(f"usage: {name}"), shown.stdout[:300]
+    assert "DEBUG" not in shown.stderr, "importing fairseq turned on debug logging"
 
 
 # a call of insert/append/extend/remove/pop/clear on sys.path, an assignment to it or to a
