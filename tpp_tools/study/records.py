@@ -421,13 +421,9 @@ def _found(source: Path):
                     _member(tar, members[name], f"{source}:{name}"),
                     _member(tar, members[hyp], f"{source}:{hyp}") if hyp in members else None,
                 )
-    except tarfile.ReadError as err:
+    except (tarfile.TarError, EOFError, zlib.error) as err:
         if str(err).startswith("file could not be opened"):  # (every format was tried)
             err = "not readable as a tar archive, nor as one compressed by gzip, bzip2 or xz"
-        raise StudyError(
-            f"--records {source}: not a folder or a whole tar archive ({err})"
-        ) from None
-    except (tarfile.TarError, EOFError, zlib.error) as err:
         raise StudyError(
             f"--records {source}: not a folder or a whole tar archive ({err})"
         ) from None
