@@ -289,6 +289,36 @@ def update_counts(trainer, task, cfg, args):
     return rest, {key: n for key, n in counter.reads.items() if key[0] == "rest"}
 
 
+def _count(result, kind, part=None):
+    """Launches or free operators of one part (all parts: None)."""
+    return sum(v for (p, k), v in result.items() if k == kind and part in (None, p))
+
+
+def _table(title, results, parts, args):
+    """One table of counts, a column per model (with their ratios to `transformer`)."""
+    print(f"\n{title}")
+    print(f"{'part':<22}" + "".join(f"{name:>22}" for name in args.models))
+    for part in parts + [None]:
+        cells = [
+            f"{_count(r, 'launches', part):>10.1f} + {_count(r, 'free', part):>6.1f} free"
+            for r in results.values()
+        ]
+        print(f"{part or 'total':<22}" + "".join(f"{c:>22}" for c in cells))
+    if any(_count(r, "Triton") for r in results.values()):
+        cells = [f"{_count(r, 'Triton'):>10.1f}" for r in results.values()]
+        print(f"{'Triton launches':<22}" + "".join(f"{c:>22}" for c in cells))
+    if "transformer" in results:
+        base = _count(results["transformer"], "launches")
+        ratios = ", ".join(f"{n} {_count(r, 'launches') / base:.2f}x" for n, r in results.items())
+        print(f"launches, ratio to transformer: {ratios}")
+    if args.device == "cuda" and any(n in ("tpp", "tpp-triton", "tpp-fused") for n in args.models):
+        print(
+            "(a Triton kernel is no ATen operator: these counts leave out the conv heads' "
+            "Triton launches, one per decoder layer and beam step, three per LocalConv "
+            "and training batch, with tpp-fused four per hybrid layer)"
+        )
+
+
 def main(argv=None):
     import logging
     import shutil
@@ -319,55 +349,27 @@ def main(argv=None):
         if work is not None:
             shutil.rmtree(work, ignore_errors=True)
 
-    def count(result, kind, part=None):
-        """Launches or free operators of one part (all parts: None)."""
-        return sum(v for (p, k), v in result.items() if k == kind and part in (None, p))
-
-    def table(title, results, parts):
-        print(f"\n{title}")
-        print(f"{'part':<22}" + "".join(f"{name:>22}" for name in args.models))
-        for part in parts + [None]:
-            cells = [
-                f"{count(r, 'launches', part):>10.1f} + {count(r, 'free', part):>6.1f} free"
-                for r in results.values()
-            ]
-            print(f"{part or 'total':<22}" + "".join(f"{c:>22}" for c in cells))
-        if any(count(r, "Triton") for r in results.values()):
-            cells = [f"{count(r, 'Triton'):>10.1f}" for r in results.values()]
-            print(f"{'Triton launches':<22}" + "".join(f"{c:>22}" for c in cells))
-        if "transformer" in results:
-            base = count(results["transformer"], "launches")
-            ratios = ", ".join(
-                f"{n} {count(r, 'launches') / base:.2f}x" for n, r in results.items()
-            )
-            print(f"launches, ratio to transformer: {ratios}")
-        if args.device == "cuda" and any(
-            n in ("tpp", "tpp-triton", "tpp-fused") for n in args.models
-        ):
-            print(
-                "(a Triton kernel is no ATen operator: these counts leave out the conv heads' "
-                "Triton launches, one per decoder layer and beam step, three per LocalConv "
-                "and training batch, with tpp-fused four per hybrid layer)"
-            )
-
     where = f"d={args.size}, {args.layers}+{args.layers} layers, {args.dtype}, {args.device}"
     if beam:
-        table(
+        _table(
             f"operators per beam-search step ({where}; beam {args.beam}, {args.gen_batch} "
             f"sentences; launches + free)",
             beam,
             ["self-attention", "state reordering", "rest"],
+            args,
         )
-    table(
+    _table(
         f"operators per training batch ({where}; --max-tokens {args.max_tokens}; launches + free)",
         train,
         ["forward", "backward"],
+        args,
     )
-    table(
+    _table(
         f"operators per update outside the forward and backward passes ({where}; optimizer, "
         f"master copy, gradient norm, meters)",
         update,
         [],
+        args,
     )
     print("\nvalues read back to the host per update, by the line that reads them")
     for name, found in reads.items():

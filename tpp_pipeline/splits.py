@@ -189,6 +189,49 @@ def carve_corpus(
     caller made itself, carved by a version before the record, perhaps differently)."""
     out_dir = Path(out_dir)
     given = dict(given or {})
+    outputs = _outputs(prefix, src_lang, tgt_lang, out_dir, sizes, given)
+    record = out_dir / SETTINGS
+    every = [p for pair in outputs.values() for p in pair]
+    existing = [p for p in every if p.exists()]
+    if not force and keep_unrecorded and len(existing) == len(every) and not record.exists():
+        return outputs
+    settings = None
+    if not force and record.exists() and existing:
+        complete = len(existing) == len(every)
+        settings = _check_record(record, prefix, src_lang, tgt_lang, sizes, seed, given, complete)
+        if complete:
+            return outputs
+    if settings is None:  # (the corpus's checksums, once)
+        settings = carving_settings(prefix, src_lang, tgt_lang, sizes, seed, given)
+    carved = _carved_files(prefix, src_lang, tgt_lang, sizes, seed, given, outputs)
+    if not force and existing:
+        # no record, or an interrupted carving: outputs are kept only where they are
+        # exactly what this carving writes (an earlier one's, or its first files)
+        for path in existing:
+            if path.read_bytes() != "".join(line + "\n" for line in carved[path]).encode():
+                raise DataError(
+                    "exists and is not what this carving writes (not carved here, or with "
+                    "other settings or an older version): use --force to replace it, or "
+                    "another --out",
+                    path,
+                )
+        if len(existing) == len(every):
+            _write_record(record, settings)
+            return outputs
+    # an interrupted carving must not leave old and new splits that look like one carving
+    # (removed once the new one is known to work out, so that a refused one keeps them)
+    if out_dir.is_dir():
+        for path in [record, *(p for pair in outputs.values() for p in pair)]:
+            path.unlink(missing_ok=True)
+    for path, lines in carved.items():
+        write_lines(path, lines)
+    _write_record(record, settings)
+    return outputs
+
+
+def _outputs(prefix, src_lang, tgt_lang, out_dir, sizes, given) -> Dict[str, Tuple[Path, Path]]:
+    """The files a carving writes, per split; an error where the request is wrong (a
+    negative size, one language twice, an output that is one of the inputs)."""
     for name, size in sizes.items():
         if size < 0:
             raise DataError(f"--{name} must be 0 or more pairs, not {size}")
@@ -218,45 +261,12 @@ def carve_corpus(
                 "is an input of the carving, and --out would write over it: choose another --out",
                 path,
             )
-    record = out_dir / SETTINGS
-    every = [p for pair in outputs.values() for p in pair]
-    existing = [p for p in every if p.exists()]
-    if not force and keep_unrecorded and len(existing) == len(every) and not record.exists():
-        return outputs
-    settings = None
-    if not force and record.exists() and existing:
-        complete = len(existing) == len(every)
-        settings = _check_record(record, prefix, src_lang, tgt_lang, sizes, seed, given, complete)
-        if complete:
-            return outputs
-    if settings is None:  # (the corpus's checksums, once)
-        settings = carving_settings(prefix, src_lang, tgt_lang, sizes, seed, given)
-    carved = _carved_files(prefix, src_lang, tgt_lang, sizes, seed, given, outputs)
-    if not force and existing:
-        # no record, or an interrupted carving: outputs are kept only where they are
-        # exactly what this carving writes (an earlier one's, or its first files)
-        for path in existing:
-            if path.read_bytes() != "".join(line + "\n" for line in carved[path]).encode():
-                raise DataError(
-                    "exists and is not what this carving writes (not carved here, or with "
-                    "other settings or an older version): use --force to replace it, or "
-                    "another --out",
-                    path,
-                )
-        if len(existing) == len(every):
-            with atomic_open(record) as handle:
-                json.dump(settings, handle, indent=1, sort_keys=True)
-            return outputs
-    # an interrupted carving must not leave old and new splits that look like one carving
-    # (removed once the new one is known to work out, so that a refused one keeps them)
-    if out_dir.is_dir():
-        for path in [record, *(p for pair in outputs.values() for p in pair)]:
-            path.unlink(missing_ok=True)
-    for path, lines in carved.items():
-        write_lines(path, lines)
+    return outputs
+
+
+def _write_record(record: Path, settings: dict) -> None:
     with atomic_open(record) as handle:
         json.dump(settings, handle, indent=1, sort_keys=True)
-    return outputs
 
 
 def _check_record(record, prefix, src_lang, tgt_lang, sizes, seed, given, complete):
