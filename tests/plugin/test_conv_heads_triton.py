@@ -370,9 +370,9 @@ def test_decoding_step_kernel_equals_the_modules_steps(shape, monkeypatch):
         # the two steps keep the same states: switching in the middle, either way,
         # changes nothing
         for first_impl, then in (("triton", "taps"), ("taps", "triton")):
-            fused.conv_heads_impl, state = first_impl, {}
+            fused.local_conv.impl, state = first_impl, {}
             first = decode(fused, x[:12], state, 12, 9, new_order)
-            fused.conv_heads_impl = then
+            fused.local_conv.impl = then
             rest = torch.cat(
                 [
                     fused(x[t : t + 1], None, None, incremental_state=state, need_weights=False)[0]
@@ -403,7 +403,7 @@ def test_decoding_step_kernel_in_half_precision(dtype, scaling):
     with torch.no_grad():
         expected = decode(exact, x, {}, 20, 9, order)
         got = decode(fused, x.to(dtype), {}, 20, 9, order).float()
-        fused.conv_heads_impl = "taps"
+        fused.local_conv.impl = "taps"
         taps = decode(fused, x.to(dtype), {}, 20, 9, order).float()
     assert torch.isfinite(got).all()
     scale = expected.abs().mean()

@@ -608,3 +608,43 @@ def test_the_decoders_attention_is_built_for_the_side_the_task_pads_targets_on(l
     assert all(
         m.right_padded for m in build_model().decoder.modules() if hasattr(m, "right_padded")
     )
+
+
+def test_a_model_of_the_triton_kernels_builds_where_triton_is_not_installed(monkeypatch, caplog):
+    """``--conv-heads-impl triton`` or ``fused`` (saved in the checkpoint of a model
+    trained on a GPU) is resolved once, as the model is built: where Triton is not
+    installed the conv heads run as PyTorch operations, said once, with the same
+    outputs."""
+    from tpp_plugin.modules import conv_heads_triton
+
+    torch.manual_seed(0)
+    taps = build_model(conv_heads_impl="taps", encoder_tag_layers="", dropout=0.0).eval()
+    monkeypatch.setattr(conv_heads_triton, "available", lambda: False)
+    conv_heads_triton._warn_missing.cache_clear()
+    with caplog.at_level("WARNING"):
+        for impl in ("triton", "fused"):
+            model = build_model(conv_heads_impl=impl, encoder_tag_layers="", dropout=0.0)
+            attentions = [m for m in model.modules() if isinstance(m, HybridMultiheadAttention)]
+            assert attentions and {m.conv_heads_impl for m in attentions} == {"taps"}
+            model.load_state_dict(taps.state_dict())
+            src, prev = random_tokens(model.encoder.dictionary, 2, 7), random_tokens(
+                model.decoder.dictionary, 2, 5
+            )
+            src_lengths = torch.full((2,), 7)
+            with torch.no_grad():
+                got = model.eval()(src, src_lengths, prev)[0]
+                expected = taps(src, src_lengths, prev)[0]
+            assert torch.equal(got, expected)
+    missing = [r for r in caplog.records if "needs Triton, which is not installed" in r.message]
+    assert len(missing) == 2  # once per implementation asked for, not once per layer
+
+
+def test_a_boolean_option_names_what_it_expects(capsys):
+    from tpp_plugin.models.transformer_pp.config import add_args
+
+    parser = argparse.ArgumentParser()
+    add_args(parser)
+    assert parser.parse_args(["--encoder-conv-centered", "True"]).encoder_conv_centered is True
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--encoder-conv-centered", "maybe"])
+    assert "--encoder-conv-centered: expected True or False, got 'maybe'" in capsys.readouterr().err

@@ -30,6 +30,7 @@ the tests check them on machines without a GPU.
 
 import contextlib
 import functools
+import logging
 import os
 
 from typing import Optional, Tuple
@@ -38,13 +39,16 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+logger = logging.getLogger(__name__)
+
 #: the implementations of the conv heads (``--conv-heads-impl``): ``auto`` is these
 #: kernels for CUDA tensors where Triton is installed, the taps elsewhere; ``fused`` is
 #: these kernels and, for training, all of the conv heads in one forward launch
 #: (:mod:`~tpp_plugin.modules.query_triton`)
 IMPLS = ("auto", "taps", "triton", "fused")
 MISSING = (
-    "--conv-heads-impl {} needs Triton (pip install triton); --conv-heads-impl taps runs without it"
+    "--conv-heads-impl {} needs Triton, which is not installed (pip install triton): the conv "
+    "heads run as PyTorch operations (--conv-heads-impl taps), the same function"
 )
 
 #: rows (``(t, b)`` pairs) and channels per program: 8 elements per thread of 4 warps, a
@@ -93,22 +97,36 @@ def usable_on(t: Tensor) -> bool:
     )
 
 
+def resolve(impl: str) -> str:
+    """The implementation a module built with ``impl`` uses: ``impl`` itself, or
+    ``"taps"`` where it asks for Triton and Triton is not installed (a model trained
+    with the kernels, loaded where there are none: the same function, computed by PyTorch
+    operations), with a warning once per process."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+    if impl in ("triton", "fused") and not available():
+        _warn_missing(impl)
+        return "taps"
+    return impl
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_missing(impl: str) -> None:
+    logger.warning(MISSING.format(impl))
+
+
 def runs(impl: str, t: Tensor, operator: bool = False) -> bool:
-    """Whether implementation ``impl`` runs these kernels on ``t``: ``"triton"`` and
-    ``"fused"`` on a tensor they can run on (an error if Triton is not installed),
-    ``"auto"`` on a CUDA tensor where Triton is installed. Inside ``torch.compile`` only
-    where the kernels are called as an ``operator`` (the fused conv heads'
-    ``torch.library`` operators; Triton's presence asked eagerly before, by
+    """Whether implementation ``impl`` (as :func:`resolve` returned it) runs these
+    kernels on ``t``: ``"triton"`` and ``"fused"`` on a tensor they can run on, ``"auto"``
+    on a CUDA tensor where Triton is installed. Inside ``torch.compile`` only where the
+    kernels are called as an ``operator`` (the fused conv heads' ``torch.library``
+    operators; Triton's presence asked eagerly before, by
     ``LocalConv.compiled_forward``): elsewhere the PyTorch forms join the graphs."""
     if torch.compiler.is_compiling():
         return operator and impl == "fused" and usable_on(t)
     if impl == "auto":
         return t.is_cuda and usable_on(t) and available()
-    if impl not in ("triton", "fused") or not usable_on(t):
-        return False
-    if not available():
-        raise RuntimeError(MISSING.format(impl))
-    return True
+    return impl in ("triton", "fused") and usable_on(t)
 
 
 @functools.lru_cache(maxsize=2)

@@ -105,8 +105,9 @@ class HybridMultiheadAttention(nn.Module):
         conv_heads_impl: ``"auto"``, ``"taps"``, ``"triton"`` or ``"fused"``: on CUDA
             tensors, LocalConv's convolution and the conv heads' decoding step as Triton
             kernels (:mod:`~tpp_plugin.modules.conv_heads_triton`; ``"auto"``: where
-            Triton is installed); ``"fused"`` also all of the conv heads in training
-            (:mod:`~tpp_plugin.modules.query_triton`).
+            Triton is installed); ``"fused"`` also all of the conv heads of a whole-sequence
+            forward, in training or not (:mod:`~tpp_plugin.modules.query_triton`);
+            ``"taps"`` where Triton is not installed.
         q_noise, qn_block_size: fairseq's quantization noise on the input and output
             projections in training (``--quant-noise-pq``, ``--quant-noise-pq-block-size``),
             as its ``MultiheadAttention`` puts it on its own.
@@ -178,7 +179,6 @@ class HybridMultiheadAttention(nn.Module):
             nn.Linear(embed_dim, sum(w for _, w in self.projection_sizes)), q_noise, qn_block_size
         )
         self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
-        self.conv_heads_impl = conv_heads_impl
         self.local_conv = LocalConv(
             conv_dim,
             kernel_size,
@@ -194,6 +194,11 @@ class HybridMultiheadAttention(nn.Module):
         )
         self.out_proj = quant_noise(nn.Linear(embed_dim, embed_dim), q_noise, qn_block_size)
         self.reset_parameters()
+
+    @property
+    def conv_heads_impl(self) -> str:
+        """How the conv heads run: LocalConv's implementation, chosen at construction."""
+        return self.local_conv.impl
 
     @property
     def conv_output_scale(self) -> float:

@@ -176,8 +176,10 @@ class LocalConv(nn.Module):
         centered: see :attr:`lookahead`.
         impl: ``"taps"`` (:class:`DilatedDepthwiseConv`, any device), ``"triton"``
             (:class:`~tpp_plugin.modules.conv_heads_triton.TritonDilatedDepthwiseConv`
-            for CUDA tensors, the taps elsewhere) or ``"auto"`` (Triton's where it is
-            installed, for CUDA tensors).
+            for CUDA tensors, the taps elsewhere), ``"fused"`` (``"triton"``, and the
+            attention's whole conv heads in one kernel: :meth:`fused_parts`) or
+            ``"auto"`` (Triton's where it is installed, for CUDA tensors); ``"taps"``
+            where Triton is not installed.
         output_scale: a factor on every output (the attention's conv-head scale), folded
             into the float32 kernel: applied before anything is rounded to half
             precision, where the unscaled conv-head product might overflow.
@@ -194,10 +196,6 @@ class LocalConv(nn.Module):
         output_scale: float = 1.0,
     ):
         super().__init__()
-        if impl not in conv_heads_triton.IMPLS:
-            raise ValueError(
-                f"impl must be one of {', '.join(conv_heads_triton.IMPLS)}, got {impl!r}"
-            )
         if kernel_size < 1:
             raise ValueError(f"kernel_size must be >= 1, got {kernel_size}")
         if dilation < 1:
@@ -205,7 +203,8 @@ class LocalConv(nn.Module):
         self.channels = channels
         self.kernel_size = kernel_size
         self.dilation = dilation
-        self.impl = impl
+        #: the implementation, chosen once (:func:`~.conv_heads_triton.resolve`)
+        self.impl = conv_heads_triton.resolve(impl)
         self.output_scale = output_scale
         #: positions ahead of ``t`` that output ``t`` sees: 0 (causal, the paper's) or,
         #: ``centered``, ``⌊(F-1)/2⌋·δ`` (taps ``t-⌈(F-1)/2⌉δ .. t+⌊(F-1)/2⌋δ``; encoder only)

@@ -7,6 +7,7 @@ Per-layer settings are comma-separated lists, one value per layer
 errors name the option.
 """
 
+import argparse
 from typing import Dict, List, Optional
 
 from tpp_pipeline.errors import OptionError
@@ -40,7 +41,7 @@ def _bool(value) -> bool:
         return True
     if str(value).lower() in ("0", "false", "no", "off"):
         return False
-    raise OptionError(f"expected true or false, got {value!r}")
+    raise argparse.ArgumentTypeError(f"expected True or False, got {value!r}")
 
 
 def add_args(parser) -> None:
@@ -74,10 +75,11 @@ def add_args(parser) -> None:
     parser.add_argument('--conv-heads-impl', choices=CONV_HEADS_IMPLS, metavar='IMPL',
                         help="how the conv heads run on a GPU: 'triton' (Triton kernels: "
                              "LocalConv in one launch forward and two backward, a decoding step of "
-                             "the conv heads in one), 'fused' ('triton', and in training the conv "
-                             "heads in one launch forward and three backward), 'taps' "
+                             "the conv heads in one), 'fused' ('triton', and the conv heads of a "
+                             "whole sequence in one launch forward and three backward), 'taps' "
                              "(PyTorch operations, one per LocalConv tap) or 'auto' (default: "
-                             "'triton' where Triton is installed); the CPU always uses 'taps'")
+                             "'triton' where Triton is installed); 'taps' on the CPU, and where "
+                             "Triton is not installed")
     parser.add_argument('--encoder-tag-layers', type=str, metavar='TAG:LAYER,...',
                         help='token classifiers on the base encoders: tag kind and the '
                              '(1-based) encoder layer it reads, e.g. "pos:1,ner:2"; '
