@@ -442,16 +442,17 @@ def test_scaled_decoding_step_rounds_its_half_precision_output_once():
         48, 4, 2, kernel_size=3, causal=True, output_scaling="inv-sqrt-head-dim"
     )
     u = torch.randn(64, 24)  # B x Hc·dh
+    proj = {"local": u, "score": torch.randn(64, 2), "value": torch.randn(64, 24)}
     paper = LocalConv(24, kernel_size=3)  # the same kernel, unscaled
     paper.load_state_dict(m.local_conv.state_dict())
     with torch.no_grad():  # (a search's steps)
         local = m.local_conv.step(u, {})  # the scale applied by LocalConv, in float32
         assert local.dtype == torch.float32
         assert torch.equal(local, paper.step(u, {}) * m.conv_output_scale)
-        local, context = local.view(64, 2, 12), torch.randn(64, 2, 12)  # B x Hc x dh
-        out = torch.empty(64, 2, 12, dtype=torch.bfloat16)
-        m._conv_output(local, context, out=out)
-    assert torch.equal(out, (local * context).to(torch.bfloat16))
+        context = m.context_query.step(proj["score"], proj["value"], {})  # B x Hc x dh
+        out = torch.empty(64, 24, dtype=torch.bfloat16)  # B x Hc·dh, a slice of W^O's input
+        m._conv_step(proj, {}, out=out)
+    assert torch.equal(out.view(64, 2, 12), (local.view(64, 2, 12) * context).to(torch.bfloat16))
 
 
 @pytest.mark.parametrize("grad_mode", STEP_PATHS)

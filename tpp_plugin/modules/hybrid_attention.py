@@ -394,20 +394,15 @@ class HybridMultiheadAttention(nn.Module):
                 .transpose(1, 2)
             )
             saved = self._get_input_buffer(incremental_state)
-            if saved.get("prev_kv") is not None:
-                kv = torch.cat([saved["prev_kv"], kv], dim=3)  # B x Ha x 2 x t x dh
-            buffer = {"prev_kv": kv}
+            kv, padding, _ = self._cache(saved, kv, None, 1)  # B x Ha x 2 x t x dh, B x t
+            self._set_input_buffer(incremental_state, saved)
             q = parts["q"].view(bsz, self.dot_heads, 1, self.head_dim)  # B x Ha x 1 x dh
-            padding = saved.get("prev_padding")
             if padding is None:
                 # one fused kernel, the softmax in float32 inside
                 dot = F.scaled_dot_product_attention(q, *kv.unbind(2))  # B x Ha x 1 x dh
             else:  # padded keys in the cache (never in beam search); the new one is not padding
-                padding = F.pad(padding, (0, 1), value=False)  # B x t
-                buffer["prev_padding"] = padding
                 attend = ~padding[:, None, None, :]  # B x 1 x 1 x t
                 dot = F.scaled_dot_product_attention(q, *kv.unbind(2), attn_mask=attend)
-            self._set_input_buffer(incremental_state, buffer)
             # the kernel's output need not be laid out as B x Ha x dh in memory: copy, not
             # view; B x Ha*dh -> B x Ha x dh <- B x Ha x 1 x dh
             mixed[:, :dot_dim].view(bsz, self.dot_heads, self.head_dim).copy_(dot.squeeze(2))
@@ -449,14 +444,9 @@ class HybridMultiheadAttention(nn.Module):
         context = self.context_query.step(
             proj["score"], proj["value"], incremental_state
         )  # B x Hc x dh, float32
-        # B x Hc*dh -> B x Hc x dh
-        self._conv_output(local.view(context.shape), context, out=out.view(context.shape))
-
-    def _conv_output(self, local: Tensor, context: Tensor, out: Tensor) -> Tensor:
-        """A decoding step's conv-head output, written into ``out``: LocalConv's float32
-        step (the output scale applied) times the Query, cast to ``out``'s dtype once as
-        it is written (as the Triton step does)."""
-        return torch.mul(local, context, out=out)
+        # B x Hc*dh -> B x Hc x dh; cast to out's dtype once, as it is written (as the
+        # Triton step does)
+        torch.mul(local.view(context.shape), context, out=out.view(context.shape))
 
     def _project(self, x: Tensor) -> Dict[str, Tensor]:
         """All input projections of ``x`` by one matrix product, ``T x B x width`` each."""
@@ -533,11 +523,8 @@ class HybridMultiheadAttention(nn.Module):
         if incremental_state is not None:
             saved = self._get_input_buffer(incremental_state)
             kv = torch.stack([k, v], dim=2)  # B x Ha x 2 x T x dh
-            if saved.get("prev_kv") is not None:
-                past = saved["prev_kv"].size(3)
-                kv = torch.cat([saved["prev_kv"], kv], dim=3)  # B x Ha x 2 x (past + T) x dh
-            saved["prev_kv"] = kv
-            key_padding_mask = self._cached_padding(saved, key_padding_mask, past, tgt_len)
+            # B x Ha x 2 x (past + T) x dh, B x (past + T)
+            kv, key_padding_mask, past = self._cache(saved, kv, key_padding_mask, tgt_len)
             self._set_input_buffer(incremental_state, saved)
             k, v = kv[:, :, 0], kv[:, :, 1]
         src_len = k.size(2)
@@ -563,6 +550,25 @@ class HybridMultiheadAttention(nn.Module):
             weights = F.softmax(logits, dim=-1).type_as(q).transpose(0, 1)  # Ha x B x T x S
         # B x Ha x T x dh -> T x B x (Ha*dh)
         return out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, -1), weights
+
+    @classmethod
+    def _cache(
+        cls,
+        saved: Dict[str, Optional[Tensor]],
+        kv: Tensor,
+        key_padding_mask: Optional[Tensor],
+        tgt_len: int,
+    ) -> Tuple[Tensor, Optional[Tensor], int]:
+        """The new positions' keys and values (``kv``, ``B x Ha x 2 x T x dh``) appended
+        to the cache in ``saved``: all of them (``B x Ha x 2 x (past + T) x dh``), the
+        padding of all keys (:meth:`_cached_padding`) and the number ``past`` cached
+        before."""
+        past = 0
+        if saved.get("prev_kv") is not None:
+            past = saved["prev_kv"].size(3)
+            kv = torch.cat([saved["prev_kv"], kv], dim=3)  # B x Ha x 2 x (past + T) x dh
+        saved["prev_kv"] = kv
+        return kv, cls._cached_padding(saved, key_padding_mask, past, tgt_len), past
 
     @staticmethod
     def _cached_padding(
