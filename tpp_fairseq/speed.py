@@ -84,7 +84,7 @@ def _flat_fp32_copy(params):
 
 
 def build_optimizer(cls, cfg, params, **kwargs):
-    """``FP16Optimizer.build_optimizer``, with a flat master copy for --bf16 (see 5.)."""
+    """``FP16Optimizer.build_optimizer``, with a flat master copy for --bf16 (:func:`flat_bf16_master_copy`)."""
     params = list(params)
     if params and _flat_bf16_wanted(cfg, params):
         fp32_params = _flat_fp32_copy(params)

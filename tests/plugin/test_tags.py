@@ -672,3 +672,17 @@ def test_translating_a_sentence_over_the_limit_says_the_limit_and_how_to_raise_i
     )
     translated = raised_limit.translate(["s1 s2", long], beam=1)
     assert len(translated) == 2 and all(isinstance(t, str) and t for t in translated)
+    # under the positions' limit, over the batches' (the training's --max-tokens 500)
+    longer = " ".join(f"s{i % 24}" for i in range(600))
+    positions = dict(max_source_positions=1024, max_target_positions=1024, **load)
+    with pytest.raises(InputTooLongError) as raised:
+        TransformerModel.from_pretrained(str(tmp_path / "ck"), **positions).translate(
+            [longer], beam=1
+        )
+    assert str(raised.value).startswith(
+        "input sentence 0 (0-based; 1 sentence(s) in all) is 601 tokens long after BPE, end "
+        "of sentence included, and a batch holds at most max_tokens=500"
+    ), raised.value
+    assert "from_pretrained(..., max_tokens=N)" in str(raised.value)
+    wider = TransformerModel.from_pretrained(str(tmp_path / "ck"), max_tokens=1000, **positions)
+    assert wider.translate([longer], beam=1, max_len_b=5)[0]

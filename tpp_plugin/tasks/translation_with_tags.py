@@ -190,6 +190,13 @@ class TranslationWithTagsTask(TranslationTask):
         dataset.tpp_for_inference = True  # sentences a user gave: see filter_indices_by_size
         return dataset
 
+    def get_batch_iterator(self, dataset, max_tokens=None, *args, **kwargs):
+        """fairseq's; the sentences a user gave also learn the batches' ``max_tokens``,
+        which :meth:`filter_indices_by_size` checks them against."""
+        if getattr(dataset, "tpp_for_inference", False):
+            dataset.tpp_max_tokens = max_tokens
+        return super().get_batch_iterator(dataset, max_tokens, *args, **kwargs)
+
     def filter_indices_by_size(
         self, indices, dataset, max_positions=None, ignore_invalid_inputs=False
     ):
@@ -217,6 +224,17 @@ class TranslationWithTagsTask(TranslationTask):
                 "\"{'max_source_positions': N, 'max_target_positions': N}\" (and --max-source-positions N "
                 "--max-target-positions N above 1024), or skip such lines with "
                 "--skip-invalid-size-inputs-valid-test"
+            )
+        max_tokens = getattr(dataset, "tpp_max_tokens", None)
+        over = [int(i) for i in indices if max_tokens and dataset.num_tokens(i) > max_tokens]
+        if over:
+            raise InputTooLongError(
+                f"input sentence {over[0]} (0-based; {len(over)} sentence(s) in all) is "
+                f"{dataset.num_tokens(over[0])} tokens long after BPE, end of sentence included, "
+                f"and a batch holds at most max_tokens={max_tokens} (from the hub interface, the "
+                "--max-tokens the model was trained with). Raise it when loading the model: "
+                "from_pretrained(..., max_tokens=N) in Python; --max-tokens N for "
+                "fairseq-interactive"
             )
         return indices
 
