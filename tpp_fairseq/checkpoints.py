@@ -10,7 +10,8 @@ loads as fairseq loads it.
 fairseq gives a task no say when a checkpoint is loaded to resume (``Trainer`` does not
 hand it its saved state), nor when a model trained with it is loaded with another task
 (``--task translation`` at inference): so these checks wrap fairseq's loaders, and act on
-the checkpoints that carry a record only.
+the checkpoints that carry a record only. A file that is no checkpoint (empty, text, cut
+short) is a :class:`~tpp_tools.checkpoint_files.CheckpointError` naming it and what it is.
 """
 
 import contextvars
@@ -118,7 +119,15 @@ def trainer_load_checkpoint(
 
 
 def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
-    state = _original_load_checkpoint_to_cpu(path, arg_overrides, load_on_all_ranks)
+    try:
+        state = _original_load_checkpoint_to_cpu(path, arg_overrides, load_on_all_ranks)
+    except Exception as error:  # torch's: KeyError: 101 for a text file, a miniz error...
+        from tpp_tools.checkpoint_files import CheckpointError, format_problem
+
+        problem = format_problem(path)
+        if problem is None:  # (a whole file: what torch says is the reason)
+            raise
+        raise CheckpointError(path, problem) from error
     expectation = _expectation.get()
     if expectation is not None:
         expectation.loaded(state, path)

@@ -220,3 +220,37 @@ def test_a_tag_weight_or_head_of_a_tag_not_loaded_is_said(data, tmp_path):
     assert "--tag-loss-weights names 'pso', which the task does not load (--tags pos,ner)" in said
     assert "--encoder-tag-layers: no 'nre' head is built, the task loads no 'nre' labels" in said
     assert "no 'pos' head" not in said
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"hello\n", "a text file, not a checkpoint (first line: 'hello')"),
+        (b"PK\x03\x04" + b"\0" * 300, "truncated or damaged checkpoint (304 bytes)"),
+    ],
+)
+def test_a_file_that_is_no_checkpoint_is_one_line_naming_it(data, tmp_path, content, message):
+    """fairseq's commands (and its hub interface) load checkpoints through the function
+    the plugin wraps: torch's ``KeyError: 101`` or miniz error becomes what the file is."""
+    checkpoint = tmp_path / "model.pt"
+    checkpoint.write_bytes(content)
+    generate = ["fairseq-generate", data, "--user-dir", PLUGIN_DIR, "--path", checkpoint]
+    generate += ["--task", "translation", "--beam", "1", "--cpu", "--gen-subset", "valid"]
+    generated = run(generate, check=False, timeout=300)
+    assert generated.returncode != 0
+    assert "Traceback" not in generated.stderr, generated.stderr[-3000:]
+    assert f"fairseq-generate: error: {checkpoint}: {message}" in generated.stderr
+
+
+def test_the_task_without_a_data_folder_says_where_it_comes_from():
+    """fairseq's ``from_pretrained`` sets the data folder to None where
+    ``data_name_or_path`` names none that exists; fairseq's task then failed with a
+    ``TypeError`` about ``NoneType``."""
+    from tpp_pipeline.errors import DataError
+    from tpp_plugin.tasks.translation_with_tags import (
+        TranslationWithTagsConfig,
+        TranslationWithTagsTask,
+    )
+
+    with pytest.raises(DataError, match="data_name_or_path names no folder that exists"):
+        TranslationWithTagsTask.setup_task(TranslationWithTagsConfig(data=None))

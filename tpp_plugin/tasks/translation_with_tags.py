@@ -100,6 +100,16 @@ class TranslationWithTagsTask(TranslationTask):
 
     cfg: TranslationWithTagsConfig
 
+    @classmethod
+    def setup_task(cls, cfg: TranslationWithTagsConfig, **kwargs):
+        if not cfg.data:  # fairseq's would fail on None with a TypeError
+            raise DataError(
+                "translation_with_tags has no data folder: fairseq's from_pretrained gives it "
+                "none where data_name_or_path names no folder that exists (as given, or in the "
+                "model's folder)"
+            )
+        return super().setup_task(cfg, **kwargs)
+
     def __init__(self, cfg: TranslationWithTagsConfig, src_dict, tgt_dict):
         super().__init__(cfg, src_dict, tgt_dict)
         self.tag_names = parse_tag_kinds(cfg.tags)
