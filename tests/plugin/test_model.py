@@ -627,8 +627,9 @@ def test_a_model_of_the_triton_kernels_builds_where_triton_is_not_installed(monk
             attentions = [m for m in model.modules() if isinstance(m, HybridMultiheadAttention)]
             assert attentions and {m.conv_heads_impl for m in attentions} == {"taps"}
             model.load_state_dict(taps.state_dict())
-            src, prev = random_tokens(model.encoder.dictionary, 2, 7), random_tokens(
-                model.decoder.dictionary, 2, 5
+            src, prev = (
+                random_tokens(model.encoder.dictionary, 2, 7),
+                random_tokens(model.decoder.dictionary, 2, 5),
             )
             src_lengths = torch.full((2,), 7)
             with torch.no_grad():
