@@ -16,9 +16,9 @@ from tpp_pipeline.errors import UserError
 
 
 class AnalysisError(UserError):
-    status = 1
-
     """A problem with the user's input; the message says what to fix."""
+
+    status = 1
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:

@@ -65,9 +65,9 @@ class EvaluationError(UserError):
 
 
 class GenerationError(UserError):
-    status = 1
-
     """fairseq-generate failed or did not translate the whole split: exit status 1."""
+
+    status = 1
 
 
 # --------------------------------------------------------------------------- inputs
@@ -455,6 +455,8 @@ def _checked_inputs(
             raise EvaluationError(f"{option} after --: {OWN_GENERATE_OPTIONS[option]}")
     if not data.is_dir():
         raise EvaluationError(f"{data}: data folder does not exist")
+    if checkpoint.is_dir():
+        raise EvaluationError(f"{checkpoint}: a folder, not a checkpoint file (--checkpoint)")
     if not checkpoint.is_file():
         raise EvaluationError(f"{checkpoint}: no such checkpoint")
     if not user_dir.is_dir():

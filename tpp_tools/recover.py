@@ -22,7 +22,7 @@ Usage (the options of a fairseq-train command line; others are ignored, the last
 of a repeated option counts, as in fairseq)::
 
     tpp-recover-checkpoint --save-dir checkpoints/en-de
-    tpp-recover-checkpoint --save-dir DIR --checkpoint-suffix -shard0
+    tpp-recover-checkpoint --save-dir DIR --checkpoint-suffix=-shard0
 
 Exit status: 0 (nothing to do, or recovered), 2 (no readable checkpoint to resume from),
 3 (``--max-update N`` given and ``checkpoint_last.pt`` has N updates or more: the run is
@@ -266,7 +266,8 @@ def recover_held(argv) -> int:
     )
     if updates is not None:
         say(
-            f"{Path(args.save_dir) / 'checkpoint_last.pt'} has {updates} updates: the run is finished "
+            f"{Path(args.save_dir) / f'checkpoint_last{args.checkpoint_suffix}.pt'} has {updates} "
+            "updates: the run is finished "
             f"(--max-update {args.max_update}); nothing to train (a larger --max-update continues it)"
         )
         return 3

@@ -168,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         loaded = load_model(args.path, args.data)
+        from tpp_plugin.tasks.translation_with_tags import MissingTagsError
+
         model, task = loaded.model, loaded.task
         if not len(getattr(model.encoder, "tag_heads", None) or ()):
             raise AnalysisError(
@@ -193,11 +195,13 @@ def main(argv: list[str] | None = None) -> int:
         try:
             batches = first_batches(task, model, args.split, args.batches, args.max_tokens)
             table = tag_gradients(model, task, criterion, batches)
-        except FileNotFoundError as err:  # (the task's advice is to train without tags)
+        except MissingTagsError as err:  # (the task's advice is to train without tags)
             raise AnalysisError(
-                f"{args.data}: {getattr(err, 'what', err)} (the tag losses' gradients need "
-                "the labels: pass a folder prepared with tags)"
+                f"{args.data}: {err.what} (the tag losses' gradients need the labels: pass a "
+                "folder prepared with tags)"
             ) from None
+        except FileNotFoundError as err:  # fairseq's "Dataset not found: SPLIT (...)"
+            raise AnalysisError(f"{args.data}: no split {args.split!r} ({err})") from None
     except AnalysisError as err:
         return report(PROG, err)
     if args.json:

@@ -314,7 +314,15 @@ def test_reference_is_checked_before_translating_and_counted_like_sacrebleu(eval
 
 
 @pytest.mark.parametrize(
-    "problem", ["missing", "not utf-8", "no such split", "bad checkpoint", "unwritable out"]
+    "problem",
+    [
+        "missing",
+        "not utf-8",
+        "no such split",
+        "bad checkpoint",
+        "folder checkpoint",
+        "unwritable out",
+    ],
 )
 def test_bad_input_is_named_without_a_traceback(evaluated, tmp_path, problem):
     args = {
@@ -335,6 +343,9 @@ def test_bad_input_is_named_without_a_traceback(evaluated, tmp_path, problem):
         expected = f"{bad}:3: invalid UTF-8 byte b'\\xe9'"
     elif problem == "no such split":
         expected = f"{evaluated['data']}: no 'dev' split"
+    elif problem == "folder checkpoint":
+        args["--checkpoint"] = evaluated["checkpoint"].parent
+        expected = f"{evaluated['checkpoint'].parent}: a folder, not a checkpoint file"
     elif problem == "unwritable out":  # a file where the folder would go: found before translating
         (tmp_path / "taken").write_text("a file\n")
         args["--out"] = tmp_path / "taken" / "out"

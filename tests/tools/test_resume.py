@@ -571,6 +571,26 @@ def test_a_whole_checkpoint_that_safe_loading_refuses_is_not_moved(torn_run, tmp
     assert (save_dir / "checkpoint_last.pt").read_bytes() == torn_run["torn"]
 
 
+def test_a_finished_run_of_a_checkpoint_suffix_is_named_with_it(trained_run, tmp_path):
+    save_dir = tmp_path / "ckpt"
+    save_dir.mkdir()
+    shutil.copy(
+        trained_run["save_dir"] / "checkpoint_last.pt", save_dir / "checkpoint_last-shard0.pt"
+    )
+    command = ["tpp-recover-checkpoint", "--save-dir", save_dir, "--checkpoint-suffix=-shard0"]
+    result = subprocess.run(
+        [str(part) for part in command + ["--max-update", "20"]],
+        cwd=REPO,
+        env=tool_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 3, result.stderr
+    assert f"{save_dir / 'checkpoint_last-shard0.pt'} has 20 updates: the run is finished" in (
+        result.stderr
+    )
+
+
 def test_a_finished_run_is_not_trained_again(trained_run, tmp_path):
     """Re-running the command of a finished run (checkpoint_last.pt at --max-update), or
     with a smaller --max-update, trains nothing and writes no checkpoint (fairseq alone

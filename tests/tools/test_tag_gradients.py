@@ -167,6 +167,18 @@ def test_a_data_folder_without_the_label_streams_is_named(trained, tmp_path):
     assert "--tags ''" not in shown.stderr, "(advice to train without tags)"
 
 
+def test_a_split_the_folder_lacks_is_named_as_such(trained):
+    tagged, _, data = trained
+    shown = run(
+        ["tpp-tag-gradients", "--path", tagged, "--data", data, "--split", "nosuch"],
+        check=False,
+        timeout=300,
+    )
+    assert shown.returncode == 1, shown.stderr[-2000:]
+    assert f"tpp-tag-gradients: error: {data}: no split 'nosuch'" in shown.stderr
+    assert "need the labels" not in shown.stderr  # (the folder has them)
+
+
 def test_a_model_without_tag_heads_is_named(trained):
     _, plain, data = trained
     shown = run(["tpp-tag-gradients", "--path", plain, "--data", data], check=False, timeout=300)
