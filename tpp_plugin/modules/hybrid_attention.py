@@ -82,6 +82,21 @@ def fuse_legacy_projections(state_dict, prefix: str) -> None:
         state_dict[f"{prefix}in_proj.{part}"] = torch.cat(pieces)
 
 
+def projection_sizes(dot_heads: int, conv_heads: int, head_dim: int) -> List[Tuple[str, int]]:
+    """``(name, width)`` of each slice of ``in_proj``'s output, in the order of
+    :data:`PROJECTIONS`, without empty ones; then unused rows up to a multiple of
+    :data:`ALIGN`, so that the output's rows (and with ``d_h`` a multiple of 8, every slice)
+    start on 16-byte boundaries in half precision: the fused attention kernels read q, k
+    and v in place and fail on misaligned strides."""
+    dot_dim, conv_dim = dot_heads * head_dim, conv_heads * head_dim
+    sizes = dict(q=dot_dim, k=dot_dim, v=dot_dim, local=conv_dim, value=conv_dim, score=conv_heads)
+    slices = [(name, sizes[name]) for name in PROJECTIONS if sizes[name] > 0]
+    total = sum(width for _, width in slices)
+    if total % ALIGN:
+        slices.append(("pad", ALIGN - total % ALIGN))
+    return slices
+
+
 @with_incremental_state
 class HybridMultiheadAttention(nn.Module):
     """``H - H_c`` scaled dot-product heads and ``H_c`` convolution-attention heads.
@@ -158,21 +173,9 @@ class HybridMultiheadAttention(nn.Module):
         self.self_attention = True
         self.encoder_decoder_attention = False
 
-        dot_dim = self.dot_heads * self.head_dim
         conv_dim = conv_heads * self.head_dim
-        sizes = dict(
-            q=dot_dim, k=dot_dim, v=dot_dim, local=conv_dim, value=conv_dim, score=conv_heads
-        )
         #: (name, width) of each slice of in_proj's output, in order (no empty slices)
-        self.projection_sizes: List[Tuple[str, int]] = [
-            (n, sizes[n]) for n in PROJECTIONS if sizes[n] > 0
-        ]
-        total = sum(w for _, w in self.projection_sizes)
-        if total % ALIGN:
-            # unused rows, so that the output's rows (and with d_h a multiple of 8, every
-            # slice) start on 16-byte boundaries in half precision: the fused attention
-            # kernels read q, k and v in place and fail on misaligned strides
-            self.projection_sizes.append(("pad", ALIGN - total % ALIGN))
+        self.projection_sizes = projection_sizes(self.dot_heads, conv_heads, self.head_dim)
         self._names = [n for n, _ in self.projection_sizes]
         self._widths = [w for _, w in self.projection_sizes]
         self.in_proj = quant_noise(
@@ -268,13 +271,7 @@ class HybridMultiheadAttention(nn.Module):
         Returns:
             ``(T x B x d output, weights or None)``
         """
-        if static_kv or before_softmax:
-            raise NotImplementedError("HybridMultiheadAttention is self-attention only")
-        if (key is not None and key is not query) or (value is not None and value is not query):
-            raise ValueError(
-                "HybridMultiheadAttention is self-attention only (key and value must be the "
-                "query); cross-self-attention is not supported with convolution heads"
-            )
+        self._check_self_attention(query, key, value, static_kv, before_softmax)
         if need_head_weights:
             need_weights = True
         tgt_len, bsz, embed_dim = query.shape
@@ -316,6 +313,16 @@ class HybridMultiheadAttention(nn.Module):
                 kept = self.dot_heads if incremental_state is not None else 0
                 weights = weights[:kept].mean(dim=0) if kept else weights.mean(dim=0)
         return attn, weights
+
+    @staticmethod
+    def _check_self_attention(query, key, value, static_kv, before_softmax) -> None:
+        if static_kv or before_softmax:
+            raise NotImplementedError("HybridMultiheadAttention is self-attention only")
+        if (key is not None and key is not query) or (value is not None and value is not query):
+            raise ValueError(
+                "HybridMultiheadAttention is self-attention only (key and value must be the "
+                "query); cross-self-attention is not supported with convolution heads"
+            )
 
     def _one_search_step(
         self, tgt_len, incremental_state, need_weights, attn_mask, key_padding_mask

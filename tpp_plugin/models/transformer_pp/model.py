@@ -95,9 +95,8 @@ class TransformerPPEncoder(TransformerEncoderBase):
             self.layers = RecordedLayerDrop(self.layers.p, layers)
         self.tag_heads = TagHeads(cfg.encoder.embed_dim, tag_classes, tag_layers)
 
-    def build_encoder_layer(self, cfg, layer_idx: Optional[int] = None):
-        if layer_idx is None:  # fairseq's __init__, layer after layer
-            layer_idx = self.layer_counter.next(cfg.encoder.layers)
+    def build_encoder_layer(self, cfg):
+        layer_idx = self.layer_counter.next(cfg.encoder.layers)  # fairseq's __init__, in order
         layer = TransformerPPEncoderLayer(cfg, layer_idx, self.conv, return_fc=self.return_fc)
         return wrap_layer(layer, cfg)
 
@@ -130,9 +129,8 @@ class TransformerPPDecoder(TransformerDecoderBase):
             output_projection=output_projection,
         )
 
-    def build_decoder_layer(self, cfg, no_encoder_attn=False, layer_idx: Optional[int] = None):
-        if layer_idx is None:  # fairseq's __init__, layer after layer
-            layer_idx = self.layer_counter.next(cfg.decoder.layers)
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        layer_idx = self.layer_counter.next(cfg.decoder.layers)  # fairseq's __init__, in order
         layer = TransformerPPDecoderLayer(
             cfg, layer_idx, self.conv, no_encoder_attn=no_encoder_attn
         )
