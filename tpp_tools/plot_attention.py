@@ -236,19 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         tgt_dict = loaded.task.target_dictionary
-        if args.target is not None:
-            if not args.target.strip():
-                raise AnalysisError("--target is empty")
-            hypothesis = tgt_dict.encode_line(
-                args.target, add_if_not_exist=False, append_eos=True
-            ).long()
-            if len(hypothesis) > loaded.model.decoder.max_positions():
-                raise AnalysisError(
-                    f"--target is {len(hypothesis)} subwords long with its end of sentence, "
-                    f"and the model reads at most {loaded.model.decoder.max_positions()}"
-                )
-        else:
-            hypothesis = translate(loaded, src_tokens, args.beam)
+        hypothesis = _hypothesis(loaded, src_tokens, args.target, args.beam)
         out_labels = [tgt_dict[i] for i in hypothesis.tolist()]
         # decoder input: EOS first, then the translation shifted right (fairseq's layout)
         prev = torch.cat([hypothesis.new_tensor([tgt_dict.eos()]), hypothesis[:-1]])
@@ -283,15 +271,42 @@ def main(argv: list[str] | None = None) -> int:
     for target in targets.values():
         print(f"wrote {target}")
     if args.force:  # the maps of layers this model lacks are an earlier model's
-        for kind in TITLES:
-            named = {
-                p
-                for p in args.out_dir.glob(f"{kind}_layer*.png")
-                if p.stem[len(kind) + 6 :].isdigit()  # KIND_layerN.png
-            }
-            for stale in named - set(targets.values()):
-                stale.unlink()
+        _remove_other_maps(args.out_dir, set(targets.values()))
     return 0
+
+
+def _hypothesis(loaded, src_tokens, target: str | None, beam: int):
+    """The translation whose maps are drawn: ``target`` (prepared text) encoded, or the
+    model's own with beam ``beam``; token ids, end of sentence included."""
+    if target is None:
+        return translate(loaded, src_tokens, beam)
+    if not target.strip():
+        raise AnalysisError("--target is empty")
+    tgt_dict = loaded.task.target_dictionary
+    hypothesis = tgt_dict.encode_line(target, add_if_not_exist=False, append_eos=True).long()
+    if all(i in (tgt_dict.unk(), tgt_dict.eos()) for i in hypothesis.tolist()):
+        raise AnalysisError(
+            f"no token of --target {target!r} is in the target dictionary: is it "
+            "tokenised/BPE-segmented like the training data?"
+        )
+    if len(hypothesis) > loaded.model.decoder.max_positions():
+        raise AnalysisError(
+            f"--target is {len(hypothesis)} subwords long with its end of sentence, "
+            f"and the model reads at most {loaded.model.decoder.max_positions()}"
+        )
+    return hypothesis
+
+
+def _remove_other_maps(out_dir: Path, written: set) -> None:
+    """Remove the maps in ``out_dir`` (``KIND_layerN.png``) that this run did not write."""
+    for kind in TITLES:
+        named = {
+            p
+            for p in out_dir.glob(f"{kind}_layer*.png")
+            if p.stem[len(kind) + 6 :].isdigit()  # KIND_layerN.png
+        }
+        for stale in named - written:
+            stale.unlink()
 
 
 if __name__ == "__main__":

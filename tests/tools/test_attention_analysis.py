@@ -219,6 +219,7 @@ def test_plot_attention_refuses_to_overwrite_without_force(trained, tmp_path, ca
         ("out-dir-a-file", "att: not a folder (--out-dir)"),
         ("too-long", "subwords long with its end of sentence, and the model reads at most 1024"),
         ("target-too-long", "--target is 1201 subwords long with its end of sentence, and the"),
+        ("target-unknown", "no token of --target 'qqqq zzzz' is in the target dictionary"),
     ],
 )
 def test_plot_attention_errors(trained, tmp_path, case, message):
@@ -252,6 +253,8 @@ def test_plot_attention_errors(trained, tmp_path, case, message):
         (tmp_path / "att").write_text("not a folder")
     elif case == "target-too-long":
         extra = ["--target", " ".join(["Berg"] * 1200)]
+    elif case == "target-unknown":
+        extra = ["--target", "qqqq zzzz"]
     # through the command line: exit status and message as a user sees them
     run = subprocess.run(
         [
