@@ -829,3 +829,32 @@ def test_a_tpp_venv_without_python_stops_the_job(cluster, tmp_path):
     assert f"error: TPP_VENV='{tmp_path / 'no-venv'}' is not an environment" in log.read_text()
     assert "tagging shard" not in log.read_text()
     assert set(job_states(cluster, job).values()) == {"FAILED"}
+
+
+def test_the_study_reads_the_queue_whatever_squeue_settings_the_user_has(cluster, tmp_path):
+    """Which of a study's jobs are still queued decides what is submitted again. With
+    ``SQUEUE_STATES=all`` an ended job was read as queued (its run never resubmitted),
+    with ``SQUEUE_PARTITION`` of another partition a waiting one as ended (its run
+    trained twice at once)."""
+    ended = sbatch(cluster, f"--output={tmp_path}/ended.out", "--wrap", "true")
+    waiting = sbatch(cluster, "--begin=now+600", f"--output={tmp_path}/w.out", "--wrap", "true")
+    try:
+        wait_for_queue_to_drain(cluster, [ended], 120)
+        env = dict(cluster, SQUEUE_STATES="all", SQUEUE_PARTITION="nosuch")
+        read = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import json, sys; from tpp_tools.study.slurm import queue_states; "
+                "print(json.dumps(queue_states(sys.argv[1:])))",
+                ended,
+                waiting,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert json.loads(read.stdout) == {waiting: "PENDING"}, read.stdout + read.stderr
+    finally:
+        subprocess.run(["scancel", waiting], env=cluster, capture_output=True)

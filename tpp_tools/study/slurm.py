@@ -274,19 +274,33 @@ def cluster_problem(args) -> Optional[str]:
     return None
 
 
+#: the states of a job that has ended (squeue shows them for a while after the end)
+ENDED_STATES = frozenset(
+    "BOOT_FAIL CANCELLED COMPLETED DEADLINE FAILED NODE_FAIL OUT_OF_MEMORY PREEMPTED "
+    "REVOKED TIMEOUT".split()
+)
+
+
 def queue_states(job_ids: List[str]) -> Dict[str, str]:
     """{job id: state} of those of ``job_ids`` still in the queue (pending, running,
-    requeued...); a job that has ended is not there."""
+    requeued, completing...); a job that has ended is not there. squeue is asked for
+    every state and run without the user's ``SQUEUE_*`` variables, which would filter
+    what it shows (a partition, states)."""
     if not job_ids:
         return {}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SQUEUE_")}
     shown = subprocess.run(
-        ["squeue", "-h", "-o", "%i %T", "-j", ",".join(job_ids)], capture_output=True, text=True
+        ["squeue", "-h", "--states=all", "-o", "%i %T", "-j", ",".join(job_ids)],
+        capture_output=True,
+        text=True,
+        env=env,
     )
     if shown.returncode != 0:
         if "Invalid job id" in shown.stderr:  # a single id no longer known
             return {}
         raise StudyError(f"squeue failed: {shown.stderr.strip()}")
-    return dict(line.split()[:2] for line in shown.stdout.splitlines() if line.strip())
+    states = dict(line.split()[:2] for line in shown.stdout.splitlines() if line.strip())
+    return {job: state for job, state in states.items() if state not in ENDED_STATES}
 
 
 def job_state(job_id: str) -> str:
