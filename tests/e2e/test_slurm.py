@@ -783,7 +783,23 @@ def test_a_slurm_study_submits_the_runs_only_names(cluster, tagged_data, tmp_pat
     assert done.returncode == 0, done.stdout + done.stderr
     record = json.loads((out / "slurm" / "jobs.json").read_text())
     runs = {entry["run"]: entry["job"] for entry in record["runs"].values()}
-    subprocess.run(["scancel", *runs.values(), record["report"]["job"]], env=cluster)
+    try:
+        status = subprocess.run(
+            study_command(
+                tagged_data, out, *later, "--only", "transformer-s2", "--status", study=tiny
+            ),
+            env=cluster,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        # (--status names each run's job and what SLURM says of it)
+        job = runs.get("transformer-s2")
+        assert f"| transformer-s2 | not started (job {job} PENDING) |" in status.stdout, (
+            status.stdout + status.stderr
+        )
+    finally:
+        subprocess.run(["scancel", *runs.values(), record["report"]["job"]], env=cluster)
     assert list(runs) == ["transformer-s2"] and record["report"]["after"] == list(runs.values())
 
 

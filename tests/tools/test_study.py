@@ -1737,3 +1737,31 @@ def test_a_killed_studys_trainer_is_never_joined_by_a_second_one(tmp_path, signa
             again.kill()
         for pid in _trainers(out):
             os.kill(int(pid), signal.SIGKILL)
+
+
+def test_the_status_of_a_stopped_run_says_what_its_last_checkpoint_saved(tmp_path):
+    """A run stopped between checkpoints has logged updates (and validations) that its
+    resumed training repeats: --status showed the logged ones only, as if they were kept."""
+    import types
+
+    import torch
+
+    from tpp_tools.study.cli import status_row
+
+    folder = tmp_path / "transformer-s1"
+    (folder / "checkpoints").mkdir(parents=True)
+    log = [
+        {"train_num_updates": 20},
+        {"valid_loss": 6.0, "valid_nll_loss": 5.5, "valid_num_updates": 20},
+        {"train_num_updates": 30},
+        {"valid_loss": 5.5, "valid_nll_loss": 5.078, "valid_num_updates": 30},
+    ]
+    (folder / "train.log").write_text("".join(json.dumps(r) + "\n" for r in log))
+    run_ = types.SimpleNamespace(name="transformer-s1", folder=folder)
+    assert status_row(run_, 100).startswith("| transformer-s1 | stopped | 30 | 5.078 |")
+    checkpoint = {"model": {}, "optimizer_history": [{"num_updates": 20}]}
+    torch.save(checkpoint, folder / "checkpoints" / "checkpoint_last.pt")
+    assert status_row(run_, 100).startswith("| transformer-s1 | stopped | 30 (20 saved) | 5.078 |")
+    checkpoint["optimizer_history"][0]["num_updates"] = 30
+    torch.save(checkpoint, folder / "checkpoints" / "checkpoint_last.pt")
+    assert status_row(run_, 100).startswith("| transformer-s1 | stopped | 30 | 5.078 |")

@@ -39,6 +39,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
+from typing import Optional
 
 from .commands import CHILDREN, json_records, log
 from .config import CONFIGS, PROG, VARIANTS, Config, StudyError, check_config, check_tag_settings
@@ -56,9 +57,10 @@ from .runs import (
     eta_text,
     execute,
     gpu_slots,
-    last_checkpoint_updates,
+    logged_updates,
     plan_runs,
     run_state,
+    saved_updates,
     training_eta,
     visible_gpus,
 )
@@ -490,21 +492,39 @@ def show_status(args, cfg: Config) -> int:
         print(f"the data folder {paths['data']} is not prepared yet: no run has started")
     print(f"| run | state | updates of {cfg.max_update} | last valid NLL | training ETA | folder |")
     print("|---|---|---:|---:|---:|---|")
+    jobs = {}
+    if args.launcher == "slurm":
+        from .slurm import job_notes
+
+        jobs = job_notes(args.out)
     for run in runs:
-        recorded = run.folder / RECORD
-        state, eta = run_state(run), None
-        if recorded.exists():  # (a run merged from elsewhere has no log here)
-            valid = read_record(recorded)["valid"]
-            updates = valid[-1]["updates"] if valid else cfg.max_update
-        else:
-            records = json_records(run.folder / "train.log")
-            valid = validation_curve(records)
-            updates = last_checkpoint_updates(run)
-            if state.startswith("running"):
-                eta = training_eta(records, cfg.max_update)
-        nll = f"{valid[-1]['nll_loss']:.3f}" if valid else "—"
-        print(f"| {run.name} | {state} | {updates} | {nll} | {eta_text(eta)} | {run.folder} |")
+        print(status_row(run, cfg.max_update, jobs.get(run.folder.name)))
     return 0
+
+
+def status_row(run, max_update: int, job: Optional[str] = None) -> str:
+    """--status' line of one run: its state (with its SLURM ``job``, where one was
+    submitted), updates (a stopped run's as logged, and as saved where its last
+    checkpoint, which it resumes from, has fewer), last validation loss and training ETA."""
+    recorded = run.folder / RECORD
+    state, eta = run_state(run), None
+    if job and state != "finished":
+        state += f" ({job})"
+    if recorded.exists():  # (a run merged from elsewhere has no log here)
+        valid = read_record(recorded)["valid"]
+        updates = valid[-1]["updates"] if valid else max_update
+    else:
+        records = json_records(run.folder / "train.log")
+        valid = validation_curve(records)
+        updates = logged_updates(run)
+        if state.startswith("running"):
+            eta = training_eta(records, max_update)
+        elif updates:
+            saved = saved_updates(run)
+            if saved is not None and saved < updates:
+                updates = f"{updates} ({saved} saved)"
+    nll = f"{valid[-1]['nll_loss']:.3f}" if valid else "—"
+    return f"| {run.name} | {state} | {updates} | {nll} | {eta_text(eta)} | {run.folder} |"
 
 
 def study(args, cfg: Config, command: str) -> int:

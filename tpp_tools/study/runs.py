@@ -234,12 +234,27 @@ def eta_text(seconds: Optional[float]) -> str:
     return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
 
 
-def last_checkpoint_updates(run: Run) -> int:
+def logged_updates(run: Run) -> int:
+    """The most updates the run's training log reports (its trainings, resumed or not)."""
     updates = [
         int(r.get("train_num_updates", r.get("num_updates", 0)) or 0)
         for r in json_records(run.folder / "train.log")
     ]
     return max(updates, default=0)
+
+
+def saved_updates(run: Run) -> Optional[int]:
+    """The updates of the run's ``checkpoint_last.pt`` (what a resumed training starts
+    from), None without a readable one."""
+    from ..checkpoint_files import CheckpointError, load_checkpoint, num_updates
+
+    last = run.folder / "checkpoints" / "checkpoint_last.pt"
+    if not last.exists():
+        return None
+    try:
+        return num_updates(load_checkpoint(last, mmap=True))
+    except CheckpointError:
+        return None
 
 
 def visible_gpus() -> List[str]:
@@ -348,7 +363,7 @@ def _train(run: Run, cfg: Config, env, lock) -> None:
         lock=lock,
         progress=lambda: training_progress(run, cfg),
     )
-    updates = last_checkpoint_updates(run)
+    updates = logged_updates(run)
     if updates < cfg.max_update:
         raise RuntimeError(
             f"{run.name}: fairseq-train stopped at update {updates} of {cfg.max_update}"

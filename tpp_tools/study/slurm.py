@@ -303,6 +303,23 @@ def queue_states(job_ids: List[str]) -> Dict[str, str]:
     return {job: state for job, state in states.items() if state not in ENDED_STATES}
 
 
+def job_notes(out: Path) -> Dict[str, str]:
+    """For ``--status``, per run folder: its latest job and whether SLURM still queues it
+    (``job 8 PENDING``, ``job 8 ended``); nothing where the study submitted no job, or
+    squeue cannot say."""
+    ids = {folder: entry["job"] for folder, entry in load_jobs(out)["runs"].items()}
+    if not ids or shutil.which("squeue") is None:
+        return {}
+    try:
+        queued = queue_states(list(ids.values()))
+    except StudyError:
+        return {}
+    return {
+        folder: f"job {job} {queued[job]}" if job in queued else f"job {job} ended"
+        for folder, job in ids.items()
+    }
+
+
 def job_state(job_id: str) -> str:
     """The state SLURM last knew of a job (COMPLETED, FAILED, ...)."""
     shown = subprocess.run(
