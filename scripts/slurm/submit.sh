@@ -164,6 +164,26 @@ slurm_time() {  # VARIABLE OPTION: a time limit sbatch takes
 for stage in prepare tag binarize train evaluate; do
   slurm_time "TIME_${stage^^}" "--time-$stage"
 done
+slurm_seconds() {  # TIME: its seconds (a limit slurm_time took; -1 for none)
+  local t=$1 days=0 f
+  [[ ${t^^} =~ ^(UNLIMITED|INFINITE|-1)$ ]] && { echo -1; return; }
+  if [[ $t == *-* ]]; then  # DAYS-HH[:MM[:SS]]
+    days=${t%%-*}; IFS=: read -ra f <<< "${t#*-}"
+    echo $(( 10#$days * 86400 + 10#${f[0]} * 3600 + 10#${f[1]:-0} * 60 + 10#${f[2]:-0} ))
+    return
+  fi
+  IFS=: read -ra f <<< "$t"  # MINUTES, MINUTES:SECONDS or HH:MM:SS
+  case ${#f[@]} in
+    1) echo $(( 10#${f[0]} * 60 )) ;;
+    2) echo $(( 10#${f[0]} * 60 + 10#${f[1]} )) ;;
+    *) echo $(( 10#${f[0]} * 3600 + 10#${f[1]} * 60 + 10#${f[2]} )) ;;
+  esac
+}
+# train.sbatch is signalled 120 s before its limit to save and requeue itself
+train_seconds=$(slurm_seconds "$TIME_TRAIN")
+(( train_seconds < 0 || train_seconds > 120 )) \
+  || die "--time-train $TIME_TRAIN: the training job is told 2 minutes before its limit to" \
+         "put itself back in the queue: give it more than that"
 LOG_DIR=${LOG_DIR:-logs/slurm}
 if [[ -n ${MASTER_PORT:-} ]]; then  # (fairseq would refuse it in the training job)
   [[ $MASTER_PORT =~ ^[0-9]{1,5}$ ]] && (( 10#$MASTER_PORT >= 1 && 10#$MASTER_PORT <= 65535 )) \

@@ -325,6 +325,8 @@ def test_more_training_tasks_than_gpus_is_refused_before_submitting(tmp_path):
         (["--preset", "en_de"], "unknown preset 'en_de' (one of: en-de en-fr base cpu tiny)"),
         (["--time-train", "banana"], "--time-train 'banana' is not a SLURM time limit"),
         (["--time-tag", "1:2:3:4"], "--time-tag '1:2:3:4' is not a SLURM time limit"),
+        (["--time-train", "2"], "--time-train 2: the training job is told 2 minutes before"),
+        (["--time-train", "0-00:02"], "--time-train 0-00:02: the training job is told 2 minutes"),
         (["--from", "train", "--data-bin", "no/such"], "--from train: no data folder no/such"),
         (["--from", "evaluate", "--save-dir", "no/such"], "--from evaluate: no save dir no/such"),
     ],
@@ -368,6 +370,11 @@ def test_cpu_only_is_0_or_1_and_every_slurm_time_format_is_taken(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "--time=2-00:00:00" in result.stdout.splitlines()[3]
     assert not (tmp_path / "logs").exists(), "a dry run creates no log folder"
+    for train in ("3", "2:01", "00:02:01", "0-00:03", "1-0", "infinite", "08"):  # > 2 minutes
+        result = subprocess.run(
+            command + ["--time-train", train], env=tool_env(), capture_output=True, text=True
+        )
+        assert result.returncode == 0 and f"--time={train}" in result.stdout, (train, result.stderr)
 
 
 def test_a_stage_sbatch_refuses_cancels_the_stages_submitted_before_it(cluster, tmp_path):

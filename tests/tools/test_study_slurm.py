@@ -243,6 +243,10 @@ def test_time_limits_in_slurm_formats():
             ["--launcher", "slurm", "--time-limit", "1h"],
             "--time-limit: not a SLURM time limit: '1h'",
         ),
+        (
+            ["--launcher", "slurm", "--time-limit", "2"],
+            "--time-limit 2: a run's job is told 2 minutes before its limit",
+        ),
         (["--launcher", "slurm", "--sbatch-option", "mem"], "--sbatch-option: expected KEY=VALUE"),
         (["--launcher", "slurm", "--mem", "1.5G"], "--mem: expected a size as sbatch takes it"),
         (["--launcher", "slurm", "--mem", "00"], "--mem: expected a size as sbatch takes it"),

@@ -46,6 +46,8 @@ DEFAULT_TIME = "24:00:00"
 #: process with its data loader); a CPU run's job asks for the cluster's default
 MEM_PER_GPU_GB = 12
 REPORT_TIME_MIN = 120
+#: submitit's SIGUSR2 this many seconds before a run's time limit: put back in the queue
+SIGNAL_LEAD_S = 120
 SLURM_OPTIONS = ("partition", "time_limit", "cpus_per_run", "mem", "account", "sbatch_option")
 
 
@@ -131,6 +133,11 @@ def check_options(args, cfg: Config) -> Optional[str]:
         args.time_minutes = time_minutes(args.time_limit or DEFAULT_TIME)
     except ValueError as err:
         return f"--time-limit: {err}"
+    if args.time_minutes * 60 <= SIGNAL_LEAD_S:
+        return (
+            f"--time-limit {args.time_limit}: a run's job is told {SIGNAL_LEAD_S // 60} minutes "
+            "before its limit to put itself back in the queue: give it more than that"
+        )
     args.sbatch_options = {}
     for option in args.sbatch_option:
         key, sep, value = option.partition("=")
@@ -169,8 +176,7 @@ def resources(args, cfg: Config) -> Dict[str, object]:
         "ntasks_per_node": 1,
         "cpus_per_task": args.cpus_per_run,
         "time": args.time_minutes,
-        # submitit's SIGUSR2 that long before the time limit: put back in the queue
-        "signal_delay_s": 120,
+        "signal_delay_s": SIGNAL_LEAD_S,
         "stderr_to_stdout": True,
         "additional_parameters": {"requeue": True, **args.sbatch_options},
     }
