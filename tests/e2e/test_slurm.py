@@ -640,6 +640,7 @@ def test_study_runs_as_slurm_jobs_one_requeued_and_reports_as_a_local_study(
     # the report, written by the report job, is the local study's: same runs, same scores
     assert (slurm_out / "report.md").exists(), logs[f"{report_job}_0_log.out"][-3000:]
     assert "Device: SLURM jobs, CPU (1 per run)" in (slurm_out / "report.md").read_text()
+    assert "DEBUG" not in logs[f"{report_job}_0_log.out"], "(matplotlib's, hundreds of lines)"
     assert sorted(p.name for p in (slurm_out / "runs").iterdir()) == sorted(
         p.name for p in (local_out / "runs").iterdir()
     )

@@ -433,10 +433,13 @@ class RunJob:
         submitit_handler = signal.getsignal(requeue_signal)
 
         def stop(signum, frame):
-            log(
-                f"{run.name}: {signal.Signals(signum).name}: stopping its commands; the job put back in the "
-                "queue resumes from the last checkpoint"
+            then = (
+                "the job goes back in the queue and resumes from the last checkpoint"
+                if signum == requeue_signal
+                else "if SLURM requeues the job (or the study is submitted again), the run "
+                "resumes from its last checkpoint"
             )
+            log(f"{run.name}: {signal.Signals(signum).name}: stopping its commands; {then}")
             CHILDREN.stop(grace=20)
             if signum == requeue_signal and callable(submitit_handler):
                 submitit_handler(signum, frame)  # checkpoint, requeue, exit
@@ -474,6 +477,11 @@ class ReportJob:
         self.cfg, self.args, self.command = cfg, args, command
 
     def __call__(self) -> str:
+        import logging
+
+        import fairseq  # noqa: F401  (imported here, it turns the root logger to DEBUG...)
+
+        logging.getLogger().setLevel(logging.WARNING)  # (...: back to a process's own)
         args = self.args
         args.dry_run, args.report_only = False, True
         try:
