@@ -532,6 +532,28 @@ def cancel_superseded_report(record: dict) -> None:
         )
 
 
+def _submit_report(args, cfg: Config, command: str, params, waiting_on: List[str]):
+    """The report job (one CPU, after every job in ``waiting_on`` has ended)."""
+    import submitit
+
+    report_params = {k: v for k, v in params.items() if k != "gpus_per_node"}
+    report_params.update(job_name="tpp-study-report", cpus_per_task=1, time=REPORT_TIME_MIN)
+    if waiting_on:
+        report_params["additional_parameters"] = {
+            **params["additional_parameters"],
+            "dependency": "afterany:" + ":".join(waiting_on),
+        }
+    try:
+        return executor(args, report_params).submit(ReportJob(cfg, args, command))
+    except submitit.core.utils.FailedJobError as err:
+        raise StudyError(
+            f"sbatch refused the report job: {str(err).strip()}\n"
+            f"(the runs' jobs are in {jobs_file(args.out)}; {PROG} ... --report-only writes the report at any "
+            "time)",
+            status=1,
+        ) from None
+
+
 def submit(args, cfg: Config, command: str) -> int:
     """Submit a job for every run neither finished nor queued, and the report job after
     them (the study folder's lock held)."""
@@ -587,22 +609,7 @@ def submit(args, cfg: Config, command: str) -> int:
         waiting_on.append(job.job_id)
         log(f"{run.name}: job {job.job_id}, log {job.paths.stdout}")
     cancel_superseded_report(record)
-    report_params = {k: v for k, v in params.items() if k != "gpus_per_node"}
-    report_params.update(job_name="tpp-study-report", cpus_per_task=1, time=REPORT_TIME_MIN)
-    if waiting_on:
-        report_params["additional_parameters"] = {
-            **params["additional_parameters"],
-            "dependency": "afterany:" + ":".join(waiting_on),
-        }
-    try:
-        report = executor(args, report_params).submit(ReportJob(cfg, args, command))
-    except submitit.core.utils.FailedJobError as err:
-        raise StudyError(
-            f"sbatch refused the report job: {str(err).strip()}\n"
-            f"(the runs' jobs are in {jobs_file(args.out)}; {PROG} ... --report-only writes the report at any "
-            "time)",
-            status=1,
-        ) from None
+    report = _submit_report(args, cfg, command, params, waiting_on)
     record["report"] = {"job": report.job_id, "log": str(report.paths.stdout), "after": waiting_on}
     save_jobs(args.out, record)
     log(
