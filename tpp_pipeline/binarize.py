@@ -137,6 +137,10 @@ def binarize_labels(text_dir, src, tgt, staging, label_sets, workers=1):
     shutil.rmtree(tag_dir)
 
 
+#: the file that marks ``<dest_dir>.tmp`` as binarize's own staging folder (removed there)
+STAGING_MARK = ".tpp-staging"
+
+
 def binarize(text_dir, src, tgt, dest_dir, dict_size=None, workers=1, label_sets=None, info=None):
     """Binarize ``text_dir/{split}.{lang}`` (and ``{split}.{kind}`` for every tag kind
     of ``label_sets``) into ``dest_dir``.
@@ -146,9 +150,17 @@ def binarize(text_dir, src, tgt, dest_dir, dict_size=None, workers=1, label_sets
     the work folder (the parent of ``text_dir``).
     """
     staging = dest_dir + ".tmp"
-    if os.path.exists(staging):
+    mark = os.path.join(staging, STAGING_MARK)
+    if os.path.exists(staging):  # an interrupted run's, or a folder of someone's own
+        if not os.path.exists(mark):
+            raise DataError(
+                "exists, and is no folder that binarizing left (it stages its files there): "
+                "move it away",
+                staging,
+            )
         shutil.rmtree(staging)
     os.makedirs(staging)
+    open(mark, "w").close()
     try:
         prefixes = []
         for split in SPLITS:
@@ -177,6 +189,7 @@ def binarize(text_dir, src, tgt, dest_dir, dict_size=None, workers=1, label_sets
             json.dump(info or {}, out, indent=1, sort_keys=True)
         if os.path.exists(dest_dir):
             shutil.rmtree(dest_dir)  # only reached with --force; the caller checks
+        os.remove(mark)
         os.replace(staging, dest_dir)
     except BaseException as error:
         # A failed (or interrupted) binarization leaves nothing behind in data-bin; the

@@ -150,21 +150,36 @@ def check_model(name=None):
     if name is None:
         default_model_name()
     elif name.startswith("blank:"):
-        import spacy
-
-        try:
-            spacy.util.get_lang_class(name[len("blank:") :])
-        except ImportError:
-            raise DataError(
-                f"spaCy has no language {name[len('blank:'):]!r} (--spacy-model {name})"
-            ) from None
+        raise DataError(
+            f"--spacy-model {name}: a blank spaCy pipeline has no components, and the tags "
+            "need a trained model's tagger and 'ner'"
+        )
     elif os.path.isdir(name):
         if not os.path.isfile(os.path.join(name, "config.cfg")):
             raise DataError("is a folder without a spaCy model's config.cfg (--spacy-model)", name)
+        _check_components(name, os.path.join(name, "meta.json"))
     elif not _is_model_package(name):
         raise DataError(
             f"spaCy model '{name}' (--spacy-model) is neither an installed "
             "package nor a folder; install it, or name another"
+        )
+    else:
+        folder = importlib.util.find_spec(name).submodule_search_locations[0]
+        _check_components(name, os.path.join(folder, "meta.json"))
+
+
+def _check_components(name: str, meta: str) -> None:
+    """A :class:`DataError` where the model's ``meta.json`` lists a pipeline without
+    'ner' (what :class:`Labeler` would find only when the tagging starts)."""
+    try:
+        with open(meta, encoding="utf-8") as handle:
+            pipeline = json.load(handle).get("pipeline")
+    except (OSError, ValueError, AttributeError):
+        return  # (no meta.json to read: loading the model will tell)
+    if isinstance(pipeline, list) and "ner" not in pipeline:
+        raise DataError(
+            f"spaCy model {name} (--spacy-model) has no 'ner' component (its pipeline: "
+            f"{', '.join(map(str, pipeline)) or 'none'})"
         )
 
 

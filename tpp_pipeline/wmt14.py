@@ -172,10 +172,10 @@ def _sgm_segments(data, where, utf8_errors="strict"):
                 "invalid UTF-8 (pass --utf8-errors replace to substitute U+FFFD)", where, number
             ) from None
         if "<seg" in line:
-            match = _SEG.search(line)
-            if not match:
+            found = [match.group(1) for match in _SEG.finditer(line)]
+            if len(found) != line.count("<seg"):
                 raise DataError("malformed <seg> line", where, number)
-            segments.append(match.group(1))
+            segments.extend(found)
     if not segments:
         raise DataError("no <seg> lines found", where)
     return segments
@@ -296,10 +296,13 @@ def main(argv=None):
     pipeline.check_lengths(parser, args)
     pipeline.setup_logging()
     if args.list_files:
+        lines = []
         for archive, members in expected_members(args.pair).items():
-            print(f"{archive}\t{ARCHIVE_URLS[archive]}")
-            for member in members:
-                print(f"    {member}")
+            lines += [f"{archive}\t{ARCHIVE_URLS[archive]}"] + [f"    {m}" for m in members]
+        try:
+            print("\n".join(lines), flush=True)
+        except BrokenPipeError:  # (| head): the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     src, tgt = args.pair.split("-")
     name = args.name or f"wmt14_{src}_{tgt}"

@@ -253,6 +253,24 @@ def test_training_data_with_no_usable_pair_is_an_error_naming_the_file(corpus, c
     assert not (corpus / "bin" / "rel").exists()  # no output folder (only its lock)
 
 
+def test_a_folder_at_the_staging_name_is_removed_only_if_binarizing_left_it(corpus):
+    """data-bin/<name>.tmp/ is where binarizing stages its files: one an interrupted run
+    left is removed; one of the user's own was removed too, without --force."""
+    own = corpus / "bin" / "rel.tmp"
+    own.mkdir(parents=True)
+    (own / "precious.txt").write_text("mine\n")
+    result = _run(corpus, "--bpe-merges", "100")
+    assert result.returncode == 2, result.stderr
+    assert f"{own}: exists, and is no folder that binarizing left" in result.stderr
+    assert (own / "precious.txt").read_text() == "mine\n"
+    (own / "precious.txt").unlink()
+    (own / ".tpp-staging").write_text("")  # as a killed binarization leaves it
+    (own / "train.en-de.en.bin").write_bytes(b"half")
+    result = _run(corpus, "--bpe-merges", "100")
+    assert result.returncode == 0, result.stderr
+    assert not own.exists() and not (corpus / "bin" / "rel" / ".tpp-staging").exists()
+
+
 def test_failed_binarize_leaves_no_staging_folder(corpus):
     """Issue 11.8: a binarization that fails removes data-bin/<name>.tmp/ at once."""
     assert _run(corpus, "--bpe-merges", "100", "--stop-after", "clean").returncode == 0
@@ -491,6 +509,8 @@ def _no_step_ran(corpus, work="work"):
         "--bpe-codes a folder",
         "--spacy-model missing",
         "--spacy-model not a model",
+        "--spacy-model without ner",
+        "--spacy-model blank",
         "input is a folder",
         "output in the work folder",
     ],
@@ -537,6 +557,15 @@ def test_bad_inputs_and_settings_are_refused_before_any_step(corpus, case):
         (corpus / "model").mkdir()
         extra = ["--spacy-model", corpus / "model"]
         expected = f"{corpus / 'model'}: is a folder without a spaCy model's config.cfg"
+    elif case == "--spacy-model without ner":  # (refused when the tagging started)
+        import spacy
+
+        spacy.blank("en").to_disk(corpus / "model")
+        extra = ["--spacy-model", corpus / "model"]
+        expected = f"spaCy model {corpus / 'model'} (--spacy-model) has no 'ner' component"
+    elif case == "--spacy-model blank":
+        extra = ["--spacy-model", "blank:en"]
+        expected = "--spacy-model blank:en: a blank spaCy pipeline has no components"
     elif case == "output in the work folder":  # (--name final was the step folder final/)
         extra = ["--data-bin", corpus / "work", "--name", "final"]
         expected = (

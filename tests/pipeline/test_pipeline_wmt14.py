@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-from support import REPO, english_pairs, run_pipeline
+from support import REPO, english_pairs, run_pipeline, tool_env
 
 pytestmark = pytest.mark.slow
 
@@ -272,3 +272,36 @@ def test_fairseq_train_runs_on_the_result(wmt_run, tmp_path):
     output = result.stdout + result.stderr
     assert "num_updates=3" in output and "done training" in output
     assert "pos_loss=" in output and "ner_loss=" in output
+
+
+def test_every_segment_of_an_sgm_line_is_read():
+    """(a second <seg> on a line was dropped, on both sides alike: nothing said so)"""
+    from tpp_pipeline.errors import DataError
+    from tpp_pipeline.wmt14 import _sgm_segments
+
+    data = b'<doc>\n<seg id="1">a b</seg> <seg id="2"> c </seg>\n<seg id=3>d</seg>\n</doc>\n'
+    assert _sgm_segments(data, "dev.sgm") == ["a b", "c", "d"]
+    with pytest.raises(DataError, match=r"dev\.sgm:2: malformed <seg> line"):
+        _sgm_segments(b'<doc>\n<seg id="1">a</seg><seg id="2">b\n', "dev.sgm")
+
+
+def test_the_list_of_files_read_by_a_reader_that_stops_early_is_no_traceback():
+    """(``tpp-prepare-wmt14 --list-files | head -5``: BrokenPipeError's traceback)"""
+    listing = subprocess.Popen(
+        ["tpp-prepare-wmt14", "--pair", "en-de", "--list-files"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=tool_env(),
+    )
+    listing.stdout.close()  # before it writes: every write meets a closed pipe
+    error = listing.stderr.read().decode()
+    assert listing.wait(timeout=120) == 0 and "Traceback" not in error, error
+    shown = subprocess.run(
+        ["tpp-prepare-wmt14", "--pair", "en-de", "--list-files"],
+        capture_output=True,
+        text=True,
+        env=tool_env(),
+        check=True,
+    )
+    assert "training-parallel-europarl-v7.tgz\thttp" in shown.stdout
+    assert "    training/europarl-v7.de-en.en" in shown.stdout.splitlines()
