@@ -150,8 +150,25 @@ def atomic_files(paths):
         raise
 
 
+def check_line_breaks(path, window=1 << 16):
+    """Raise :class:`DataError` where ``path`` breaks its lines by carriage returns alone
+    (old Mac files): read as one line, its pairs would be one sentence pair, aligned with
+    the other side's one, and so pass every count."""
+    with open(path, "rb") as handle:
+        head = handle.read(window)
+    if b"\n" not in head and head.count(b"\r") >= 2:
+        raise DataError(
+            "ends its lines with a carriage return alone (\\r, old Mac line endings), which "
+            "is no line break here: convert it first, e.g. with tr '\\r' '\\n'",
+            path,
+        )
+
+
 def check_same_line_count(paths):
-    """Raise :class:`DataError` unless all ``paths`` have the same number of lines."""
+    """Raise :class:`DataError` unless all ``paths`` have the same number of lines (and
+    break them with ``\\n``: :func:`check_line_breaks`)."""
+    for path in paths:
+        check_line_breaks(path)
     counts = {str(path): count_lines(path) for path in paths}
     if len(set(counts.values())) > 1:
         detail = ", ".join(f"{path} has {n}" for path, n in counts.items())

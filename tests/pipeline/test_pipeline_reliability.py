@@ -504,6 +504,7 @@ def _no_step_ran(corpus, work="work"):
         "same languages",
         "empty test set",
         "blank valid set",
+        "old Mac line endings",
         "--bpe-codes missing",
         "--bpe-codes garbage",
         "--bpe-codes a folder",
@@ -537,6 +538,11 @@ def test_bad_inputs_and_settings_are_refused_before_any_step(corpus, case):
             f"{corpus / 'valid.de'}: the valid set has only blank lines here: every split "
             "needs at least one sentence to translate"
         )
+    elif case == "old Mac line endings":  # (read as one pair of lines, aligned)
+        for lang in ("en", "de"):
+            path = corpus / f"valid.{lang}"
+            path.write_bytes(path.read_bytes().replace(b"\n", b"\r"))
+        expected = f"{corpus / 'valid.en'}: ends its lines with a carriage return alone"
     elif case == "--bpe-codes missing":
         extra = ["--bpe-codes", corpus / "no_codes"]
         expected = f"{corpus / 'no_codes'}: BPE codes not found (--bpe-codes)"
