@@ -154,8 +154,8 @@ def binarize(text_dir, src, tgt, dest_dir, dict_size=None, workers=1, label_sets
     if os.path.exists(staging):  # an interrupted run's, or a folder of someone's own
         if not os.path.exists(mark):
             raise DataError(
-                "exists, and is no folder that binarizing left (it stages its files there): "
-                "move it away",
+                "exists without the mark of binarizing's staging folder (a folder of your "
+                "own, or one an older version left): move it away",
                 staging,
             )
         shutil.rmtree(staging)

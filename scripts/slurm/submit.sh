@@ -164,7 +164,7 @@ slurm_time() {  # VARIABLE OPTION: a time limit sbatch takes
 for stage in prepare tag binarize train evaluate; do
   slurm_time "TIME_${stage^^}" "--time-$stage"
 done
-slurm_seconds() {  # TIME: its seconds (a limit slurm_time took; -1 for none)
+slurm_seconds() {  # TIME: its seconds (a limit slurm_time took; 0 or -1: none)
   local t=$1 days=0 f
   [[ ${t^^} =~ ^(UNLIMITED|INFINITE|-1)$ ]] && { echo -1; return; }
   if [[ $t == *-* ]]; then  # DAYS-HH[:MM[:SS]]
@@ -181,7 +181,7 @@ slurm_seconds() {  # TIME: its seconds (a limit slurm_time took; -1 for none)
 }
 # train.sbatch is signalled 120 s before its limit to save and requeue itself
 train_seconds=$(slurm_seconds "$TIME_TRAIN")
-(( train_seconds < 0 || train_seconds > 120 )) \
+(( train_seconds <= 0 || train_seconds > 120 )) \
   || die "--time-train $TIME_TRAIN: the training job is told 2 minutes before its limit to" \
          "put itself back in the queue: give it more than that"
 LOG_DIR=${LOG_DIR:-logs/slurm}

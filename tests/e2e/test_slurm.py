@@ -370,7 +370,8 @@ def test_cpu_only_is_0_or_1_and_every_slurm_time_format_is_taken(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "--time=2-00:00:00" in result.stdout.splitlines()[3]
     assert not (tmp_path / "logs").exists(), "a dry run creates no log folder"
-    for train in ("3", "2:01", "00:02:01", "0-00:03", "1-0", "infinite", "08"):  # > 2 minutes
+    # more than 2 minutes, or none (0: no limit, as sbatch reads it)
+    for train in ("3", "2:01", "00:02:01", "0-00:03", "1-0", "infinite", "08", "0", "00:00:00"):
         result = subprocess.run(
             command + ["--time-train", train], env=tool_env(), capture_output=True, text=True
         )

@@ -261,7 +261,7 @@ def test_a_folder_at_the_staging_name_is_removed_only_if_binarizing_left_it(corp
     (own / "precious.txt").write_text("mine\n")
     result = _run(corpus, "--bpe-merges", "100")
     assert result.returncode == 2, result.stderr
-    assert f"{own}: exists, and is no folder that binarizing left" in result.stderr
+    assert f"{own}: exists without the mark of binarizing's staging folder" in result.stderr
     assert (own / "precious.txt").read_text() == "mine\n"
     (own / "precious.txt").unlink()
     (own / ".tpp-staging").write_text("")  # as a killed binarization leaves it

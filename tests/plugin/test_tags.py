@@ -684,5 +684,8 @@ def test_translating_a_sentence_over_the_limit_says_the_limit_and_how_to_raise_i
         "of sentence included, and a batch holds at most max_tokens=500"
     ), raised.value
     assert "from_pretrained(..., max_tokens=N)" in str(raised.value)
+    skipping = TransformerModel.from_pretrained(str(tmp_path / "ck"), **positions)
+    kept = skipping.translate(["s1 s2", longer], beam=1, skip_invalid_size_inputs=True)
+    assert len(kept) == 1  # (fairseq's batching asserted on it)
     wider = TransformerModel.from_pretrained(str(tmp_path / "ck"), max_tokens=1000, **positions)
     assert wider.translate([longer], beam=1, max_len_b=5)[0]

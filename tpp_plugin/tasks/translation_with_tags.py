@@ -214,11 +214,15 @@ class TranslationWithTagsTask(TranslationTask):
         (what the hub interface's ``translate`` and fairseq-interactive translate): a
         sentence over the limit is an error that says the limit and how to raise it, where
         fairseq names only a command-line flag, --skip-invalid-size-inputs-valid-test,
-        which means nothing to ``translate``."""
-        if ignore_invalid_inputs or not getattr(dataset, "tpp_for_inference", False):
-            return super().filter_indices_by_size(
+        which means nothing to ``translate``. So is a sentence longer than a batch holds
+        (``max_tokens``), which fairseq's batching meets with an assertion; with
+        ``ignore_invalid_inputs`` both are skipped, with a warning."""
+        inference = getattr(dataset, "tpp_for_inference", False)
+        if ignore_invalid_inputs or not inference:
+            indices = super().filter_indices_by_size(
                 indices, dataset, max_positions, ignore_invalid_inputs
             )
+            return self._within_max_tokens(indices, dataset) if inference else indices
         indices, ignored = dataset.filter_indices_by_size(indices, max_positions)
         if len(ignored) > 0:
             first = int(ignored[0])
@@ -235,15 +239,27 @@ class TranslationWithTagsTask(TranslationTask):
                 "--max-target-positions N above 1024), or skip such lines with "
                 "--skip-invalid-size-inputs-valid-test"
             )
+        return self._within_max_tokens(indices, dataset, refuse=True)
+
+    @staticmethod
+    def _within_max_tokens(indices, dataset, refuse=False):
+        """``indices`` without the sentences longer than the batches' ``max_tokens``
+        (:meth:`get_batch_iterator`); with ``refuse``, an error naming the first."""
         max_tokens = getattr(dataset, "tpp_max_tokens", None)
         over = [int(i) for i in indices if max_tokens and dataset.num_tokens(i) > max_tokens]
+        if over and not refuse:
+            logger.warning(
+                f"{len(over)} input sentence(s) longer than max_tokens={max_tokens} skipped "
+                f"(the first: sentence {over[0]}, 0-based)"
+            )
+            return indices[[dataset.num_tokens(i) <= max_tokens for i in indices]]
         if over:
             raise InputTooLongError(
                 f"input sentence {over[0]} (0-based; {len(over)} sentence(s) in all) is "
                 f"{dataset.num_tokens(over[0])} tokens long after BPE, end of sentence included, "
-                f"and a batch holds at most max_tokens={max_tokens} (from the hub interface, the "
-                "--max-tokens the model was trained with). Raise it when loading the model: "
-                "from_pretrained(..., max_tokens=N) in Python; --max-tokens N for "
+                f"and a batch holds at most max_tokens={max_tokens} (the hub interface batches by "
+                "the --max-tokens the model was trained with, fairseq-interactive by its own). "
+                "Raise it: from_pretrained(..., max_tokens=N) in Python; --max-tokens N for "
                 "fairseq-interactive"
             )
         return indices

@@ -290,11 +290,15 @@ ENDED_STATES = frozenset(
 def queue_states(job_ids: List[str]) -> Dict[str, str]:
     """{job id: state} of those of ``job_ids`` still in the queue (pending, running,
     requeued, completing...); a job that has ended is not there. squeue is asked for
-    every state and run without the user's ``SQUEUE_*`` variables, which would filter
-    what it shows (a partition, states)."""
+    every state and run without the user's ``SQUEUE_*`` variables that filter what it
+    shows (a partition, states); ``SQUEUE_CLUSTERS`` stays."""
     if not job_ids:
         return {}
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SQUEUE_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SQUEUE_") or k == "SQUEUE_CLUSTERS"  # (which cluster: kept)
+    }
     shown = subprocess.run(
         ["squeue", "-h", "--states=all", "-o", "%i %T", "-j", ",".join(job_ids)],
         capture_output=True,
