@@ -8,8 +8,9 @@ with a ``PytorchStreamReader`` traceback instead of resuming.
 This tool (``tpp-recover-checkpoint``), run by ``scripts/train.sh`` (and
 ``scripts/slurm/train.sbatch``) before fairseq starts:
 
-1. does nothing if ``<save-dir>/checkpoint_last.pt`` does not exist (a fresh run) or if
-   ``--restore-file`` names another file (fairseq then resumes from that file);
+1. does nothing if ``--restore-file`` names another file (fairseq then resumes from
+   it) or if the save dir holds no checkpoint (a fresh run); checkpoints without a
+   ``checkpoint_last.pt`` are resumed from as in 3 (fairseq would write over them);
 2. checks that ``checkpoint_last.pt`` loads: a complete zip archive (a truncated copy
    lacks the central directory at its end), every member's checksum right, readable by
    torch's safe unpickler (tensors memory-mapped, not loaded);
@@ -140,18 +141,19 @@ def copy_atomically(source, target):
         raise
 
 
-def recover(save_dir, restore_file=DEFAULT_RESTORE_FILE, suffix=""):
+def recover(save_dir, restore_file=DEFAULT_RESTORE_FILE, suffix="", keeps_last=True):
     """Make ``<save_dir>/checkpoint_last<suffix>.pt`` loadable (see the module doc).
 
-    Returns the checkpoint now in place of the damaged one, or None when nothing had to
-    be done. Raises :class:`RecoveryError` when no readable checkpoint is left.
+    Returns the checkpoint now in place of the damaged (or missing) one, or None when
+    nothing had to be done. Raises :class:`RecoveryError` when no readable checkpoint is
+    left. ``keeps_last`` is False under fairseq's ``--no-last-checkpoints``.
     """
     if restore_file != DEFAULT_RESTORE_FILE:
         return None  # fairseq resumes from that file, not from the save dir's last one
     save_dir = Path(save_dir)
     last = save_dir / f"checkpoint_last{suffix}.pt"
     if not last.exists():
-        return None
+        return _resume_without_last(save_dir, last, suffix, keeps_last)
     problem = problem_with(last)
     if problem is None:
         return None
@@ -189,6 +191,24 @@ def recover(save_dir, restore_file=DEFAULT_RESTORE_FILE, suffix=""):
     return path
 
 
+def _resume_without_last(save_dir, last, suffix, keeps_last):
+    """``last`` is missing: resume from the newest readable checkpoint, if any."""
+    found = newest_readable(save_dir, suffix) if save_dir.is_dir() else None
+    if found is None:
+        return None  # a fresh run (torn checkpoints are written over, refused ones raised)
+    path, updates = found
+    if not keeps_last:  # a copy would never be updated: the next resume would go back to it
+        raise RecoveryError(
+            f"{save_dir} holds {path.name} ({updates} updates) and, under "
+            "--no-last-checkpoints, no checkpoint_last: fairseq would train from the "
+            f"beginning and write over it. Resume with --restore-file {path.name}, or give "
+            "another --save-dir to start afresh"
+        )
+    copy_atomically(path, last)
+    say(f"{last.name} is missing; resuming from {path} ({updates} updates): copied to {last}")
+    return path
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         prog="tpp-recover-checkpoint",
@@ -208,6 +228,11 @@ def parse_args(argv=None):
         "fairseq resumes from that file, and nothing is checked here",
     )
     parser.add_argument("--checkpoint-suffix", default="", help="fairseq's --checkpoint-suffix")
+    parser.add_argument(
+        "--no-last-checkpoints",
+        action="store_true",
+        help="fairseq's --no-last-checkpoints: a missing checkpoint_last.pt is not recovered",
+    )
     parser.add_argument(
         "--max-update",
         type=int,
@@ -258,7 +283,9 @@ def recover_held(argv) -> int:
     """:func:`main` for a caller that holds the save dir's lock (``tpp-train``)."""
     args = parse_args(argv)
     try:
-        recover(args.save_dir, args.restore_file, args.checkpoint_suffix)
+        recover(
+            args.save_dir, args.restore_file, args.checkpoint_suffix, not args.no_last_checkpoints
+        )
     except RecoveryError as error:
         return report("tpp-recover-checkpoint", error)
     updates = finished_updates(

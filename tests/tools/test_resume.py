@@ -591,6 +591,50 @@ def test_a_finished_run_of_a_checkpoint_suffix_is_named_with_it(trained_run, tmp
     )
 
 
+def test_a_save_dir_without_checkpoint_last_resumes_from_its_newest(trained_run, tmp_path):
+    """A kill between fairseq's first save and its copy to checkpoint_last.pt (or a user's
+    rm) left interval checkpoints and no checkpoint_last.pt: fairseq alone trained from
+    the beginning and wrote over them. The README's command resumes from the newest."""
+    save_dir = tmp_path / "ckpt"
+    shutil.copytree(trained_run["save_dir"], save_dir)
+    (save_dir / "checkpoint_last.pt").unlink()
+    saved = {path.name: path.read_bytes() for path in save_dir.glob("checkpoint*.pt")}
+    newest = max(
+        (num_updates(save_dir / name), not name.endswith("_best.pt"), name) for name in saved
+    )
+    assert 5 <= newest[0] < 20 and newest[1], newest  # an interval checkpoint, not the best
+    result = subprocess.run(
+        readme_train_command(trained_run["data"], save_dir, 20, 5),
+        cwd=REPO,
+        env=tool_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (
+        f"checkpoint_last.pt is missing; resuming from {save_dir / newest[2]} "
+        f"({newest[0]} updates)" in result.stderr
+    ), result.stderr[-3000:]
+    loaded = re.search(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)", result.stdout)
+    assert loaded and int(loaded.group(1)) == newest[0], result.stdout[-3000:]
+    assert num_updates(save_dir / "checkpoint_last.pt") == 20
+    for name, content in saved.items():  # none trained over (the best one may improve)
+        assert name.endswith("_best.pt") or (save_dir / name).read_bytes() == content, name
+    # under --no-last-checkpoints a copy would never be updated: the way to resume is named
+    (save_dir / "checkpoint_last.pt").unlink()
+    result = subprocess.run(
+        ["tpp-recover-checkpoint", "--save-dir", str(save_dir), "--no-last-checkpoints"],
+        cwd=REPO,
+        env=tool_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"Resume with --restore-file {newest[2]}" in result.stderr, result.stderr
+    assert not (save_dir / "checkpoint_last.pt").exists()
+
+
 def test_a_finished_run_is_not_trained_again(trained_run, tmp_path):
     """Re-running the command of a finished run (checkpoint_last.pt at --max-update), or
     with a smaller --max-update, trains nothing and writes no checkpoint (fairseq alone
