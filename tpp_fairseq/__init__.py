@@ -19,8 +19,8 @@ of them, and only that one, calls it (they are idempotent), e.g.
 :func:`allow_fairseq_checkpoints`.
 """
 
-from . import _log, checkpoints, data_files, fixes, speed
-from ._switch import chosen
+from . import _log, checkpoints, data_files, errors, fixes, speed
+from ._switch import SwitchError, chosen
 from .fixes import allow_fairseq_checkpoints  # noqa: F401  (for tools that load checkpoints)
 
 #: name -> installer; ``TPP_FAIRSEQ_CHECKS`` (``all``, ``none`` or names separated by
@@ -60,6 +60,12 @@ def apply(root_level_before_fairseq=None) -> None:
     """The corrections, the chosen checks and the chosen speed-ups (idempotent); the
     logging level first, so that the others' messages are filtered by it."""
     fixes.undo_debug_logging_of_fairseq_import(root_level_before_fairseq)
+    try:  # both variables read before anything changes
+        checks = chosen("TPP_FAIRSEQ_CHECKS", CHECKS, DEFAULT_CHECKS, "the checks")
+        speedups = speed.chosen()
+    except SwitchError:  # one line, whichever checks it would have chosen
+        errors.install_excepthook()
+        raise
     check_fairseq_version()
     fixes.allow_fairseq_checkpoints()
     fixes.keep_last_batches()
@@ -71,6 +77,6 @@ def apply(root_level_before_fairseq=None) -> None:
     fixes.score_left_padded_references()
     fixes.one_handler_per_log_file()
     speed.states_of_either_layout()
-    for name in chosen("TPP_FAIRSEQ_CHECKS", CHECKS, DEFAULT_CHECKS, "the checks"):
+    for name in checks:
         CHECKS[name]()
-    speed.install(speed.chosen())
+    speed.install(speedups)

@@ -3,6 +3,12 @@ separated by commas)."""
 
 import os
 
+from tpp_pipeline.errors import UserError
+
+
+class SwitchError(UserError, ValueError):
+    """A variable naming what it does not know: one line (a ``ValueError`` too)."""
+
 
 def chosen(variable: str, known, default, what: str, value=None):
     """The names of ``known`` that ``variable`` (or ``value``) gives, ``default`` when it is
@@ -19,7 +25,7 @@ def chosen(variable: str, known, default, what: str, value=None):
     names = [n.strip() for n in value.split(",") if n.strip()]
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise ValueError(
+        raise SwitchError(
             f"{variable}={value!r}: unknown {', '.join(unknown)}; {what} are "
             f"{', '.join(known)} (or all, none)"
         )

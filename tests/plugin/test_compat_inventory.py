@@ -148,20 +148,35 @@ def test_the_documented_changes_are_the_changes_an_import_makes(checks, speedups
     )
 
 
-def test_an_unknown_check_is_an_error_naming_the_variable_and_the_choices():
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "TPP_FAIRSEQ_CHECKS": "records"}
+@pytest.mark.parametrize(
+    "variable, message",
+    [
+        (
+            "TPP_FAIRSEQ_CHECKS",
+            "TPP_FAIRSEQ_CHECKS='records': unknown records; the checks are checkpoints, "
+            "record-every-task, one-line-errors, data-files (or all, none)",
+        ),
+        (
+            "TPP_FAIRSEQ_SPEEDUPS",
+            "TPP_FAIRSEQ_SPEEDUPS='records': unknown records; the speed-ups are cudnn-off, "
+            "flat-bf16, multi-tensor-sync, compiled-layers (or all, none)",
+        ),
+    ],
+)
+def test_an_unknown_switch_is_one_line_naming_the_variable_and_the_choices(variable, message):
+    """Whichever checks it would have chosen (it had been a traceback from fairseq's import
+    of the plugin), and before the plugin changes anything."""
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), variable: "records"}
     proc = subprocess.run(
-        [sys.executable, "-c", "import tpp_plugin"],
+        [sys.executable, "-m", "fairseq_cli.train", "--user-dir", str(REPO / "tpp_plugin")],
         capture_output=True,
         text=True,
         timeout=300,
         env=env,
     )
     assert proc.returncode != 0
-    assert (
-        "TPP_FAIRSEQ_CHECKS='records': unknown records; the checks are checkpoints, "
-        "record-every-task, one-line-errors, data-files (or all, none)" in proc.stderr
-    ), proc.stderr[-2000:]
+    assert f"fairseq-train: error: {message}\n" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
 
 
 def test_importing_tpp_fairseq_alone_changes_nothing():
