@@ -29,6 +29,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import List, Mapping, Sequence
@@ -168,7 +169,9 @@ def parse_args(argv):
             help=f"[{default}]",
         )
     p.add_argument("--log-file", default=os.environ.get("LOG_FILE"), help="[<save-dir>/train.log]")
-    p.add_argument("--cpu", action="store_true", default=os.environ.get("CPU", "0") == "1")
+    p.add_argument(
+        "--cpu", action="store_const", const="1", default=os.environ.get("CPU", "0"), help="[0]"
+    )
     fp16 = p.add_mutually_exclusive_group()
     fp16.add_argument(
         "--fp16",
@@ -195,6 +198,15 @@ def parse_args(argv):
     )
     p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     args = p.parse_args(argv)
+    # (argparse checks what a flag gives, not a default taken from a variable)
+    for variable, value, allowed in (
+        ("PRESET", args.preset, sorted(PRESETS)),
+        ("CPU", args.cpu, ("0", "1")),
+        ("FP16", args.fp16, ("auto", "0", "1")),
+    ):
+        if value not in allowed:
+            p.error(f"{variable}={value!r}: expected one of {', '.join(allowed)}")
+    args.cpu = args.cpu == "1"
     args.extra = extra
     return args
 
@@ -305,6 +317,8 @@ def fairseq_command(args):
     if args.cpu:
         if args.fp16 == "1":
             raise TrainError("--fp16 needs a GPU (drop --cpu or --fp16)")
+        if asked in ("--fp16", "--memory-efficient-fp16", "--amp"):  # (bf16 trains on CPUs)
+            raise TrainError(f"{asked} (after --) needs a GPU: drop --cpu or {asked}")
         device = "cpu"
     elif asked is not None:  # fairseq's to take: --fp16 is not added next to it
         if args.fp16 == "1" and asked != "--fp16":
@@ -566,6 +580,53 @@ def prepare(args, argv, cmd):
 CHECKS = "TPP_FAIRSEQ_CHECKS"
 
 
+def check_paths(args) -> None:
+    """Refuse a folder or file fairseq-train cannot use, naming its option; make the save
+    dir and the log file's folder, and see that both can be written (fairseq would fail
+    at its first log line or checkpoint, with a traceback)."""
+    if Path(args.data).exists() and not Path(args.data).is_dir():
+        raise TrainError(f"--data '{args.data}' is a file: give the data folder it is in")
+    if not Path(args.data).is_dir():
+        raise TrainError(f"data folder '{args.data}' does not exist (set --data or DATA_BIN)")
+    if not Path(args.user_dir).is_dir():
+        raise TrainError(
+            f"plugin folder '{args.user_dir}' does not exist (set --user-dir or USER_DIR)"
+        )
+    for name, folder in (
+        ("--save-dir", args.save_dir),
+        ("--log-file's folder", Path(args.log_file).parent),
+    ):
+        if Path(folder).exists() and not Path(folder).is_dir():
+            raise TrainError(f"{name} '{folder}' is a file, not a folder")
+    if not any(Path(args.data).glob("dict*.txt")):
+        raise TrainError(
+            f"data folder '{args.data}' has no dictionaries (dict.*.txt): give the folder "
+            "fairseq-preprocess or tpp-prepare-corpus wrote"
+        )
+    if Path(args.log_file).is_dir():
+        raise TrainError(f"--log-file '{args.log_file}' is a folder; it names the log file")
+    if Path(args.log_file).is_file():  # fairseq appends to it: a log, not a checkpoint
+        with open(args.log_file, "rb") as log:
+            if b"\0" in log.read(1 << 16):
+                raise TrainError(
+                    f"--log-file '{args.log_file}' holds binary data, not a log: fairseq "
+                    "would append its log to it; name a log file"
+                )
+    for name, folder in (
+        ("--save-dir", Path(args.save_dir)),
+        ("--log-file's folder", Path(args.log_file).parent),
+    ):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=folder).close()
+        except OSError as error:
+            raise TrainError(f"{name} '{folder}' cannot be written: {error.strerror}") from None
+    try:
+        open(args.log_file, "ab").close()  # (fairseq appends to it)
+    except OSError as error:
+        raise TrainError(f"--log-file '{args.log_file}' cannot be written: {error.strerror}")
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
@@ -575,36 +636,7 @@ def main(argv=None) -> int:
             checks = "" if CHECKS in os.environ else f"{CHECKS}=all "
             print(checks + " ".join(shlex.quote(str(c)) for c in cmd))
             return 0
-        if Path(args.data).exists() and not Path(args.data).is_dir():
-            raise TrainError(f"--data '{args.data}' is a file: give the data folder it is in")
-        if not Path(args.data).is_dir():
-            raise TrainError(f"data folder '{args.data}' does not exist (set --data or DATA_BIN)")
-        if not Path(args.user_dir).is_dir():
-            raise TrainError(
-                f"plugin folder '{args.user_dir}' does not exist (set --user-dir or USER_DIR)"
-            )
-        for name, folder in (
-            ("--save-dir", args.save_dir),
-            ("--log-file's folder", Path(args.log_file).parent),
-        ):
-            if Path(folder).exists() and not Path(folder).is_dir():
-                raise TrainError(f"{name} '{folder}' is a file, not a folder")
-        if not any(Path(args.data).glob("dict*.txt")):
-            raise TrainError(
-                f"data folder '{args.data}' has no dictionaries (dict.*.txt): give the folder "
-                "fairseq-preprocess or tpp-prepare-corpus wrote"
-            )
-        if Path(args.log_file).is_dir():
-            raise TrainError(f"--log-file '{args.log_file}' is a folder; it names the log file")
-        if Path(args.log_file).is_file():  # fairseq appends to it: a log, not a checkpoint
-            with open(args.log_file, "rb") as log:
-                if b"\0" in log.read(1 << 16):
-                    raise TrainError(
-                        f"--log-file '{args.log_file}' holds binary data, not a log: fairseq "
-                        "would append its log to it; name a log file"
-                    )
-        Path(args.save_dir).mkdir(parents=True, exist_ok=True)
-        Path(args.log_file).parent.mkdir(parents=True, exist_ok=True)
+        check_paths(args)
         job = JobVerdict.of_this_job()
     except (TrainError, OSError) as error:
         return report(PROG, error)

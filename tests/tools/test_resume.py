@@ -730,6 +730,8 @@ def test_max_update_must_be_a_positive_number(value, tmp_path):
         (["--", "--save-dir", "elsewhere"], "--save-dir after --: give it before --"),
         (["--", "--log-file=train.log"], "--log-file after --: give it before --"),
         (["--", "--user-dir", "elsewhere"], "--user-dir after --: give it before --"),
+        (["--cpu", "--", "--fp16"], "--fp16 (after --) needs a GPU: drop --cpu or --fp16"),
+        (["--cpu", "--", "--amp"], "--amp (after --) needs a GPU: drop --cpu or --amp"),
     ],
 )
 def test_values_fairseq_would_misread_are_refused_before_training(options, message):
@@ -743,6 +745,29 @@ def test_values_fairseq_would_misread_are_refused_before_training(options, messa
     )
     assert bad.returncode == 2 and f"tpp-train: error: {message}" in bad.stderr, bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize(
+    "variable, value, message",
+    [
+        ("PRESET", "bogus", "PRESET='bogus': expected one of base, cpu, en-de, en-fr, tiny"),
+        ("CPU", "yes", "CPU='yes': expected one of 0, 1"),
+        ("FP16", "on", "FP16='on': expected one of auto, 0, 1"),
+    ],
+)
+def test_a_variable_tpp_train_cannot_read_is_refused(variable, value, message):
+    """PRESET=bogus was a KeyError traceback; CPU=yes and FP16=on were read as off."""
+    bad = subprocess.run(
+        ["bash", str(SCRIPTS / "train.sh"), "--dry-run"],
+        env=dict(tool_env(), **{variable: value}),
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and f"tpp-train: error: {message}" in bad.stderr, bad.stderr
+    assert "Traceback" not in bad.stderr
+    # (bfloat16 trains on CPUs: left to fairseq)
+    command = dry_run("--cpu", "--", "--bf16")
+    assert "--cpu" in command and command[-1] == "--bf16"
 
 
 @pytest.mark.parametrize(
@@ -805,6 +830,12 @@ def test_a_data_folder_or_log_file_fairseq_cannot_use_is_refused_by_name(tmp_pat
     said = refused("--data", folder, "--save-dir", tmp_path / "c", "--log-file", checkpoint)
     assert f"--log-file '{checkpoint}' holds binary data, not a log" in said
     assert checkpoint.read_bytes() == before
+    # folders nothing can be written in (even by root): fairseq's traceback at its first
+    # log line or checkpoint
+    said = refused("--data", folder, "--save-dir", "/proc/tpp-checkpoints")
+    assert "--save-dir '/proc/tpp-checkpoints' cannot be written: " in said
+    said = refused("--data", folder, "--save-dir", tmp_path / "c", "--log-file", "/proc/t.log")
+    assert "--log-file's folder '/proc' cannot be written: " in said
 
 
 def test_tpp_train_finds_fairseq_train_beside_its_python_without_the_environment(tmp_path):
