@@ -3,6 +3,7 @@ command-line tool reports them as one line, ``<command>: error: <message>``, wit
 traceback."""
 
 import errno
+import logging
 import os
 import sys
 
@@ -76,10 +77,30 @@ def disk_error(value):
     )
 
 
+def log_to_files(message) -> None:
+    """``message`` as an error in the files fairseq logs to (``--log-file``), and only
+    there: a run read from its log says why it stopped."""
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    handlers = {
+        handler
+        for logger in loggers
+        for handler in getattr(logger, "handlers", ())  # (placeholders have none)
+        if isinstance(handler, logging.FileHandler)
+    }
+    record = logging.LogRecord(program(), logging.ERROR, __file__, 0, message, None, None)
+    for handler in handlers:
+        handler.handle(record)
+
+
 def excepthook(kind, value, traceback):
     """A :class:`UserError`, or a write the disk refused, that reaches the top of a program
-    is its one-line error; anything else goes to the hook that was there before."""
-    message = str(value) if isinstance(value, UserError) else disk_error(value)
+    is its one-line error (a user's also in its log file); anything else goes to the hook
+    that was there before."""
+    if isinstance(value, UserError):
+        print(f"{program()}: error: {value}", file=sys.stderr, flush=True)
+        log_to_files(f"error: {value}")
+        return
+    message = disk_error(value)  # (not logged: the disk may be the log's)
     if message is not None:
         print(f"{program()}: error: {message}", file=sys.stderr, flush=True)
         return

@@ -129,6 +129,8 @@ def test_damaged_data_is_one_error_naming_the_file(data, tmp_path, damage):
             "--save-dir",
             tmp_path / "ckpt",
             "--no-save",
+            "--log-file",
+            tmp_path / "train.log",
         ],
         check=False,
         timeout=300,
@@ -137,6 +139,9 @@ def test_damaged_data_is_one_error_naming_the_file(data, tmp_path, damage):
     assert "Traceback" not in trained.stderr, trained.stderr[-3000:]
     assert f"fairseq-train: error: {path}" in trained.stderr, trained.stderr[-3000:]
     assert message in trained.stderr, trained.stderr[-3000:]
+    # and in the log, once, for a run read from its log file (SLURM's, a study's)
+    said = (tmp_path / "train.log").read_text()
+    assert said.count(f"error: {path}") == 1 and message in said, said[-3000:]
 
 
 @pytest.mark.parametrize(
