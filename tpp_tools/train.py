@@ -135,6 +135,11 @@ def gpu_visible() -> bool:
     return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
 
 
+def _variable(name, default=None):
+    """A variable's value; empty is unset, as in a shell's ``${NAME:-default}``."""
+    return os.environ.get(name) or default
+
+
 def parse_args(argv):
     extra = []
     if "--" in argv:
@@ -151,26 +156,24 @@ def parse_args(argv):
     )
     p.add_argument(
         "--preset",
-        default=os.environ.get("PRESET", "en-de"),
+        default=_variable("PRESET", "en-de"),
         choices=sorted(PRESETS),
         help="en-de, en-fr (the paper's big models), base, cpu (the CPU demo's) or tiny",
     )
-    p.add_argument("--data", default=os.environ.get("DATA_BIN"), help="data folder [per preset]")
-    p.add_argument("--save-dir", default=os.environ.get("SAVE_DIR"), help="[checkpoints/<preset>]")
-    p.add_argument("--arch", default=os.environ.get("ARCH"), help="[per preset]")
-    p.add_argument(
-        "--user-dir", default=os.environ.get("USER_DIR"), help="[the installed tpp_plugin]"
-    )
-    p.add_argument("--lr", default=os.environ.get("LR"), help="peak learning rate [per preset]")
+    p.add_argument("--data", default=_variable("DATA_BIN"), help="data folder [per preset]")
+    p.add_argument("--save-dir", default=_variable("SAVE_DIR"), help="[checkpoints/<preset>]")
+    p.add_argument("--arch", default=_variable("ARCH"), help="[per preset]")
+    p.add_argument("--user-dir", default=_variable("USER_DIR"), help="[the installed tpp_plugin]")
+    p.add_argument("--lr", default=_variable("LR"), help="peak learning rate [per preset]")
     for name, (variable, default) in SETTINGS.items():
         p.add_argument(
             "--" + name.replace("_", "-"),
-            default=os.environ.get(variable, default),
+            default=_variable(variable, default),
             help=f"[{default}]",
         )
-    p.add_argument("--log-file", default=os.environ.get("LOG_FILE"), help="[<save-dir>/train.log]")
+    p.add_argument("--log-file", default=_variable("LOG_FILE"), help="[<save-dir>/train.log]")
     p.add_argument(
-        "--cpu", action="store_const", const="1", default=os.environ.get("CPU", "0"), help="[0]"
+        "--cpu", action="store_const", const="1", default=_variable("CPU", "0"), help="[0]"
     )
     fp16 = p.add_mutually_exclusive_group()
     fp16.add_argument(
@@ -178,7 +181,7 @@ def parse_args(argv):
         dest="fp16",
         action="store_const",
         const="1",
-        default=os.environ.get("FP16", "auto"),
+        default=_variable("FP16", "auto"),
         help="[on where a GPU is visible and no other precision or --cpu comes after --]",
     )
     fp16.add_argument("--no-fp16", dest="fp16", action="store_const", const="0")

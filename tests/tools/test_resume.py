@@ -770,6 +770,15 @@ def test_a_variable_tpp_train_cannot_read_is_refused(variable, value, message):
     assert "--cpu" in command and command[-1] == "--bf16"
 
 
+def test_an_empty_variable_is_unset():
+    """As a shell's ``${NAME:-default}``: USER_DIR= passed an empty --user-dir, so that
+    fairseq loaded the current folder as the plugin."""
+    from tpp_tools.train import VARIABLES
+
+    env = {name: value for name, value in tool_env().items() if name not in VARIABLES}
+    assert dry_run(env=dict(env, **{name: "" for name in VARIABLES})) == dry_run(env=env)
+
+
 @pytest.mark.parametrize(
     "extra, left_out, kept",
     [
