@@ -19,4 +19,14 @@
 # --max-update is finished and trains nothing; one training per save dir (<save-dir>/.lock).
 # --dry-run prints the fairseq-train command instead of running it.
 set -euo pipefail
-exec "${PYTHON:-python3}" -m tpp_tools.train "$@"
+# PYTHON, else python3 where it has the project, else the project's .venv/ (make env)
+python="${PYTHON:-python3}"
+if [[ -z "${PYTHON:-}" ]] && ! python3 -c "import tpp_tools" 2>/dev/null; then
+    python="$(dirname "${BASH_SOURCE[0]}")/../.venv/bin/python"
+    if [[ ! -x "$python" ]]; then
+        echo "train.sh: error: python3 cannot import tpp_tools: activate the environment" \
+            "it is installed in (make env builds .venv/), or set PYTHON" >&2
+        exit 2
+    fi
+fi
+exec "$python" -m tpp_tools.train "$@"

@@ -864,6 +864,41 @@ def test_tpp_train_finds_fairseq_train_beside_its_python_without_the_environment
     assert command[1] == str(Path(sys.executable).parent / "fairseq-train")
 
 
+def test_train_sh_takes_the_projects_environment_where_python3_lacks_the_project(tmp_path):
+    """The README's ``scripts/train.sh`` in a shell without the environment activated
+    ended in "No module named tpp_tools": it takes the clone's .venv/ (here a stand-in
+    beside a copy of the script), or says what to do."""
+    (tmp_path / "scripts").mkdir()
+    script = shutil.copy(SCRIPTS / "train.sh", tmp_path / "scripts" / "train.sh")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python3").write_text("#!/bin/sh\nexit 1\n")  # without the project
+    (tmp_path / "bin" / "python3").chmod(0o755)
+    env = {
+        **{k: v for k, v in tool_env().items() if k not in ("TPP_FAIRSEQ_CHECKS", "PYTHON")},
+        "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin",
+    }
+
+    def run():
+        return subprocess.run(
+            ["bash", script, "--dry-run", "--preset", "tiny"],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+
+    refused = run()
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr == (
+        "train.sh: error: python3 cannot import tpp_tools: activate the environment it is "
+        "installed in (make env builds .venv/), or set PYTHON\n"
+    )
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "python").symlink_to(sys.executable)
+    shown = run()
+    assert shown.returncode == 0, shown.stderr
+    assert shlex.split(shown.stdout)[1].endswith("fairseq-train")
+
+
 def test_a_lock_left_to_a_dead_trainers_loaders_is_waited_for(tmp_path):
     """Issue probe: scripts/train.sh killed with SIGKILL; fairseq's data loader processes
     inherit the save dir's lock and hold it a few seconds more, and an immediate restart
