@@ -311,13 +311,13 @@ def check_before_running(args, prefixes, src, tgt):
             )
     if args.bpe_codes:
         bpe.check_codes(args.bpe_codes)
-    if tags and not args.spacy_model:
+    if tags and tagging.model_language(args.spacy_model) == "en":
         share = tagging.english_share(raw["train"][src])
         if share is not None and share < tagging.ENGLISH_SHARE:
             log.warning(
-                "%s does not read like English: %.0f%% of its words are the commonest "
-                "English words (English text: about 30%%), and an English model tags it. "
-                "Are -s and -t swapped?",
+                "%s does not read like English: in a typical line %.0f%% of the words are "
+                "the commonest English words (English text: about 30%%), and an English "
+                "model tags it. Are -s and -t swapped?",
                 raw["train"][src],
                 100 * share,
             )

@@ -116,19 +116,21 @@ ENGLISH_SHARE = 0.12
 
 
 def english_share(path, lines=2000):
-    """The share of :data:`_ENGLISH_WORDS` among the words of the first ``lines`` lines
-    of ``path`` (None when they hold no word): a check that the source an English model
-    tags is English."""
+    """The median over the first ``lines`` lines of ``path`` of each line's share of
+    :data:`_ENGLISH_WORDS` (lines of 4 words or more; None without one): a check that the
+    source an English model tags is English, which one long line cannot sway."""
+    import statistics
+
     from .textio import iter_lines
 
-    words = found = 0
+    shares = []
     for number, text in iter_lines(path, utf8_errors="replace"):
         if number > lines:
             break
         tokens = text.lower().split()
-        words += len(tokens)
-        found += sum(token in _ENGLISH_WORDS for token in tokens)
-    return found / words if words else None
+        if len(tokens) >= 4:
+            shares.append(sum(token in _ENGLISH_WORDS for token in tokens) / len(tokens))
+    return statistics.median(shares) if shares else None
 
 
 def default_model_name():
@@ -157,25 +159,43 @@ def check_model(name=None):
     elif os.path.isdir(name):
         if not os.path.isfile(os.path.join(name, "config.cfg")):
             raise DataError("is a folder without a spaCy model's config.cfg (--spacy-model)", name)
-        _check_components(name, os.path.join(name, "meta.json"))
+        _check_components(name)
     elif not _is_model_package(name):
         raise DataError(
             f"spaCy model '{name}' (--spacy-model) is neither an installed "
             "package nor a folder; install it, or name another"
         )
     else:
-        folder = importlib.util.find_spec(name).submodule_search_locations[0]
-        _check_components(name, os.path.join(folder, "meta.json"))
+        _check_components(name)
 
 
-def _check_components(name: str, meta: str) -> None:
-    """A :class:`DataError` where the model's ``meta.json`` lists a pipeline without
-    'ner' (what :class:`Labeler` would find only when the tagging starts)."""
+def _meta(name: str) -> dict:
+    """The ``meta.json`` of model ``name`` (a folder or an installed package), or {}."""
+    folder = name
+    if not os.path.isdir(name):
+        try:
+            folder = importlib.util.find_spec(name).submodule_search_locations[0]
+        except (ImportError, ValueError, AttributeError, TypeError):
+            return {}
     try:
-        with open(meta, encoding="utf-8") as handle:
-            pipeline = json.load(handle).get("pipeline")
-    except (OSError, ValueError, AttributeError):
-        return  # (no meta.json to read: loading the model will tell)
+        with open(os.path.join(folder, "meta.json"), encoding="utf-8") as handle:
+            meta = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def model_language(name=None):
+    """The language model ``name`` tags (``lang`` in its meta.json; None: unknown); the
+    default models are English."""
+    return "en" if name is None else _meta(name).get("lang")
+
+
+def _check_components(name: str) -> None:
+    """A :class:`DataError` where the model's ``meta.json`` lists a pipeline without
+    'ner' (what :class:`Labeler` would find only when the tagging starts); no meta.json
+    to read: loading the model will tell."""
+    pipeline = _meta(name).get("pipeline")
     if isinstance(pipeline, list) and "ner" not in pipeline:
         raise DataError(
             f"spaCy model {name} (--spacy-model) has no 'ner' component (its pipeline: "

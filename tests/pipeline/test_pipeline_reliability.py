@@ -15,7 +15,7 @@ import pytest
 
 from support import english_pairs, pipeline_command, run_pipeline, write_corpus
 
-from tpp_pipeline import cleaning, textio
+from tpp_pipeline import cleaning, tagging, textio
 from tpp_pipeline.errors import DataError
 
 
@@ -394,11 +394,17 @@ def test_a_source_that_does_not_read_like_english_is_warned_about(tmp_path):
     """The source is tagged by an English model: German text in the .en files (the
     languages swapped) is said before anything runs; English text is not."""
     pairs = [(german, english) for english, german in english_pairs(30)]
-    write_corpus(tmp_path, {split: pairs for split in ("train", "valid", "test")}, "en", "de")
-    swapped = _run(tmp_path, "--stop-after", "tokenize")
+    # one long English line among them (a document's worth) does not hide the rest
+    long = ("The share of the words of this line is English. " * 40).strip()
+    train = [(long, long), *pairs]
+    write_corpus(tmp_path, {"train": train, "valid": pairs, "test": pairs}, "en", "de")
+    # an English model named by --spacy-model too (not warned about, as not the default)
+    model = tagging.default_model_name()
+    swapped = _run(tmp_path, "--stop-after", "tokenize", "--spacy-model", model)
     assert swapped.returncode == 0, swapped.stderr[-3000:]
-    assert f"{tmp_path / 'train.en'} does not read like English: 2% of its words" in (
-        swapped.stderr
+    assert (
+        f"{tmp_path / 'train.en'} does not read like English: in a typical line 0% of the "
+        "words are the commonest English words" in swapped.stderr
     ), swapped.stderr[-3000:]
     assert "Are -s and -t swapped?" in swapped.stderr
 
