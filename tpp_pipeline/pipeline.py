@@ -41,6 +41,8 @@ from .textio import atomic_open, check_same_line_count, ensure_writable_dir
 
 log = logging.getLogger("tpp_pipeline")
 SPLITS = binarize_mod.SPLITS
+#: compressed forms of an input file the pipeline does not read, named where one is found
+COMPRESSED = (".xz", ".gz", ".bz2", ".zst")
 
 
 REPO_ROOT = str(project_root())
@@ -285,7 +287,9 @@ def check_before_running(args, prefixes, src, tgt):
                     path,
                 )
             if not os.path.isfile(path):
-                raise DataError("input file not found", path)
+                packed = [f"{path}{ext}" for ext in COMPRESSED if os.path.isfile(path + ext)]
+                hint = f" ({packed[0]} is there: decompress it first)" if packed else ""
+                raise DataError(f"input file not found{hint}", path)
         if check_same_line_count(list(raw[split].values())) == 0:
             raise DataError(
                 f"the {split} set is empty (0 lines in both files): every split "

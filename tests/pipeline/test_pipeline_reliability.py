@@ -390,6 +390,21 @@ def test_one_run_per_work_dir_and_stale_locks_are_taken_over(corpus):
     assert _lock_record(lock) is None
 
 
+def test_a_compressed_input_is_named(corpus):
+    """The corpora come as .xz: the error says the file is there, compressed."""
+    import lzma
+
+    packed = corpus / "train.de.xz"
+    packed.write_bytes(lzma.compress((corpus / "train.de").read_bytes()))
+    (corpus / "train.de").unlink()
+    result = _run(corpus)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert (
+        f"error: {corpus / 'train.de'}: input file not found ({packed} is there: decompress "
+        "it first)" in result.stderr
+    ), result.stderr[-3000:]
+
+
 def test_a_source_that_does_not_read_like_english_is_warned_about(tmp_path):
     """The source is tagged by an English model: German text in the .en files (the
     languages swapped) is said before anything runs; English text is not."""
