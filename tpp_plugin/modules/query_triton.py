@@ -190,10 +190,10 @@ def _prefix(s, v, carry_l, carry_q, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr
 
 # the integers that change with the batch are passed as they are: specialised (== 1,
 # divisible by 16), each new class would be a compilation
-@triton.jit(do_not_specialize=["length", "bsz"])
+@triton.jit(do_not_specialize=["length"])
 def conv_heads_kernel(
     s_ptr, v_ptr, pad_ptr, local_ptr, out_ptr, lse_ptr, u_ptr, w_ptr, m_ptr, soft_ptr,
-    kern_ptr, length, bsz, heads, head_dim, temperature, out_scale, sst, ssb, svt, svb, spb,
+    kern_ptr, length, heads, head_dim, temperature, out_scale, sst, ssb, svt, svb, spb,
     spt, slt, slb, sot, sob, sut, sub, shift, dilation, taps, CAUSAL: tl.constexpr,
     ACC: tl.constexpr, HAS_PAD: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -393,7 +393,7 @@ def _forward(
             conv_heads_kernel[(bsz, heads)](
                 scores, values, pad, local, out, lse, u, weight,
                 mask if mask is not None else soft, soft, kernel,
-                length, bsz, heads, head_dim, float(temperature), float(scale),
+                length, heads, head_dim, float(temperature), float(scale),
                 *scores.stride()[:2], *values.stride()[:2], *pad.stride()[:2],
                 *local.stride()[:2], *out.stride()[:2], *u.stride()[:2],
                 shift, dilation, taps,
