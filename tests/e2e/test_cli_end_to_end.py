@@ -308,7 +308,7 @@ def test_the_documented_interactive_line_translates_raw_text(trained, tmp_path):
     paths = {
         "data-bin/wmt14_en_de": str(trained["data"]),
         "tpp_plugin": str(PLUGIN_DIR),
-        "checkpoint_avg10.pt": str(trained["save"] / "checkpoint_best.pt"),
+        "checkpoints/en-de/checkpoint_avg10.pt": str(trained["save"] / "checkpoint_best.pt"),
         "work/wmt14_en_de/bpe/codes": str(codes),
         "en": "src",
         "de": "tgt",
