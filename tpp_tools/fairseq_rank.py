@@ -22,8 +22,12 @@ def rank_command(command, environ=os.environ):
     for name in ("RANK", "WORLD_SIZE"):
         if name not in environ:
             raise UserError(f"run this through torchrun ({name} is not set)")
+    # (tpp-train takes fairseq's options after --; without one they would be its own)
+    fairseq_options = os.path.basename(command[0]) in ("tpp-train", "train.sh")
+    separator = ["--"] if fairseq_options and "--" not in command else []
     return [
         *command,
+        *separator,
         "--distributed-init-method", "env://",
         "--distributed-world-size", environ["WORLD_SIZE"],
         "--distributed-rank", environ["RANK"],

@@ -8,9 +8,9 @@ with a ``PytorchStreamReader`` traceback instead of resuming.
 This tool (``tpp-recover-checkpoint``), run by ``scripts/train.sh`` (and
 ``scripts/slurm/train.sbatch``) before fairseq starts:
 
-1. does nothing if ``--restore-file`` names another file (fairseq then resumes from
-   it) or if the save dir holds no checkpoint (a fresh run); checkpoints without a
-   ``checkpoint_last.pt`` are resumed from as in 3 (fairseq would write over them);
+1. checks only that a ``--restore-file`` naming another file is there (fairseq resumes
+   from it), and nothing where the save dir holds no checkpoint (a fresh run);
+   checkpoints without ``checkpoint_last.pt`` are resumed from as in 3;
 2. checks that ``checkpoint_last.pt`` loads: a complete zip archive (a truncated copy
    lacks the central directory at its end), every member's checksum right, readable by
    torch's safe unpickler (tensors memory-mapped, not loaded);
@@ -148,8 +148,16 @@ def recover(save_dir, restore_file=DEFAULT_RESTORE_FILE, suffix="", keeps_last=T
     nothing had to be done. Raises :class:`RecoveryError` when no readable checkpoint is
     left. ``keeps_last`` is False under fairseq's ``--no-last-checkpoints``.
     """
-    if restore_file != DEFAULT_RESTORE_FILE:
-        return None  # fairseq resumes from that file, not from the save dir's last one
+    if restore_file != DEFAULT_RESTORE_FILE:  # fairseq resumes from that file
+        read = restore_path(restore_file, suffix)
+        if not os.path.isfile(read):  # (fairseq would say so in a log line, and start afresh)
+            raise RecoveryError(
+                f"--restore-file {restore_file}: no such file "
+                f"{f'(fairseq reads {read}, with the --checkpoint-suffix) ' if suffix else ''}"
+                "(fairseq would train from the beginning); a path is read from the current "
+                "folder, not the save dir"
+            )
+        return None
     save_dir = Path(save_dir)
     last = save_dir / f"checkpoint_last{suffix}.pt"
     if not last.exists():
@@ -198,15 +206,22 @@ def _resume_without_last(save_dir, last, suffix, keeps_last):
         return None  # a fresh run (torn checkpoints are written over, refused ones raised)
     path, updates = found
     if not keeps_last:  # a copy would never be updated: the next resume would go back to it
+        given = path.with_name(path.name[: -len(f"{suffix}.pt")] + ".pt")  # (fairseq adds it)
         raise RecoveryError(
             f"{save_dir} holds {path.name} ({updates} updates) and, under "
             "--no-last-checkpoints, no checkpoint_last: fairseq would train from the "
-            f"beginning and write over it. Resume with --restore-file {path.name}, or give "
+            f"beginning and write over it. Resume with --restore-file {given}, or give "
             "another --save-dir to start afresh"
         )
     copy_atomically(path, last)
     say(f"{last.name} is missing; resuming from {path} ({updates} updates): copied to {last}")
     return path
+
+
+def restore_path(restore_file, suffix=""):
+    """The file fairseq reads for a ``--restore-file`` other than its default: the
+    ``--checkpoint-suffix`` put before every ``.pt``, as fairseq 0.12 does."""
+    return restore_file.replace(".pt", f"{suffix}.pt") if suffix else restore_file
 
 
 def parse_args(argv=None):

@@ -277,6 +277,9 @@ def options_given(extra: Sequence) -> dict:
 def fairseq_command(args):
     """The fairseq-train command line of ``args`` (checked)."""
     arch, lr, data = PRESETS[args.preset]
+    for name in ("data", "save_dir", "arch", "user_dir", "lr", "log_file"):
+        if getattr(args, name) == "":  # (a variable's empty value is unset: a flag's is not)
+            raise TrainError(f"--{name.replace('_', '-')} is empty: give a value or leave it out")
     root = project_root()
     args.arch = args.arch or arch
     args.lr = args.lr or lr
@@ -357,7 +360,7 @@ def fairseq_command(args):
 
 def check_settings(args) -> None:
     """Refuse a setting fairseq would take and train badly with, or fail on late."""
-    if not args.max_update.isdigit() or int(args.max_update) < 1:
+    if not args.max_update.isdecimal() or int(args.max_update) < 1:
         raise TrainError(
             f"--max-update must be a positive number of updates, not '{args.max_update}' "
             "(fairseq reads 0 as no limit)"
@@ -369,12 +372,12 @@ def check_settings(args) -> None:
         "log_interval",
         "warmup_updates",  # (fairseq's inverse_sqrt divides by it)
     ):
-        if not str(getattr(args, name)).isdigit() or int(getattr(args, name)) < 1:
+        if not str(getattr(args, name)).isdecimal() or int(getattr(args, name)) < 1:
             raise TrainError(
                 f"--{name.replace('_', '-')} must be a positive whole number, not "
                 f"'{getattr(args, name)}'"
             )
-    if not str(args.seed).isdigit() or int(args.seed) >= 2**31:  # (fairseq adds the epoch)
+    if not str(args.seed).isdecimal() or int(args.seed) >= 2**31:  # (fairseq adds the epoch)
         raise TrainError(f"--seed must be a whole number from 0 to 2**31 - 1, not '{args.seed}'")
     if not _positive_float(args.lr):
         raise TrainError(f"--lr must be a positive number, not '{args.lr}'")
@@ -450,7 +453,8 @@ def remove_partial_checkpoints(save_dir: Path) -> None:
     """fairseq writes a checkpoint as ``<name>.tmp`` and renames it when complete: one
     left behind (a full disk, a kill) is never read, only takes room. Removed with the
     save dir's lock held, so that no training is writing it."""
-    for partial in sorted(save_dir.glob("*.pt.tmp")):
+    # (fairseq's, and the copies of tpp-recover-checkpoint: .checkpoint_last.pt.XXXX.tmp)
+    for partial in sorted([*save_dir.glob("*.pt.tmp"), *save_dir.glob(".checkpoint*.pt.*.tmp")]):
         size = partial.stat().st_size
         partial.unlink()
         print(
@@ -583,6 +587,36 @@ def prepare(args, argv, cmd):
 CHECKS = "TPP_FAIRSEQ_CHECKS"
 
 
+def resumed_from(cmd):
+    """The checkpoint fairseq-train ``cmd`` resumes from, None where it starts afresh."""
+    from . import recover
+
+    seen = recover.parse_args([str(c) for c in cmd[2:]])
+    if seen.restore_file == recover.DEFAULT_RESTORE_FILE:
+        path = Path(seen.save_dir) / f"checkpoint_last{seen.checkpoint_suffix}.pt"
+    else:
+        path = Path(recover.restore_path(seen.restore_file, seen.checkpoint_suffix))
+    return path if path.is_file() else None
+
+
+def check_joined(cmd) -> None:
+    """Under torchrun on CPUs, fairseq joins the processes only with the rank options
+    tpp-fairseq-rank adds: without them each would train alone into the same save dir."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return
+    if "TORCHELASTIC_RUN_ID" not in os.environ or world <= 1 or "--cpu" not in cmd:
+        return
+    if "--distributed-world-size" not in cmd:
+        raise TrainError(
+            f"torchrun started {world} processes, and fairseq would not join them on CPUs: "
+            "each would train alone into the same --save-dir. Start tpp-train through "
+            f"tpp-fairseq-rank: torchrun --no-python --nproc_per_node {world} "
+            "tpp-fairseq-rank tpp-train ... -- ..."
+        )
+
+
 def check_paths(args) -> None:
     """Refuse a folder or file fairseq-train cannot use, naming its option; make the save
     dir and the log file's folder, and see that both can be written (fairseq would fail
@@ -640,6 +674,7 @@ def main(argv=None) -> int:
             print(checks + " ".join(shlex.quote(str(c)) for c in cmd))
             return 0
         check_paths(args)
+        check_joined(cmd)
         job = JobVerdict.of_this_job()
     except (TrainError, OSError) as error:
         return report(PROG, error)
@@ -666,11 +701,9 @@ def main(argv=None) -> int:
                 job.close()
         if status is not None:
             return status
-    save_dir = Path(args.save_dir)
-    if (save_dir / "checkpoint_last.pt").exists():
-        print(
-            f"{PROG}: resuming from {save_dir / 'checkpoint_last.pt'}", file=sys.stderr, flush=True
-        )
+    restore = resumed_from(cmd)
+    if restore is not None:
+        print(f"{PROG}: resuming from {restore}", file=sys.stderr, flush=True)
     # every checkpoint records its dictionaries, whatever the task (unless the caller chose)
     os.environ.setdefault(CHECKS, "all")
     sys.stdout.flush()

@@ -755,6 +755,20 @@ def test_the_rank_wrapper_gives_fairseq_the_rank_and_is_refused_outside_torchrun
             "fairseq-train", "DATA", "--cpu", "--distributed-init-method", "env://",
             "--distributed-world-size", "2", "--distributed-rank", "1", "--distributed-no-spawn",
         ]  # fmt: skip
+    # tpp-train takes fairseq's options after its "--": one is added where it is missing
+    # (they were taken for tpp-train's own: "unrecognized arguments")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "tpp-train").write_text('#!/bin/sh\necho "$@"\n')
+    (tmp_path / "bin" / "tpp-train").chmod(0o755)
+    env["PATH"] = f"{tmp_path / 'bin'}{os.pathsep}{env['PATH']}"
+    rank = ["--distributed-init-method", "env://", "--distributed-world-size", "2"]
+    for given, expected in (
+        (["--cpu"], ["--cpu", "--", *rank]),
+        (["--cpu", "--", "--seed", "2"], ["--cpu", "--", "--seed", "2", *rank]),
+    ):
+        command = ["tpp-fairseq-rank", "tpp-train", *given]
+        ran = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+        assert ran.stdout.split()[: len(expected)] == expected, ran.stdout
 
 
 def test_torchrun_without_the_rank_wrapper_is_refused(trained, tmp_path):
@@ -784,6 +798,22 @@ def test_torchrun_without_the_rank_wrapper_is_refused(trained, tmp_path):
     assert text.count("did not join them into one job") == 2, "each rank says so"
     assert "torchrun --no-python --nproc_per_node 2 tpp-fairseq-rank fairseq-train" in text
     assert not (save / "checkpoint_last.pt").exists(), "nothing trained"
+
+
+def test_tpp_train_under_torchrun_without_the_rank_wrapper_is_refused(trained, tmp_path):
+    """Issue probe: with fairseq's own task (which has no check of its own) the two ranks
+    trained alone into one save dir, each writing every checkpoint."""
+    save = tmp_path / "alone"
+    command = ["torchrun", "--no-python", "--nproc_per_node", "2", "--master_port", "29536"]
+    command += ["tpp-train", "--preset", "tiny", "--cpu", "--data", trained["data"]]
+    command += ["--save-dir", save, "--task", "translation", "--criterion"]
+    command += ["label_smoothed_cross_entropy", "--max-update", "5", "--", "--num-workers", "0"]
+    refused = run(command, check=False, timeout=600)
+    text = refused.stdout + refused.stderr
+    assert refused.returncode != 0
+    assert text.count("tpp-train: error: torchrun started 2 processes, and fairseq would") == 2
+    assert "torchrun --no-python --nproc_per_node 2 tpp-fairseq-rank tpp-train ... --" in text
+    assert not list(save.glob("*.pt")), "nothing trained"
 
 
 def valid_figures(output: str):

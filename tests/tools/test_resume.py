@@ -358,15 +358,19 @@ def test_a_full_disk_while_training_is_one_line_and_no_partial_checkpoint_stays(
     assert "Traceback" not in full.stderr
     assert not list(save_dir.glob("*.tmp")), sorted(save_dir.iterdir())
     # as a kill during the write leaves it: the first 64 KiB of a checkpoint
+    # (and tpp-recover-checkpoint's copy to checkpoint_last.pt: a SIGTERM left it)
     partial = checkpoint.with_name(checkpoint.name + ".tmp")
-    partial.write_bytes((trained_run["save_dir"] / "checkpoint_last.pt").read_bytes()[: 64 * 1024])
+    copy = save_dir / ".checkpoint_last.pt.k2x9q0ab.tmp"
+    for part in (partial, copy):
+        part.write_bytes((trained_run["save_dir"] / "checkpoint_last.pt").read_bytes()[:65536])
     again = subprocess.run(
         command, cwd=REPO, env=tool_env(), capture_output=True, text=True, timeout=600
     )
     assert again.returncode == 0, again.stderr[-3000:]
-    assert f"removed {partial} (0.1 MiB), a checkpoint an earlier run did not finish" in (
-        again.stderr
-    )
+    for part in (partial, copy):
+        assert f"removed {part} (0.1 MiB), a checkpoint an earlier run did not finish" in (
+            again.stderr
+        )
     assert not list(save_dir.glob("*.tmp")) and num_updates(save_dir / "checkpoint_last.pt") == 10
 
 
@@ -466,15 +470,31 @@ def test_no_readable_checkpoint_is_an_error(torn_run, tmp_path):
     # with --restore-file naming another file, fairseq resumes from that file, as fairseq
     # defines it: nothing in the save dir is checked or moved
     (save_dir / "checkpoint_last.pt").write_bytes(torn_run["torn"])
-    result = subprocess.run(
-        ["tpp-recover-checkpoint", "--save-dir", str(save_dir), "--restore-file", "elsewhere.pt"],
-        cwd=REPO,
-        env=tool_env(),
-        capture_output=True,
-        text=True,
-    )
+    elsewhere = tmp_path / "elsewhere.pt"
+
+    def restore(*options):
+        return subprocess.run(
+            ["tpp-recover-checkpoint", "--save-dir", str(save_dir), "--restore-file", *options],
+            cwd=REPO,
+            env=tool_env(),
+            capture_output=True,
+            text=True,
+        )
+
+    # a file that is not there: fairseq logged "No existing checkpoint found" and trained
+    # from the beginning, over the save dir's checkpoints
+    result = restore(str(elsewhere))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"--restore-file {elsewhere}: no such file (fairseq would" in result.stderr
+    elsewhere.write_bytes(torn_run["intact"])
+    result = restore(str(elsewhere))
     assert result.returncode == 0 and result.stderr == ""
     assert (save_dir / "checkpoint_last.pt").read_bytes() == torn_run["torn"]
+    # with a --checkpoint-suffix fairseq reads the file with it
+    result = restore(str(elsewhere), "--checkpoint-suffix=-shard0")
+    assert result.returncode == 2 and f"(fairseq reads {tmp_path / 'elsewhere-shard0.pt'}, " in (
+        result.stderr
+    ), result.stderr
 
 
 def test_recovery_waits_for_no_training_that_holds_the_save_dir(torn_run, tmp_path):
@@ -631,8 +651,26 @@ def test_a_save_dir_without_checkpoint_last_resumes_from_its_newest(trained_run,
         text=True,
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    assert f"Resume with --restore-file {newest[2]}" in result.stderr, result.stderr
+    assert f"Resume with --restore-file {save_dir / newest[2]}, " in result.stderr, result.stderr
     assert not (save_dir / "checkpoint_last.pt").exists()
+
+
+def test_the_checkpoint_said_to_be_resumed_from_is_the_one_fairseq_reads(tmp_path):
+    """It named checkpoint_last.pt whatever --checkpoint-suffix or --restore-file said."""
+    from tpp_tools.train import resumed_from
+
+    (tmp_path / "checkpoint_last.pt").write_bytes(b"")
+    (tmp_path / "checkpoint_last-y.pt").write_bytes(b"")
+    (tmp_path / "checkpoint_1_5-y.pt").write_bytes(b"")
+    command = ["fairseq-train", "DATA", "--save-dir", str(tmp_path)]
+    assert resumed_from(command) == tmp_path / "checkpoint_last.pt"
+    assert resumed_from([*command, "--checkpoint-suffix=-y"]) == tmp_path / "checkpoint_last-y.pt"
+    elsewhere = ["--restore-file", str(tmp_path / "checkpoint_1_5.pt")]
+    assert resumed_from([*command, *elsewhere]) is None
+    assert resumed_from([*command, *elsewhere, "--checkpoint-suffix=-y"]) == (
+        tmp_path / "checkpoint_1_5-y.pt"
+    )
+    assert resumed_from(["fairseq-train", "DATA", "--save-dir", str(tmp_path / "new")]) is None
 
 
 def test_a_finished_run_is_not_trained_again(trained_run, tmp_path):
@@ -732,6 +770,9 @@ def test_max_update_must_be_a_positive_number(value, tmp_path):
         (["--", "--user-dir", "elsewhere"], "--user-dir after --: give it before --"),
         (["--cpu", "--", "--fp16"], "--fp16 (after --) needs a GPU: drop --cpu or --fp16"),
         (["--cpu", "--", "--amp"], "--amp (after --) needs a GPU: drop --cpu or --amp"),
+        (["--save-dir", ""], "--save-dir is empty: give a value or leave it out"),
+        (["--data="], "--data is empty: give a value or leave it out"),
+        (["--max-tokens", "²"], "--max-tokens must be a positive whole number, not '²'"),
     ],
 )
 def test_values_fairseq_would_misread_are_refused_before_training(options, message):
