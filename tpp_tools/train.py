@@ -318,19 +318,7 @@ def fairseq_command(args):
         if option in given:
             setattr(args, option[2:].replace("-", "_"), given[option])
     check_settings(args)
-    asked = next((opt for opt in args.extra if opt in PRECISIONS), None)
-    device = None
-    if args.cpu:
-        if args.fp16 == "1":
-            raise TrainError("--fp16 needs a GPU (drop --cpu or --fp16)")
-        if asked in ("--fp16", "--memory-efficient-fp16", "--amp"):  # (bf16 trains on CPUs)
-            raise TrainError(f"{asked} (after --) needs a GPU: drop --cpu or {asked}")
-        device = "cpu"
-    elif asked is not None:  # fairseq's to take: --fp16 is not added next to it
-        if args.fp16 == "1" and asked != "--fp16":
-            raise TrainError(f"--fp16 and {asked} (after --) ask for two precisions: keep one")
-    elif args.fp16 == "1" or (args.fp16 == "auto" and gpu_visible()):
-        device = "fp16"
+    device = precision(args)
     options = {
         "user_dir": args.user_dir,
         "task": args.task,
@@ -356,6 +344,23 @@ def fairseq_command(args):
     }
     program = os.environ.get("FAIRSEQ_TRAIN") or fairseq_train_program()
     return [program, *fairseq_arguments(args.data, options, args.extra)]
+
+
+def precision(args):
+    """What tpp-train adds: "cpu" (``--cpu``), "fp16" (``--fp16``) or None (neither: a
+    precision given after ``--`` is fairseq's to take)."""
+    asked = next((opt for opt in args.extra if opt in PRECISIONS), None)
+    if args.cpu:
+        if args.fp16 == "1":
+            raise TrainError("--fp16 needs a GPU (drop --cpu or --fp16)")
+        if asked in ("--fp16", "--memory-efficient-fp16", "--amp"):  # (bf16 trains on CPUs)
+            raise TrainError(f"{asked} (after --) needs a GPU: drop --cpu or {asked}")
+        return "cpu"
+    if asked is not None:  # fairseq's to take: --fp16 is not added next to it
+        if args.fp16 == "1" and asked != "--fp16":
+            raise TrainError(f"--fp16 and {asked} (after --) ask for two precisions: keep one")
+        return None
+    return "fp16" if args.fp16 == "1" or (args.fp16 == "auto" and gpu_visible()) else None
 
 
 def check_settings(args) -> None:
