@@ -285,20 +285,25 @@ def readme_train_command(data, save_dir, max_update, save_interval_updates):
     return command[1:]
 
 
-@pytest.fixture(scope="module")
-def trained_run(nmt_corpus, tmp_path_factory):
-    """A tiny run of 20 updates (checkpoints every 5) with the README's command."""
-    root = tmp_path_factory.mktemp("trained")
-    data = nmt_corpus["data"]
-    save_dir = root / "ckpt"
-    result = subprocess.run(
-        readme_train_command(data, save_dir, 20, 5),
+def run_readme_training(data, save_dir, max_update):
+    """The README's training command (checkpoints every 5 updates), run to its end."""
+    return subprocess.run(
+        readme_train_command(data, save_dir, max_update, 5),
         cwd=REPO,
         env=tool_env(),
         capture_output=True,
         text=True,
         timeout=600,
     )
+
+
+@pytest.fixture(scope="module")
+def trained_run(nmt_corpus, tmp_path_factory):
+    """A tiny run of 20 updates (checkpoints every 5) with the README's command."""
+    root = tmp_path_factory.mktemp("trained")
+    data = nmt_corpus["data"]
+    save_dir = root / "ckpt"
+    result = run_readme_training(data, save_dir, 20)
     assert result.returncode == 0, result.stderr[-3000:]
     assert num_updates(save_dir / "checkpoint_last.pt") == 20
     return {"data": data, "save_dir": save_dir}
@@ -385,14 +390,7 @@ def torn_run(trained_run, tmp_path_factory):
     interval = {path.name: num_updates(path) for path in save_dir.glob("checkpoint_*_*.pt")}
     torn = intact[: len(intact) * 2 // 3]
     last.write_bytes(torn)
-    result = subprocess.run(
-        readme_train_command(trained_run["data"], save_dir, 30, 5),
-        cwd=REPO,
-        env=tool_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = run_readme_training(trained_run["data"], save_dir, 30)
     return {
         "save_dir": save_dir,
         "torn": torn,
@@ -623,14 +621,7 @@ def test_a_save_dir_without_checkpoint_last_resumes_from_its_newest(trained_run,
         (num_updates(save_dir / name), not name.endswith("_best.pt"), name) for name in saved
     )
     assert 5 <= newest[0] < 20 and newest[1], newest  # an interval checkpoint, not the best
-    result = subprocess.run(
-        readme_train_command(trained_run["data"], save_dir, 20, 5),
-        cwd=REPO,
-        env=tool_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = run_readme_training(trained_run["data"], save_dir, 20)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (
         f"checkpoint_last.pt is missing; resuming from {save_dir / newest[2]} "
@@ -681,25 +672,11 @@ def test_a_finished_run_is_not_trained_again(trained_run, tmp_path):
     shutil.copytree(trained_run["save_dir"], save_dir)
     before = {path.name: path.stat().st_mtime_ns for path in save_dir.glob("*.pt")}
     for max_update in (20, 12):
-        result = subprocess.run(
-            readme_train_command(trained_run["data"], save_dir, max_update, 5),
-            cwd=REPO,
-            env=tool_env(),
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+        result = run_readme_training(trained_run["data"], save_dir, max_update)
         assert result.returncode == 0, result.stderr[-3000:]
         assert "has 20 updates: the run is finished" in result.stderr
         assert {path.name: path.stat().st_mtime_ns for path in save_dir.glob("*.pt")} == before
-    result = subprocess.run(
-        readme_train_command(trained_run["data"], save_dir, 22, 5),
-        cwd=REPO,
-        env=tool_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = run_readme_training(trained_run["data"], save_dir, 22)
     assert result.returncode == 0, result.stderr[-3000:]
     assert num_updates(save_dir / "checkpoint_last.pt") == 22
 
