@@ -17,7 +17,6 @@ This tool (``tpp-recover-checkpoint``), run by ``scripts/train.sh`` (and
 3. if not, moves it aside to ``checkpoint_last.pt.damaged-<time>`` (never deleted) and
    copies the readable checkpoint with the most updates to ``checkpoint_last.pt``, saying
    which; with none left it stops: the same command run again starts from the beginning.
-   It holds the save dir's lock (``.lock``) as ``tpp-train`` does: never beside a training.
 
 Usage (the options of a fairseq-train command line; others are ignored, the last value
 of a repeated option counts, as in fairseq)::
@@ -275,6 +274,8 @@ def finished_updates(save_dir, max_update, restore_file=DEFAULT_RESTORE_FILE, su
 
 
 def main(argv=None):
+    """Recover under the save dir's lock (``.lock``), as ``tpp-train`` takes it: never
+    beside a training that writes its checkpoints there."""
     argv = list(sys.argv[1:] if argv is None else argv)
     lock = None
     save_dir = Path(parse_args(argv).save_dir)

@@ -942,8 +942,9 @@ def test_bad_tag_loss_options_are_refused_before_anything_runs(
         ),
         (["--", "--save-dir", "elsewhere"], "--save-dir after --: give it before --"),
         (
-            ["--", "--fp16", "--bf16"],  # (fairseq's own ValueError while it parses)
-            "the transformer runs' training would refuse its options: Cannot combine --fp16",
+            ["--", "--fp16", "--bf16"],  # (tpp-train's check of --cpu's precision)
+            "the transformer runs' training would refuse its options: "
+            "--fp16 (after --) needs a GPU: drop --cpu or --fp16",
         ),
     ],
 )
