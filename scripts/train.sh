@@ -19,14 +19,21 @@
 # --max-update is finished and trains nothing; one training per save dir (<save-dir>/.lock).
 # --dry-run prints the fairseq-train command instead of running it.
 set -euo pipefail
-# PYTHON, else python3 where it has the project, else the project's .venv/ (make env)
+# The Python to run tpp-train with: PYTHON (else python3) where it imports fairseq and the
+# project, else the project's environment (TPP_VENV, else the clone's .venv/: make env).
+has_project() {
+    "$1" -c 'import importlib.util as u, sys
+sys.exit(not (u.find_spec("fairseq_cli") and u.find_spec("tpp_tools")))' 2>/dev/null
+}
 python="${PYTHON:-python3}"
-if [[ -z "${PYTHON:-}" ]] && ! python3 -c "import tpp_tools" 2>/dev/null; then
-    python="$(dirname "${BASH_SOURCE[0]}")/../.venv/bin/python"
-    if [[ ! -x "$python" ]]; then
-        echo "train.sh: error: python3 cannot import tpp_tools: activate the environment" \
-            "it is installed in (make env builds .venv/), or set PYTHON" >&2
+if ! has_project "$python"; then
+    venv="${TPP_VENV:-$(dirname "${BASH_SOURCE[0]}")/../.venv}"
+    if ! has_project "$venv/bin/python"; then
+        echo "train.sh: error: neither $python nor $venv/bin/python imports fairseq and" \
+            "tpp_tools: activate the environment they are installed in (make env builds" \
+            ".venv/), or set PYTHON or TPP_VENV" >&2
         exit 2
     fi
+    python="$venv/bin/python"
 fi
 exec "$python" -m tpp_tools.train "$@"

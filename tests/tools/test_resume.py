@@ -884,37 +884,48 @@ def test_tpp_train_finds_fairseq_train_beside_its_python_without_the_environment
 
 def test_train_sh_takes_the_projects_environment_where_python3_lacks_the_project(tmp_path):
     """The README's ``scripts/train.sh`` in a shell without the environment activated
-    ended in "No module named tpp_tools": it takes the clone's .venv/ (here a stand-in
-    beside a copy of the script), or says what to do."""
+    ended in "No module named tpp_tools", and from the clone's root (where any python3
+    finds tpp_tools) ran a fairseq-train from PATH: it takes the clone's .venv/ (here a
+    stand-in beside a copy of the script) or TPP_VENV, or says what to do."""
     (tmp_path / "scripts").mkdir()
     script = shutil.copy(SCRIPTS / "train.sh", tmp_path / "scripts" / "train.sh")
     (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "python3").write_text("#!/bin/sh\nexit 1\n")  # without the project
+    # a python3 without fairseq (no site-packages), run from the root: tpp_tools is found
+    (tmp_path / "bin" / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
     (tmp_path / "bin" / "python3").chmod(0o755)
     env = {
-        **{k: v for k, v in tool_env().items() if k not in ("TPP_FAIRSEQ_CHECKS", "PYTHON")},
+        **{k: v for k, v in tool_env().items() if k not in ("TPP_FAIRSEQ_CHECKS", "TPP_VENV")},
         "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin",
     }
+    env.pop("PYTHON", None)
 
-    def run():
+    def run(**variables):
         return subprocess.run(
             ["bash", script, "--dry-run", "--preset", "tiny"],
-            env=env,
+            env={**env, **variables},
+            cwd=REPO,
             capture_output=True,
             text=True,
         )
 
     refused = run()
+    venv = tmp_path / "scripts" / ".." / ".venv"
     assert refused.returncode == 2, refused.stderr
     assert refused.stderr == (
-        "train.sh: error: python3 cannot import tpp_tools: activate the environment it is "
-        "installed in (make env builds .venv/), or set PYTHON\n"
+        f"train.sh: error: neither python3 nor {venv}/bin/python imports fairseq and "
+        "tpp_tools: activate the environment they are installed in (make env builds "
+        ".venv/), or set PYTHON or TPP_VENV\n"
     )
-    (tmp_path / ".venv" / "bin").mkdir(parents=True)
-    (tmp_path / ".venv" / "bin" / "python").symlink_to(sys.executable)
-    shown = run()
-    assert shown.returncode == 0, shown.stderr
-    assert shlex.split(shown.stdout)[1].endswith("fairseq-train")
+    assert run(PYTHON=str(tmp_path / "bin" / "python3")).returncode == 2
+    elsewhere = tmp_path / "env"
+    for folder in (tmp_path / ".venv", elsewhere):
+        (folder / "bin").mkdir(parents=True)
+        (folder / "bin" / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+        (folder / "bin" / "python").chmod(0o755)
+    beside = Path(sys.executable).parent / "fairseq-train"
+    for shown in (run(), run(TPP_VENV=str(elsewhere))):
+        assert shown.returncode == 0, shown.stderr
+        assert shlex.split(shown.stdout)[1] == str(beside)
 
 
 def test_a_lock_left_to_a_dead_trainers_loaders_is_waited_for(tmp_path):
