@@ -654,10 +654,10 @@ def check_paths(args) -> None:
                     f"--log-file '{args.log_file}' holds binary data, not a log: fairseq "
                     "would append its log to it; name a log file"
                 )
-    for name, folder in (
-        ("--save-dir", Path(args.save_dir)),
-        ("--log-file's folder", Path(args.log_file).parent),
-    ):
+    folders = [("--save-dir", Path(args.save_dir))]
+    if not Path(args.log_file).exists():  # (one there is appended to: /dev/null, a shared log)
+        folders.append(("--log-file's folder", Path(args.log_file).parent))
+    for name, folder in folders:
         try:
             folder.mkdir(parents=True, exist_ok=True)
             tempfile.TemporaryFile(dir=folder).close()

@@ -865,6 +865,25 @@ def test_a_data_folder_or_log_file_fairseq_cannot_use_is_refused_by_name(tmp_pat
     assert "--log-file's folder '/proc' cannot be written: " in said
 
 
+def test_a_log_file_that_is_there_is_appended_to_whatever_its_folder(tmp_path):
+    """fairseq appends to an existing --log-file (/dev/null to keep none, a log shared in
+    a folder the user cannot write): only the file itself must take writes."""
+    from tpp_tools import train
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "dict.en.txt").write_text("a 1\n")
+
+    def check(log_file):
+        args = train.parse_args(["--data", str(tmp_path / "data"), "--log-file", log_file])
+        args.save_dir = str(tmp_path / "c")
+        train.fairseq_command(args)
+        train.check_paths(args)
+
+    check("/proc/self/fd/2")  # an open file in a folder nothing can create files in
+    with pytest.raises(train.TrainError, match="--log-file's folder '/proc' cannot be written"):
+        check("/proc/t.log")
+
+
 def test_tpp_train_finds_fairseq_train_beside_its_python_without_the_environment(tmp_path):
     """Run by its path, its environment not activated (PATH without it)."""
     shown = subprocess.run(
