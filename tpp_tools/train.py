@@ -609,15 +609,16 @@ def check_joined(cmd) -> None:
     tpp-fairseq-rank adds: without them each would train alone into the same save dir."""
     try:
         world = int(os.environ.get("WORLD_SIZE", "1"))
+        here = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     except ValueError:
         return
     if "TORCHELASTIC_RUN_ID" not in os.environ or world <= 1 or "--cpu" not in cmd:
         return
-    if "--distributed-world-size" not in cmd:
+    if "--distributed-world-size" not in options_given(cmd):
         raise TrainError(
             f"torchrun started {world} processes, and fairseq would not join them on CPUs: "
             "each would train alone into the same --save-dir. Start tpp-train through "
-            f"tpp-fairseq-rank: torchrun --no-python --nproc_per_node {world} "
+            f"tpp-fairseq-rank: torchrun --no-python --nproc_per_node {here} "
             "tpp-fairseq-rank tpp-train ... -- ..."
         )
 

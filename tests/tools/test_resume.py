@@ -992,3 +992,20 @@ def test_a_lock_left_to_a_dead_trainers_loaders_is_waited_for(tmp_path):
     finally:
         alive.kill()
         alive.wait()
+
+
+def test_torchrun_ranks_given_their_options_by_the_user_are_joined(monkeypatch):
+    """fairseq joins ranks given --distributed-world-size in either form; the advice for
+    ranks it would not join counts the processes of one node."""
+    from tpp_tools.train import TrainError, check_joined
+
+    for name, value in (("TORCHELASTIC_RUN_ID", "r"), ("WORLD_SIZE", "4")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    given = ["--distributed-init-method=env://", "--distributed-rank=0"]
+    for form in (["--distributed-world-size=4"], ["--distributed-world-size", "4"]):
+        check_joined(["fairseq-train", "data", "--cpu", *given, *form])
+    with pytest.raises(TrainError) as refused:
+        check_joined(["fairseq-train", "data", "--cpu", *given])
+    assert "torchrun started 4 processes" in str(refused.value)
+    assert "torchrun --no-python --nproc_per_node 2 tpp-fairseq-rank" in str(refused.value)
