@@ -349,16 +349,18 @@ def fairseq_command(args):
 def precision(args):
     """What tpp-train adds: "cpu" (``--cpu``), "fp16" (``--fp16``) or None (neither: a
     precision given after ``--`` is fairseq's to take)."""
-    asked = next((opt for opt in args.extra if opt in PRECISIONS), None)
+    asked = [opt for opt in args.extra if opt in PRECISIONS]
     if args.cpu:
         if args.fp16 == "1":
             raise TrainError("--fp16 needs a GPU (drop --cpu or --fp16)")
-        if asked in ("--fp16", "--memory-efficient-fp16", "--amp"):  # (bf16 trains on CPUs)
-            raise TrainError(f"{asked} (after --) needs a GPU: drop --cpu or {asked}")
+        for opt in asked:  # (bf16 trains on CPUs)
+            if opt in ("--fp16", "--memory-efficient-fp16", "--amp"):
+                raise TrainError(f"{opt} (after --) needs a GPU: drop --cpu or {opt}")
         return "cpu"
-    if asked is not None:  # fairseq's to take: --fp16 is not added next to it
-        if args.fp16 == "1" and asked != "--fp16":
-            raise TrainError(f"--fp16 and {asked} (after --) ask for two precisions: keep one")
+    if asked:  # fairseq's to take: --fp16 is not added next to it
+        other = next((opt for opt in asked if opt != "--fp16"), None)
+        if args.fp16 == "1" and other is not None:
+            raise TrainError(f"--fp16 and {other} (after --) ask for two precisions: keep one")
         return None
     return "fp16" if args.fp16 == "1" or (args.fp16 == "auto" and gpu_visible()) else None
 

@@ -747,6 +747,8 @@ def test_max_update_must_be_a_positive_number(value, tmp_path):
         (["--", "--user-dir", "elsewhere"], "--user-dir after --: give it before --"),
         (["--cpu", "--", "--fp16"], "--fp16 (after --) needs a GPU: drop --cpu or --fp16"),
         (["--cpu", "--", "--amp"], "--amp (after --) needs a GPU: drop --cpu or --amp"),
+        (["--cpu", "--", "--cpu", "--fp16"], "--fp16 (after --) needs a GPU: drop --cpu"),
+        (["--cpu", "--", "--bf16", "--amp"], "--amp (after --) needs a GPU: drop --cpu"),
         (["--save-dir", ""], "--save-dir is empty: give a value or leave it out"),
         (["--data="], "--data is empty: give a value or leave it out"),
         (["--max-tokens", "²"], "--max-tokens must be a positive whole number, not '²'"),
