@@ -88,8 +88,12 @@ def log_to_files(message) -> None:
         if isinstance(handler, logging.FileHandler)
     }
     record = logging.LogRecord(program(), logging.ERROR, __file__, 0, message, None, None)
-    for handler in handlers:
-        handler.handle(record)
+    raising, logging.raiseExceptions = logging.raiseExceptions, False
+    try:  # (a log that cannot be written prints no "--- Logging error ---" traceback)
+        for handler in handlers:
+            handler.handle(record)
+    finally:
+        logging.raiseExceptions = raising
 
 
 def excepthook(kind, value, traceback):

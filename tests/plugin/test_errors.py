@@ -91,3 +91,35 @@ def test_the_hook_prints_one_line_for_a_disk_error_and_a_traceback_for_others():
     assert "Traceback" not in full.stderr
     other = raised_at_the_top("KeyError('x')")
     assert other.returncode == 1 and "Traceback" in other.stderr and "KeyError" in other.stderr
+
+
+def test_a_users_error_goes_to_the_log_file_and_a_log_that_cannot_be_written_is_passed_over(
+    tmp_path, capsys
+):
+    """The one line is also in fairseq's --log-file; a log on a full disk prints no
+    "--- Logging error ---" traceback after it."""
+    import logging
+
+    class Full:
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def flush(self):
+            pass
+
+    logger = logging.getLogger("tpp_test_log_file")
+    written = logging.FileHandler(tmp_path / "train.log")
+    full = logging.FileHandler(tmp_path / "full.log")
+    full.stream.close()
+    full.stream = Full()
+    for handler in (written, full):
+        logger.addHandler(handler)
+    try:
+        errors.log_to_files("error: data.bin line 3: broken")
+    finally:
+        for handler in (written, full):
+            logger.removeHandler(handler)
+        written.close()
+    assert "error: data.bin line 3: broken" in (tmp_path / "train.log").read_text()
+    assert capsys.readouterr().err == ""
+    assert logging.raiseExceptions
