@@ -24,7 +24,7 @@ of a repeated option counts, as in fairseq)::
     tpp-recover-checkpoint --save-dir checkpoints/en-de
     tpp-recover-checkpoint --save-dir DIR --checkpoint-suffix=-shard0
 
-Exit status: 0 (nothing to do, or recovered), 2 (no readable checkpoint to resume from),
+Exit status: 0 (nothing to do, or recovered), 2 (nothing to resume from as asked: said),
 3 (``--max-update N`` given and ``checkpoint_last.pt`` has N updates or more: the run is
 finished, fairseq-train would train one update more; ``scripts/train.sh`` trains nothing).
 """
@@ -193,7 +193,7 @@ def recover(save_dir, restore_file=DEFAULT_RESTORE_FILE, suffix="", keeps_last=T
             "training from the beginning"
         )
     path, updates = found
-    copy_atomically(path, last)
+    copy_to_last(path, last)
     say(f"resuming from {path} ({updates} updates): copied to {last}")
     return path
 
@@ -212,9 +212,20 @@ def _resume_without_last(save_dir, last, suffix, keeps_last):
             f"beginning and write over it. Resume with --restore-file {given}, or give "
             "another --save-dir to start afresh"
         )
-    copy_atomically(path, last)
+    copy_to_last(path, last)
     say(f"{last.name} is missing; resuming from {path} ({updates} updates): copied to {last}")
     return path
+
+
+def copy_to_last(path, last):
+    """Copy the checkpoint resumed from to ``last``, or say why it cannot be."""
+    try:
+        copy_atomically(path, last)
+    except OSError as error:
+        raise RecoveryError(
+            f"cannot copy {path} to {last} to resume from it: {error.strerror} (make "
+            f"{last.parent} writable)"
+        ) from None
 
 
 def restore_path(restore_file, suffix=""):
@@ -239,7 +250,7 @@ def parse_args(argv=None):
         "--restore-file",
         default=DEFAULT_RESTORE_FILE,
         help="fairseq's --restore-file: anything but the default means "
-        "fairseq resumes from that file, and nothing is checked here",
+        "fairseq resumes from that file: only that it is there is checked",
     )
     parser.add_argument("--checkpoint-suffix", default="", help="fairseq's --checkpoint-suffix")
     parser.add_argument(

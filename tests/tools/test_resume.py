@@ -646,6 +646,26 @@ def test_a_save_dir_without_checkpoint_last_resumes_from_its_newest(trained_run,
     assert not (save_dir / "checkpoint_last.pt").exists()
 
 
+def test_a_copy_to_checkpoint_last_the_disk_refuses_is_one_line(
+    trained_run, tmp_path, monkeypatch, capsys
+):
+    """Run by hand on a save dir it cannot write (checked without the lock), the copy of
+    the newest checkpoint to a missing checkpoint_last.pt ended in a traceback."""
+    save_dir = tmp_path / "ckpt"
+    shutil.copytree(trained_run["save_dir"], save_dir)
+    (save_dir / "checkpoint_last.pt").unlink()
+
+    def refused(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(recover.tempfile, "mkstemp", refused)
+    assert recover.main(["--save-dir", str(save_dir)]) == 2
+    said = capsys.readouterr().err
+    assert "cannot copy " in said and f"to {save_dir / 'checkpoint_last.pt'} to resume" in said
+    assert f"Permission denied (make {save_dir} writable)" in said and "Traceback" not in said
+    assert not (save_dir / "checkpoint_last.pt").exists()
+
+
 def test_the_checkpoint_said_to_be_resumed_from_is_the_one_fairseq_reads(tmp_path):
     """It named checkpoint_last.pt whatever --checkpoint-suffix or --restore-file said."""
     from tpp_tools.train import resumed_from
