@@ -9,14 +9,14 @@ env:
 	@bash scripts/setup_env.sh
 
 demo: env
-	@$(VENV)/bin/tpp-demo
+	@"$(VENV)/bin/tpp-demo"
 
 test: env
-	@$(VENV)/bin/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder tests --durations=30
+	@"$(VENV)/bin/python" -m pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder tests --durations=30
 
 bench: env
-	@$(VENV)/bin/python -m benchmarks.bench_model
+	@"$(VENV)/bin/python" -m benchmarks.bench_model
 
 format: env
-	@$(VENV)/bin/ruff format .
-	@$(VENV)/bin/ruff check .
+	@"$(VENV)/bin/ruff" format .
+	@"$(VENV)/bin/ruff" check .

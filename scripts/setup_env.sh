@@ -46,7 +46,10 @@ fi
 echo "[setup] building environment in $venv"
 # (again over a venv whose creation was interrupted before it had pip: venv completes it)
 "$venv/bin/python" -m pip --version >/dev/null 2>&1 || "$python" -m venv "$venv"
-export PIP_CONSTRAINT="$root/constraints.txt"
+# (pip splits PIP_CONSTRAINT at spaces: as a file URL a folder with spaces stays whole)
+PIP_CONSTRAINT=$("$python" -c 'import pathlib, sys; print(pathlib.Path(sys.argv[1]).as_uri())' \
+  "$root/constraints.txt")
+export PIP_CONSTRAINT
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 # into the venv whatever the user's pip variables say (PIP_USER=1 fails inside a venv)
 export PIP_USER=0

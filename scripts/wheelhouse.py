@@ -178,7 +178,7 @@ def download(args):
         # torch is pinned for every pip call, build environments included; with --torch
         # none nothing may need it (an unsatisfiable pin makes that an error).
         (tmp / "constraints.txt").write_text((torch or "torch<0") + "\n")
-        env["PIP_CONSTRAINT"] = str(tmp / "constraints.txt")
+        env["PIP_CONSTRAINT"] = (tmp / "constraints.txt").as_uri()  # (split at spaces)
         env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
         # (downloads, wheels and a --target folder install nothing into this Python)
         env["PIP_REQUIRE_VIRTUALENV"] = "0"
@@ -187,7 +187,7 @@ def download(args):
         say("2/3 antlr4-python3-runtime (sdist only: made into a pure-Python wheel)")
         build_antlr_wheel(dest, env)
         say("3/3 the binary closure: build tools, torch, the profile's requirements")
-        reqs = list(BUILD_TOOLS) + ([torch] if torch else []) + ["-r " + str(req_file)]
+        reqs = list(BUILD_TOOLS) + ([torch] if torch else []) + ["-r " + shlex.quote(str(req_file))]
         (tmp / "requirements.txt").write_text("\n".join(reqs) + "\n")
         download_binaries(args, dest, env, tmp / "requirements.txt", pyver, platforms, torch)
     files = write_manifest(args, dest, pyver, platforms, torch, req_file)

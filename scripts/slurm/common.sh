@@ -13,6 +13,7 @@ if [[ ! -f $TPP_ROOT/scripts/slurm/common.sh ]]; then
   exit 2
 fi
 export TPP_ROOT
+source "$TPP_ROOT/scripts/slurm/words.sh"
 if [[ -n ${TPP_VENV:-} && ! -x $TPP_VENV/bin/python ]]; then  # a mistyped one is not skipped
   echo "error: TPP_VENV='$TPP_VENV' is not an environment (no bin/python in it)" >&2
   exit 2

@@ -49,6 +49,11 @@ start() {
   have_slurm || die "SLURM is not installed (run: $0 install)"
   [[ $(id -u) == 0 ]] || die "the local cluster runs its daemons as root"
   [[ ! -e $dir/slurmctld.pid ]] || die "$dir already holds a running cluster (stop it first)"
+  # (slurm.conf's parser splits a path at spaces, and cannot quote one)
+  local whole=$dir
+  [[ $whole == /* ]] || whole=$PWD/$dir
+  [[ $whole != *[[:space:]\"#=]* ]] \
+    || die "'$whole': SLURM's configuration cannot hold a path with spaces, quotes, # or =: choose another folder"
   mkdir -p "$dir"/{state,spool,munge,log}
   dir=$(cd "$dir" && pwd)
   chmod 700 "$dir" "$dir/munge"

@@ -36,7 +36,8 @@
 #   --dry-run             print the sbatch commands instead of submitting
 # Also passed to the jobs: TPP_VENV, DATA_NAME, SPLIT, PREPARE_STAGE_CMD, TAG_CMD,
 # BINARIZE_CMD, FAIRSEQ_EXTRA, EVAL_OPTS, MASTER_PORT, SBATCH_EXTRA (extra sbatch
-# options for every job, split on spaces). See docs/slurm.md.
+# options for every job). Option lists are split as a command line: quote a value with
+# spaces ("--comment 'my run'"); nothing in them is expanded. See docs/slurm.md.
 #
 # Output: one line per job, "<stage> <job id>", e.g. "train 1234".
 set -euo pipefail
@@ -45,6 +46,7 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 here=$repo/scripts/slurm
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
 die() { echo "submit.sh: error: $*" >&2; exit 2; }
+source "$here/words.sh"
 
 STAGES=(prepare tag binarize train evaluate)
 from=prepare
@@ -225,8 +227,11 @@ fi
 common=(--parsable --export=ALL --kill-on-invalid-dep=yes)
 [[ -n ${PARTITION:-} ]] && common+=(--partition "$PARTITION")
 [[ -n ${ACCOUNT:-} ]] && common+=(--account "$ACCOUNT")
-# shellcheck disable=SC2206
-common+=(${SBATCH_EXTRA:-})
+option_words sbatch_extra SBATCH_EXTRA
+common+=("${sbatch_extra[@]}")
+for name in TRAIN_OPTS FAIRSEQ_EXTRA EVAL_OPTS; do  # (split by the jobs: refused now)
+  option_words checked "$name"
+done
 
 if [[ $CPU_ONLY == 1 ]]; then
   train_gpus=(--gpus-per-node=0)

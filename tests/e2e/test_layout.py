@@ -199,3 +199,22 @@ def test_make_puts_the_environment_where_the_variable_says(variable, tmp_path):
         ["make", "-n", "demo"], cwd=REPO, env=env, capture_output=True, text=True, check=True
     )
     assert f"{tmp_path / 'elsewhere'}/bin/tpp-demo" in planned.stdout
+
+
+def test_make_runs_an_environment_in_a_folder_with_spaces(tmp_path):
+    """Its recipes split ``$(VENV)/bin/...`` at the spaces (make: No such file)."""
+    venv = tmp_path / "my env"
+    (venv / "bin").mkdir(parents=True)
+    for tool in ("tpp-demo", "python"):
+        (venv / "bin" / tool).write_text(f'#!/bin/sh\necho {tool} ran "$@"\n')
+        (venv / "bin" / tool).chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("TPP_VENV", "VENV")}
+    for target, said in (("demo", "tpp-demo ran"), ("bench", "python ran -m benchmarks")):
+        ran = subprocess.run(  # (-o env: the environment is taken as built)
+            ["make", "-o", "env", target, f"VENV={venv}"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert ran.returncode == 0 and said in ran.stdout, ran.stdout + ran.stderr

@@ -54,6 +54,18 @@ def cluster(tmp_path_factory):
         subprocess.run(["bash", str(SLURM / "local_cluster.sh"), "stop", str(state)], check=False)
 
 
+def test_a_cluster_folder_slurm_conf_cannot_hold_is_refused(cluster, tmp_path):
+    """slurm.conf splits a path at spaces: the daemons did not start."""
+    folder = tmp_path / "my cluster"
+    started = subprocess.run(
+        ["bash", str(SLURM / "local_cluster.sh"), "start", str(folder)],
+        capture_output=True,
+        text=True,
+    )
+    assert started.returncode == 1 and not folder.exists()
+    assert f"'{folder}': SLURM's configuration cannot hold a path with spaces" in started.stderr
+
+
 def job_states(env, job_id):
     """{job id (array tasks as id_index): state} from scontrol, which keeps finished jobs."""
     result = subprocess.run(
@@ -337,6 +349,53 @@ def test_bad_resources_are_refused_before_submitting(options, message, tmp_path)
     result = subprocess.run(command, env=tool_env(), capture_output=True, text=True)
     assert result.returncode == 2 and f"submit.sh: error: {message}" in result.stderr, result.stderr
     assert not result.stdout
+
+
+def test_option_lists_are_split_as_a_command_line_and_nothing_in_them_expanded(tmp_path):
+    """SBATCH_EXTRA, TRAIN_OPTS, FAIRSEQ_EXTRA and EVAL_OPTS were split at every space
+    and their * matched against the job's folder: a path with spaces could not be given."""
+    (tmp_path / "a.pt").write_text("")  # what a * matched
+    value = "--restore-file 'runs/my run/x.pt' --keep *.pt $HOME \"a b\""
+    words = subprocess.run(
+        [
+            "bash",
+            "-c",
+            'source "$0"; option_words w V; printf "%s\\n" "${w[@]}"',
+            SLURM / "words.sh",
+        ],
+        env=dict(tool_env(), V=value),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert words.returncode == 0, words.stderr
+    assert words.stdout.splitlines() == [
+        "--restore-file",
+        "runs/my run/x.pt",
+        "--keep",
+        "*.pt",
+        "$HOME",
+        "a b",
+    ]
+    command = ["bash", str(SLURM / "submit.sh"), "--dry-run", "--log-dir", str(tmp_path)]
+    shown = subprocess.run(
+        command,
+        env=dict(tool_env(), SBATCH_EXTRA="--comment 'a b'"),
+        capture_output=True,
+        text=True,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "--comment a b --job-name=tpp-prepare" in " ".join(
+        shlex.split(shown.stdout.splitlines()[0])
+    )
+    for name in ("SBATCH_EXTRA", "TRAIN_OPTS", "FAIRSEQ_EXTRA", "EVAL_OPTS"):
+        refused = subprocess.run(
+            command, env=dict(tool_env(), **{name: "--x 'open"}), capture_output=True, text=True
+        )
+        assert refused.returncode == 2 and not refused.stdout, refused.stdout
+        assert f"submit.sh: error: {name} cannot be split into options (a quote left open?)" in (
+            refused.stderr
+        )
 
 
 @pytest.mark.parametrize("port", ["abc", "0", "65536", "29500x", "000000"])

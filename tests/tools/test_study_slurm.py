@@ -311,3 +311,12 @@ def test_gpu_slots_give_each_run_its_gpus():
     assert study.gpu_slots(1, ["0", "1"]).get() == "0"
     with pytest.raises(study.StudyError, match="each run trains on 4 GPUs .* but 2 are visible"):
         study.gpu_slots(1, ["0", "1"], 4)
+
+
+def test_the_jobs_python_in_a_folder_with_spaces_is_one_word(tmp_path, monkeypatch):
+    """submitit puts ``python`` into each job's shell command line as it is given: an
+    environment under a folder with spaces submitted jobs that all failed at start."""
+    python = tmp_path / "my env" / "bin" / "python"
+    monkeypatch.setenv("TPP_VENV", str(python.parents[1]))
+    ex = study_slurm.executor(argparse.Namespace(out=tmp_path / "out"), {})
+    assert shlex.split(ex._submitit_command_str)[:2] == [str(python), "-u"]

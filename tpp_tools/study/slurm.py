@@ -360,8 +360,8 @@ def executor(args, params: Dict[str, object]):
 
     venv = os.environ.get("TPP_VENV")  # the environment the jobs use (default: this one)
     python = str(Path(venv) / "bin" / "python") if venv else sys.executable
-    ex = submitit.SlurmExecutor(
-        folder=args.out / "slurm", max_num_timeout=MAX_TIME_LIMITS, python=python
+    ex = submitit.SlurmExecutor(  # (python: a word of the job's shell command line)
+        folder=args.out / "slurm", max_num_timeout=MAX_TIME_LIMITS, python=shlex.quote(python)
     )
     ex.update_parameters(**params)
     return ex
