@@ -896,8 +896,8 @@ def test_a_log_file_that_is_there_is_appended_to_whatever_its_folder(tmp_path):
     (tmp_path / "data" / "dict.en.txt").write_text("a 1\n")
 
     def check(log_file):
-        args = train.parse_args(["--data", str(tmp_path / "data"), "--log-file", log_file])
-        args.save_dir = str(tmp_path / "c")
+        options = ["--data", str(tmp_path / "data"), "--save-dir", str(tmp_path / "c")]
+        args = train.parse_args([*options, "--log-file", log_file])
         train.fairseq_command(args)
         train.check_paths(args)
 
