@@ -330,10 +330,7 @@ def main(argv=None):
     if args.data is None:
         work = Path(tempfile.mkdtemp(prefix="count_ops_"))
         args.data = harness.synthetic_data(work)
-    if args.device == "cpu":  # --bf16's master copy flat, as on one GPU
-        from tpp_fairseq import speed
-
-        speed.FLAT_BF16_DEVICE_TYPES = speed.FLAT_BF16_DEVICE_TYPES | {"cpu"}
+    harness.flat_master_copy_on_cpu(args)
     try:
         beam, train, reads, update = {}, {}, {}, {}
         for name in args.models:

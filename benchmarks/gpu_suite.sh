@@ -9,9 +9,11 @@
 #
 #   --budget  the seconds the whole suite may take (an allocation's time is counted): no
 #          command runs past it; those left are recorded as not run
-#   --limit   the seconds one stage may take (default: the figure beside it below),
-#          within the budget: a command cut off keeps its output in FILE.partial, and
-#          the stage's commands left are recorded as not run; the next stage runs
+#   --limit   the seconds one stage may take (default: the figure beside it below, or
+#          the whole budget for a stage asked for alone), within the budget: a command
+#          cut off keeps its output in FILE.partial, and the stage's commands left are
+#          recorded as not run; the next stage runs. Each stage's time is printed as it
+#          starts
 #   --stand-in  the decide stage's commands on the CPU, small (d = 128 and 256, 2+2 layers,
 #          batches of 1,024 and 512 tokens, two rounds, the tests only collected; 1,800 s unless
 #          --limit):
@@ -122,6 +124,10 @@ for stage in "${STAGES[@]}"; do
 done
 # on a CPU bf16 trains several times slower than float32: the stand-in outgrows the GPU's limit
 [[ $STAND_IN -eq 1 && ! " ${LIMITED[*]} " =~ " decide " ]] && LIMIT[decide]=1800
+# a stage asked for alone may take the whole budget, unless given a --limit of its own
+if [[ ${#STAGES[@]} -eq 1 && $BUDGET -gt 0 && ! " ${LIMITED[*]} " =~ " ${STAGES[0]} " ]]; then
+    LIMIT[${STAGES[0]}]=$BUDGET
+fi
 if [[ ! -d $DATA ]]; then
     echo "gpu_suite.sh: DATA '$DATA' is not a folder" >&2
     exit 2
@@ -333,6 +339,11 @@ export PY DATA OUT MIXED_UPDATES
 
 for stage in "${STAGES[@]}"; do
     DEADLINE=$((SECONDS + LIMIT[$stage]))
+    if [[ $BUDGET -gt 0 && $BUDGET -lt $DEADLINE ]]; then
+        echo "== $stage: up to $((BUDGET - SECONDS)) s (what is left of the budget)"
+    else
+        echo "== $stage: up to ${LIMIT[$stage]} s (its limit)"
+    fi
     case $stage in
     tests)  # the ahead-of-time compile test is for machines without a GPU
         run tests tests.txt "$PY" -m pytest -q -p no:cacheprovider --tb=line -rfE \

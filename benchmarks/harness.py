@@ -202,6 +202,7 @@ def build_trainer(name, size, args, cfg=None, task=None):
         cfg, task = setup(name, size, args)
     torch.manual_seed(1)
     model = task.build_model(cfg.model)
+    check_conv_heads(name, model, args)
     criterion = task.build_criterion(cfg.criterion)
     trainer = Trainer(cfg, task, model, criterion)
     if name in MULTI_TENSOR_SYNC:
@@ -212,7 +213,7 @@ def build_trainer(name, size, args, cfg=None, task=None):
         optimizer = trainer.optimizer  # (built here, not at the first step)
         if isinstance(optimizer, FP16Optimizer) and optimizer.has_flat_params:
             speed.multi_tensor_sync(optimizer)
-        elif args.device == "cuda":  # (the CPU has no flat copy: a stand-in times the rest)
+        else:
             raise SystemExit(
                 f"{name}: fairseq's optimizer has no flat master copy here (--dtype "
                 f"{args.dtype}, TPP_FAIRSEQ_SPEEDUPS={os.environ.get('TPP_FAIRSEQ_SPEEDUPS')!r}): "
@@ -223,6 +224,31 @@ def build_trainer(name, size, args, cfg=None, task=None):
 
         compile_layers(model)
     return cfg, task, trainer
+
+
+def check_conv_heads(name, model, args):
+    """On a GPU, a model's conv heads run as its name says: where Triton cannot be
+    imported they would fall back to PyTorch's operations with a warning the benchmarks'
+    quiet logging hides, and be timed under the kernels' name."""
+    if args.device != "cuda" or "taps" in MODELS[name]:
+        return
+    from tpp_plugin.modules import conv_heads_triton
+    from tpp_plugin.modules.local_conv import LocalConv
+
+    if not conv_heads_triton.available() and any(isinstance(m, LocalConv) for m in model.modules()):
+        raise SystemExit(
+            f"{name}: Triton cannot be imported here, so its conv heads would run as PyTorch "
+            "operations (tpp-taps): install triton, or time tpp-taps"
+        )
+
+
+def flat_master_copy_on_cpu(args):
+    """On the CPU, ``--bf16``'s master copy flat as on one GPU (the plugin flattens it on
+    CUDA only), so that a CPU run times the same update, the multi-tensor sync included."""
+    if args.device == "cpu":
+        from tpp_fairseq import speed
+
+        speed.FLAT_BF16_DEVICE_TYPES = speed.FLAT_BF16_DEVICE_TYPES | {"cpu"}
 
 
 def fixed_batches(task, cfg, split, count, max_tokens=None, max_sentences=None, seed=1):
