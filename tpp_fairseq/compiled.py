@@ -27,6 +27,7 @@ layer variant and side serves every batch shape:
 
 import contextlib
 import copy
+import inspect
 import os
 
 import torch
@@ -141,27 +142,40 @@ def compile_layers(model, backend="inductor") -> int:
     with the settings above (Dynamo's, and fairseq's incremental state); returns how many
     layers are compiled. A layer under fairseq's activation checkpointing
     (``--checkpoint-activations``, whose wrapper runs the forward again in the backward
-    pass) stays eager."""
+    pass), or whose forward takes other arguments than fairseq's, stays eager."""
     _settings()
-    count = checkpointed = 0
+    count, checkpointed, other = 0, 0, set()
     for module in model.modules():
         if isinstance(module.__dict__.get("forward"), CompiledForward):
             count += 1
         elif isinstance(module, (TransformerEncoderLayerBase, TransformerDecoderLayerBase)):
+            decoder = isinstance(module, TransformerDecoderLayerBase)
             if hasattr(module, "precheckpoint_forward"):  # fairseq's checkpoint_wrapper
                 checkpointed += 1
-                continue
-            decoder = isinstance(module, TransformerDecoderLayerBase)
-            module.forward = CompiledForward(module.forward, decoder, backend)
-            count += 1
+            elif not _takes_fairseqs_arguments(module, decoder):
+                other.add(type(module).__name__)
+            else:
+                module.forward = CompiledForward(module.forward, decoder, backend)
+                count += 1
+    eager = [f"{checkpointed} with --checkpoint-activations"] if checkpointed else []
+    eager += [f"{', '.join(sorted(other))} (another forward's arguments)"] if other else []
     _log_once(
         "compiled_layers",
         "compiled layers: %d encoder and decoder layers run through torch.compile (%s)%s",
         count,
         backend,
-        f"; {checkpointed} with --checkpoint-activations stay eager" if checkpointed else "",
+        f"; stay eager: {'; '.join(eager)}" if eager else "",
     )
     return count
+
+
+def _takes_fairseqs_arguments(layer, decoder: bool) -> bool:
+    """Whether ``layer``'s forward takes fairseq's arguments in fairseq's order, as
+    :class:`CompiledForward` names them (a subclass with arguments of its own, as
+    fairseq's ``AugTransformerDecoderLayerBase``, would have them misnamed)."""
+    names = tuple(inspect.signature(type(layer).forward).parameters)[2:]
+    expected = DECODER_ARGUMENTS if decoder else ENCODER_ARGUMENTS
+    return names[: len(expected)] == expected
 
 
 _original_trainer_init = Trainer.__init__

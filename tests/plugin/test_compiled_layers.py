@@ -267,6 +267,36 @@ def test_layers_under_activation_checkpointing_stay_eager(arch):
         torch.testing.assert_close(p.grad, q.grad, msg=name)
 
 
+def test_a_layer_whose_forward_takes_other_arguments_stays_eager(caplog, monkeypatch):
+    """fairseq's AugTransformerDecoderLayerBase takes a second encoder output after the
+    first: its positional arguments, named as a decoder layer's, handed a tensor to
+    ``incremental_state``. It stays eager, named in the log, and computes as before; a
+    decoder layer of fairseq's own arguments beside it is compiled."""
+    from fairseq.models.transformer import TransformerConfig
+    from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
+    from fairseq.modules.transformer_layer_aug import AugTransformerDecoderLayerBase
+
+    cfg = TransformerConfig()
+    cfg.encoder.embed_dim = cfg.decoder.embed_dim = 16
+    cfg.decoder.ffn_embed_dim, cfg.decoder.attention_heads = 32, 2
+    torch.manual_seed(0)
+    aug = AugTransformerDecoderLayerBase(cfg, encoder_attn_merge_type="sequential").eval()
+    plain = TransformerDecoderLayerBase(cfg)
+    x, enc, enc_aug = torch.randn(5, 3, 16), torch.randn(7, 3, 16), torch.randn(6, 3, 16)
+
+    def call():  # as fairseq's AugTransformerDecoder calls its layers
+        return aug(x, enc, None, enc_aug, None, None, self_attn_mask=None)[0]
+
+    before = call()
+    monkeypatch.setattr("tpp_fairseq._log._logged", set())
+    with caplog.at_level("INFO", logger="tpp_fairseq"):
+        assert compiled.compile_layers(torch.nn.ModuleList([aug, plain]), backend="eager") == 1
+    assert "stay eager: AugTransformerDecoderLayerBase (another forward's arguments)" in caplog.text
+    assert isinstance(plain.__dict__.get("forward"), compiled.CompiledForward)
+    assert "forward" not in aug.__dict__
+    torch.testing.assert_close(call(), before)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["transformer_pp_tiny", "transformer_tiny"])
 def test_inductor_layers_are_as_close_to_float64_as_eager_ones(arch):
