@@ -10,7 +10,9 @@ import shutil
 import statistics
 import sys
 import tarfile
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -157,20 +159,50 @@ def dry_run(tmp_path, variants, *options):
     return shown, out
 
 
-def test_the_training_eta_is_the_time_per_update_so_far_times_the_updates_left():
-    from tpp_tools.study.runs import eta_text, training_eta
+def test_a_resumed_trainings_eta_and_time_count_from_the_studys_own_clock(tmp_path):
+    """The ETA is the time per update since the training last started, times the updates
+    left, and a run's training time adds up its trainings, each until its log's last
+    line. fairseq's ``wall`` restarts at 0 in a resumed training: read from it, a resumed
+    run's ETA was 0 and its record kept the last training's seconds only."""
+    import time
 
-    # fairseq's JSON records: numbers as strings; validation records have no "wall"
-    records = [
-        {"epoch": 1, "num_updates": "100", "wall": "50", "loss": "7.1"},
-        {"epoch": 1, "valid_loss": "6.9", "valid_num_updates": "100"},
-        {"epoch": 1, "num_updates": "200", "wall": "120", "loss": "6.2"},
-    ]
-    assert training_eta(records, 2200) == 2000 * 120 / 200
-    assert eta_text(training_eta(records, 2200)) == "20 min"
-    assert eta_text(training_eta(records, 20200)) == "3 h 20 min"
-    assert training_eta(records, 150) == 0, "past the end: nothing left"
-    assert training_eta(records[1:2], 2200) is None and eta_text(None) == "—"
+    from tpp_tools.study.runs import CLOCK, clock_seconds, eta_text, start_clock, training_eta
+
+    run = SimpleNamespace(name="hybrid-s1", folder=tmp_path)
+    log_file = tmp_path / "train.log"
+
+    def logged(*records):  # fairseq's JSON records: numbers as strings
+        with log_file.open("a") as handle:
+            handle.writelines(json.dumps(r) + "\n" for r in records)
+
+    def started_ago(seconds):
+        clock = json.loads((tmp_path / CLOCK).read_text())
+        clock["started"] = time.time() - seconds
+        (tmp_path / CLOCK).write_text(json.dumps(clock))
+        return clock["started"]
+
+    assert training_eta(run, 2200) is None and eta_text(None) == "—"
+    clock = start_clock(run)
+    assert clock["earlier"] == 0 and clock["updates"] == 0
+    logged({"num_updates": "100", "wall": "50"}, {"valid_loss": "6.9", "valid_num_updates": "100"})
+    logged({"num_updates": "200", "wall": "120"})
+    first = started_ago(120)
+    assert training_eta(run, 2200) == pytest.approx(2000 * 120 / 200, rel=0.02)
+    assert eta_text(training_eta(run, 2200)) == "20 min"
+    assert training_eta(run, 150) == 0, "past the end: nothing left"
+    os.utime(log_file, (first + 100, first + 100))  # stopped: its log's last line 100 s in
+    assert clock_seconds(run) == pytest.approx(100)
+
+    clock = start_clock(run)  # resumed from update 200
+    assert clock["earlier"] == pytest.approx(100) and clock["updates"] == 200
+    assert training_eta(run, 2200) is None, "no update yet since it resumed"
+    logged({"num_updates": "300", "wall": "0"})
+    second = started_ago(50)
+    assert training_eta(run, 2200) == pytest.approx(1900 * 50 / 100, rel=0.02)
+    os.utime(log_file, (second + 60, second + 60))
+    assert clock_seconds(run) == pytest.approx(160)
+    (tmp_path / CLOCK).unlink()
+    assert math.isnan(clock_seconds(run)), "a run trained before clocks were kept"
 
 
 def test_a_running_runs_state_names_its_process_and_whole_start_time(tmp_path):
@@ -325,7 +357,7 @@ def test_long_steps_log_their_progress_and_keep_their_time_limit(tmp_path, capsy
     update, last validation loss and ETA, a translation its sentences and ETA, every
     PROGRESS_EVERY seconds; the step's time limit holds all the same."""
     from tpp_tools.study import commands
-    from tpp_tools.study.runs import _step, training_progress, translation_progress
+    from tpp_tools.study.runs import CLOCK, _step, training_progress, translation_progress
 
     monkeypatch.setattr(commands, "PROGRESS_EVERY", 0.3)
     run_ = study.Run("hybrid", 1, tmp_path, [], {})
@@ -333,6 +365,8 @@ def test_long_steps_log_their_progress_and_keep_their_time_limit(tmp_path, capsy
         '{"epoch": 1, "num_updates": "100", "wall": "60", "loss": "7.1"}\n'
         '{"epoch": 1, "valid_loss": "6.9", "valid_nll_loss": "6.512", "valid_num_updates": "100"}\n'
     )
+    clock = {"earlier": 0, "started": time.time() - 60, "updates": 0}  # (started 60 s ago)
+    (tmp_path / CLOCK).write_text(json.dumps(clock))
     output = tmp_path / "eval" / ".evaluate-host-1-abc" / "generate-test.txt"
     output.parent.mkdir(parents=True)
     output.write_text("S-0\ta\nH-0\t-0.1\tb\nS-1\tc\nH-1\t-0.2\td\n")
@@ -641,6 +675,14 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
         (numbers / path.parent.name / path.name).write_bytes(path.read_bytes())
     third = tmp_path / "third"
     merge = [*command[: command.index("--out") + 1], third, *command[command.index("--out") + 2 :]]
+    # --dry-run and --status, which write nothing, name the runs the records finish
+    planned = run(merge + ["--max-update", "4", "--records", numbers, "--dry-run"], timeout=300)
+    assert planned.stdout.count(" [done: its record in --records] ") == 4, planned.stdout
+    assert " [to train] " not in planned.stdout, planned.stdout
+    shown = run(merge + ["--max-update", "4", "--records", numbers, "--status"], timeout=300)
+    elsewhere_row = " | finished elsewhere (its record in --records); here not started | "
+    assert shown.stdout.count(elsewhere_row) == 4, shown.stdout
+    assert not list(third.glob("runs/*/record.json.gz"))
     merged = run(merge + ["--max-update", "4", "--records", numbers, "--report-only"], timeout=300)
     assert _tables(third) == in_place, merged.stdout
     # a study that finds every run's record trains nothing
@@ -784,6 +826,9 @@ def test_a_run_trains_through_tpp_train_which_repairs_and_resumes_it(tmp_path):
     assert updates.count(6) == 2 and max(updates) == 6, updates
     assert num_updates(load_checkpoint(ckpt / "checkpoint_last.pt")) == 6
     assert (folder / "record.json.gz").exists() and not list(tmp_path.glob("*.pt"))
+    # its training time: both trainings (fairseq's wall restarted in the second)
+    first = json.loads((folder / "train.clock").read_text())["earlier"]
+    assert 0 < first < _record(folder)["train"]["seconds"], (first, _record(folder)["train"])
 
 
 def test_prepared_data_is_identified_by_content_not_by_file_dates(tmp_path):

@@ -18,7 +18,9 @@ from tpp_tools.study.config import StudyError
 from tpp_tools.study.records import (
     RECORD,
     check_pack,
+    finished,
     import_records,
+    load_record,
     pack_records,
     packed_runs,
     parse_record,
@@ -437,3 +439,24 @@ def test_the_report_names_each_runs_code_and_switches_where_they_differ():
     assert _per_run(runs, lambda r: _switches(switches[r.name])) == (
         "TPP_FAIRSEQ_SPEEDUPS=fused (transformer-s1); none (hybrid-s1); not recorded (hybrid-s2)"
     )
+
+
+def test_a_run_scored_against_another_reference_is_refused_not_trained_again(tmp_path):
+    """A recorded run (here merged from elsewhere: no checkpoints beside its record) and a
+    study given another --test-reference (test.en for test.de): the study stops naming
+    the record and both references; it went on to train the run again from scratch, and
+    to replace its record. With the right reference the run is finished."""
+    translations = b"".join(b"Sentence %d.\n" % i for i in range(2000))
+    study_run, reference = a_record_of_this_study(tmp_path, translations)
+    import_records([tmp_path / "elsewhere"], [study_run], reference)
+    record = (study_run.folder / RECORD).read_bytes()
+    assert finished(study_run, reference) and load_record(study_run, reference) is not None
+    wrong = tmp_path / "test.en"
+    wrong.write_text("".join(f"Sentence {i}.\n" for i in range(2000)), encoding="utf-8")
+    for check in (load_record, finished):
+        with pytest.raises(StudyError) as err:
+            check(study_run, wrong)
+        message = str(err.value)
+        assert message.startswith(f"{study_run.folder / RECORD}: {study_run.name} was scored")
+        assert f"than {wrong} (" in message and "move its folder aside" in message
+    assert (study_run.folder / RECORD).read_bytes() == record

@@ -51,7 +51,7 @@ from .records import (
     read_record,
     validation_curve,
 )
-from .plan import check_pack_now, plan_or_report, report_finished, select_runs
+from .plan import check_pack_now, mergeable, plan_or_report, report_finished, select_runs
 from .runs import (
     check_commands,
     eta_text,
@@ -497,19 +497,23 @@ def show_status(args, cfg: Config) -> int:
         from .slurm import job_notes
 
         jobs = job_notes(args.out)
+    merged = mergeable(args, runs, paths)
     for run in runs:
-        print(status_row(run, cfg.max_update, jobs.get(run.folder.name)))
+        print(status_row(run, cfg.max_update, jobs.get(run.folder.name), run.name in merged))
     return 0
 
 
-def status_row(run, max_update: int, job: Optional[str] = None) -> str:
+def status_row(run, max_update: int, job: Optional[str] = None, merged=False) -> str:
     """--status' line of one run: its state (with its SLURM ``job``, where one was
-    submitted), updates (a stopped run's as logged, and as saved where its last
-    checkpoint, which it resumes from, has fewer), last validation loss and training ETA."""
+    submitted; a run whose record ``--records`` holds is finished elsewhere), updates (a
+    stopped run's as logged, and as saved where its last checkpoint, which it resumes
+    from, has fewer), last validation loss and training ETA."""
     recorded = run.folder / RECORD
     state, eta = run_state(run), None
     if job and state != "finished":
         state += f" ({job})"
+    if merged and state != "finished":
+        state = f"finished elsewhere (its record in --records); here {state}"
     if recorded.exists():  # (a run merged from elsewhere has no log here)
         valid = read_record(recorded)["valid"]
         updates = valid[-1]["updates"] if valid else max_update
@@ -518,7 +522,7 @@ def status_row(run, max_update: int, job: Optional[str] = None) -> str:
         valid = validation_curve(records)
         updates = logged_updates(run)
         if state.startswith("running"):
-            eta = training_eta(records, max_update)
+            eta = training_eta(run, max_update)
         elif updates:
             saved = saved_updates(run)
             if saved is not None and saved < updates:

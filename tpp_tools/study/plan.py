@@ -8,7 +8,14 @@ import time
 from .commands import log
 from .config import Config, StudyError
 from .data import prepare_data
-from .records import check_pack, finished, import_records, load_record, pack_records
+from .records import (
+    check_pack,
+    finished,
+    import_records,
+    load_record,
+    pack_records,
+    records_found,
+)
 from .report import write_report
 from .runs import plan_runs, trained_updates
 
@@ -67,6 +74,14 @@ def check_pack_now(args, runs, todo, reference) -> None:
         check_pack(args.pack, packed, args.out, args.force)
 
 
+def mergeable(args, runs, paths) -> set:
+    """The names of the runs whose records ``--records`` holds (checked, not copied: for
+    --dry-run and --status, which write nothing)."""
+    if not args.records or not paths["reference"].is_file():
+        return set()
+    return set(records_found(args.records, runs, paths["reference"]))
+
+
 def plan_or_report(args, cfg: Config, command: str) -> int:
     """--dry-run (carves and prepares nothing) and --report-only."""
     started = time.time()
@@ -79,9 +94,12 @@ def plan_or_report(args, cfg: Config, command: str) -> int:
                 f"(the data folder {paths['data']} is not prepared yet: the study will carve and prepare it "
                 "first; the runs' ids follow from its dictionaries)"
             )
+        merged = mergeable(args, runs, paths)
         for run in select_runs(args, runs):
             if paths["prepared"] and finished(run, paths["reference"]):
                 state = "done"
+            elif run.name in merged:
+                state = "done: its record in --records"
             else:
                 state = "trained" if trained_updates(run) >= cfg.max_update else "to train"
             print(

@@ -315,7 +315,8 @@ def _statistics_width() -> Dict[str, int]:
 
 
 def load_record(run, reference: Path) -> Optional[dict]:
-    """``run``'s record if it has one for this test reference, else None. A run scored
+    """``run``'s record if it has one, else None; one scored against another test
+    reference is refused (its run folder may hold nothing else to score). A run scored
     but without its record (a study stopped in between, or evaluated before records
     existed) gets its record now, with the device its ``run.json`` names."""
     path = run.folder / RECORD
@@ -329,8 +330,13 @@ def load_record(run, reference: Path) -> Optional[dict]:
             device, environment = "not recorded (evaluated before run records)", None
         return write_record(run, reference, device, environment)
     record = read_record(path)
-    if record["reference"]["sha256"] != file_sha256(reference):
-        return None  # scored against another test set: translated and scored again
+    ours = file_sha256(reference)
+    if record["reference"]["sha256"] != ours:  # (a wrong --test-reference: never trained again)
+        raise StudyError(
+            f"{path}: {run.name} was scored against another test reference (sha256 "
+            f"{record['reference']['sha256'][:12]}…) than {reference} ({ours[:12]}…): give the "
+            "reference it was scored against, or move its folder aside to train and score it again"
+        )
     return record
 
 
@@ -475,12 +481,9 @@ def _member(tar, members, where: str) -> bytes:
     return contents.pop()
 
 
-def import_records(sources: List[Path], runs, reference: Path) -> List[str]:
-    """Copy the records found in ``sources`` into the folders of ``runs`` with the same
-    identity; every record is checked first and nothing is copied if one is refused.
-    Records of runs this study does not plan (other variants or seeds, or the same run
-    name with other settings or data: another study's) are left out and named, with
-    what differs. Returns the names of the runs whose records were copied."""
+def records_found(sources: List[Path], runs, reference: Path) -> Dict[str, tuple]:
+    """The records in ``sources`` of ``runs``, checked (:func:`import_records`), by run
+    name: (where, record bytes, translations bytes or None, record); nothing is copied."""
     planned = {run.name: run for run in runs}
     reference_sha256 = file_sha256(reference)
     accepted, other = {}, []
@@ -514,6 +517,21 @@ def import_records(sources: List[Path], runs, reference: Path) -> List[str]:
             )
         if not found:
             log(f"--records {source}: no run record in it")
+    if other:
+        log(f"records of runs this study does not plan, left out ({len(other)}):")
+        for line in other:
+            log(f"  {line}")
+    return accepted
+
+
+def import_records(sources: List[Path], runs, reference: Path) -> List[str]:
+    """Copy the records found in ``sources`` into the folders of ``runs`` with the same
+    identity; every record is checked first and nothing is copied if one is refused.
+    Records of runs this study does not plan (other variants or seeds, or the same run
+    name with other settings or data: another study's) are left out and named, with
+    what differs. Returns the names of the runs whose records were copied."""
+    planned = {run.name: run for run in runs}
+    accepted = records_found(sources, runs, reference)
     for name, (where, data, hyp, record) in accepted.items():
         _check_destination(planned[name], where, record)  # (all, before any copy)
     copied = []
@@ -538,10 +556,6 @@ def import_records(sources: List[Path], runs, reference: Path) -> List[str]:
             lock.close()
         copied.append(name)
         log(f"{name}: record taken from {where}")
-    if other:
-        log(f"records of runs this study does not plan, left out ({len(other)}):")
-        for line in other:
-            log(f"  {line}")
     return copied
 
 

@@ -212,19 +212,50 @@ def run_state(run: Run) -> str:
     return "not started"
 
 
-def training_eta(records, max_update: int) -> Optional[float]:
-    """Seconds a training still needs to reach ``max_update``, from its log's records:
-    the time per update so far (fairseq's ``wall``: kept across resumes, validation and
-    saving included) times the updates left; None before the first logged interval."""
-    timed = [
-        (int(float(r["num_updates"])), float(r["wall"]))
-        for r in records
-        if "num_updates" in r and "wall" in r
-    ]
-    if not timed or timed[-1][0] <= 0:
+#: a run's training clock (:func:`start_clock`)
+CLOCK = "train.clock"
+
+
+def start_clock(run: Run) -> dict:
+    """The clock of a training about to start (or resume), written to the run's folder:
+    when it starts, at which update, and the seconds its earlier trainings took (each
+    until its log's last line). fairseq's own ``wall`` cannot tell: it restarts at 0 in
+    a resumed training."""
+    clock = {"earlier": clock_seconds(run, nan=False), "started": time.time()}
+    clock["updates"] = logged_updates(run)
+    tmp = run.folder / (CLOCK + ".tmp")
+    tmp.write_text(json.dumps(clock))
+    os.replace(tmp, run.folder / CLOCK)
+    return clock
+
+
+def read_clock(run: Run) -> Optional[dict]:
+    try:
+        clock = json.loads((run.folder / CLOCK).read_text())
+        return {key: float(clock[key]) for key in ("earlier", "started", "updates")}
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    updates, wall = timed[-1]
-    return max(0, max_update - updates) * wall / updates
+
+
+def clock_seconds(run: Run, nan: bool = True) -> float:
+    """The seconds the run's trainings took until its log's last line (NaN, or 0 where
+    not ``nan``, without a clock: a run trained before clocks were kept)."""
+    clock, log_file = read_clock(run), run.folder / "train.log"
+    if clock is None or not log_file.exists():
+        return float("nan") if nan else 0.0
+    return clock["earlier"] + max(0.0, log_file.stat().st_mtime - clock["started"])
+
+
+def training_eta(run: Run, max_update: int) -> Optional[float]:
+    """Seconds the run's training still needs to reach ``max_update``: the time per
+    update since it last started (or resumed), times the updates left; None before its
+    first update."""
+    clock = read_clock(run)
+    updates = logged_updates(run)
+    if clock is None or updates <= clock["updates"]:
+        return None
+    per_update = (time.time() - clock["started"]) / (updates - clock["updates"])
+    return max(0, max_update - updates) * per_update
 
 
 def eta_text(seconds: Optional[float]) -> str:
@@ -349,11 +380,13 @@ def _train(run: Run, cfg: Config, env, lock) -> None:
     finished = finished_updates(run.folder / "checkpoints", cfg.max_update)
     if trained_updates(run) < cfg.max_update and finished is not None:
         # trained to the end, stopped before it was marked so: finished means finished
-        (run.folder / "train.done").write_text(f"{finished} updates, nan s (found finished)\n")
+        (run.folder / "train.done").write_text(
+            f"{finished} updates, {clock_seconds(run):.0f} s (found finished)\n"
+        )
     if trained_updates(run) >= cfg.max_update:
         return
     log(f"{run.name}: training ({cfg.max_update} updates) in {run.folder}")
-    started = time.time()
+    clock = start_clock(run)
     # tpp-train of this Python, with the run's options only (none from the environment):
     # an interrupted run resumes, a torn checkpoint_last.pt set aside first
     run_command(
@@ -368,8 +401,9 @@ def _train(run: Run, cfg: Config, env, lock) -> None:
         raise RuntimeError(
             f"{run.name}: fairseq-train stopped at update {updates} of {cfg.max_update}"
         )
-    (run.folder / "train.done").write_text(f"{updates} updates, {time.time() - started:.0f} s\n")
-    log(f"{run.name}: trained ({updates} updates) in {time.time() - started:.0f} s")
+    seconds = clock["earlier"] + time.time() - clock["started"]
+    (run.folder / "train.done").write_text(f"{updates} updates, {seconds:.0f} s\n")
+    log(f"{run.name}: trained ({updates} updates) in {seconds:.0f} s")
 
 
 def _average(run: Run, cfg: Config, args, env, lock) -> None:
@@ -425,7 +459,7 @@ def training_progress(run: Run, cfg: Config) -> None:
     updates = max((int(float(r["num_updates"])) for r in records if "num_updates" in r), default=0)
     valid = validation_curve(records)
     nll = f", valid NLL {valid[-1]['nll_loss']:.3f}" if valid else ""
-    eta = eta_text(training_eta(records, cfg.max_update))
+    eta = eta_text(training_eta(run, cfg.max_update))
     log(f"{run.name}: training, update {updates} of {cfg.max_update}{nll}, ETA {eta}")
 
 
