@@ -18,9 +18,9 @@ Models (same width, heads, FFN, layers, dropouts, shared embeddings, data, batch
 
 Every model is built by fairseq from the same command line but ``--arch`` and its own
 options and trained by fairseq's ``Trainer`` on one fixed list of batches, the models
-taking turns step by step (the order rotating), so load changes hit all alike; figures
-are medians over rounds. Generation: ``SequenceGenerator`` (beam 5), outputs forced to
-``--gen-len`` tokens. Memory: on a GPU, PyTorch's allocator statistics (what stays
+taking turns step by step (in the orders of ``harness.turn_order``), so load changes hit
+all alike; figures are medians over rounds. Generation: ``SequenceGenerator`` (beam 5),
+outputs forced to ``--gen-len`` tokens. Memory: on a GPU, PyTorch's allocator statistics (what stays
 allocated after training plus a step's peak); on the CPU, the peak RSS of a process that
 trains only that model, minus its RSS before building it.
 
@@ -603,7 +603,7 @@ def child_command(name, size, args):
 
 
 def measure_isolated(size, args):
-    """Every model in its own process, ``args.isolate`` repetitions, the order rotating;
+    """Every model in its own process, ``args.isolate`` repetitions, in turns (as in training);
     each figure is the median over repetitions of the process's own median, and the
     ``_all`` lists hold one value per repetition (so the report's paired ratios pair
     the repetitions)."""

@@ -305,7 +305,7 @@ def generation_turns(runs, samples, args, before=None):
     """Beam search of every model of ``runs`` (``{name: (task, model, generator)}``):
     first untimed (on a GPU every batch once: a batch shape's first run pays one-off
     set-up; on the CPU the first batch), then the models take turns batch by batch on
-    the other batches, the order rotating. Yields ``(name, seconds, hypotheses)`` for each
+    the other batches, in the orders of :func:`turn_order`. Yields ``(name, seconds, hypotheses)`` for each
     timed batch; ``before(name)``, if given, runs just before it. (fairseq's
     ``inference_step`` runs without gradients itself.)"""
     names = list(runs)
@@ -377,10 +377,19 @@ def timed(fn, args):
 
 
 def turn_order(names, turn):
-    """``names`` rotated by ``turn``: the models take turns, the order rotating, so that
-    load changes hit all alike."""
-    k = turn % len(names)
-    return names[k:] + names[:k]
+    """The order the models take their turns in in round ``turn``: the rows of a Williams
+    design, so that over a full cycle (as many rounds as models, twice that for an odd
+    number) each model takes every place equally often and follows every other one
+    equally often: load changes and what one model's step leaves behind for the next
+    (caches, the allocator) hit all alike."""
+    n = len(names)
+    first = [0]  # 0, 1, n-1, 2, n-2, ...: each difference between neighbours once
+    for i in range(1, n):
+        first.append((i + 1) // 2 if i % 2 else n - i // 2)
+    rows = [[(k + r) % n for k in first] for r in range(n)]
+    if n % 2:  # (an odd number needs the mirrored rows too)
+        rows += [row[::-1] for row in rows]
+    return [names[k] for k in rows[turn % len(rows)]]
 
 
 def spread(values):

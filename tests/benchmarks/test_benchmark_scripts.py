@@ -4,6 +4,7 @@ every benchmark's refusal of ``--device cuda`` where there is none. The scripts 
 the docs run them, ``python -m benchmarks.NAME`` from the project's root."""
 
 import argparse
+import collections
 import json
 import random
 import re
@@ -955,3 +956,20 @@ def test_bf16s_speed_up_pairs_the_batches_both_runs_timed():
     assert row == "| 512 | tpp | 500 | 100 | 2.00× (median of 3 batches) |"
     row = precision_ratio.table(fast, output("fp32", [100.0, 200.0, 50.0], warmup="3"))
     assert row.splitlines()[-1] == "| 512 | tpp | 500 | 100 | 5.00× (of the medians) |"
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6])
+def test_the_models_turns_balance_places_and_predecessors(n):
+    """Over a cycle of rounds (n, or 2n for an odd n) each model takes every place equally
+    often and follows every other model equally often (a Williams design): with the
+    order rotating, fairseq's transformer-b followed transformer three rounds in four,
+    and a step's leftovers (caches, the allocator) favoured the control's twin."""
+    names = [f"m{i}" for i in range(n)]
+    cycle = n if n % 2 == 0 else 2 * n
+    rows = [harness.turn_order(names, r) for r in range(cycle)]
+    assert all(sorted(row) == names for row in rows)
+    assert harness.turn_order(names, cycle + 1) == rows[1]
+    places = collections.Counter((m, i) for row in rows for i, m in enumerate(row))
+    assert set(places.values()) == {cycle // n}
+    follows = collections.Counter(pair for row in rows for pair in zip(row, row[1:]))
+    assert len(follows) == n * (n - 1) and set(follows.values()) <= {cycle // n}
