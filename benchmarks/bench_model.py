@@ -351,7 +351,9 @@ def measure_training(size, args, results):
             args,
             results,
         )
-        if args.partial and r >= 1:  # what a run stopped midway still reports
+        cycle = harness.turn_cycle(len(args.models))
+        if args.partial and r >= 1 and (r + 1) % cycle == 0:  # what a run stopped midway
+            # still reports, at whole cycles of turns
             write_atomically(
                 args.partial,
                 report(size, args, results, harness.device_label(args))

@@ -383,13 +383,20 @@ def turn_order(names, turn):
     equally often: load changes and what one model's step leaves behind for the next
     (caches, the allocator) hit all alike."""
     n = len(names)
+    if n == 1:
+        return list(names)
     first = [0]  # 0, 1, n-1, 2, n-2, ...: each difference between neighbours once
     for i in range(1, n):
         first.append((i + 1) // 2 if i % 2 else n - i // 2)
     rows = [[(k + r) % n for k in first] for r in range(n)]
     if n % 2:  # (an odd number needs the mirrored rows too)
         rows += [row[::-1] for row in rows]
-    return [names[k] for k in rows[turn % len(rows)]]
+    return [names[k] for k in rows[turn % turn_cycle(n)]]
+
+
+def turn_cycle(n):
+    """The rounds of one cycle of :func:`turn_order`'s orders for ``n`` models."""
+    return 1 if n == 1 else n if n % 2 == 0 else 2 * n
 
 
 def spread(values):
