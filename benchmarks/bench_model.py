@@ -542,12 +542,8 @@ def report(size, args, results, device_name):
             for key, _, _ in keys:
                 ratio = results[name][key] / base[key]
                 if key + "_all" in results[name]:  # paired: per-round ratios
-                    paired, noise = harness.paired_ratio(
-                        results[name][key + "_all"], base[key + "_all"]
-                    )
-                    cells.append(
-                        f"{ratio:.2f}× (paired {paired:.2f}×, {harness.plus_minus(noise)})"
-                    )
+                    paired = harness.paired_text(results[name][key + "_all"], base[key + "_all"])
+                    cells.append(f"{ratio:.2f}× ({paired})")
                 else:
                     cells.append(f"{ratio:.2f}×")
             lines.append(f"| {name} | " + " | ".join(cells) + " |")

@@ -4,6 +4,7 @@ command lines, trainers and batches, the device and dtype, and timing: medians, 
 spread and paired ratios."""
 
 import argparse
+import math
 import os
 import random
 import statistics
@@ -413,8 +414,35 @@ def plus_minus(noise):
     return "±?" if noise is None else f"±{100 * noise:.0f}%"
 
 
+def median_interval(values, level=0.95):
+    """A confidence interval of the median of ``values`` (distribution-free: the order
+    statistics whose ranks the binomial distribution of a median's side gives), or None
+    for too few values to reach ``level``."""
+    n = len(values)
+    tail = (1 - level) / 2
+    k, below = 0, 0.0  # k: values below the interval; below: P(Binomial(n, 1/2) < k + 1)
+    while True:
+        below += math.comb(n, k) / 2**n
+        if below > tail:
+            break
+        k += 1
+    if k == 0:
+        return None
+    ordered = sorted(values)
+    return ordered[k - 1], ordered[n - k]
+
+
 def paired_ratio(values, base):
     """The median of the per-round ratios ``values[i] / base[i]`` and their
     :func:`spread`."""
     pairs = [a / b for a, b in zip(values, base)]
     return statistics.median(pairs), spread(pairs)
+
+
+def paired_text(values, base):
+    """A :func:`paired_ratio` as a table shows it, with the 95% interval of its median:
+    ``paired 1.01×, ±3%, 95% CI 0.99–1.03`` (``95% CI ?`` for fewer than 6 rounds)."""
+    median, noise = paired_ratio(values, base)
+    interval = median_interval([a / b for a, b in zip(values, base)])
+    ci = "?" if interval is None else f"{interval[0]:.2f}–{interval[1]:.2f}"
+    return f"paired {median:.2f}×, {plus_minus(noise)}, 95% CI {ci}"

@@ -987,3 +987,16 @@ def test_a_runs_partial_table_holds_whole_cycles_of_turns(data, tmp_path):
         + ["--no-memory", "--threads", "1", "--partial", str(partial)]
     )
     assert partial.read_text().endswith("\n(partial: 2 of 3 timed rounds)\n")
+
+
+def test_the_paired_ratios_median_has_its_distribution_free_interval():
+    """The 95% interval of a median of n values: the order statistics of ranks 10 and 23
+    for 32 (the decide stage's base rounds), the extremes for 6 to 8, none below 6."""
+    values = [float(v) for v in range(1, 33)]
+    random.Random(1).shuffle(values)
+    assert harness.median_interval(values) == (10.0, 23.0)
+    assert harness.median_interval(values[:8]) == (min(values[:8]), max(values[:8]))
+    assert harness.median_interval(values[:5]) is None
+    text = harness.paired_text([2.0, 2.2, 1.8, 2.0, 2.0, 2.4], [1.0] * 6)
+    assert text == "paired 2.00×, ±8%, 95% CI 1.80–2.40"
+    assert harness.paired_text([2.0, 2.2], [1.0, 1.0]).endswith(", ±?, 95% CI ?")
