@@ -292,14 +292,14 @@ def test_generate_prunes_layers_as_fairseq_does_with_layers_to_keep(trained):
 
 
 def test_the_documented_interactive_line_translates_raw_text(trained, tmp_path):
-    """docs/training_and_evaluation.md's fairseq-interactive line, run as written with
+    """docs/translating.md's fairseq-interactive line, run as written with
     this test's files in its paths: Moses tokenisation and subword-nmt BPE of raw input
     (without -s/-t it failed on fairseq's 'tokenizer.source_lang is not Optional')."""
     import shlex
 
     from subword_nmt.learn_bpe import learn_bpe
 
-    text = (REPO / "docs" / "training_and_evaluation.md").read_text(encoding="utf-8")
+    text = (REPO / "docs" / "translating.md").read_text(encoding="utf-8")
     block = re.search(r"(fairseq-interactive data-bin/wmt14_en_de .*?)\n(?!    )", text, re.S)
     documented = shlex.split(block.group(1).replace("\\\n", " "))
     codes = tmp_path / "codes"
@@ -320,12 +320,12 @@ def test_the_documented_interactive_line_translates_raw_text(trained, tmp_path):
 
 
 def test_the_documented_python_lines_translate_raw_text(trained, tmp_path):
-    """docs/training_and_evaluation.md's from_pretrained example, run as written with this
+    """docs/translating.md's from_pretrained example, run as written with this
     test's files in its paths: fairseq's hub interface loads the plugin's model from a
     checkpoint and translates raw text."""
     from subword_nmt.learn_bpe import learn_bpe
 
-    text = (REPO / "docs" / "training_and_evaluation.md").read_text(encoding="utf-8")
+    text = (REPO / "docs" / "translating.md").read_text(encoding="utf-8")
     block = re.search(r"```python\n(from tpp_plugin.models import .*?)```", text, re.S).group(1)
     codes = tmp_path / "codes"
     with open(trained["root"] / "text" / "train.src") as corpus, open(codes, "w") as out:
