@@ -76,6 +76,7 @@ def apply(root_level_before_fairseq=None) -> None:
     fixes.diverse_beam_search_by_position()
     fixes.score_left_padded_references()
     fixes.one_handler_per_log_file()
+    fixes.resume_across_batchings()
     speed.states_of_either_layout()
     for name in checks:
         CHECKS[name]()

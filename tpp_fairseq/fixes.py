@@ -21,6 +21,8 @@ failure it answers, in docs/fairseq_notes.md.
   line written once per epoch so far): one handler per file.
 - **Debug logging switched on by ``import fairseq``**: the root level goes back to
   ``$LOGLEVEL`` (default INFO), unless the program asked for DEBUG before.
+- **Resuming mid-epoch on another number of ranks or batches**: the position fairseq saves
+  is one rank's; it is kept with how the epoch was dealt and converted on resume.
 - **One-line errors**: a :class:`~tpp_fairseq.errors.UserError`, or a write the disk
   refused (full, over quota, read-only), that reaches the top of a command is printed as
   ``<command>: error: <message>``, without a traceback; a checkpoint fairseq left
@@ -32,6 +34,7 @@ import atexit
 import importlib.util
 import inspect
 import logging
+import math
 import os
 import queue
 import sys
@@ -398,6 +401,71 @@ def one_handler_per_log_file() -> None:
 
 
 # --------------------------------------------------------------------------- one-line errors
+
+
+# --------------------------------------------------------------------------- resuming mid-epoch
+
+_original_iterator_state_dict = iterators.EpochBatchIterator.state_dict
+_original_iterator_load_state_dict = iterators.EpochBatchIterator.load_state_dict
+
+
+def iterator_state_dict(self):
+    """fairseq's epoch iterator state, and mid-epoch how the epoch's batches were dealt:
+    to how many ranks (``num_shards``), and how many batches it had."""
+    state = _original_iterator_state_dict(self)
+    if state.get("iterations_in_epoch", 0) > 0:
+        state.update(num_shards=self.num_shards, epoch_batches=len(self.frozen_batches))
+    return state
+
+
+def iterator_load_state_dict(self, state_dict):
+    """fairseq's, resuming mid-epoch where the batches are dealt otherwise now (see
+    :func:`resumed_position`)."""
+    if state_dict.get("iterations_in_epoch", 0) > 0:
+        state_dict = dict(state_dict, iterations_in_epoch=resumed_position(self, state_dict))
+    return _original_iterator_load_state_dict(self, state_dict)
+
+
+def resumed_position(itr, state) -> int:
+    """The batch of each rank a training resumed mid-epoch goes on from. fairseq saves
+    the position in one rank's share of the epoch's batches (rank r has batches r, r + N,
+    ... of N ranks) and fails ("dataloader mismatch") where that share is now shorter, or
+    silently skips or repeats batches where it is longer. The same batches dealt to
+    another number of ranks go on after those trained (up to ranks - 1 batches again);
+    batches grouped otherwise (another ``--max-tokens``), the epoch starts over."""
+    position, epoch = state["iterations_in_epoch"], state["epoch"]
+    batches, shards = len(itr.frozen_batches), itr.num_shards
+    saved_batches, saved_shards = state.get("epoch_batches"), state.get("num_shards")
+    if saved_batches is None:  # (saved without the plugin: fairseq's own, where it can)
+        if position < math.ceil(batches / shards):
+            return position
+        why = f"it stopped at batch {position} of a rank, past this epoch's end"
+    elif saved_batches != batches:
+        why = f"its batches are grouped otherwise now ({batches}, not {saved_batches})"
+    elif saved_shards == shards:
+        return position
+    elif getattr(itr, "grouped_shuffling", False):
+        why = f"--grouped-shuffling ordered its batches for {saved_shards} ranks"
+    else:
+        done = min(position * saved_shards, batches)
+        logger.info(
+            "resuming epoch %d after %d of its %d batches, dealt to %d ranks (%d when saved)",
+            epoch,
+            done // shards * shards,
+            batches,
+            shards,
+            saved_shards,
+        )
+        return done // shards
+    logger.warning("resuming: epoch %d starts over: %s", epoch, why)
+    return 0
+
+
+def resume_across_batchings() -> None:
+    """Install :func:`iterator_state_dict` and :func:`iterator_load_state_dict`
+    (idempotent)."""
+    iterators.EpochBatchIterator.state_dict = iterator_state_dict
+    iterators.EpochBatchIterator.load_state_dict = iterator_load_state_dict
 
 
 def one_line_errors() -> None:

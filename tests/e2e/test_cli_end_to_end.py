@@ -649,12 +649,31 @@ def test_two_process_training_stopped_and_resumed_ends_as_if_never_stopped(train
     ]
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     run(torchrun(29521, "fairseq-train", *common, "--save-dir", whole, "--max-update", "40"))
-    run(torchrun(29522, "fairseq-train", *common, "--save-dir", parts, "--max-update", "20"))
+    # stopped mid-epoch (an epoch of this data is 2 updates)
+    run(torchrun(29522, "fairseq-train", *common, "--save-dir", parts, "--max-update", "19"))
+    # on one process (fewer GPUs after a requeue) it goes on after the batches trained:
+    # fairseq resumed its rank's position in a share twice as long (half the epoch again)
+    one = tmp_path / "one"
+    one.mkdir()
+    shutil.copy(parts / "checkpoint_last.pt", one / "checkpoint_last.pt")
+    alone = run(["fairseq-train", *common, "--save-dir", one, "--max-update", "20"])
+    state = torch.load(one / "checkpoint_last.pt", map_location="cpu", weights_only=True)
+    position = torch.load(parts / "checkpoint_last.pt", map_location="cpu", weights_only=True)[
+        "extra_state"
+    ]["train_iterator"]
+    assert position["num_shards"] == 2 and position["iterations_in_epoch"] > 0, position
+    done = 2 * position["iterations_in_epoch"]
+    said = f"resuming epoch {position['epoch']} after {done} of its {position['epoch_batches']} batches"
+    assert f"{said}, dealt to 1 ranks (2 when saved)" in alone.stdout + alone.stderr
+    # the epoch's last batch trained: the next epoch is due (fairseq's own resume had 1 left)
+    assert (done, position["epoch_batches"]) == (2, 3), position
+    after = state["extra_state"]["train_iterator"]
+    assert (after["epoch"], after["iterations_in_epoch"]) == (position["epoch"] + 1, 0), after
     resumed = run(
         torchrun(29523, "fairseq-train", *common, "--save-dir", parts, "--max-update", "40")
     )
     text = resumed.stdout + resumed.stderr
-    assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ 20 updates\)", text)
+    assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ 19 updates\)", text)
     a = torch.load(whole / "checkpoint_last.pt", map_location="cpu", weights_only=True)
     b = torch.load(parts / "checkpoint_last.pt", map_location="cpu", weights_only=True)
     assert (

@@ -1,0 +1,130 @@
+"""A training resumed mid-epoch on another number of ranks, or with other batches
+(tpp_fairseq.fixes): fairseq saves the position in one rank's share of the epoch's
+batches, and failed ("dataloader mismatch") where that share is now shorter, or skipped
+and repeated batches where it is longer. fairseq's own epoch iterator on a toy dataset,
+its ranks' shares read batch by batch."""
+
+import logging
+
+import pytest
+import torch
+from fairseq.data import iterators
+
+import tpp_plugin  # noqa: F401  (the plugin's corrections)
+from tpp_fairseq import fixes
+
+BATCHES = [[i] for i in range(17)]  # one sentence a batch: a batch is its sentence's id
+
+
+class Ids(torch.utils.data.Dataset):
+    def __len__(self):
+        return len(BATCHES)
+
+    def __getitem__(self, i):
+        return i
+
+
+def iterator(shards, shard, batches=BATCHES):
+    return iterators.EpochBatchIterator(
+        dataset=Ids(),
+        collate_fn=lambda ids: ids[0] if ids else None,
+        batch_sampler=batches,
+        seed=1,
+        num_shards=shards,
+        shard_id=shard,
+        epoch=1,
+    )
+
+
+def trained(shards, updates, batches=BATCHES):
+    """Every rank's batches of the epoch's first ``updates`` steps, and the state saved."""
+    seen = []
+    for shard in range(shards):
+        itr = iterator(shards, shard, batches)
+        epoch = itr.next_epoch_itr(shuffle=True)
+        seen += [next(epoch) for _ in range(updates)]
+    return [b for b in seen if b is not None], itr.state_dict()  # (every rank's is the same)
+
+
+def resumed(state, shards, batches=BATCHES):
+    """Every rank's batches for the rest of the epoch, resumed from ``state``."""
+    rest = []
+    for shard in range(shards):
+        itr = iterator(shards, shard, batches)
+        itr.load_state_dict(dict(state))
+        rest += [b for b in itr.next_epoch_itr(shuffle=True) if b is not None]
+    return rest
+
+
+def whole_epoch():
+    return [b for b in iterator(1, 0).next_epoch_itr(shuffle=True)]
+
+
+@pytest.mark.parametrize(
+    "before, after, updates, again",
+    [(2, 1, 5, 0), (1, 2, 6, 0), (1, 2, 7, 1), (2, 3, 6, 0), (2, 2, 5, 0), (3, 2, 4, 0)],
+)
+def test_the_same_batches_dealt_to_other_ranks_go_on_after_those_trained(
+    before, after, updates, again, caplog
+):
+    """Every batch of the epoch trained once, the up to ranks - 1 batches a conversion
+    cannot split trained twice; fairseq's own skipped or repeated batches silently, or
+    failed."""
+    seen, state = trained(before, updates)
+    assert state["num_shards"] == before and state["epoch_batches"] == len(BATCHES)
+    with caplog.at_level(logging.INFO, logger="tpp_fairseq"):
+        rest = resumed(state, after)
+    assert sorted(seen + rest) == sorted(whole_epoch() + seen[len(seen) - again :]), (seen, rest)
+    assert len(seen) + len(rest) == len(BATCHES) + again
+    if before != after:
+        assert f"dealt to {after} ranks ({before} when saved)" in caplog.text
+
+
+def test_fairseqs_own_resume_skips_batches_or_fails():
+    """What the correction answers, with fairseq's own load_state_dict."""
+    seen, state = trained(1, 6)
+    itr = iterator(2, 0)
+    fixes._original_iterator_load_state_dict(itr, dict(state))
+    rest = [b for b in itr.next_epoch_itr(shuffle=True) if b is not None]
+    assert len(rest) == 9 - 6, "rank 0 of 2 goes on after its own 6th batch: 6 never trained"
+    seen, state = trained(1, 12)
+    with pytest.raises(RuntimeError, match="dataloader mismatch"):
+        fixes._original_iterator_load_state_dict(iterator(2, 0), dict(state))
+    seen, state = trained(2, 8)
+    with pytest.raises(RuntimeError, match="dataloader mismatch"):
+        fixes._original_iterator_load_state_dict(iterator(3, 0), dict(state))
+
+
+def test_batches_grouped_otherwise_start_the_epoch_over(caplog):
+    """Another --max-tokens (here two sentences a batch): the epoch starts over, said."""
+    seen, state = trained(2, 5)
+    pairs = [BATCHES[i] + BATCHES[i + 1] for i in range(0, 16, 2)] + [BATCHES[16]]
+    with caplog.at_level(logging.WARNING, logger="tpp_fairseq"):
+        rest = resumed(state, 2, pairs)
+    assert len(rest) == len(pairs), "the whole epoch"
+    assert "epoch 1 starts over: its batches are grouped otherwise now (9, not 17)" in caplog.text
+
+
+def test_a_state_saved_without_the_plugin_resumes_as_fairseq_or_starts_over(caplog):
+    """A checkpoint fairseq wrote alone: its position taken as it is where it lies in the
+    epoch (fairseq's own resume), the epoch started over where it lies past its end."""
+    seen, state = trained(2, 5)
+    legacy = {k: v for k, v in state.items() if k not in ("num_shards", "epoch_batches")}
+    assert sorted(seen + resumed(legacy, 2)) == sorted(whole_epoch())
+    seen, state = trained(1, 12)
+    legacy = {k: v for k, v in state.items() if k not in ("num_shards", "epoch_batches")}
+    with caplog.at_level(logging.WARNING, logger="tpp_fairseq"):
+        rest = resumed(legacy, 2)
+    assert len(rest) == len(BATCHES)
+    assert (
+        "epoch 1 starts over: it stopped at batch 12 of a rank, past this epoch's end"
+        in caplog.text
+    )
+
+
+def test_the_state_of_an_epochs_end_is_fairseqs():
+    """At an epoch's end fairseq saves the next epoch at its start: nothing added."""
+    itr = iterator(1, 0)
+    for _ in itr.next_epoch_itr(shuffle=True):
+        pass
+    assert itr.state_dict() == {"version": 2, "epoch": 2, "iterations_in_epoch": 0, "shuffle": True}
