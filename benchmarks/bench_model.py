@@ -640,7 +640,6 @@ def main(argv=None):
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    harness.flat_master_copy_on_cpu(args)
     if args.memory_child:
         name, size = args.memory_child
         memory_child(name, int(size), args)

@@ -330,7 +330,6 @@ def main(argv=None):
     if args.data is None:
         work = Path(tempfile.mkdtemp(prefix="count_ops_"))
         args.data = harness.synthetic_data(work)
-    harness.flat_master_copy_on_cpu(args)
     try:
         beam, train, reads, update = {}, {}, {}, {}
         for name in args.models:

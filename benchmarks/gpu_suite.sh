@@ -298,9 +298,9 @@ decided() {  # decided FILE: one of the decide stage's tables, printed, appended
 BENCH=("$PY" -m benchmarks.bench_model --data "$DATA" --device cuda --dtype bf16 --sizes 1024)
 # the decide stage: the same commands on a GPU or, --stand-in, small on the CPU
 # At base size a step is short and bound by the host, its time spread wide: more rounds
-# there. Every run's rounds are whole cycles of the turns' orders (as many rounds as models,
-# twice as many for an odd number: harness.turn_order), so that each takes every place and
-# follows every other equally often.
+# there. On the GPU every run's rounds are whole cycles of the turns' orders (as many rounds
+# as models, twice as many for an odd number: harness.turn_order), so that each takes every
+# place and follows every other equally often (the stand-in's two rounds are too few).
 DEVICE=cuda BASE=512 BASE_TOKENS=8192 BIG=1024 BIG_TOKENS=16384 ROUNDS=8 LAYERS=6 COLLECT=() STAND=()
 BASE_ROUNDS=32 SYNC_ROUNDS=30 FP32_ROUNDS=24 COMPILED_ROUNDS=12
 if [[ $STAND_IN -eq 1 ]]; then  # the kernels never in the interpreter: it would take hours

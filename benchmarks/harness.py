@@ -199,6 +199,7 @@ def build_trainer(name, size, args, cfg=None, task=None):
     import torch
     from fairseq.trainer import Trainer
 
+    flat_master_copy_on_cpu(args)
     if cfg is None:
         cfg, task = setup(name, size, args)
     torch.manual_seed(1)

@@ -19,12 +19,14 @@ from pathlib import Path
 SAME_BATCHES = ("data", "max_tokens", "update_freq", "warmup", "isolate")
 
 
-def ratio(fast: dict, slow: dict, paired: bool) -> str:
-    """``fast``'s words/s over ``slow``'s: per batch where ``paired``, else of medians."""
+def ratio(fast: dict, slow: dict, paired: bool, fast_args: dict) -> str:
+    """``fast``'s words/s over ``slow``'s: per batch (per repetition of ``--isolate``)
+    where ``paired``, else of medians."""
     a, b = fast.get("train_wps_all"), slow.get("train_wps_all")
     if paired and a and b:
         per_batch = [x / y for x, y in zip(a, b)]
-        return f"{statistics.median(per_batch):.2f}× (median of {len(per_batch)} batches)"
+        what = "batches" if fast_args.get("isolate", "0") == "0" else "repetitions"
+        return f"{statistics.median(per_batch):.2f}× (median of {len(per_batch)} {what})"
     return f"{fast['train_wps'] / slow['train_wps']:.2f}× (of the medians)"
 
 
@@ -41,9 +43,8 @@ def table(fast: dict, slow: dict) -> str:
         for name, result in measured["results"].items():
             if name in other and "train_wps" in result and "train_wps" in other[name]:
                 a, b = result["train_wps"], other[name]["train_wps"]
-                lines.append(
-                    f"| {size} | {name} | {a:,.0f} | {b:,.0f} | {ratio(result, other[name], paired)} |"
-                )
+                cell = ratio(result, other[name], paired, fast["args"])
+                lines.append(f"| {size} | {name} | {a:,.0f} | {b:,.0f} | {cell} |")
     if len(lines) == 2:
         raise SystemExit("precision_ratio: the two outputs share no model and size")
     return "\n".join(lines)

@@ -170,12 +170,11 @@ def compile_layers(model, backend="inductor") -> int:
 
 
 def _takes_fairseqs_arguments(layer, decoder: bool) -> bool:
-    """Whether ``layer``'s forward takes fairseq's arguments in fairseq's order, as
-    :class:`CompiledForward` names them (a subclass with arguments of its own, as
-    fairseq's ``AugTransformerDecoderLayerBase``, would have them misnamed)."""
+    """Whether ``layer``'s forward takes fairseq's arguments, in fairseq's order and no
+    others, as :class:`CompiledForward` names them (a subclass with arguments of its own,
+    as fairseq's ``AugTransformerDecoderLayerBase``, would have them misnamed or lost)."""
     names = tuple(inspect.signature(type(layer).forward).parameters)[2:]
-    expected = DECODER_ARGUMENTS if decoder else ENCODER_ARGUMENTS
-    return names[: len(expected)] == expected
+    return names == (DECODER_ARGUMENTS if decoder else ENCODER_ARGUMENTS)
 
 
 _original_trainer_init = Trainer.__init__

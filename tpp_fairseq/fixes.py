@@ -421,7 +421,8 @@ def iterator_state_dict(self):
 def iterator_load_state_dict(self, state_dict):
     """fairseq's, resuming mid-epoch where the batches are dealt otherwise now (see
     :func:`resumed_position`)."""
-    if state_dict.get("iterations_in_epoch", 0) > 0:
+    # (fairseq's multilingual GroupedEpochBatchIterator deals groups of batches: its own)
+    if state_dict.get("iterations_in_epoch", 0) > 0 and type(self) is iterators.EpochBatchIterator:
         state_dict = dict(state_dict, iterations_in_epoch=resumed_position(self, state_dict))
     return _original_iterator_load_state_dict(self, state_dict)
 
@@ -461,11 +462,27 @@ def resumed_position(itr, state) -> int:
     return 0
 
 
+_original_grouped_iterator_init = iterators.GroupedIterator.__init__
+
+
+def grouped_iterator_init(self, iterable, chunk_size, skip_remainder_batch=False):
+    """fairseq's ``GroupedIterator`` (``--update-freq`` batches an update), its length
+    the updates done plus those the batches left make: fairseq counts ``ceil(L / k)`` for
+    the epoch and ``ceil(n / k)`` done, one update too many where a resumed epoch goes on
+    from a batch ``n`` that is no multiple of ``k`` (another ``--update-freq``, or other
+    ranks): the last update was never taken, and the epoch ran again from its start."""
+    _original_grouped_iterator_init(self, iterable, chunk_size, skip_remainder_batch)
+    if not skip_remainder_batch:
+        left = len(iterable) - getattr(iterable, "n", 0)
+        self.total = self.n + math.ceil(left / chunk_size)
+
+
 def resume_across_batchings() -> None:
-    """Install :func:`iterator_state_dict` and :func:`iterator_load_state_dict`
-    (idempotent)."""
+    """Install :func:`iterator_state_dict`, :func:`iterator_load_state_dict` and
+    :func:`grouped_iterator_init` (idempotent)."""
     iterators.EpochBatchIterator.state_dict = iterator_state_dict
     iterators.EpochBatchIterator.load_state_dict = iterator_load_state_dict
+    iterators.GroupedIterator.__init__ = grouped_iterator_init
 
 
 def one_line_errors() -> None:

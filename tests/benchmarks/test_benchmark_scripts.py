@@ -882,16 +882,15 @@ def test_on_a_gpu_without_triton_the_kernels_models_are_refused(name, data, monk
 
 
 def test_on_the_cpu_the_multi_tensor_sync_is_what_transformer_sync_times(data, monkeypatch):
-    """bench_model on the CPU (the decide stage's stand-in) keeps --bf16's master copy
-    flat as on one GPU, so transformer-sync's optimizer syncs it by multi-tensor copies
+    """The benchmarks on the CPU (bench_model: the decide stage's stand-in; profile_model)
+    keep --bf16's master copy flat as on one GPU, so transformer-sync's optimizer syncs it by multi-tensor copies
     (it was fairseq's own loop there, the same model as transformer under another name);
     a model that cannot have the sync is refused on every device."""
     from tpp_fairseq import speed
 
     monkeypatch.setattr(speed, "FLAT_BF16_DEVICE_TYPES", speed.FLAT_BF16_DEVICE_TYPES)
-    args = bench_model.parse_args(["--data", str(data), "--layers", "1", "--dtype", "bf16"])
-    harness.flat_master_copy_on_cpu(args)
-    _, _, trainer = harness.build_trainer("transformer-sync", 128, args)
+    args = profile_model.parse_args(["--data", str(data), "--layers", "1", "--dtype", "bf16"])
+    _, _, trainer = harness.build_trainer("transformer-sync", 128, args)  # (any benchmark's)
     assert trainer.optimizer.has_flat_params
     assert trainer.optimizer._sync_fp16_grads_to_fp32.__func__ is speed.sync_grads
     _, _, trainer = harness.build_trainer("transformer", 128, args)

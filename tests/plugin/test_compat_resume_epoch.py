@@ -128,3 +128,44 @@ def test_the_state_of_an_epochs_end_is_fairseqs():
     for _ in itr.next_epoch_itr(shuffle=True):
         pass
     assert itr.state_dict() == {"version": 2, "epoch": 2, "iterations_in_epoch": 0, "shuffle": True}
+
+
+def grouped_epoch(itr, update_freq):
+    """The rest of an epoch as fairseq's training loop takes it: ``update_freq`` batches
+    an update (GroupedIterator), then whether the epoch has ended."""
+    updates = list(iterators.GroupedIterator(itr.next_epoch_itr(shuffle=True), update_freq))
+    return [b for update in updates for b in update if b is not None], itr.end_of_epoch()
+
+
+@pytest.mark.parametrize(
+    "before, after, freq_before, freq_after, updates",
+    [(1, 2, 3, 3, 1), (2, 3, 2, 2, 3), (1, 1, 3, 2, 1), (1, 1, 2, 3, 2), (4, 3, 2, 2, 1)],
+)
+def test_an_epoch_resumed_at_a_batch_no_multiple_of_update_freq_ends(
+    before, after, freq_before, freq_after, updates
+):
+    """Resumed at a batch that is no multiple of --update-freq (after other ranks, or with
+    another --update-freq), the epoch's last update is taken and the epoch ends: fairseq
+    counted one update too many, left the last one untaken, and trained the epoch again."""
+    seen, state = trained(before, updates * freq_before)
+    rest, ended = [], []
+    for shard in range(after):
+        itr = iterator(after, shard)
+        itr.load_state_dict(dict(state))
+        batches, end = grouped_epoch(itr, freq_after)
+        rest += batches
+        ended.append(end)
+    assert all(ended), "every rank's epoch ended"
+    assert set(seen + rest) == set(whole_epoch())
+
+
+def test_fairseqs_own_grouping_leaves_the_last_update_of_such_an_epoch():
+    """What the correction answers: fairseq's GroupedIterator, resumed at batch 1 of 17
+    with 3 batches an update, stops one update short and the epoch has not ended."""
+    seen, state = trained(1, 1)
+    itr = iterator(1, 0)
+    itr.load_state_dict(dict(state))
+    base = itr.next_epoch_itr(shuffle=True)
+    grouped = iterators.GroupedIterator.__new__(iterators.GroupedIterator)
+    fixes._original_grouped_iterator_init(grouped, base, 3)
+    assert len(list(grouped)) == 5 and not itr.end_of_epoch(), "15 of the 16 batches left"

@@ -270,10 +270,14 @@ def test_layers_under_activation_checkpointing_stay_eager(arch):
 def test_a_layer_whose_forward_takes_other_arguments_stays_eager(caplog, monkeypatch):
     """fairseq's AugTransformerDecoderLayerBase takes a second encoder output after the
     first: its positional arguments, named as a decoder layer's, handed a tensor to
-    ``incremental_state``. It stays eager, named in the log, and computes as before; a
-    decoder layer of fairseq's own arguments beside it is compiled."""
+    ``incremental_state``; a layer with one argument more lost it. Both stay eager, named
+    in the log, and compute as before; a decoder layer of fairseq's own arguments beside
+    them is compiled."""
     from fairseq.models.transformer import TransformerConfig
-    from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
+    from fairseq.modules.transformer_layer import (
+        TransformerDecoderLayerBase,
+        TransformerEncoderLayerBase,
+    )
     from fairseq.modules.transformer_layer_aug import AugTransformerDecoderLayerBase
 
     cfg = TransformerConfig()
@@ -288,10 +292,20 @@ def test_a_layer_whose_forward_takes_other_arguments_stays_eager(caplog, monkeyp
         return aug(x, enc, None, enc_aug, None, None, self_attn_mask=None)[0]
 
     before = call()
+
+    class Scaled(TransformerEncoderLayerBase):  # fairseq's arguments, and one more
+        def forward(self, x, encoder_padding_mask, attn_mask=None, scale=1.0):
+            return scale * super().forward(x, encoder_padding_mask, attn_mask)
+
+    scaled = Scaled(cfg).eval()
+    alone = scaled(x, None, None, 2.0)
     monkeypatch.setattr("tpp_fairseq._log._logged", set())
     with caplog.at_level("INFO", logger="tpp_fairseq"):
-        assert compiled.compile_layers(torch.nn.ModuleList([aug, plain]), backend="eager") == 1
-    assert "stay eager: AugTransformerDecoderLayerBase (another forward's arguments)" in caplog.text
+        layers = torch.nn.ModuleList([aug, plain, scaled])
+        assert compiled.compile_layers(layers, backend="eager") == 1
+    eager = "stay eager: AugTransformerDecoderLayerBase, Scaled (another forward's arguments)"
+    assert eager in caplog.text
+    torch.testing.assert_close(scaled(x, None, None, 2.0), alone)
     assert isinstance(plain.__dict__.get("forward"), compiled.CompiledForward)
     assert "forward" not in aug.__dict__
     torch.testing.assert_close(call(), before)

@@ -15,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from support import binarize_tagged, run
 from tpp_tools import study
@@ -193,12 +194,20 @@ def test_a_resumed_trainings_eta_and_time_count_from_the_studys_own_clock(tmp_pa
     os.utime(log_file, (first + 100, first + 100))  # stopped: its log's last line 100 s in
     assert clock_seconds(run) == pytest.approx(100)
 
-    clock = start_clock(run)  # resumed from update 200
-    assert clock["earlier"] == pytest.approx(100) and clock["updates"] == 200
+    # resumed from its checkpoint of update 150 (the log went on to 200 before it stopped)
+    (tmp_path / "checkpoints").mkdir()
+    torch.save(
+        {"model": {}, "optimizer_history": [{"num_updates": 150}]},
+        tmp_path / "checkpoints" / "checkpoint_last.pt",
+    )
+    clock = start_clock(run)
+    assert clock["earlier"] == pytest.approx(100) and clock["updates"] == 150
     assert training_eta(run, 2200) is None, "no update yet since it resumed"
-    logged({"num_updates": "300", "wall": "0"})
+    logged({"num_updates": "160", "wall": "0"})  # (below the 200 the log had reached)
     second = started_ago(50)
-    assert training_eta(run, 2200) == pytest.approx(1900 * 50 / 100, rel=0.02)
+    assert training_eta(run, 2200) == pytest.approx(2040 * 50 / 10, rel=0.02)
+    logged({"num_updates": "250", "wall": "0"})
+    assert training_eta(run, 2200) == pytest.approx(1950 * 50 / 100, rel=0.02)
     os.utime(log_file, (second + 60, second + 60))
     assert clock_seconds(run) == pytest.approx(160)
     (tmp_path / CLOCK).unlink()

@@ -222,7 +222,10 @@ def start_clock(run: Run) -> dict:
     until its log's last line). fairseq's own ``wall`` cannot tell: it restarts at 0 in
     a resumed training."""
     clock = {"earlier": clock_seconds(run, nan=False), "started": time.time()}
-    clock["updates"] = logged_updates(run)
+    saved = saved_updates(run)  # (where it resumes: the log may have gone further)
+    clock["updates"] = 0 if saved is None else saved
+    log_file = run.folder / "train.log"  # (its records from here on are this training's)
+    clock["offset"] = log_file.stat().st_size if log_file.exists() else 0
     tmp = run.folder / (CLOCK + ".tmp")
     tmp.write_text(json.dumps(clock))
     os.replace(tmp, run.folder / CLOCK)
@@ -232,7 +235,8 @@ def start_clock(run: Run) -> dict:
 def read_clock(run: Run) -> Optional[dict]:
     try:
         clock = json.loads((run.folder / CLOCK).read_text())
-        return {key: float(clock[key]) for key in ("earlier", "started", "updates")}
+        clock.setdefault("offset", 0)
+        return {key: float(clock[key]) for key in ("earlier", "started", "updates", "offset")}
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -251,8 +255,8 @@ def training_eta(run: Run, max_update: int) -> Optional[float]:
     update since it last started (or resumed), times the updates left; None before its
     first update."""
     clock = read_clock(run)
-    updates = logged_updates(run)
-    if clock is None or updates <= clock["updates"]:
+    updates = None if clock is None else latest_updates(run, int(clock["offset"]))
+    if updates is None or updates <= clock["updates"]:
         return None
     per_update = (time.time() - clock["started"]) / (updates - clock["updates"])
     return max(0, max_update - updates) * per_update
@@ -272,6 +276,26 @@ def logged_updates(run: Run) -> int:
         for r in json_records(run.folder / "train.log")
     ]
     return max(updates, default=0)
+
+
+def latest_updates(run: Run, offset: int = 0) -> Optional[int]:
+    """The updates of the last record of the run's training log (after byte ``offset``,
+    where a training that resumed began to write): a resumed training's may be below
+    what the log reached before it stopped."""
+    try:
+        with open(run.folder / "train.log", "rb") as handle:
+            handle.seek(offset)
+            lines = handle.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line) if line.startswith("{") else {}
+        except ValueError:
+            continue
+        if "num_updates" in record:
+            return int(float(record["num_updates"]))
+    return None
 
 
 def saved_updates(run: Run) -> Optional[int]:
@@ -456,7 +480,7 @@ def _translate(run: Run, cfg: Config, paths, args, env, lock) -> None:
 def training_progress(run: Run, cfg: Config) -> None:
     """A log line of a training's progress: updates, last validation NLL, ETA."""
     records = json_records(run.folder / "train.log")
-    updates = max((int(float(r["num_updates"])) for r in records if "num_updates" in r), default=0)
+    updates = latest_updates(run) or 0
     valid = validation_curve(records)
     nll = f", valid NLL {valid[-1]['nll_loss']:.3f}" if valid else ""
     eta = eta_text(training_eta(run, cfg.max_update))
