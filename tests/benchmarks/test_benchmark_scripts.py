@@ -975,10 +975,14 @@ def test_the_models_turns_balance_places_and_predecessors(n):
     assert len(follows) == n * (n - 1) and set(follows.values()) <= {cycle // n}
 
 
-def test_a_runs_partial_table_holds_whole_cycles_of_turns(data, tmp_path):
+def test_a_runs_partial_table_holds_whole_cycles_of_turns(data, tmp_path, monkeypatch):
     """--partial (what a run stopped midway still reports) is written at whole cycles of
     the turns' orders only, where each model took every place equally often: two models
     over 3 rounds, after 2 of them."""
+    import logging
+
+    # (bench_model's main switches logging's warnings off for its process: not for the tests)
+    monkeypatch.setattr(logging.root.manager, "disable", logging.root.manager.disable)
     partial = tmp_path / "table.progress"
     bench_model.main(
         ["--data", str(data), "--sizes", "128", "--layers", "1", "--models", "transformer,tpp"]
