@@ -19,7 +19,13 @@ from ..user_dir import plugin_dir
 from .commands import CHILDREN, RunLock, StepTimeout, json_records, log, run_command
 from .config import TAG_FIELDS, VARIANTS, Config, StudyError, identity_config
 from .data import fingerprint, split_size
-from .records import load_record, training_environment, validation_curve, write_record
+from .records import (
+    load_record,
+    training_environment,
+    validation_curve,
+    write_atomic,
+    write_record,
+)
 
 #: part of every run's identity: raised whenever a change of the code changes what a
 #: run computes from the same command (initial weights, numerics), so that runs made
@@ -226,9 +232,7 @@ def start_clock(run: Run) -> dict:
     clock["updates"] = 0 if saved is None else saved
     log_file = run.folder / "train.log"  # (its records from here on are this training's)
     clock["offset"] = log_file.stat().st_size if log_file.exists() else 0
-    tmp = run.folder / (CLOCK + ".tmp")
-    tmp.write_text(json.dumps(clock))
-    os.replace(tmp, run.folder / CLOCK)
+    write_atomic(run.folder / CLOCK, json.dumps(clock).encode())
     return clock
 
 
