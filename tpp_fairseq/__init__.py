@@ -3,9 +3,9 @@ model (:mod:`tpp_plugin`), which applies it all by :func:`apply` when it is load
 (fairseq's tools import ``--user-dir`` before they parse the rest of the command line,
 build a model or load a checkpoint). Importing this package changes nothing.
 
-- :mod:`.fixes`' corrections of fairseq 0.12 on today's torch and Python, and
-  :func:`.speed.states_of_either_layout`, always on (docs/fairseq_notes.md lists each
-  with the fairseq behaviour it answers);
+- :mod:`.fixes`' and :mod:`.epochs`' corrections of fairseq 0.12 on today's torch and
+  Python, and :func:`.speed.states_of_either_layout`, always on (docs/fairseq_notes.md
+  lists each with the fairseq behaviour it answers);
 - :data:`CHECKS`, what the plugin adds to every fairseq command that loads it
   (:mod:`.checkpoints`: checkpoints that know their data; :mod:`.errors`: one-line
   errors; :mod:`.data_files`: binarized files checked before fairseq reads them),
@@ -19,7 +19,7 @@ of them, and only that one, calls it (they are idempotent), e.g.
 :func:`allow_fairseq_checkpoints`.
 """
 
-from . import _log, checkpoints, data_files, errors, fixes, speed
+from . import _log, checkpoints, data_files, epochs, errors, fixes, speed
 from ._switch import SwitchError, chosen
 from .fixes import allow_fairseq_checkpoints  # noqa: F401  (for tools that load checkpoints)
 
@@ -71,12 +71,13 @@ def apply(root_level_before_fairseq=None) -> None:
     fixes.keep_last_batches()
     fixes.bf16_without_tpu()
     fixes.leave_process_groups()
-    fixes.stop_prefetching_at_exit()
     fixes.block_ngrams_of_the_prefix()
     fixes.diverse_beam_search_by_position()
     fixes.score_left_padded_references()
     fixes.one_handler_per_log_file()
-    fixes.resume_across_batchings()
+    epochs.free_finished_epochs()
+    epochs.resume_across_batchings()
+    epochs.stop_prefetching_at_exit()
     speed.states_of_either_layout()
     for name in checks:
         CHECKS[name]()

@@ -1,6 +1,7 @@
 """Corrections of the fairseq and torch the plugin runs on, always applied, and its
 one-line errors, switchable (:data:`tpp_fairseq.CHECKS`); each described, with the
-failure it answers, in docs/fairseq_notes.md.
+failure it answers, in docs/fairseq_notes.md; those of fairseq's epoch iterators are
+:mod:`.epochs`'.
 
 - **Safe loading of fairseq checkpoints** (torch >= 2.6 loads with ``weights_only=True``):
   exactly the types fairseq checkpoints hold are allow-listed; all else is still refused.
@@ -9,8 +10,6 @@ failure it answers, in docs/fairseq_notes.md.
 - **--bf16 without XLA** (fairseq issue #4696: ``--bf16`` implies ``--tpu``): untied.
 - **Data-parallel ranks that end without leaving their process group**: it is destroyed
   once ``distributed_main`` has finished.
-- **Prefetching threads at exit** (one inside torch's C++ code as Python finalizes aborts
-  a command that succeeded): stopped at exit.
 - **``--no-repeat-ngram-size`` without fairseq's CUDA extension** (fairseq issue #4709):
   the fallback is given the generated prefix, not the padded token buffer.
 - **``--diverse-beam-groups``**: the groups' overlap looked up by position in the batch,
@@ -21,8 +20,6 @@ failure it answers, in docs/fairseq_notes.md.
   line written once per epoch so far): one handler per file.
 - **Debug logging switched on by ``import fairseq``**: the root level goes back to
   ``$LOGLEVEL`` (default INFO), unless the program asked for DEBUG before.
-- **Resuming mid-epoch on another number of ranks or batches**: the position fairseq saves
-  is one rank's; it is kept with how the epoch was dealt and converted on resume.
 - **One-line errors**: a :class:`~tpp_fairseq.errors.UserError`, or a write the disk
   refused (full, over quota, read-only), that reaches the top of a command is printed as
   ``<command>: error: <message>``, without a traceback; a checkpoint fairseq left
@@ -30,20 +27,15 @@ failure it answers, in docs/fairseq_notes.md.
 """
 
 import argparse
-import atexit
 import importlib.util
 import inspect
 import logging
-import math
 import os
-import queue
 import sys
-import threading
-import time
 
 import numpy as np
 import torch
-from fairseq.data import data_utils, iterators
+from fairseq.data import data_utils
 from fairseq.distributed import utils as distributed_utils
 from fairseq.dataclass import utils as dataclass_utils
 
@@ -245,39 +237,6 @@ def leave_process_groups() -> None:
     distributed_utils.distributed_main = distributed_main
 
 
-# --------------------------------------------------------------------------- prefetching at exit
-
-#: seconds the exit waits for fairseq's prefetching threads to stop
-STOP_TIMEOUT = 10.0
-
-
-def stop_prefetching() -> None:
-    """Stop fairseq's batch-prefetching threads (``BackgroundConsumer``, daemon threads)
-    before the interpreter finalizes: one left inside torch's C++ code then is ended by a
-    forced unwind that aborts the process ("terminate called without an active
-    exception", SIGABRT) after a command that succeeded, e.g. a training stopped by
-    ``--max-update`` while the next batches were being made. Each stops after the batch
-    it is making; the queue it fills is emptied so that it can."""
-    deadline = time.monotonic() + STOP_TIMEOUT
-    for thread in threading.enumerate():
-        if not isinstance(thread, iterators.BackgroundConsumer):
-            continue
-        thread._max_len = 0  # fairseq's own stop: checked after each batch is queued
-        while thread.is_alive() and time.monotonic() < deadline:
-            try:
-                while True:
-                    thread._queue.get_nowait()
-            except queue.Empty:
-                pass
-            thread.join(timeout=0.01)
-
-
-def stop_prefetching_at_exit() -> None:
-    """Register :func:`stop_prefetching` to run at exit (idempotent: registered once)."""
-    atexit.unregister(stop_prefetching)
-    atexit.register(stop_prefetching)
-
-
 # --------------------------------------------------------------------------- n-gram blocking
 
 
@@ -401,88 +360,6 @@ def one_handler_per_log_file() -> None:
 
 
 # --------------------------------------------------------------------------- one-line errors
-
-
-# --------------------------------------------------------------------------- resuming mid-epoch
-
-_original_iterator_state_dict = iterators.EpochBatchIterator.state_dict
-_original_iterator_load_state_dict = iterators.EpochBatchIterator.load_state_dict
-
-
-def iterator_state_dict(self):
-    """fairseq's epoch iterator state, and mid-epoch how the epoch's batches were dealt:
-    to how many ranks (``num_shards``), and how many batches it had."""
-    state = _original_iterator_state_dict(self)
-    if state.get("iterations_in_epoch", 0) > 0:
-        state.update(num_shards=self.num_shards, epoch_batches=len(self.frozen_batches))
-    return state
-
-
-def iterator_load_state_dict(self, state_dict):
-    """fairseq's, resuming mid-epoch where the batches are dealt otherwise now (see
-    :func:`resumed_position`)."""
-    # (fairseq's multilingual GroupedEpochBatchIterator deals groups of batches: its own)
-    if state_dict.get("iterations_in_epoch", 0) > 0 and type(self) is iterators.EpochBatchIterator:
-        state_dict = dict(state_dict, iterations_in_epoch=resumed_position(self, state_dict))
-    return _original_iterator_load_state_dict(self, state_dict)
-
-
-def resumed_position(itr, state) -> int:
-    """The batch of each rank a training resumed mid-epoch goes on from. fairseq saves
-    the position in one rank's share of the epoch's batches (rank r has batches r, r + N,
-    ... of N ranks) and fails ("dataloader mismatch") where that share is now shorter, or
-    silently skips or repeats batches where it is longer. The same batches dealt to
-    another number of ranks go on after those trained (up to ranks - 1 batches again);
-    batches grouped otherwise (another ``--max-tokens``), the epoch starts over."""
-    position, epoch = state["iterations_in_epoch"], state["epoch"]
-    batches, shards = len(itr.frozen_batches), itr.num_shards
-    saved_batches, saved_shards = state.get("epoch_batches"), state.get("num_shards")
-    if saved_batches is None:  # (saved without the plugin: fairseq's own, where it can)
-        if position < math.ceil(batches / shards):
-            return position
-        why = f"it stopped at batch {position} of a rank, past this epoch's end"
-    elif saved_batches != batches:
-        why = f"its batches are grouped otherwise now ({batches}, not {saved_batches})"
-    elif saved_shards == shards:
-        return position
-    elif getattr(itr, "grouped_shuffling", False):
-        why = f"--grouped-shuffling ordered its batches for {saved_shards} ranks"
-    else:
-        done = min(position * saved_shards, batches)
-        logger.info(
-            "resuming epoch %d after %d of its %d batches, dealt to %d ranks (%d when saved)",
-            epoch,
-            done // shards * shards,
-            batches,
-            shards,
-            saved_shards,
-        )
-        return done // shards
-    logger.warning("resuming: epoch %d starts over: %s", epoch, why)
-    return 0
-
-
-_original_grouped_iterator_init = iterators.GroupedIterator.__init__
-
-
-def grouped_iterator_init(self, iterable, chunk_size, skip_remainder_batch=False):
-    """fairseq's ``GroupedIterator`` (``--update-freq`` batches an update), its length
-    the updates done plus those the batches left make: fairseq counts ``ceil(L / k)`` for
-    the epoch and ``ceil(n / k)`` done, one update too many where a resumed epoch goes on
-    from a batch ``n`` that is no multiple of ``k`` (another ``--update-freq``, or other
-    ranks): the last update was never taken, and the epoch ran again from its start."""
-    _original_grouped_iterator_init(self, iterable, chunk_size, skip_remainder_batch)
-    if not skip_remainder_batch:
-        left = len(iterable) - getattr(iterable, "n", 0)
-        self.total = self.n + math.ceil(left / chunk_size)
-
-
-def resume_across_batchings() -> None:
-    """Install :func:`iterator_state_dict`, :func:`iterator_load_state_dict` and
-    :func:`grouped_iterator_init` (idempotent)."""
-    iterators.EpochBatchIterator.state_dict = iterator_state_dict
-    iterators.EpochBatchIterator.load_state_dict = iterator_load_state_dict
-    iterators.GroupedIterator.__init__ = grouped_iterator_init
 
 
 def one_line_errors() -> None:

@@ -1,5 +1,5 @@
 """fairseq's batch-prefetching threads are stopped before the interpreter exits
-(tpp_fairseq.fixes): a daemon thread left inside torch's C++ code as Python finalizes
+(tpp_fairseq.epochs): a daemon thread left inside torch's C++ code as Python finalizes
 aborts a command that succeeded ("terminate called without an active exception")."""
 
 import subprocess
@@ -8,7 +8,7 @@ import time
 
 from support import REPO
 
-from tpp_fairseq import fixes
+from tpp_fairseq import epochs
 
 #: a fairseq BufferedIterator whose batches take torch operations to make, one taken
 PREFETCHING = r"""
@@ -50,7 +50,7 @@ def test_a_prefetching_thread_stops_after_the_batch_it_is_making():
     assert next(iter(itr)) == 1
     consumer = itr._consumer
     assert consumer.is_alive()
-    fixes.stop_prefetching()
+    epochs.stop_prefetching()
     assert not consumer.is_alive()
     count = len(made)
     time.sleep(0.05)

@@ -1,5 +1,5 @@
 """A training resumed mid-epoch on another number of ranks, or with other batches
-(tpp_fairseq.fixes): fairseq saves the position in one rank's share of the epoch's
+(tpp_fairseq.epochs): fairseq saves the position in one rank's share of the epoch's
 batches, and failed ("dataloader mismatch") where that share is now shorter, or skipped
 and repeated batches where it is longer. fairseq's own epoch iterator on a toy dataset,
 its ranks' shares read batch by batch."""
@@ -11,7 +11,7 @@ import torch
 from fairseq.data import iterators
 
 import tpp_plugin  # noqa: F401  (the plugin's corrections)
-from tpp_fairseq import fixes
+from tpp_fairseq import epochs
 
 BATCHES = [[i] for i in range(17)]  # one sentence a batch: a batch is its sentence's id
 
@@ -84,15 +84,15 @@ def test_fairseqs_own_resume_skips_batches_or_fails():
     """What the correction answers, with fairseq's own load_state_dict."""
     seen, state = trained(1, 6)
     itr = iterator(2, 0)
-    fixes._original_iterator_load_state_dict(itr, dict(state))
+    epochs._original_iterator_load_state_dict(itr, dict(state))
     rest = [b for b in itr.next_epoch_itr(shuffle=True) if b is not None]
     assert len(rest) == 9 - 6, "rank 0 of 2 goes on after its own 6th batch: 6 never trained"
     seen, state = trained(1, 12)
     with pytest.raises(RuntimeError, match="dataloader mismatch"):
-        fixes._original_iterator_load_state_dict(iterator(2, 0), dict(state))
+        epochs._original_iterator_load_state_dict(iterator(2, 0), dict(state))
     seen, state = trained(2, 8)
     with pytest.raises(RuntimeError, match="dataloader mismatch"):
-        fixes._original_iterator_load_state_dict(iterator(3, 0), dict(state))
+        epochs._original_iterator_load_state_dict(iterator(3, 0), dict(state))
 
 
 def test_batches_grouped_otherwise_start_the_epoch_over(caplog):
@@ -105,14 +105,31 @@ def test_batches_grouped_otherwise_start_the_epoch_over(caplog):
     assert "epoch 1 starts over: its batches are grouped otherwise now (9, not 17)" in caplog.text
 
 
+def test_as_many_batches_of_other_sentences_start_the_epoch_over(caplog):
+    """Batches grouped otherwise but as many (other data, another --max-tokens): the
+    epoch starts over, said, not resumed at a position in other batches."""
+    seen, state = trained(2, 5)
+    assert len(state["epoch_batches_digest"]) == 32
+    moved = [BATCHES[0] + BATCHES[1], []] + BATCHES[2:]  # (one sentence moved: 17 batches)
+    with caplog.at_level(logging.WARNING, logger="tpp_fairseq"):
+        rest = resumed(state, 2, moved)
+    assert sorted(rest) == sorted(b[0] for b in moved if b), "the whole epoch"
+    assert "epoch 1 starts over: its batches are grouped otherwise now (as many, 17," in caplog.text
+    caplog.clear()
+    without_digest = {k: v for k, v in state.items() if k != "epoch_batches_digest"}
+    with caplog.at_level(logging.WARNING, logger="tpp_fairseq"):
+        resumed(without_digest, 2, moved)  # (saved before the digest: counted only)
+    assert "starts over" not in caplog.text
+
+
 def test_a_state_saved_without_the_plugin_resumes_as_fairseq_or_starts_over(caplog):
     """A checkpoint fairseq wrote alone: its position taken as it is where it lies in the
     epoch (fairseq's own resume), the epoch started over where it lies past its end."""
     seen, state = trained(2, 5)
-    legacy = {k: v for k, v in state.items() if k not in ("num_shards", "epoch_batches")}
+    legacy = {k: v for k, v in state.items() if not k.startswith(("num_shards", "epoch_"))}
     assert sorted(seen + resumed(legacy, 2)) == sorted(whole_epoch())
     seen, state = trained(1, 12)
-    legacy = {k: v for k, v in state.items() if k not in ("num_shards", "epoch_batches")}
+    legacy = {k: v for k, v in state.items() if not k.startswith(("num_shards", "epoch_"))}
     with caplog.at_level(logging.WARNING, logger="tpp_fairseq"):
         rest = resumed(legacy, 2)
     assert len(rest) == len(BATCHES)
@@ -167,5 +184,5 @@ def test_fairseqs_own_grouping_leaves_the_last_update_of_such_an_epoch():
     itr.load_state_dict(dict(state))
     base = itr.next_epoch_itr(shuffle=True)
     grouped = iterators.GroupedIterator.__new__(iterators.GroupedIterator)
-    fixes._original_grouped_iterator_init(grouped, base, 3)
+    epochs._original_grouped_iterator_init(grouped, base, 3)
     assert len(list(grouped)) == 5 and not itr.end_of_epoch(), "15 of the 16 batches left"
