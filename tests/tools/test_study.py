@@ -1566,7 +1566,8 @@ def test_one_study_per_folder_and_sigterm_stops_its_trainers(tmp_path):
 
 def test_dry_run_prepares_nothing(tmp_path):
     """--dry-run on a raw corpus plans the runs without carving or preparing the data
-    (which takes minutes on a real corpus); the runs' ids wait for the dictionaries."""
+    (which takes minutes on a real corpus) or writing anything, not even the study's
+    folder; the runs' ids wait for the dictionaries."""
     from support import lexicon_pairs, write_corpus
 
     write_corpus(
@@ -1600,7 +1601,7 @@ def test_dry_run_prepares_nothing(tmp_path):
     )
     assert "is not prepared yet" in shown.stdout and shown.stdout.count("[to train]") == 4
     assert "transformer-s1-<id>" in shown.stdout
-    assert not (out / "data").exists(), "nothing carved or prepared"
+    assert not out.exists(), "nothing carved, prepared or written"
 
 
 @pytest.mark.parametrize(

@@ -421,8 +421,9 @@ def _main(argv) -> int:
     from tpp_pipeline.errors import DataError
     from tpp_pipeline.textio import ensure_writable_dir
 
-    try:
-        ensure_writable_dir(args.out, "study folder (--out)")
+    try:  # (--dry-run and --status write nothing: not even the folder)
+        if not (args.dry_run or args.status) or os.path.exists(args.out):
+            ensure_writable_dir(args.out, "study folder (--out)")
     except DataError as err:
         raise StudyError(f"{args.out}: {err}") from None
     if args.pack:  # (before any data is carved)
