@@ -162,12 +162,19 @@ def dry_run(tmp_path, variants, *options):
 
 def test_a_resumed_trainings_eta_and_time_count_from_the_studys_own_clock(tmp_path):
     """The ETA is the time per update since the training last started, times the updates
-    left, and a run's training time adds up its trainings, each until its log's last
-    line. fairseq's ``wall`` restarts at 0 in a resumed training: read from it, a resumed
+    left, and a run's training time adds up its trainings, each until its command
+    returned (until its log's last line where it never did). fairseq's ``wall`` restarts at 0 in a resumed training: read from it, a resumed
     run's ETA was 0 and its record kept the last training's seconds only."""
     import time
 
-    from tpp_tools.study.runs import CLOCK, clock_seconds, eta_text, start_clock, training_eta
+    from tpp_tools.study.runs import (
+        CLOCK,
+        clock_seconds,
+        eta_text,
+        start_clock,
+        stop_clock,
+        training_eta,
+    )
 
     run = SimpleNamespace(name="hybrid-s1", folder=tmp_path)
     log_file = tmp_path / "train.log"
@@ -210,6 +217,16 @@ def test_a_resumed_trainings_eta_and_time_count_from_the_studys_own_clock(tmp_pa
     assert training_eta(run, 2200) == pytest.approx(1950 * 50 / 100, rel=0.02)
     os.utime(log_file, (second + 60, second + 60))
     assert clock_seconds(run) == pytest.approx(160)
+
+    # its command returned, 70 s in: the clock keeps when, and a copy of the folder made
+    # later (the log's time that of the copy) still took 170 s
+    stop_clock(run)
+    clock = json.loads((tmp_path / CLOCK).read_text())
+    clock["stopped"] = second + 70
+    (tmp_path / CLOCK).write_text(json.dumps(clock))
+    os.utime(log_file, (second + 3600, second + 3600))
+    assert clock_seconds(run) == pytest.approx(170)
+    assert start_clock(run)["earlier"] == pytest.approx(170), "resumed once more"
     (tmp_path / CLOCK).unlink()
     assert math.isnan(clock_seconds(run)), "a run trained before clocks were kept"
 

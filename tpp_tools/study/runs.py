@@ -236,22 +236,35 @@ def start_clock(run: Run) -> dict:
     return clock
 
 
+def stop_clock(run: Run) -> None:
+    """The clock of a training whose command has returned: when it stopped."""
+    clock = read_clock(run)
+    if clock is not None:
+        clock["stopped"] = time.time()
+        write_atomic(run.folder / CLOCK, json.dumps(clock).encode())
+
+
 def read_clock(run: Run) -> Optional[dict]:
     try:
         clock = json.loads((run.folder / CLOCK).read_text())
         clock.setdefault("offset", 0)
-        return {key: float(clock[key]) for key in ("earlier", "started", "updates", "offset")}
+        keys = ("earlier", "started", "updates", "offset") + (
+            ("stopped",) if "stopped" in clock else ()
+        )
+        return {key: float(clock[key]) for key in keys}
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
 def clock_seconds(run: Run, nan: bool = True) -> float:
-    """The seconds the run's trainings took until its log's last line (NaN, or 0 where
-    not ``nan``, without a clock: a run trained before clocks were kept)."""
+    """The seconds the run's trainings took: each until its command returned, or, one
+    that never returned (killed with its machine), until its log's last line (NaN, or 0
+    where not ``nan``, without a clock: a run trained before clocks were kept)."""
     clock, log_file = read_clock(run), run.folder / "train.log"
-    if clock is None or not log_file.exists():
+    if clock is None or not ("stopped" in clock or log_file.exists()):
         return float("nan") if nan else 0.0
-    return clock["earlier"] + max(0.0, log_file.stat().st_mtime - clock["started"])
+    stopped = clock["stopped"] if "stopped" in clock else log_file.stat().st_mtime
+    return clock["earlier"] + max(0.0, stopped - clock["started"])
 
 
 def training_eta(run: Run, max_update: int) -> Optional[float]:
@@ -414,22 +427,25 @@ def _train(run: Run, cfg: Config, env, lock) -> None:
     if trained_updates(run) >= cfg.max_update:
         return
     log(f"{run.name}: training ({cfg.max_update} updates) in {run.folder}")
-    clock = start_clock(run)
+    start_clock(run)
     # tpp-train of this Python, with the run's options only (none from the environment):
     # an interrupted run resumes, a torn checkpoint_last.pt set aside first
-    run_command(
-        [sys.executable, "-m", "tpp_tools.train", *run.train_cmd[1:]],
-        run.folder / "run.log",
-        env={k: v for k, v in env.items() if k not in TRAIN_VARIABLES},
-        lock=lock,
-        progress=lambda: training_progress(run, cfg),
-    )
+    try:
+        run_command(
+            [sys.executable, "-m", "tpp_tools.train", *run.train_cmd[1:]],
+            run.folder / "run.log",
+            env={k: v for k, v in env.items() if k not in TRAIN_VARIABLES},
+            lock=lock,
+            progress=lambda: training_progress(run, cfg),
+        )
+    finally:  # (a folder copied elsewhere keeps it: its files' times need not)
+        stop_clock(run)
     updates = logged_updates(run)
     if updates < cfg.max_update:
         raise RuntimeError(
             f"{run.name}: fairseq-train stopped at update {updates} of {cfg.max_update}"
         )
-    seconds = clock["earlier"] + time.time() - clock["started"]
+    seconds = clock_seconds(run)
     (run.folder / "train.done").write_text(f"{updates} updates, {seconds:.0f} s\n")
     log(f"{run.name}: trained ({updates} updates) in {seconds:.0f} s")
 
