@@ -72,36 +72,32 @@ _original_iterator_load_state_dict = iterators.EpochBatchIterator.load_state_dic
 
 def iterator_state_dict(self):
     """fairseq's epoch iterator state, and mid-epoch how the epoch's batches were dealt:
-    to how many ranks (``num_shards``), and how many batches it had."""
+    to how many ranks (``num_shards``), how many batches it had, and of what sizes."""
     state = _original_iterator_state_dict(self)
-    if state.get("iterations_in_epoch", 0) > 0:
+    # (fairseq's multilingual GroupedEpochBatchIterator deals groups of batches: its own)
+    if state.get("iterations_in_epoch", 0) > 0 and type(self) is iterators.EpochBatchIterator:
         state.update(
             num_shards=self.num_shards,
             epoch_batches=len(self.frozen_batches),
-            epoch_batches_digest=batches_digest(self),
+            epoch_batch_sizes=batch_sizes_digest(self),
         )
     return state
 
 
-def batches_digest(itr) -> str:
-    """A digest of the epoch's batches, each sentence id in its batch and order: another
-    grouping of as many batches (another ``--max-tokens``, other data) differs."""
+def batch_sizes_digest(itr) -> str:
+    """A digest of the sizes of the epoch's batches (sentences each, in order): another
+    grouping of as many batches (another ``--max-tokens``, other data) differs. Not of
+    their sentences: fairseq groups sentences of equal length at random, by the epoch a
+    process starts in unless ``--update-epoch-batch-itr``, and resumes such batches at
+    the same position, as the plugin does."""
     batches = itr.frozen_batches
-    cached = getattr(itr, "_tpp_batches_digest", None)
-    if cached is not None and cached[0] is batches:
-        return cached[1]
-    digest = hashlib.blake2b(digest_size=16)
-    digest.update(np.fromiter(map(len, batches), dtype=np.int64, count=len(batches)).tobytes())
-    for batch in batches:
-        digest.update(np.asarray(batch, dtype=np.int64).tobytes())
-    itr._tpp_batches_digest = (batches, digest.hexdigest())
-    return itr._tpp_batches_digest[1]
+    sizes = np.fromiter(map(len, batches), dtype=np.int64, count=len(batches))
+    return hashlib.blake2b(sizes.tobytes(), digest_size=16).hexdigest()
 
 
 def iterator_load_state_dict(self, state_dict):
     """fairseq's, resuming mid-epoch where the batches are dealt otherwise now (see
     :func:`resumed_position`)."""
-    # (fairseq's multilingual GroupedEpochBatchIterator deals groups of batches: its own)
     if state_dict.get("iterations_in_epoch", 0) > 0 and type(self) is iterators.EpochBatchIterator:
         state_dict = dict(state_dict, iterations_in_epoch=resumed_position(self, state_dict))
     return _original_iterator_load_state_dict(self, state_dict)
@@ -123,8 +119,8 @@ def resumed_position(itr, state) -> int:
         why = f"it stopped at batch {position} of a rank, past this epoch's end"
     elif saved_batches != batches:
         why = f"its batches are grouped otherwise now ({batches}, not {saved_batches})"
-    elif state.get("epoch_batches_digest", batches_digest(itr)) != batches_digest(itr):
-        why = f"its batches are grouped otherwise now (as many, {batches}, of other sentences)"
+    elif state.get("epoch_batch_sizes", batch_sizes_digest(itr)) != batch_sizes_digest(itr):
+        why = f"its batches are grouped otherwise now (as many, {batches}, of other sizes)"
     elif saved_shards == shards:
         return position
     elif getattr(itr, "grouped_shuffling", False):

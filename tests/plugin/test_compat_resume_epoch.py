@@ -24,10 +24,14 @@ class Ids(torch.utils.data.Dataset):
         return i
 
 
+def collate_first(ids):
+    return ids[0] if ids else None
+
+
 def iterator(shards, shard, batches=BATCHES):
     return iterators.EpochBatchIterator(
         dataset=Ids(),
-        collate_fn=lambda ids: ids[0] if ids else None,
+        collate_fn=collate_first,
         batch_sampler=batches,
         seed=1,
         num_shards=shards,
@@ -105,21 +109,43 @@ def test_batches_grouped_otherwise_start_the_epoch_over(caplog):
     assert "epoch 1 starts over: its batches are grouped otherwise now (9, not 17)" in caplog.text
 
 
-def test_as_many_batches_of_other_sentences_start_the_epoch_over(caplog):
+def test_as_many_batches_of_other_sizes_start_the_epoch_over(caplog):
     """Batches grouped otherwise but as many (other data, another --max-tokens): the
     epoch starts over, said, not resumed at a position in other batches."""
     seen, state = trained(2, 5)
-    assert len(state["epoch_batches_digest"]) == 32
+    assert len(state["epoch_batch_sizes"]) == 32
     moved = [BATCHES[0] + BATCHES[1], []] + BATCHES[2:]  # (one sentence moved: 17 batches)
     with caplog.at_level(logging.WARNING, logger="tpp_fairseq"):
         rest = resumed(state, 2, moved)
     assert sorted(rest) == sorted(b[0] for b in moved if b), "the whole epoch"
     assert "epoch 1 starts over: its batches are grouped otherwise now (as many, 17," in caplog.text
     caplog.clear()
-    without_digest = {k: v for k, v in state.items() if k != "epoch_batches_digest"}
+    without_sizes = {k: v for k, v in state.items() if k != "epoch_batch_sizes"}
     with caplog.at_level(logging.WARNING, logger="tpp_fairseq"):
-        resumed(without_digest, 2, moved)  # (saved before the digest: counted only)
+        resumed(without_sizes, 2, moved)  # (saved before the sizes were: counted only)
     assert "starts over" not in caplog.text
+
+
+def test_batches_of_the_same_sizes_and_other_sentences_go_on(caplog):
+    """Without --update-epoch-batch-itr fairseq groups sentences of equal length anew, at
+    random, by the epoch a process starts in: a resumed process's batches hold other
+    sentences in batches of the same sizes, and it goes on from the saved position, as
+    fairseq does (it does not start a whole epoch over)."""
+    seen, state = trained(2, 5)
+    regrouped = BATCHES[::-1]  # (same sizes, other sentences in each)
+    with caplog.at_level(logging.WARNING, logger="tpp_fairseq"):
+        rest = resumed(state, 2, regrouped)
+    assert "starts over" not in caplog.text
+    assert len(seen) + len(rest) == len(BATCHES)
+
+
+def test_the_state_of_fairseqs_grouped_iterator_is_its_own():
+    """fairseq's GroupedEpochBatchIterator (several samplers, speech-text tasks): its
+    mid-epoch state as fairseq saves it (its batches are groups, not sentences)."""
+    groups = [[[0, 1], [2, 3, 4], [5]], [[6, 7], [8, 9, 10, 11]]]
+    itr = iterators.GroupedEpochBatchIterator(Ids(), collate_first, groups, seed=1, epoch=1)
+    next(itr.next_epoch_itr(shuffle=True))
+    assert itr.state_dict() == {"version": 2, "epoch": 1, "iterations_in_epoch": 1, "shuffle": True}
 
 
 def test_a_state_saved_without_the_plugin_resumes_as_fairseq_or_starts_over(caplog):

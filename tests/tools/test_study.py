@@ -273,7 +273,14 @@ def test_dry_run_plans_every_variant_and_seed(tmp_path):
     assert not (out / "runs").exists(), "a dry run trains nothing"
 
 
-def test_a_study_folder_that_cannot_be_written_is_an_error(tmp_path):
+@pytest.mark.parametrize(
+    "extra, said",
+    [
+        ([], "cannot create or write into this study folder (--out)"),
+        (["--dry-run"], "cannot be written"),  # (said without making the folder)
+    ],
+)
+def test_a_study_folder_that_cannot_be_written_is_an_error(tmp_path, extra, said):
     (tmp_path / "taken").write_text("a file, not a folder\n")
     shown = run(
         [
@@ -286,12 +293,14 @@ def test_a_study_folder_that_cannot_be_written_is_an_error(tmp_path):
             tmp_path / "taken" / "study",
             "--device",
             "cpu",
+            *extra,
         ],
         check=False,
         timeout=300,
     )
     assert shown.returncode == 2 and "Traceback" not in shown.stderr, shown.stderr
-    assert "cannot create or write into this study folder (--out)" in shown.stderr
+    assert said in shown.stderr
+    assert shown.stderr.count(f"{tmp_path / 'taken' / 'study'}: ") == 1, "named once"
 
 
 def test_a_test_sentence_longer_than_the_model_takes_is_refused_before_training(tmp_path):

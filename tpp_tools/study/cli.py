@@ -412,6 +412,19 @@ def _settle_device(args, cfg) -> None:
         raise StudyError(f"--step-timeout must be positive, not {args.step_timeout:g}")
 
 
+def check_study_folder(out, to_write: bool) -> None:
+    """Refuse a study folder (``--out``) that is a file, or, ``to_write``, one that
+    cannot be made or written, without writing anything (``--dry-run``, ``--status``)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise StudyError(f"{out}: is a file, not a folder: --out names the study's folder")
+    folder = out
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent  # (the folders still to make are made in the nearest one)
+    if to_write and not (folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)):
+        raise StudyError(f"{out}: cannot be written ({folder} is not a writable folder)")
+
+
 def _main(argv) -> int:
     args = parse_args(argv)
     cfg = _config(args)
@@ -421,11 +434,13 @@ def _main(argv) -> int:
     from tpp_pipeline.errors import DataError
     from tpp_pipeline.textio import ensure_writable_dir
 
-    try:  # (--dry-run and --status write nothing: not even the folder)
-        if not (args.dry_run or args.status) or os.path.exists(args.out):
+    if args.dry_run or args.status:  # they write nothing, not even the folder
+        check_study_folder(args.out, args.dry_run)
+    else:
+        try:
             ensure_writable_dir(args.out, "study folder (--out)")
-    except DataError as err:
-        raise StudyError(f"{args.out}: {err}") from None
+        except DataError as err:
+            raise StudyError(str(err)) from None
     if args.pack:  # (before any data is carved)
         check_pack_path(args.pack)
     command = f"{PROG} " + " ".join(shlex.quote(a) for a in argv)
