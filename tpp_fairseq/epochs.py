@@ -113,13 +113,14 @@ def resumed_position(itr, state) -> int:
     position, epoch = state["iterations_in_epoch"], state["epoch"]
     batches, shards = len(itr.frozen_batches), itr.num_shards
     saved_batches, saved_shards = state.get("epoch_batches"), state.get("num_shards")
+    saved_sizes = state.get("epoch_batch_sizes")  # (older checkpoints: none)
     if saved_batches is None:  # (saved without the plugin: fairseq's own, where it can)
         if position < math.ceil(batches / shards):
             return position
         why = f"it stopped at batch {position} of a rank, past this epoch's end"
     elif saved_batches != batches:
         why = f"its batches are grouped otherwise now ({batches}, not {saved_batches})"
-    elif state.get("epoch_batch_sizes", batch_sizes_digest(itr)) != batch_sizes_digest(itr):
+    elif saved_sizes is not None and saved_sizes != batch_sizes_digest(itr):
         why = f"its batches are grouped otherwise now (as many, {batches}, of other sizes)"
     elif saved_shards == shards:
         return position
