@@ -7,6 +7,7 @@ it is between its rare collections."""
 
 import gc
 import multiprocessing
+import threading
 import weakref
 
 import pytest
@@ -46,6 +47,14 @@ def epoch_iterator(epoch):
     )
 
 
+def prefetching_ended():
+    """Wait for the epoch's prefetching thread, which holds its data loader until it has
+    ended (it may still be ending when the epoch's last batch has been taken)."""
+    for thread in threading.enumerate():
+        if isinstance(thread, iterators.BackgroundConsumer):
+            thread.join()
+
+
 @pytest.fixture
 def without_cyclic_collection():
     gc.collect()
@@ -66,6 +75,7 @@ def test_each_epochs_iterator_and_worker_are_freed_as_the_next_epoch_starts(
         itr = epoch_iterator(epoch)
         batches = list(itr.next_epoch_itr(shuffle=True))
         assert sorted(map(tuple, batches)) == sorted(map(tuple, BATCHES))
+        prefetching_ended()
         workers = multiprocessing.active_children()
         assert len(workers) == 1, f"epoch {epoch}: {len(workers)} data-loader workers alive"
         if previous is not None:
