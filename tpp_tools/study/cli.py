@@ -47,6 +47,7 @@ from .data import prepare_data
 from .records import (
     RECORD,
     check_pack_path,
+    nearest_folder,
     import_records,
     read_record,
     validation_curve,
@@ -418,9 +419,7 @@ def check_study_folder(out, to_write: bool) -> None:
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise StudyError(f"{out}: is a file, not a folder: --out names the study's folder")
-    folder = out
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent  # (the folders still to make are made in the nearest one)
+    folder = nearest_folder(out)
     if to_write and not (folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)):
         raise StudyError(f"{out}: cannot be written ({folder} is not a writable folder)")
 

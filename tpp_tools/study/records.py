@@ -613,14 +613,21 @@ def packed_runs(archive: Path) -> List[str]:
     return sorted(str(Path(n).parent) for n in names if Path(n).name == RECORD)
 
 
+def nearest_folder(path: Path) -> Path:
+    """``path``, or where it does not exist the nearest folder above it that does (where
+    the folders still to make would be made)."""
+    folder = Path(path)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return folder
+
+
 def check_pack_path(archive: Path) -> None:
     """Refuse an ``archive`` that cannot be written: a folder, or in none that can be."""
     archive = Path(archive)
     if archive.is_dir():
         raise StudyError(f"--pack {archive}: is a folder; --pack names the archive to write")
-    folder = archive.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent  # (the folders still to make are made in the nearest one)
+    folder = nearest_folder(archive.parent)
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
         raise StudyError(f"--pack {archive}: cannot be written ({folder} is not a writable folder)")
 
