@@ -7,7 +7,10 @@ before anything is installed, naming what is missing and the command that fetche
 The wheelhouse lives in a fixed folder of the user's cache (`~/.cache/tpp-tests/`): the
 download runs in full every time, but re-fetches only what is not there yet, and pip's
 wheel cache keeps the fairseq build of an earlier run. The installs here build fairseq's
-text extensions only; `make env` builds all of them, with the same builder."""
+text extensions only; `make env` builds all of them, with the same builder. The
+environments the tests make themselves (a node's torch, one's own environment) leave
+pip's byte-compiling to the first import (``PIP_COMPILE=0``): compiling all of torch's
+modules was most of the time of those installs, and is no part of what is checked."""
 
 import fcntl
 import json
@@ -26,6 +29,7 @@ pytestmark = pytest.mark.slow
 SETUP = REPO / "scripts" / "setup_env.sh"
 PYVER = "%d.%d" % sys.version_info[:2]
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tpp-tests"
+NO_BYTE_COMPILING = {"PIP_COMPILE": "0"}
 
 
 def network_off_prefix():
@@ -252,7 +256,7 @@ def test_text_extensions_over_the_torch_of_the_node(wheelhouse, tmp_path):
             capture_output=True,
             text=True,
             timeout=600,
-            env=dict(os.environ, PIP_CONFIG_FILE=os.devnull),
+            env=dict(os.environ, PIP_CONFIG_FILE=os.devnull, **NO_BYTE_COMPILING),
         )
         assert made.returncode == 0, made.stderr[-3000:]
     venv = tmp_path / "venv"
@@ -388,6 +392,7 @@ def test_the_package_installs_into_an_environment_of_ones_own(wheelhouse, tmp_pa
     env = dict(
         os.environ,
         PIP_CONFIG_FILE=os.devnull,
+        **NO_BYTE_COMPILING,
         PIP_NO_INDEX="1",
         PIP_FIND_LINKS=str(wheelhouse),
         OMP_NUM_THREADS="1",
