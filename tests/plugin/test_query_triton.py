@@ -343,10 +343,13 @@ def test_the_operators_torch_compile_calls_pass_torch_library_checks(causal, wei
     """The forward and backward operators (``torch.compile``'s graphs call them): schema,
     fake tensors (shapes, strides, dtypes, also symbolic), autograd, and AOTAutograd's
     dynamic-shape dispatch, by ``torch.library.opcheck``; padding and DropConnect's mask;
-    LocalConv's weight in each training dtype (``--bf16``, ``--fp16`` cast it)."""
+    LocalConv's weight in each training dtype (``--bf16``, ``--fp16`` cast it). Sentences
+    of two blocks of rows with the float32 weight, of a few rows with the others (each
+    check runs the kernels several times, slowly in Triton's interpreter)."""
     from tpp_plugin.modules import query_triton
 
-    (u, scores, values), _, padding, grad = inputs(BLOCK_T + 3, "left", torch.float32)
+    length = BLOCK_T + 3 if weight_dtype == torch.float32 else 5
+    (u, scores, values), _, padding, grad = inputs(length, "left", torch.float32)
     weight = torch.randn(u.size(-1), 3, device=DEVICE).to(weight_dtype).requires_grad_()
     mask = torch.ones(u.size(-1), 3, device=DEVICE)
     mask[0, 1] = 0
