@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from support import binarize_tagged, run
+from support import binarize_tagged, run, tool_env
 from tpp_tools import study
 from tpp_tools.train import take_lock
 
@@ -82,6 +82,56 @@ def data_folder(folder):
     return folder
 
 
+@pytest.fixture(scope="module")
+def tagged(tmp_path_factory):
+    """The toy tagged corpus (``text``, its raw test target ``reference``) and its data
+    folder (``data``), made once for this module's tests, which only read them."""
+    root = tmp_path_factory.mktemp("tagged")
+    data = binarize_tagged(root / "text", root / "data-bin", n_train=120)
+    return SimpleNamespace(text=root / "text", data=data, reference=root / "text" / "test.tgt")
+
+
+def in_process(command, check=True):
+    """``command`` (``tpp-study ...``) run by tpp-study's ``main`` in this process, with
+    the environment support.run gives a command: its exit status and output as a
+    finished command's (argparse's usage errors and a traceback included); this process's signal
+    handlers and environment as they were. (Studies that train, and those stopped by a
+    signal, run as commands of their own.)"""
+    import contextlib
+    import io
+    import signal
+    import subprocess
+    import traceback
+
+    assert str(command[0]) == "tpp-study", command
+    argv = [str(c) for c in command[1:]]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    environment = dict(os.environ)
+    os.environ.update(tool_env())
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                status = study.main(argv)
+            except SystemExit as exit:  # (argparse's usage errors)
+                status = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+            except Exception:  # (as Python ends a command: its traceback, status 1)
+                traceback.print_exc()
+                status = 1
+    finally:
+        os.environ.clear()
+        os.environ.update(environment)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    shown = subprocess.CompletedProcess(command, status, stdout.getvalue(), stderr.getvalue())
+    if check and status != 0:
+        raise AssertionError(
+            f"tpp-study failed ({status}): {' '.join(argv)}\n"
+            f"--- stdout\n{shown.stdout[-4000:]}\n--- stderr\n{shown.stderr[-6000:]}"
+        )
+    return shown
+
+
 @pytest.mark.parametrize("version, folders", [(1, RUN_FOLDERS_V1), (2, RUN_FOLDERS)])
 def test_run_identity_changes_with_the_run_version_only(tmp_path, monkeypatch, version, folders):
     from dataclasses import replace
@@ -130,20 +180,19 @@ def test_every_field_added_since_the_first_runs_has_its_legacy_default():
         assert set(identity_config(at_legacy, variant)) == FIRST_FIELDS, variant
 
 
-def dry_run(tmp_path, variants, *options):
-    """``tpp-study --dry-run`` of ``variants`` (seeds 1 and 2, the CPU) on a tiny tagged
+def dry_run(tmp_path, tagged, variants, *options, check=True):
+    """``tpp-study --dry-run`` of ``variants`` (seeds 1 and 2, the CPU) on the tiny tagged
     data folder, with ``options``; its output and the study folder."""
-    data = binarize_tagged(tmp_path / "text", tmp_path / "data-bin", n_train=60)
     out = tmp_path / "study"
-    shown = run(
+    shown = in_process(
         [
             "tpp-study",
             "--config",
             "cpu",
             "--data",
-            data,
+            tagged.data,
             "--test-reference",
-            tmp_path / "text" / "test.tgt",
+            tagged.reference,
             "--out",
             out,
             "--variants",
@@ -155,7 +204,7 @@ def dry_run(tmp_path, variants, *options):
             *options,
             "--dry-run",
         ],
-        timeout=300,
+        check=check,
     )
     return shown, out
 
@@ -253,8 +302,8 @@ def test_a_running_runs_state_names_its_process_and_whole_start_time(tmp_path):
     assert run_state(run) == "not started", "a lock no process holds"
 
 
-def test_dry_run_plans_every_variant_and_seed(tmp_path):
-    shown, out = dry_run(tmp_path, "transformer,hybrid+tags")
+def test_dry_run_plans_every_variant_and_seed(tmp_path, tagged):
+    shown, out = dry_run(tmp_path, tagged, "transformer,hybrid+tags")
     lines = shown.stdout.splitlines()
     planned = [line for line in lines if " [to train] " in line]
     assert [line.split()[0] for line in planned] == [
@@ -282,7 +331,7 @@ def test_dry_run_plans_every_variant_and_seed(tmp_path):
 )
 def test_a_study_folder_that_cannot_be_written_is_an_error(tmp_path, extra, said):
     (tmp_path / "taken").write_text("a file, not a folder\n")
-    shown = run(
+    shown = in_process(
         [
             "tpp-study",
             "--data",
@@ -296,7 +345,6 @@ def test_a_study_folder_that_cannot_be_written_is_an_error(tmp_path, extra, said
             *extra,
         ],
         check=False,
-        timeout=300,
     )
     assert shown.returncode == 2 and "Traceback" not in shown.stderr, shown.stderr
     assert said in shown.stderr
@@ -314,7 +362,7 @@ def test_a_test_sentence_longer_than_the_model_takes_is_refused_before_training(
     pairs["test"][3] = (long_line, pairs["test"][3][1])
     write_corpus(tmp_path / "text", pairs)
     data = binarize(tmp_path / "text", tmp_path / "bin")
-    shown = run(
+    shown = in_process(
         [
             "tpp-study",
             "--data",
@@ -329,7 +377,6 @@ def test_a_test_sentence_longer_than_the_model_takes_is_refused_before_training(
             "transformer",
         ],
         check=False,
-        timeout=300,
     )
     assert shown.returncode == 2 and "Traceback" not in shown.stderr, shown.stderr
     assert f"{data}: sentence 3 of split 'test' (line 4 of its src and tgt files) is " in (
@@ -339,14 +386,17 @@ def test_a_test_sentence_longer_than_the_model_takes_is_refused_before_training(
     assert not list((tmp_path / "study").glob("runs/*/checkpoint*.pt")), "nothing trained"
 
 
-def test_only_runs_the_runs_it_names(tmp_path):
+def test_only_runs_the_runs_it_names(tmp_path, tagged):
     shown, _ = dry_run(
-        tmp_path, "transformer,hybrid+tags", "--only", "hybrid+tags-s2,transformer-s1"
+        tmp_path, tagged, "transformer,hybrid+tags", "--only", "hybrid+tags-s2,transformer-s1"
     )
     planned = [line.split()[0] for line in shown.stdout.splitlines() if " [to train] " in line]
     assert planned == ["transformer-s1", "hybrid+tags-s2"], shown.stdout
-    with pytest.raises(AssertionError, match="--only: hybrid-s1 not among this study's runs"):
-        dry_run(tmp_path / "again", "transformer,hybrid+tags", "--only", "hybrid-s1")
+    refused, _ = dry_run(
+        tmp_path / "again", tagged, "transformer,hybrid+tags", "--only", "hybrid-s1", check=False
+    )
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert "tpp-study: error: --only: hybrid-s1 not among this study's runs" in refused.stderr
 
 
 def test_a_step_past_its_time_limit_is_stopped_and_tried_once_more(tmp_path, capsys):
@@ -456,7 +506,7 @@ def test_long_steps_log_their_progress_and_keep_their_time_limit(tmp_path, capsy
 )
 def test_bad_input_is_an_error_naming_it(tmp_path, extra, message):
     missing = tmp_path / "nowhere"
-    shown = run(
+    shown = in_process(
         [
             "tpp-study",
             "--data",
@@ -470,7 +520,6 @@ def test_bad_input_is_an_error_naming_it(tmp_path, extra, message):
             *extra,
         ],
         check=False,
-        timeout=300,
     )
     assert shown.returncode == 2
     assert "tpp-study: error: " + message.format(missing=missing) in shown.stderr
@@ -493,7 +542,7 @@ def _tables(out):
 
 
 @pytest.mark.slow
-def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
+def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path, tagged):
     """Two variants x two seeds of a few updates on a toy corpus: the report and its
     columns, bootstrap figures equal to sacreBLEU's own paired test on the runs'
     translations, a re-run that trains nothing, and a changed budget that is new runs."""
@@ -501,8 +550,7 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
     from sacrebleu.metrics import BLEU, CHRF
     from sacrebleu.significance import PairedTest
 
-    data = binarize_tagged(tmp_path / "text", tmp_path / "data-bin", n_train=120)
-    reference = tmp_path / "text" / "test.tgt"
+    data, reference = tagged.data, tagged.reference
     out = tmp_path / "study"
     command = [
         "tpp-study",
@@ -583,14 +631,14 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
     assert f"{theirs.p_value:.4f}" in report
 
     # --status: every run's state, updates and last validation loss
-    shown = run(command + ["--max-update", "4", "--status"], timeout=300).stdout
+    shown = in_process(command + ["--max-update", "4", "--status"]).stdout
     assert shown.count(" | finished | 4 | ") == 4, shown
     assert "| training ETA |" in shown and shown.count(" | — | ") >= 4, "finished: no ETA"
 
     # a re-run reuses every finished run: nothing trained, averaged or translated again
     stamps = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/eval/bleu.txt")}
     stamps.update({p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/checkpoint_avg.pt")})
-    again = run(command + ["--max-update", "4"], timeout=900)
+    again = in_process(command + ["--max-update", "4"])
     assert ": training (" not in again.stdout and ": translating" not in again.stdout, again.stdout
     assert again.stdout.count(": done") == 4
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
@@ -622,7 +670,7 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
     assert _record(first)["statistics"] == _record_of(record)["statistics"]
 
     # --report-only: the report of what has finished, the rest named; nothing trained
-    partial = run(command + ["--max-update", "4", "--seeds", "1,2,3", "--report-only"], timeout=300)
+    partial = in_process(command + ["--max-update", "4", "--seeds", "1,2,3", "--report-only"])
     assert (
         ": training (" not in partial.stdout and ": translating" not in partial.stdout
     ), partial.stdout
@@ -631,9 +679,8 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
     assert f"{theirs.p_value:.4f}" in report, "the finished runs' figures, as before"
     assert not [p for p in (out / "runs").iterdir() if "-s3-" in p.name]
     # the significance columns name the baseline: the first variant
-    run(
+    in_process(
         command + ["--max-update", "4", "--variants", "hybrid+tags,transformer", "--report-only"],
-        timeout=300,
     )
     report = (out / "report.md").read_text()
     assert report.count("| p vs (d) |") == 2 and "p vs (a)" not in report
@@ -642,7 +689,7 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
     hidden.mkdir()
     for name in ("eval", "record.json.gz"):
         (first / name).rename(hidden / name)
-    run(command + ["--max-update", "4", "--report-only"], timeout=300)
+    in_process(command + ["--max-update", "4", "--report-only"])
     for name in ("eval", "record.json.gz"):
         (hidden / name).rename(first / name)
     hidden.rmdir()
@@ -653,16 +700,16 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
     }
     assert rows["| (a) transformer"][8] == "—" and " / " not in rows["| (a) transformer"][4], rows
     assert float(rows["| (d) hybrid+tags"][8]) <= 1, rows
-    none = run(command + ["--max-update", "5", "--report-only"], timeout=300, check=False)
+    none = in_process(command + ["--max-update", "5", "--report-only"], check=False)
     assert none.returncode == 1 and "no run of the baseline transformer has finished" in none.stderr
 
     # a run scored but stopped before its record was written: --dry-run writes nothing,
     # the report writes the record, naming the device the run trained on
     record = (first / "record.json.gz").read_bytes()
     (first / "record.json.gz").unlink()
-    planned = run(command + ["--max-update", "4", "--dry-run"], timeout=300).stdout
+    planned = in_process(command + ["--max-update", "4", "--dry-run"]).stdout
     assert "transformer-s1 [done]" in planned and not (first / "record.json.gz").exists()
-    run(command + ["--max-update", "4", "--report-only"], timeout=300)
+    in_process(command + ["--max-update", "4", "--report-only"])
     trained = json.loads((first / "run.json").read_text())
     assert _record(first)["device"] == trained["device_name"] and trained["device_name"].startswith(
         "CPU ("
@@ -674,7 +721,7 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
     # machine) into the same tables and bootstrap; from the records alone (numbers, no
     # translations) too; refused when made with other settings or data
     archive = tmp_path / "records.tar.gz"
-    run(command + ["--max-update", "4", "--report-only", "--pack", archive], timeout=300)
+    in_process(command + ["--max-update", "4", "--report-only", "--pack", archive])
     with tarfile.open(archive) as tar:
         packed = sorted(tar.getnames())
     assert len([n for n in packed if n.endswith("/record.json.gz")]) == 4, packed
@@ -686,9 +733,8 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
     (out / "report.md").rename(tmp_path / "report.md")
     (out / "report.md").mkdir()
     second = tmp_path / "records-2.tar.gz"
-    failed = run(
+    failed = in_process(
         command + ["--max-update", "4", "--report-only", "--pack", second],
-        timeout=300,
         check=False,
     )
     assert failed.returncode != 0 and second.exists(), failed.stderr[-2000:]
@@ -702,7 +748,7 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
         elsewhere,
         *command[command.index("--out") + 2 :],
     ]
-    run(merge + ["--max-update", "4", "--records", archive, "--report-only"], timeout=300)
+    in_process(merge + ["--max-update", "4", "--records", archive, "--report-only"])
     assert _tables(elsewhere) == in_place
     numbers = tmp_path / "numbers"
     for path in (out / "runs").glob("*/record.json.gz"):
@@ -711,17 +757,17 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
     third = tmp_path / "third"
     merge = [*command[: command.index("--out") + 1], third, *command[command.index("--out") + 2 :]]
     # --dry-run and --status, which write nothing, name the runs the records finish
-    planned = run(merge + ["--max-update", "4", "--records", numbers, "--dry-run"], timeout=300)
+    planned = in_process(merge + ["--max-update", "4", "--records", numbers, "--dry-run"])
     assert planned.stdout.count(" [done: its record in --records] ") == 4, planned.stdout
     assert " [to train] " not in planned.stdout, planned.stdout
-    shown = run(merge + ["--max-update", "4", "--records", numbers, "--status"], timeout=300)
+    shown = in_process(merge + ["--max-update", "4", "--records", numbers, "--status"])
     elsewhere_row = " | finished elsewhere (its record in --records); here not started | "
     assert shown.stdout.count(elsewhere_row) == 4, shown.stdout
     assert not list(third.glob("runs/*/record.json.gz"))
-    merged = run(merge + ["--max-update", "4", "--records", numbers, "--report-only"], timeout=300)
+    merged = in_process(merge + ["--max-update", "4", "--records", numbers, "--report-only"])
     assert _tables(third) == in_place, merged.stdout
     # a study that finds every run's record trains nothing
-    again = run(merge + ["--max-update", "4"], timeout=300)
+    again = in_process(merge + ["--max-update", "4"])
     assert ": training (" not in again.stdout and ": translating" not in again.stdout, again.stdout
     assert _tables(third) == in_place
     # records of the same runs' names made with other settings or data (another study's,
@@ -729,9 +775,8 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
     other_budget = tmp_path / "other-budget"
     merge = [*command[: command.index("--out") + 1], other_budget]
     merge += command[command.index("--out") + 2 :]
-    refused = run(
+    refused = in_process(
         merge + ["--max-update", "5", "--records", archive, "--report-only"],
-        timeout=300,
         check=False,
     )
     assert refused.returncode == 1, refused.stderr
@@ -746,9 +791,8 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
         handle.write("zzz 1\n")
     elsewhere_cmd = [str(c) for c in merge]
     elsewhere_cmd[elsewhere_cmd.index("--data") + 1] = str(other_data)
-    refused = run(
+    refused = in_process(
         elsewhere_cmd + ["--max-update", "4", "--records", archive, "--report-only"],
-        timeout=300,
         check=False,
     )
     assert refused.returncode == 1 and "data (record '" in refused.stdout, refused.stdout
@@ -761,9 +805,8 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
     (victim / "eval" / "hyp.detok").write_text("not the translation\n" * 3)
     fourth = tmp_path / "fourth"
     merge = [*command[: command.index("--out") + 1], fourth, *command[command.index("--out") + 2 :]]
-    refused = run(
+    refused = in_process(
         merge + ["--max-update", "4", "--records", forged, "--report-only"],
-        timeout=300,
         check=False,
     )
     assert refused.returncode == 2, refused.stderr
@@ -774,24 +817,24 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
         tar.add(out / "runs", arcname="./runs")
     fifth = tmp_path / "fifth"
     merge = [*command[: command.index("--out") + 1], fifth, *command[command.index("--out") + 2 :]]
-    run(merge + ["--max-update", "4", "--records", dotted, "--report-only"], timeout=300)
+    in_process(merge + ["--max-update", "4", "--records", dotted, "--report-only"])
     assert _tables(fifth) == in_place and len(list(fifth.glob("runs/*/eval/hyp.detok"))) == 4
     # the same study packs again over its archive; another study's is refused before
     # anything runs (its records would be lost), and replaced only with --force
-    run(command + ["--max-update", "4", "--report-only", "--pack", archive], timeout=300)
-    refused = run([*merge, "--max-update", "5", "--pack", archive], timeout=300, check=False)
+    in_process(command + ["--max-update", "4", "--report-only", "--pack", archive])
+    refused = in_process([*merge, "--max-update", "5", "--pack", archive], check=False)
     assert refused.returncode == 2, refused.stderr
     assert "holds the records of runs this would not pack again" in refused.stderr
     assert ": training (" not in refused.stdout and not list(fifth.glob("runs/*/train.log"))
     with tarfile.open(archive) as tar:
         assert sorted(tar.getnames()) == packed
     forced = [*merge, "--max-update", "5", "--report-only", "--pack", archive, "--force"]
-    assert run(forced, timeout=300, check=False).returncode == 1  # (nothing of it finished)
+    assert in_process(forced, check=False).returncode == 1  # (nothing of it finished)
     with tarfile.open(archive) as tar:
         assert tar.getnames() == []
 
     # a changed budget is a new run, never a silent reuse (the plan the real run follows)
-    planned = run(command + ["--max-update", "6", "--dry-run"], timeout=300).stdout
+    planned = in_process(command + ["--max-update", "6", "--dry-run"]).stdout
     states = [
         line.split()[:2]
         for line in planned.splitlines()
@@ -807,7 +850,7 @@ def test_study_end_to_end_report_significance_reuse_and_a_new_budget(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_run_trains_through_tpp_train_which_repairs_and_resumes_it(tmp_path):
+def test_a_run_trains_through_tpp_train_which_repairs_and_resumes_it(tmp_path, tagged):
     """Issue 48.2: the study trains through tpp-train, the project's one training command,
     which the record quotes. A run stopped with a torn checkpoint_last.pt and a checkpoint
     half-written (as a kill leaves them) goes on from its newest whole checkpoint, the
@@ -818,11 +861,10 @@ def test_a_run_trains_through_tpp_train_which_repairs_and_resumes_it(tmp_path):
     from tpp_tools.checkpoint_files import load_checkpoint, num_updates
     from tpp_tools.study.commands import json_records
 
-    data = binarize_tagged(tmp_path / "text", tmp_path / "data-bin", n_train=120)
     command = [
         "tpp-study",
-        *("--config", "cpu", "--data", data, "--out", tmp_path / "study"),
-        *("--test-reference", tmp_path / "text" / "test.tgt", "--device", "cpu"),
+        *("--config", "cpu", "--data", tagged.data, "--out", tmp_path / "study"),
+        *("--test-reference", tagged.reference, "--device", "cpu"),
         *("--variants", "transformer", "--seeds", "1,2", "--only", "transformer-s1"),
         "--max-update",
         "6",
@@ -1040,9 +1082,10 @@ def test_options_every_runs_training_would_refuse_are_refused_first(
     assert not (tmp_path / "out").exists()
 
 
-def test_tag_loss_options_from_the_command_line(tmp_path):
+def test_tag_loss_options_from_the_command_line(tmp_path, tagged):
     shown, _ = dry_run(
         tmp_path,
+        tagged,
         "hybrid,hybrid+tags",
         "--encoder-tag-layers",
         "pos:1,ner:1",
@@ -1161,7 +1204,9 @@ def test_the_confidence_interval_takes_students_t_for_any_number_of_seeds():
         assert abs(t_interval(values) - expected) <= 6e-4 * expected, n
 
 
-def test_without_matplotlib_the_study_is_refused_before_it_trains(tmp_path, monkeypatch, capsys):
+def test_without_matplotlib_the_study_is_refused_before_it_trains(
+    tmp_path, tagged, monkeypatch, capsys
+):
     """The report draws its curves with matplotlib (an extra of the package): without
     it, a study stops at once, not after every run has trained; --dry-run still plans."""
     import importlib.util
@@ -1172,10 +1217,9 @@ def test_without_matplotlib_the_study_is_refused_before_it_trains(tmp_path, monk
         "find_spec",
         lambda name, *a: None if name == "matplotlib" else found(name, *a),
     )
-    data = binarize_tagged(tmp_path / "text", tmp_path / "data-bin", n_train=60)
     argv = [
-        *("--config", "cpu", "--data", str(data), "--out", str(tmp_path / "out")),
-        *("--test-reference", str(tmp_path / "text" / "test.tgt"), "--device", "cpu"),
+        *("--config", "cpu", "--data", str(tagged.data), "--out", str(tmp_path / "out")),
+        *("--test-reference", str(tagged.reference), "--device", "cpu"),
         *("--variants", "transformer,hybrid", "--seeds", "1,2"),
     ]
     assert study.main(argv) == 2
@@ -1184,13 +1228,13 @@ def test_without_matplotlib_the_study_is_refused_before_it_trains(tmp_path, monk
     assert study.main([*argv, "--dry-run"]) == 0
 
 
-def test_a_wrong_reference_or_variant_is_refused_before_any_training(tmp_path):
-    data = binarize_tagged(tmp_path / "text", tmp_path / "data-bin", n_train=60)
-    lines = (tmp_path / "text" / "test.tgt").read_text().splitlines()
+def test_a_wrong_reference_or_variant_is_refused_before_any_training(tmp_path, tagged):
+    data = tagged.data
+    lines = tagged.reference.read_text().splitlines()
     short = tmp_path / "short.tgt"
     short.write_text("\n".join(lines[:-1]) + "\n")
     out = tmp_path / "out"
-    shown = run(
+    shown = in_process(
         [
             "tpp-study",
             "--config",
@@ -1209,7 +1253,6 @@ def test_a_wrong_reference_or_variant_is_refused_before_any_training(tmp_path):
             "cpu",
         ],
         check=False,
-        timeout=300,
     )
     assert shown.returncode != 0 and "Traceback" not in shown.stderr
     assert (
@@ -1217,13 +1260,13 @@ def test_a_wrong_reference_or_variant_is_refused_before_any_training(tmp_path):
         f"{len(lines)} sentences" in shown.stderr
     )
     assert not (out / "runs").exists()
-    shown = run(
+    shown = in_process(
         [
             "tpp-study",
             "--data",
             data,
             "--test-reference",
-            tmp_path / "text" / "test.tgt",
+            tagged.reference,
             "--out",
             out,
             "--variants",
@@ -1232,25 +1275,23 @@ def test_a_wrong_reference_or_variant_is_refused_before_any_training(tmp_path):
             "cpu",
         ],
         check=False,
-        timeout=300,
     )
     assert shown.returncode == 2 and "--variants: unknown ['hybrd']" in shown.stderr
     assert not (out / "runs").exists()
 
 
-def test_device_cuda_without_a_gpu_is_an_error_and_a_dry_run_still_plans(tmp_path):
+def test_device_cuda_without_a_gpu_is_an_error_and_a_dry_run_still_plans(tmp_path, tagged):
     import pytest
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA GPU: --device cuda is valid here")
-    data = binarize_tagged(tmp_path / "text", tmp_path / "data-bin", n_train=60)
     command = [
         "tpp-study",
         "--data",
-        data,
+        tagged.data,
         "--test-reference",
-        tmp_path / "text" / "test.tgt",
+        tagged.reference,
         "--out",
         tmp_path / "out",
         "--variants",
@@ -1260,13 +1301,13 @@ def test_device_cuda_without_a_gpu_is_an_error_and_a_dry_run_still_plans(tmp_pat
         "--device",
         "cuda",
     ]
-    shown = run(command, check=False, timeout=300)
+    shown = in_process(command, check=False)
     assert shown.returncode == 2 and "Traceback" not in shown.stderr
     assert (
         "tpp-study: error: --device cuda: torch" in shown.stderr
         and "sees no CUDA GPU" in shown.stderr
     )
-    planned = run(command + ["--dry-run"], timeout=300).stdout
+    planned = in_process(command + ["--dry-run"]).stdout
     assert planned.count(" [to train] ") == 4 and "--bf16" in planned
     # one device per run: fairseq's default would be data-parallel over every GPU it sees
     assert planned.count("--distributed-world-size 1") == 4
@@ -1517,14 +1558,14 @@ def _trainers(out):
     return found.stdout.split()
 
 
-def test_one_study_per_folder_and_sigterm_stops_its_trainers(tmp_path):
+def test_one_study_per_folder_and_sigterm_stops_its_trainers(tmp_path, tagged):
     """Issue probes: a second study on the same --out is refused, naming the first
     (before, both ran and failed each other's runs); SIGTERM to the study stops its
     fairseq-train too (before, it ran on, orphaned, and the next study started a second
     trainer on the same run folder). The stopped study resumes when run again."""
     import signal
 
-    data = binarize_tagged(tmp_path / "text", tmp_path / "data-bin", n_train=120)
+    data = tagged.data
     out = tmp_path / "study"
     command = [
         "tpp-study",
@@ -1533,7 +1574,7 @@ def test_one_study_per_folder_and_sigterm_stops_its_trainers(tmp_path):
         "--data",
         data,
         "--test-reference",
-        tmp_path / "text" / "test.tgt",
+        tagged.reference,
         "--out",
         out,
         "--variants",
@@ -1561,7 +1602,7 @@ def test_one_study_per_folder_and_sigterm_stops_its_trainers(tmp_path):
     ]
     first, output = _study_in_training(command, out)
     try:
-        second = run(command, check=False, timeout=300)
+        second = in_process(command, check=False)
         assert second.returncode == 2 and "Traceback" not in second.stderr
         assert (
             f"another tpp-study is using this study folder (process {first.pid} on host"
@@ -1586,7 +1627,7 @@ def test_one_study_per_folder_and_sigterm_stops_its_trainers(tmp_path):
         if first.poll() is None:
             first.kill()
     assert _trainers(out) == [], "no fairseq-train outlives its study"
-    planned = run(command + ["--dry-run"], timeout=300).stdout
+    planned = in_process(command + ["--dry-run"]).stdout
     assert planned.count("[to train]") == 4
 
 
@@ -1600,7 +1641,7 @@ def test_dry_run_prepares_nothing(tmp_path):
         tmp_path / "corpus", {"train": lexicon_pairs((200, 1, 1), 1)["train"]}, src="en", tgt="de"
     )
     out = tmp_path / "study"
-    shown = run(
+    shown = in_process(
         [
             "tpp-study",
             "--config",
@@ -1623,7 +1664,6 @@ def test_dry_run_prepares_nothing(tmp_path):
             "20",
             "--dry-run",
         ],
-        timeout=300,
     )
     assert "is not prepared yet" in shown.stdout and shown.stdout.count("[to train]") == 4
     assert "transformer-s1-<id>" in shown.stdout
@@ -1704,7 +1744,7 @@ def test_a_study_stopped_while_preparing_exits_and_frees_its_folder(tmp_path, ho
             assert proc.wait(timeout=60) == -signal.SIGKILL
             orphans = _processes("tpp_pipeline.pipeline.*" + str(out))
             assert orphans, "the pipeline runs on, orphaned"
-            again = run(proc.args, check=False, timeout=300)
+            again = in_process(proc.args, check=False)
             assert again.returncode == 1 and "Traceback" not in again.stderr, again.stderr
             assert "tpp-study: error: preparing the data: " in again.stderr, again.stderr
             assert "another run of the pipeline is using this work folder" in again.stderr
@@ -1731,7 +1771,7 @@ def _processes(pattern):
 
 
 @pytest.mark.parametrize("signame", ["SIGKILL", "SIGHUP"])
-def test_a_killed_studys_trainer_is_never_joined_by_a_second_one(tmp_path, signame):
+def test_a_killed_studys_trainer_is_never_joined_by_a_second_one(tmp_path, tagged, signame):
     """Issue probes: a study killed with SIGKILL left its fairseq-train running, and the
     re-run started a second trainer in the same run folder (every checkpoint written
     twice); SIGHUP (the terminal closed) had no handler at all. Now the orphan holds its
@@ -1744,7 +1784,7 @@ def test_a_killed_studys_trainer_is_never_joined_by_a_second_one(tmp_path, signa
 
     from support import tool_env
 
-    data = binarize_tagged(tmp_path / "text", tmp_path / "data-bin", n_train=120)
+    data = tagged.data
     out = tmp_path / "study"
     command = [
         "tpp-study",
@@ -1753,7 +1793,7 @@ def test_a_killed_studys_trainer_is_never_joined_by_a_second_one(tmp_path, signa
         "--data",
         data,
         "--test-reference",
-        tmp_path / "text" / "test.tgt",
+        tagged.reference,
         "--out",
         out,
         "--variants",
@@ -1793,7 +1833,7 @@ def test_a_killed_studys_trainer_is_never_joined_by_a_second_one(tmp_path, signa
             assert _trainers(out) == [], "no fairseq-train outlives its study"
             return
         assert _trainers(out) == trainers, "SIGKILL leaves the trainer running"
-        shown = run(command + ["--status"], timeout=300).stdout
+        shown = in_process(command + ["--status"]).stdout
         assert f"| transformer-s1 | running (process {trainers[0]} on host" in shown, shown
         again = subprocess.Popen(
             [str(c) for c in command],

@@ -46,6 +46,34 @@ def tpp_study(*args, env=None):
     )
 
 
+def tpp_study_here(*args):
+    """``tpp-study ARGS`` run by its ``main`` in this process, with :func:`tpp_study`'s
+    environment: its exit status and output as a finished command's (argparse's usage
+    errors included); this process's signal handlers and environment as they were."""
+    import contextlib
+    import io
+    import signal
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    environment = dict(os.environ)
+    os.environ.update(tool_env())
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                status = study.main([str(a) for a in args])
+            except SystemExit as exit:  # (argparse's usage errors)
+                status = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+    finally:
+        os.environ.clear()
+        os.environ.update(environment)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    return subprocess.CompletedProcess(
+        ["tpp-study", *args], status, stdout.getvalue(), stderr.getvalue()
+    )
+
+
 def test_wmt14_big_is_the_big_preset_trained_by_the_recipe(monkeypatch):
     """The sizes are transformer_pp_wmt_en_de_big's; budget, schedule and batch are
     tpp-train's for that preset, on 4 GPUs."""
@@ -198,7 +226,7 @@ def test_dry_run_plans_the_paper_scale_jobs_without_a_cluster(tmp_path):
     ]
 
     def planned(*options):  # the wmt14-big study on this cluster, planned only
-        return tpp_study(
+        return tpp_study_here(
             *("--config", "wmt14-big", "--launcher", "slurm", *options, "--data", data),
             *("--test-reference", tmp_path / "test.de", "--out", out, "--dry-run"),
         )
@@ -258,7 +286,7 @@ def test_time_limits_in_slurm_formats():
 )
 def test_bad_options_are_errors_naming_them(tmp_path, options, message):
     data = prepared_folder(tmp_path)
-    shown = tpp_study(
+    shown = tpp_study_here(
         "--config",
         "cpu",
         "--device",
