@@ -13,6 +13,7 @@ study's.
 import json
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -99,7 +100,7 @@ def wait_for_queue_to_drain(env, job_ids, timeout):
         # a dependency that can never be met means an earlier stage failed: stop waiting
         if "DependencyNeverSatisfied" in queued:
             return
-        time.sleep(1)
+        time.sleep(0.2)
     raise AssertionError(f"the pipeline did not finish within {timeout}s")
 
 
@@ -202,25 +203,33 @@ def test_chained_pipeline_runs_on_slurm(cluster, tmp_path):
         (tmp_path / "ckpt").glob("checkpoint_*_*.pt"), key=lambda p: int(p.stem.split("_")[-1])
     )
     by_update[-1].unlink()  # the last two update checkpoints are now others
+    # ... and so does one whose averaging fails (more checkpoints asked for than there are),
+    # here on a copy of the save dir, so that the two evaluations run side by side
+    other = tmp_path / "ckpt-other"
+    shutil.copytree(tmp_path / "ckpt", other)
     failing = dict(env, EVAL_OPTS="--beam 0")
     again = subprocess.run(command + ["--from", "evaluate"], env=failing, capture_output=True)
     assert again.returncode == 0, again.stderr
     (job,) = [line.split()[1] for line in again.stdout.decode().splitlines()]
-    wait_for_queue_to_drain(env, [job], PIPELINE_TIMEOUT)
+    into_the_same = dict(env, AVG_CHECKPOINT=str(other / "checkpoint_avg2.pt"))
+    elsewhere = ["--save-dir", str(other), "--results-dir", str(tmp_path / "results-other")]
+    averaging = subprocess.run(
+        command + ["--from", "evaluate", "--n-avg", "50", *elsewhere],
+        env=into_the_same,
+        capture_output=True,
+    )
+    assert averaging.returncode == 0, averaging.stderr
+    (averaging_job,) = [line.split()[1] for line in averaging.stdout.decode().splitlines()]
+    wait_for_queue_to_drain(env, [job, averaging_job], PIPELINE_TIMEOUT)
     assert set(job_states(env, job).values()) == {"FAILED"}
     assert (tmp_path / "ckpt" / "checkpoint_avg2.pt").read_bytes() == averaged
     assert (tmp_path / "results" / "bleu.txt").read_text() == bleu
     assert not list((tmp_path / "ckpt").glob(".kept-*"))
-    # ... and so does one whose averaging fails (more checkpoints asked for than there are)
-    into_the_same = dict(env, AVG_CHECKPOINT=str(tmp_path / "ckpt" / "checkpoint_avg2.pt"))
-    again = subprocess.run(
-        command + ["--from", "evaluate", "--n-avg", "50"], env=into_the_same, capture_output=True
-    )
-    (job,) = [line.split()[1] for line in again.stdout.decode().splitlines()]
-    wait_for_queue_to_drain(env, [job], PIPELINE_TIMEOUT)
-    assert set(job_states(env, job).values()) == {"FAILED"}
-    assert (tmp_path / "ckpt" / "checkpoint_avg2.pt").read_bytes() == averaged
-    assert not list((tmp_path / "ckpt").glob(".kept-*")), "no second name left for the old one"
+    assert set(job_states(env, averaging_job).values()) == {"FAILED"}
+    averaging_log = (tmp_path / "logs" / f"tpp-evaluate-{averaging_job}.out").read_text()
+    assert "asked for the last 50 update checkpoints" in averaging_log, averaging_log[-3000:]
+    assert (other / "checkpoint_avg2.pt").read_bytes() == averaged
+    assert not list(other.glob(".kept-*")), "no second name left for the old one"
 
 
 def sbatch(env, *options):
@@ -493,74 +502,96 @@ def test_a_preset_without_a_known_reference_needs_one_before_submitting(tmp_path
     assert to_train.returncode == 0
 
 
-@pytest.mark.parametrize("tasks", [1, 2])
-def test_training_job_requeues_itself_and_resumes(cluster, nmt_corpus, tmp_path, tasks):
+def test_training_jobs_requeue_themselves_and_resume(cluster, tagged_data, tmp_path):
     """USR1 (what --signal=B:USR1@120 sends before the time limit) makes train.sbatch
-    requeue its own job; the second run continues from checkpoint_last.pt, also with two
-    data-parallel ranks (rank 0 loads it and sends it to rank 1)."""
-    data = nmt_corpus["data"]
-    save_dir = tmp_path / "ckpt"
-    log = tmp_path / "train.log"
-    env = dict(
-        cluster,
-        CPU_ONLY="1",
-        PRESET="tiny",
-        DATA_BIN=str(data),
-        SAVE_DIR=str(save_dir),
-        TRAIN_OPTS="--arch transformer_tiny --task translation --criterion label_smoothed_cross_entropy "
-        "--lr 5e-3 --warmup-updates 20 --max-tokens 400 --update-freq 1 --max-update 300 "
-        "--save-interval-updates 20 --log-interval 20",
-        FAIRSEQ_EXTRA="--num-workers 0 --disable-validation --save-interval 1000",
-    )
-    job = sbatch(
-        env,
-        f"--ntasks-per-node={tasks}",
-        "--gpus-per-node=0",
-        "--cpus-per-task=1",
-        f"--output={log}",
-        "scripts/slurm/train.sbatch",
-    )
-    deadline = time.monotonic() + 180
-    while not (log.exists() and "Saved checkpoint" in log.read_text()):
-        assert time.monotonic() < deadline, "no checkpoint written:\n" + (
-            log.read_text() if log.exists() else ""
+    requeue its own job; the second run continues from checkpoint_last.pt, with one task
+    and also with two data-parallel ranks (rank 0 loads it and sends it to rank 1). The
+    two jobs run side by side."""
+    jobs = {}
+    for tasks in (1, 2):
+        folder = tmp_path / f"tasks-{tasks}"
+        folder.mkdir()
+        env = dict(
+            cluster,
+            CPU_ONLY="1",
+            PRESET="tiny",
+            DATA_BIN=str(tagged_data["data"]),
+            SAVE_DIR=str(folder / "ckpt"),
+            TRAIN_OPTS="--arch transformer_tiny --task translation "
+            "--criterion label_smoothed_cross_entropy --lr 5e-3 --warmup-updates 20 "
+            "--max-tokens 400 --update-freq 1 --max-update 80 --save-interval-updates 20 "
+            "--log-interval 20",
+            FAIRSEQ_EXTRA="--num-workers 0 --disable-validation --save-interval 1000",
         )
-        assert job_states(env, job)[job] in ("PENDING", "RUNNING"), log.read_text()
-        time.sleep(0.2)
-    subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=env, check=True)
+        log = folder / "train.log"
+        job = sbatch(
+            env,
+            f"--ntasks-per-node={tasks}",
+            "--gpus-per-node=0",
+            "--cpus-per-task=1",
+            f"--output={log}",
+            "scripts/slurm/train.sbatch",
+        )
+        jobs[tasks] = (job, log, folder / "ckpt")
 
+    signalled = set()
+    deadline = time.monotonic() + 180
+    while len(signalled) < len(jobs):
+        for tasks, (job, log, _) in jobs.items():
+            if tasks in signalled:
+                continue
+            text = log.read_text() if log.exists() else ""
+            if "Saved checkpoint" in text:
+                subprocess.run(
+                    ["scancel", "--batch", "--signal=USR1", job], env=cluster, check=True
+                )
+                signalled.add(tasks)
+                continue
+            assert time.monotonic() < deadline, f"no checkpoint written ({tasks} tasks):\n{text}"
+            assert job_states(cluster, job)[job] in ("PENDING", "RUNNING"), text
+        time.sleep(0.2)
+
+    ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
     deadline = time.monotonic() + 240
-    while job_states(env, job)[job] not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
-        assert time.monotonic() < deadline, "requeued job did not finish:\n" + log.read_text()
-        time.sleep(1)
-    text = log.read_text()
-    assert job_states(env, job)[job] == "COMPLETED", text[-3000:]
-    assert "requeueing job" in text and "restart count 1" in text, text[-3000:]
-    saved_before = [
-        int(n) for n in re.findall(r"@ (\d+) updates", text.split("restart count 1")[0])
-    ]
-    loaded = re.search(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)", text)
-    assert loaded and int(loaded.group(1)) == max(saved_before) > 0, text[-3000:]
-    shown = subprocess.run(
-        ["scontrol", "show", "job", job], env=env, capture_output=True, text=True, check=True
-    ).stdout
-    assert "Restarts=1" in shown
-    assert ("distributed init (rank 1)" in text) == (tasks == 2), text[-3000:]
-    state = torch.load(save_dir / "checkpoint_last.pt", map_location="cpu", weights_only=True)
-    assert state["optimizer_history"][-1]["num_updates"] == 300
+    while not all(job_states(cluster, job)[job] in ended for job, _, _ in jobs.values()):
+        assert time.monotonic() < deadline, "requeued jobs did not finish:\n" + "\n".join(
+            log.read_text()[-3000:] for _, log, _ in jobs.values()
+        )
+        time.sleep(0.2)
+    for tasks, (job, log, save_dir) in jobs.items():
+        text = log.read_text()
+        assert job_states(cluster, job)[job] == "COMPLETED", text[-3000:]
+        assert "requeueing job" in text and "restart count 1" in text, text[-3000:]
+        saved_before = [
+            int(n) for n in re.findall(r"@ (\d+) updates", text.split("restart count 1")[0])
+        ]
+        loaded = re.search(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)", text)
+        assert loaded and int(loaded.group(1)) == max(saved_before) > 0, text[-3000:]
+        shown = subprocess.run(
+            ["scontrol", "show", "job", job],
+            env=cluster,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert "Restarts=1" in shown
+        assert ("distributed init (rank 1)" in text) == (tasks == 2), text[-3000:]
+        state = torch.load(save_dir / "checkpoint_last.pt", map_location="cpu", weights_only=True)
+        assert state["optimizer_history"][-1]["num_updates"] == 80
 
 
 # ----------------------------------------------------------------------------- tpp-study
 
-# the tiny study of tools/test_study.py, long enough (40 updates, a checkpoint every 10)
-# for a job to be requeued while it trains; every epoch's batches grouped anew (what
-# --config wmt14-big does), so that the resumed run trains on the batches of an
-# uninterrupted one
+# the tiny study of tools/test_study.py with one variant, the one with tags (two runs, the
+# fewest a study takes: a job each, and the local study beside them, are the slow part),
+# long enough (40 updates, a checkpoint every 10) for a job to be requeued while it
+# trains; every epoch's batches grouped anew (what --config wmt14-big does), so that the
+# resumed run trains on the batches of an uninterrupted one
 STUDY = [
     "--config",
     "cpu",
     "--variants",
-    "transformer,hybrid+tags",
+    "hybrid+tags",
     "--seeds",
     "1,2",
     "--device",
@@ -635,7 +666,7 @@ def test_study_runs_as_slurm_jobs_one_requeued_and_reports_as_a_local_study(
     record = json.loads((slurm_out / "slurm" / "jobs.json").read_text())
     jobs = {entry["run"]: entry["job"] for entry in record["runs"].values()}
     folders = {entry["run"]: slurm_out / "runs" / name for name, entry in record["runs"].items()}
-    assert sorted(jobs) == ["hybrid+tags-s1", "hybrid+tags-s2", "transformer-s1", "transformer-s2"]
+    assert sorted(jobs) == ["hybrid+tags-s1", "hybrid+tags-s2"]
     report_job = record["report"]["job"]
     dependency = re.search(
         r"Dependency=(\S+)",
@@ -655,17 +686,14 @@ def test_study_runs_as_slurm_jobs_one_requeued_and_reports_as_a_local_study(
     )
     try:
         # requeued while it trains: once it has saved a checkpoint, before its last update
-        victim = folders["transformer-s1"]
+        victim, victim_job = folders["hybrid+tags-s1"], jobs["hybrid+tags-s1"]
         deadline = time.monotonic() + 300
         while not (victim / "checkpoints" / "checkpoint_last.pt").exists():
             assert time.monotonic() < deadline, "the job wrote no checkpoint"
-            assert job_states(cluster, jobs["transformer-s1"])[jobs["transformer-s1"]] in (
-                "PENDING",
-                "RUNNING",
-            )
+            assert job_states(cluster, victim_job)[victim_job] in ("PENDING", "RUNNING")
             time.sleep(0.1)
         assert not (victim / "train.done").exists()
-        subprocess.run(["scontrol", "requeue", jobs["transformer-s1"]], env=cluster, check=True)
+        subprocess.run(["scontrol", "requeue", victim_job], env=cluster, check=True)
         wait_for_queue_to_drain(cluster, [*jobs.values(), report_job], STUDY_TIMEOUT)
         local_output, _ = local.communicate(timeout=STUDY_TIMEOUT)
     finally:
@@ -682,13 +710,13 @@ def test_study_runs_as_slurm_jobs_one_requeued_and_reports_as_a_local_study(
         f"===== {name}\n{text[-3000:]}" for name, text in sorted(logs.items())
     )
     shown = subprocess.run(
-        ["scontrol", "show", "job", jobs["transformer-s1"]],
+        ["scontrol", "show", "job", victim_job],
         env=cluster,
         capture_output=True,
         text=True,
     ).stdout
     assert "Restarts=1" in shown
-    victim_log = logs[f"{jobs['transformer-s1']}_0_log.out"]
+    victim_log = logs[f"{victim_job}_0_log.out"]
     assert "restart count 0" in victim_log and "restart count 1" in victim_log, victim_log[-3000:]
     # the job started again resumed from the checkpoint it had saved, and trained to the end
     loaded = re.findall(
@@ -705,7 +733,7 @@ def test_study_runs_as_slurm_jobs_one_requeued_and_reports_as_a_local_study(
         p.name for p in (local_out / "runs").iterdir()
     )
     tables = report_tables(slurm_out / "report.md")
-    assert len(tables) == 4 and tables == report_tables(local_out / "report.md")
+    assert len(tables) == 3 and tables == report_tables(local_out / "report.md")
 
     # the report command the submission printed, run as printed: a report, no new job
     hint = re.search(r"The report of what has finished, at any time: (.+)", submitted.stdout)
@@ -714,14 +742,14 @@ def test_study_runs_as_slurm_jobs_one_requeued_and_reports_as_a_local_study(
         shlex.split(hint.group(1)), env=cluster, capture_output=True, text=True, timeout=300
     )
     assert reported.returncode == 0, reported.stdout + reported.stderr
-    assert "report of 4 finished run(s) of 4" in reported.stdout, reported.stdout[-3000:]
+    assert "report of 2 finished run(s) of 2" in reported.stdout, reported.stdout[-3000:]
     assert (slurm_out / "slurm" / "jobs.json").read_text() == before
 
     # submitted again: every run is finished, nothing is trained again; a new report job
     stamps = {p: p.stat().st_mtime_ns for p in (slurm_out / "runs").glob("*/eval/bleu.txt")}
     again = subprocess.run(slurm_command, env=cluster, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert again.stdout.count(": finished (") == 4, again.stdout
+    assert again.stdout.count(": finished (") == 2, again.stdout
     record_again = json.loads((slurm_out / "slurm" / "jobs.json").read_text())
     assert record_again["runs"] == record["runs"] and record_again["report"]["after"] == []
     wait_for_queue_to_drain(cluster, [record_again["report"]["job"]], 120)
@@ -744,7 +772,7 @@ def test_study_runs_as_slurm_jobs_one_requeued_and_reports_as_a_local_study(
     command = study_command(tagged_data, imported, "--launcher", "slurm", "--records", str(archive))
     submitted = subprocess.run(command, env=cluster, capture_output=True, text=True, timeout=300)
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
-    assert submitted.stdout.count(": finished (") == 4, submitted.stdout
+    assert submitted.stdout.count(": finished (") == 2, submitted.stdout
     record = json.loads((imported / "slurm" / "jobs.json").read_text())
     assert record["runs"] == {} and record["report"]["after"] == []
     wait_for_queue_to_drain(cluster, [record["report"]["job"]], 120)
@@ -754,13 +782,16 @@ def test_study_runs_as_slurm_jobs_one_requeued_and_reports_as_a_local_study(
 def test_study_jobs_that_fail_are_named_with_their_logs_and_how_to_resume(
     cluster, tagged_data, tmp_path
 ):
+    """A partition the cluster does not have is refused before anything is submitted;
+    the jobs of runs that fail say why first, and the report job names them (two runs
+    here), with their logs and the command that resumes them."""
     out = tmp_path / "study"
     tiny = [
         *STUDY[: STUDY.index("--max-update")],
         "--max-update",
         "2",
         "--variants",
-        "transformer,control",
+        "control",
     ]
 
     # an unknown partition: an error before anything is submitted
@@ -807,8 +838,8 @@ def test_study_jobs_that_fail_are_named_with_their_logs_and_how_to_resume(
     assert f"run log: {folder / 'run.log'}" in run_log
     assert f"job log: {out / 'slurm' / (jobs['control-s2'] + '_0_log.out')}" in run_log
     report_log = (out / "slurm" / f"{report_job}_0_log.out").read_text(errors="replace")
-    assert "4 of 4 runs did not finish" in report_log, report_log[-3000:]
-    assert report_log.index("FAILED: 4 of 4") < report_log.index("Traceback"), report_log[-3000:]
+    assert len(jobs) == 2 and "2 of 2 runs did not finish" in report_log, report_log[-3000:]
+    assert report_log.index("FAILED: 2 of 2") < report_log.index("Traceback"), report_log[-3000:]
     for run, job in jobs.items():
         assert re.search(
             rf"{re.escape(run)}: job {job} \(FAILED\), job log \S+{job}_0_log.out, run log ",
@@ -818,40 +849,26 @@ def test_study_jobs_that_fail_are_named_with_their_logs_and_how_to_resume(
     assert "no-such-model.pt" in report_log.split("to resume")[-1]  # the command, as given
 
 
-def test_submitting_a_study_again_replaces_its_queued_report_job(cluster, tagged_data, tmp_path):
-    """The same command again while the runs' jobs wait: no run is submitted twice, and the
-    earlier report job (which waits for the earlier jobs only) is cancelled for a new one."""
-    out = tmp_path / "study"
-    tiny = [*STUDY[: STUDY.index("--max-update")], "--max-update", "2", "--variants", "transformer"]
-    later = ("--launcher", "slurm", "--sbatch-option", "begin=now+600")  # (kept pending)
-    command = study_command(tagged_data, out, *later, study=tiny)
-    jobs = []
-    try:
-        for _ in range(2):
-            done = subprocess.run(command, env=cluster, capture_output=True, text=True, timeout=300)
-            assert done.returncode == 0, done.stdout + done.stderr
-            record = json.loads((out / "slurm" / "jobs.json").read_text())
-            jobs.append(record["report"]["job"])
-        assert "not submitted again" in done.stdout and "is cancelled" in done.stdout, done.stdout
-        runs = [entry["job"] for entry in record["runs"].values()]
-        assert len(runs) == 2 and jobs[0] != jobs[1]
-        assert job_states(cluster, jobs[0])[jobs[0]] == "CANCELLED"
-        assert job_states(cluster, jobs[1])[jobs[1]] == "PENDING"
-    finally:
-        subprocess.run(["scancel", *jobs, *runs], env=cluster, capture_output=True)
-
-
-def test_a_slurm_study_submits_the_runs_only_names(cluster, tagged_data, tmp_path):
-    """(every planned run was submitted, whatever --only said)"""
+def test_a_slurm_study_submits_the_runs_only_names_and_none_twice(cluster, tagged_data, tmp_path):
+    """--only names the runs submitted (every planned run was submitted, whatever --only
+    said); --status names each run's job and what SLURM says of it. The same command again
+    while the run's job waits: no run is submitted twice, and the earlier report job
+    (which waits for the earlier jobs only) is cancelled for a new one."""
     out = tmp_path / "study"
     tiny = [*STUDY[: STUDY.index("--max-update")], "--max-update", "2", "--variants", "transformer"]
     later = ("--launcher", "slurm", "--sbatch-option", "begin=now+600")  # (kept pending)
     command = study_command(tagged_data, out, *later, "--only", "transformer-s2", study=tiny)
-    done = subprocess.run(command, env=cluster, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    record = json.loads((out / "slurm" / "jobs.json").read_text())
-    runs = {entry["run"]: entry["job"] for entry in record["runs"].values()}
+    reports, records = [], []
     try:
+        done = subprocess.run(command, env=cluster, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        records.append(json.loads((out / "slurm" / "jobs.json").read_text()))
+        reports.append(records[0]["report"]["job"])
+        runs = {entry["run"]: entry["job"] for entry in records[0]["runs"].values()}
+        assert list(runs) == ["transformer-s2"] and records[0]["report"]["after"] == list(
+            runs.values()
+        )
+
         status = subprocess.run(
             study_command(
                 tagged_data, out, *later, "--only", "transformer-s2", "--status", study=tiny
@@ -861,14 +878,27 @@ def test_a_slurm_study_submits_the_runs_only_names(cluster, tagged_data, tmp_pat
             text=True,
             timeout=300,
         )
-        # (--status names each run's job and what SLURM says of it)
-        job = runs.get("transformer-s2")
+        job = runs["transformer-s2"]
         assert f"| transformer-s2 | not started (job {job} PENDING) |" in status.stdout, (
             status.stdout + status.stderr
         )
+
+        done = subprocess.run(command, env=cluster, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        records.append(json.loads((out / "slurm" / "jobs.json").read_text()))
+        reports.append(records[1]["report"]["job"])
+        assert "not submitted again" in done.stdout and "is cancelled" in done.stdout, done.stdout
+        assert records[1]["runs"] == records[0]["runs"] and reports[0] != reports[1]
+        assert records[1]["report"]["after"] == [job]
+        assert job_states(cluster, reports[0])[reports[0]] == "CANCELLED"
+        assert job_states(cluster, reports[1])[reports[1]] == "PENDING"
     finally:
-        subprocess.run(["scancel", *runs.values(), record["report"]["job"]], env=cluster)
-    assert list(runs) == ["transformer-s2"] and record["report"]["after"] == list(runs.values())
+        queued = [job for record in records for job in record["runs"].values()]
+        subprocess.run(
+            ["scancel", *reports, *(entry["job"] for entry in queued)],
+            env=cluster,
+            capture_output=True,
+        )
 
 
 def test_a_dry_run_checks_the_partition_on_the_cluster(cluster, tagged_data, tmp_path):
