@@ -100,19 +100,20 @@ def test_training_problems_are_those_of_fairseqs_batches(data):
     assert 1 < len(enc) < len(samples)  # the data exercise both a repeat and a new problem
 
 
-def test_beam_search_problems_worked_out_by_hand(data):
+def test_beam_search_problems_worked_out_by_hand(data, capsys):
     """Test targets of 2, 4 and 1 words (3, 5 and 2 tokens with EOS), one batch, beam 2:
     steps t = 0..4 have 3, 3, 2, 1, 1 sentences left, so the problems (rows, key length)
-    are (6, 1), (6, 2), (4, 3), (2, 4), (2, 5): five steps, five problems, all new."""
-    out = run_benchmark(
-        "attention_shapes", "--data", data, "--batch-size", "3", "--beam", "2"
-    ).stdout
+    are (6, 1), (6, 2), (4, 3), (2, 4), (2, 5): five steps, five problems, all new.
+    (attention_shapes' main in this process: the tests above run it as a module.)"""
+    from benchmarks import attention_shapes
+
+    assert attention_shapes.main(["--data", str(data), "--batch-size", "3", "--beam", "2"]) == 0
+    out = capsys.readouterr().out
     assert table_row(out, "### Beam search") == [5, 5, 5]
     # two batches (2 + 1 sentences) of the same data: the second repeats no problem of the
     # first except where rows and key length coincide
-    out = run_benchmark(
-        "attention_shapes", "--data", data, "--batch-size", "2", "--beam", "2"
-    ).stdout
+    assert attention_shapes.main(["--data", str(data), "--batch-size", "2", "--beam", "2"]) == 0
+    out = capsys.readouterr().out
     steps, problems, new = table_row(out, "### Beam search")
     samples = fairseq_batches(data, "test", max_sentences=2)
     lengths = [sorted(s["target"].ne(1).sum(1).tolist()) for s in samples]
@@ -124,14 +125,15 @@ def test_operator_counts_with_the_triton_kernels_counted_on_the_cpu(data):
     """``count_ops --triton-launches``: the conv heads take their GPU path and each
     kernel launch is counted: three per hybrid layer with ``tpp-triton`` (LocalConv's
     forward and two backward), four with ``tpp-fused`` (the whole conv heads forward,
-    three backward), whose layers issue fewer ATen operators."""
+    three backward), whose layers issue fewer ATen operators. (One layer each side: the
+    kernels' launches are counted per layer.)"""
     out = run_benchmark(
-        "count_ops", "--data", data, "--size", "128", "--layers", "2",
+        "count_ops", "--data", data, "--size", "128", "--layers", "1",
         "--models", "tpp-triton,tpp-fused", "--triton-launches",
     ).stdout  # fmt: skip
     assert "beam-search" not in out
     rows = count_table(out, "operators per training batch")
-    assert rows["Triton"][2:] == ["12.0", "16.0"], out  # 2 + 2 hybrid layers
+    assert rows["Triton"][2:] == ["6.0", "8.0"], out  # 1 + 1 hybrid layers
     assert float(rows["total"][5]) < float(rows["total"][1]), out  # launches: fused < triton
     fused = read_back(out, "tpp-fused")
     assert fused and read_back(out) == fused, "the fused heads read nothing back"
@@ -143,18 +145,26 @@ def count_table(out, title):
     return {line.split()[0]: line.split() for line in section.splitlines()[1:] if line.strip()}
 
 
-def test_operators_of_an_update_outside_forward_and_backward(data):
+@pytest.fixture(scope="module")
+def op_counts(data):
+    """count_ops' output for transformer, transformer-sync and tpp (3+3 layers), read by
+    the two tests below (one run: its beam search, which they do not read, made short)."""
+    return run_benchmark(
+        "count_ops", "--data", data, "--size", "128", "--layers", "3",
+        "--models", "transformer,transformer-sync,tpp",
+        "--gen-batch", "1", "--beam", "1", "--short", "1", "--long", "2",
+    ).stdout  # fmt: skip
+
+
+def test_operators_of_an_update_outside_forward_and_backward(data, op_counts):
     """A whole update's other operators (the optimizer, the master copy, the gradient norm,
     fairseq's meters), counted as on one GPU (``--bf16``'s master copy flat): syncing the
     flat copy by multi-tensor copies (``transformer-sync``) saves one launch per parameter
     tensor each way, less the one multi-tensor copy."""
-    out = run_benchmark(
-        "count_ops", "--data", data, "--size", "128", "--layers", "2",
-        "--models", "transformer,transformer-sync",
-    ).stdout  # fmt: skip
+    out = op_counts
     rows = count_table(out, "operators per update outside the forward and backward passes")
     per_tensor, multi_tensor = float(rows["total"][1]), float(rows["total"][5])
-    args = argparse.Namespace(data=data, layers=2, device="cpu", dtype="bf16", max_tokens=2048)
+    args = argparse.Namespace(data=data, layers=3, device="cpu", dtype="bf16", max_tokens=2048)
     cfg, task = harness.setup("transformer", 128, args)
     tensors = len([p for p in task.build_model(cfg.model).parameters() if p.requires_grad])
     assert per_tensor - multi_tensor == 2 * (tensors - 1), out
@@ -176,13 +186,11 @@ def read_back(out, model="tpp-triton"):
     return found
 
 
-def test_values_read_back_in_training_are_counted_by_the_line_that_reads_them(data):
+def test_values_read_back_in_training_are_counted_by_the_line_that_reads_them(op_counts):
     """Every ``.item()``/``bool(tensor)`` of a training batch's forward and backward is
     listed by its line: fairseq's encoder reads its padding flag once per layer, and
     ``transformer_pp``'s own code reads nothing (the same lines as ``transformer``)."""
-    out = run_benchmark(
-        "count_ops", "--data", data, "--size", "128", "--layers", "3", "--models", "transformer,tpp"
-    ).stdout
+    out = op_counts
     reads = {name: read_back(out, name) for name in ("transformer", "tpp")}
     assert reads["tpp"] == reads["transformer"], out
     encoder = [
@@ -229,29 +237,31 @@ def test_bad_data_folder_is_named(tmp_path):
 @pytest.mark.parametrize(
     "script", ["bench_model", "count_ops", "profile_model", "kept_for_backward"]
 )
-def test_benchmarks_refuse_cuda_without_a_cuda_device(script, tmp_path):
-    """fairseq's trainer would quietly run on the CPU, and the figures would be the CPU's."""
-    res = run_benchmark(script, "--data", tmp_path, "--device", "cuda", check=False)
-    assert res.returncode == 2 and "--device cuda" in res.stderr and "no CUDA device" in res.stderr
+def test_benchmarks_refuse_cuda_without_a_cuda_device(script, tmp_path, capsys):
+    """fairseq's trainer would quietly run on the CPU, and the figures would be the CPU's.
+    (Each script's main in this process: its command-line parsing refuses before anything
+    else runs; the scripts run as modules in the other tests.)"""
+    import importlib
+
+    main = importlib.import_module(f"benchmarks.{script}").main
+    with pytest.raises(SystemExit) as refused:
+        main(["--data", str(tmp_path), "--device", "cuda"])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and "--device cuda" in err and "no CUDA device" in err
 
 
 @pytest.mark.skipif(
     torch.cuda.is_available(), reason="on a GPU the stage would run its benchmark for real"
 )
 def test_gpu_suite_records_failures_keeps_tables_and_replaces_only_with_force(data, tmp_path):
-    """Without a GPU the counts stage's benchmark refuses to start (exit 2): the suite
-    records that, leaves the output under a temporary name, never puts a failed
-    command's output in place of a table, and exits 1; an existing table is skipped
-    without --force (nothing failed: exit 0)."""
+    """An existing table is skipped without --force (nothing failed: exit 0); with
+    --force, the counts stage's benchmark refusing to start without a GPU (exit 2), the
+    suite never puts the failed command's output in place of the table and exits 1.
+    (A failed command's status, its output under a temporary name and the environment's
+    facts: test_gpu_suite_reports_a_stage_cut_off_by_its_limit_and_packs_few_files.)"""
     suite = "benchmarks/gpu_suite.sh"  # as docs/gpu.md writes it, from the project's root
     out = tmp_path / "results"
-    res = run([suite, data, out, "counts"], cwd=REPO, check=False)
-    assert res.returncode == 1
-    assert "counts\tcounts.md\texit 2" in (out / "status.txt").read_text()
-    facts = (out / "environment.txt").read_text()
-    assert f"torch {torch.__version__}" in facts and "no CUDA device" in facts, facts
-    assert not (out / "counts.md").exists() and (out / "counts.md.partial").exists()
-    assert "no CUDA device" in (out / "counts.md.log").read_text()
+    out.mkdir()
     (out / "counts.md").write_text("an earlier table\n")
     res = run([suite, data, out, "counts"], cwd=REPO)
     assert "counts.md\tskipped: it exists (--force replaces it)" in res.stdout
@@ -283,8 +293,8 @@ def test_gpu_suite_stops_at_its_budget_and_says_what_did_not_run(data, tmp_path)
     """--budget: the mixed stage's first fairseq-train (base size, here on the
     CPU: minutes) is cut off when the budget runs out, its output kept as a partial
     table and no process of it left behind; every command after it is recorded as not
-    run, and the suite exits 1. A command that ends within the budget is recorded as
-    before."""
+    run, and the suite exits 1. (A command that ends within the budget is recorded as
+    before: test_a_stage_asked_for_alone_has_the_whole_budget.)"""
     out = tmp_path / "results"
     res = run(
         ["benchmarks/gpu_suite.sh", "--budget", "20", data, out, "mixed", "counts"],
@@ -316,16 +326,6 @@ def test_gpu_suite_stops_at_its_budget_and_says_what_did_not_run(data, tmp_path)
     # the data folder is this module's own: any process naming it is the suite's
     left = subprocess.run(["pgrep", "-f", "--", re.escape(str(data))], capture_output=True)
     assert left.returncode == 1, "no fairseq-train of the suite is left running"
-
-    res = run(
-        ["benchmarks/gpu_suite.sh", "--budget", "600", "--force", data, out, "counts"],
-        cwd=REPO,
-        check=False,
-    )
-    assert "\ncounts\tcounts.md\texit 2" in res.stdout, res.stdout
-    assert (
-        res.returncode == 1 and "stopped" not in res.stdout
-    ), "a command that ended by itself is not cut off"
 
 
 def test_an_interrupted_gpu_suite_ends_the_command_it_was_running(data, tmp_path):
@@ -367,7 +367,7 @@ def test_gpu_suite_cudnn_stage_trains_transformer_with_cudnns_attention_kept_on(
     mixed stage's transformer_bf16."""
     out = tmp_path / "results"
     res = run(
-        ["benchmarks/gpu_suite.sh", "--limit", "cudnn=12", data, out, "cudnn"],
+        ["benchmarks/gpu_suite.sh", "--limit", "cudnn=5", data, out, "cudnn"],
         cwd=REPO,
         check=False,
     )
@@ -375,7 +375,7 @@ def test_gpu_suite_cudnn_stage_trains_transformer_with_cudnns_attention_kept_on(
     lines = [line.split("\t")[:3] for line in (out / "status.txt").read_text().splitlines()]
     assert lines == [
         ["cudnn", "mixed_transformer_bf16_cudnn.txt", "exit 124"],
-        ["cudnn", "cudnn.md", "not run: the stage's limit of 12s is spent"],
+        ["cudnn", "cudnn.md", "not run: the stage's limit of 5s is spent"],
     ], lines
     summary = (out / "summary.md").read_text()
     assert "| transformer_bf16 | not run |" in summary
@@ -439,13 +439,16 @@ def test_gpu_suite_reports_a_stage_cut_off_by_its_limit_and_packs_few_files(data
     """--limit: the mixed stage stops at its own limit (its first run cut off, the
     others not run) and the next stage still runs; every stage's table is printed as it
     ends and gathered in summary.md; --pack leaves three files, the archive holding every
-    log, the cut-off run's partial output included. A second call skips what exists."""
+    log, the cut-off run's partial output included. A second call skips what exists.
+    Without a GPU the counts stage's benchmark refuses to start (exit 2): the suite
+    records that, with the environment's facts, and leaves the output under a temporary
+    name, not in place of a table."""
     out, pack = tmp_path / "results", tmp_path / "pack"
     res = run(
         [
             "benchmarks/gpu_suite.sh",
             "--limit",
-            "mixed=12",
+            "mixed=5",
             "--pack",
             pack,
             data,
@@ -460,12 +463,18 @@ def test_gpu_suite_reports_a_stage_cut_off_by_its_limit_and_packs_few_files(data
     lines = (out / "status.txt").read_text().splitlines()
     fields = lines[0].split("\t")
     assert fields[2] == "exit 124" and len(fields) == 4, lines
-    assert lines[0].endswith("(stopped: the stage's limit of 12s ran out)"), lines
+    assert lines[0].endswith("(stopped: the stage's limit of 5s ran out)"), lines
     assert lines[1].split("\t")[1:] == [
         "mixed_transformer_bf16.txt",
-        "not run: the stage's limit of 12s is spent",
+        "not run: the stage's limit of 5s is spent",
     ]
     assert lines[-1].split("\t")[:3] == ["counts", "counts.md", "exit 2"], "the next stage runs"
+    # without a GPU the counts stage's benchmark refuses to start (exit 2): recorded, its
+    # output left under a temporary name, never in place of a table
+    facts = (out / "environment.txt").read_text()
+    assert f"torch {torch.__version__}" in facts and "no CUDA device" in facts, facts
+    assert not (out / "counts.md").exists() and (out / "counts.md.partial").exists()
+    assert "no CUDA device" in (out / "counts.md.log").read_text()
     summary = (pack / "summary.md").read_text()
     assert summary == (out / "summary.md").read_text()
     for part in (
@@ -538,6 +547,8 @@ def test_fairseq_train_runs_are_tabled_from_fairseqs_own_log(data, tmp_path):
         "4",
         "--cpu",
         "--no-save",
+        "--save-dir",  # (fairseq makes it even with --no-save: not in the project)
+        tmp_path / "checkpoints",
         "--disable-validation",
         "--log-format",
         "json",
@@ -904,10 +915,24 @@ def test_a_stage_asked_for_alone_has_the_whole_budget(data, tmp_path):
     """The calls of docs/gpu_commands.md ask for one stage with --budget: it may run
     until the budget is spent, not stop at its own limit with budget left (decide's
     last tables were lost so); among several stages, or with a --limit of its own, a
-    stage keeps its limit. Each stage's time is printed as it starts."""
+    stage keeps its limit. Each stage's time is printed as it starts. A command that
+    ends by itself within the budget (without a GPU, counts' benchmark refusing --device
+    cuda) is recorded as it ended, not as cut off."""
     left = r"up to (8[5-9]\d|900) s \(what is left of the budget\)"
+    out = tmp_path / "out"
+    res = run(
+        ["benchmarks/gpu_suite.sh", "--budget", "900", data, out, "counts"], cwd=REPO, check=False
+    )
+    lines = [line for line in res.stdout.splitlines() if line.startswith("== ")]
+    assert len(lines) == 1 and re.fullmatch(rf"== counts: {left}", lines[0]), res.stdout
+    if not torch.cuda.is_available():  # (on a GPU it counts for real)
+        assert res.returncode == 1 and "\ncounts\tcounts.md\texit 2" in res.stdout, res.stdout
+    assert "stopped" not in res.stdout, "a command that ended by itself is not cut off"
+    # the other calls need not run their commands to say their stages' time: with their
+    # outputs there, the suite skips the commands (without --force)
+    for table in ("counts.md", "step.md"):
+        (out / table).write_text("an earlier table\n")
     cases = [
-        (["--budget", "900"], ["counts"], [rf"== counts: {left}"]),
         (
             ["--budget", "900"],
             ["counts", "step"],
@@ -925,13 +950,10 @@ def test_a_stage_asked_for_alone_has_the_whole_budget(data, tmp_path):
         ),
     ]
     for options, stages, expected in cases:
-        res = run(
-            ["benchmarks/gpu_suite.sh", *options, data, tmp_path / "out", *stages],
-            cwd=REPO,
-            check=False,
-        )
+        res = run(["benchmarks/gpu_suite.sh", *options, data, out, *stages], cwd=REPO, check=False)
         lines = [line for line in res.stdout.splitlines() if line.startswith("== ")]
         assert len(lines) == len(expected), res.stdout + res.stderr
+        assert res.stdout.count("\tskipped: it exists") == len(stages), res.stdout
         for line, pattern in zip(lines, expected):
             assert re.fullmatch(pattern, line), (options, line)
 

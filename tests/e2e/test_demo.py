@@ -15,24 +15,30 @@ from support import REPO, tool_env
 
 pytestmark = pytest.mark.slow
 
+# a small cut of the sample (the time goes to spaCy's tagging, learning the BPE, training,
+# and beam search of the held-out lines), a few updates, a checkpoint after each (three
+# of them, at updates that end no epoch, to average)
+TRAIN_LINES, HELDOUT_LINES = 100, 10
 QUICK = [
     "--train-lines",
-    "300",
+    str(TRAIN_LINES),
     "--heldout-lines",
-    "40",
+    str(HELDOUT_LINES),
     "--max-update",
-    "10",
+    "8",
     "--save-every",
     "1",
     "--average",
     "3",
 ]
+# fewer BPE merges than the demo's 8,000 (DEMO_BPE_MERGES): learnt sooner, a smaller vocabulary
+QUICK_ENV = {"DEMO_BPE_MERGES": "500"}
 # the demo's own steps in its ledger (--out/.steps), after the data pipeline's
 DEMO_STEPS = ("sample", "average", "evaluate", "plots", "attention")
 
 
 def run_demo(out, *extra, status=0, env=None):
-    env = {**tool_env(), **(env or {})}
+    env = {**tool_env(), **QUICK_ENV, **(env or {})}
     env["OMP_NUM_THREADS"] = "2"
     # the training recipe's variables of a user's shell are not the demo's
     env.update(ARCH="transformer", TASK="translation", LR="0.5", PYTHON="/nowhere/python")
@@ -77,7 +83,7 @@ def test_demo_runs_every_stage_and_reports_bleu(demo):
         for line in (out / "eval" / "generate-test.txt").read_text().splitlines()
         if line.startswith("H-")
     ]
-    assert len(hyps) == 40
+    assert len(hyps) == HELDOUT_LINES
     assert (out / "checkpoints" / "checkpoint_avg.pt").stat().st_size > 0
     for name in ("dict.pos.txt", "dict.ner.txt", "train.en-de.pos.bin", "test.en-de.ner.idx"):
         assert (out / "data-bin" / "sample_en_de" / name).exists(), name
@@ -139,7 +145,7 @@ def test_another_cut_of_the_sample_under_the_same_out_is_refused(demo):
     marker = out / ".steps" / "sample.json"
     before = marker.read_text()
     log = run_demo(out, "--train-lines", "200", status=2)
-    assert "--train-lines was 300, now 200" in log and "--force" in log
+    assert f"--train-lines was {TRAIN_LINES}, now 200" in log and "--force" in log
     assert "step tokenize" not in log, "stopped before the data pipeline"
     assert marker.read_text() == before
 
