@@ -78,6 +78,38 @@ def run(args, cwd=None, input_text=None, timeout=600, check=True) -> subprocess.
     return proc
 
 
+def run_main_here(main, command) -> subprocess.CompletedProcess:
+    """``command`` (a console script's name and arguments) run by ``main``, its entry
+    point, in this process, with :func:`tool_env`'s environment: its exit status and
+    output as a finished command's (argparse's usage errors and a traceback included);
+    this process's signal handlers and environment as they were. For calls that only
+    plan, report or refuse: those that train, or are stopped by signals, run as commands."""
+    import contextlib
+    import io
+    import signal
+    import traceback
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    environment = dict(os.environ)
+    os.environ.update(tool_env())
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                status = main([str(c) for c in command[1:]])
+            except SystemExit as exit:  # (argparse's usage errors)
+                status = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+            except Exception:  # (as Python ends a command: its traceback, status 1)
+                traceback.print_exc()
+                status = 1
+    finally:
+        os.environ.clear()
+        os.environ.update(environment)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    return subprocess.CompletedProcess(command, status, stdout.getvalue(), stderr.getvalue())
+
+
 def pipeline_command(name, *args):
     """The command line of the data pipeline's console script ``name`` (e.g.
     tpp-prepare-corpus), as a user types it."""

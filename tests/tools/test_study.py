@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from support import binarize_tagged, run, tool_env
+from support import binarize_tagged, run, run_main_here
 from tpp_tools import study
 from tpp_tools.train import take_lock
 
@@ -92,41 +92,13 @@ def tagged(tmp_path_factory):
 
 
 def in_process(command, check=True):
-    """``command`` (``tpp-study ...``) run by tpp-study's ``main`` in this process, with
-    the environment support.run gives a command: its exit status and output as a
-    finished command's (argparse's usage errors and a traceback included); this process's signal
-    handlers and environment as they were. (Studies that train, and those stopped by a
-    signal, run as commands of their own.)"""
-    import contextlib
-    import io
-    import signal
-    import subprocess
-    import traceback
-
+    """``command`` (``tpp-study ...``) run by tpp-study's ``main`` in this process
+    (:func:`support.run_main_here`); with ``check``, raise with its output when it fails."""
     assert str(command[0]) == "tpp-study", command
-    argv = [str(c) for c in command[1:]]
-    stdout, stderr = io.StringIO(), io.StringIO()
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    environment = dict(os.environ)
-    os.environ.update(tool_env())
-    try:
-        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-            try:
-                status = study.main(argv)
-            except SystemExit as exit:  # (argparse's usage errors)
-                status = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
-            except Exception:  # (as Python ends a command: its traceback, status 1)
-                traceback.print_exc()
-                status = 1
-    finally:
-        os.environ.clear()
-        os.environ.update(environment)
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
-    shown = subprocess.CompletedProcess(command, status, stdout.getvalue(), stderr.getvalue())
-    if check and status != 0:
+    shown = run_main_here(study.main, command)
+    if check and shown.returncode != 0:
         raise AssertionError(
-            f"tpp-study failed ({status}): {' '.join(argv)}\n"
+            f"tpp-study failed ({shown.returncode}): {' '.join(map(str, command[1:]))}\n"
             f"--- stdout\n{shown.stdout[-4000:]}\n--- stderr\n{shown.stderr[-6000:]}"
         )
     return shown

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from support import tool_env
+from support import run_main_here, tool_env
 from tpp_tools import study, train
 from tpp_tools.study import slurm as study_slurm
 
@@ -47,31 +47,8 @@ def tpp_study(*args, env=None):
 
 
 def tpp_study_here(*args):
-    """``tpp-study ARGS`` run by its ``main`` in this process, with :func:`tpp_study`'s
-    environment: its exit status and output as a finished command's (argparse's usage
-    errors included); this process's signal handlers and environment as they were."""
-    import contextlib
-    import io
-    import signal
-
-    stdout, stderr = io.StringIO(), io.StringIO()
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    environment = dict(os.environ)
-    os.environ.update(tool_env())
-    try:
-        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-            try:
-                status = study.main([str(a) for a in args])
-            except SystemExit as exit:  # (argparse's usage errors)
-                status = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
-    finally:
-        os.environ.clear()
-        os.environ.update(environment)
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
-    return subprocess.CompletedProcess(
-        ["tpp-study", *args], status, stdout.getvalue(), stderr.getvalue()
-    )
+    """``tpp-study ARGS`` run by its ``main`` in this process (:func:`support.run_main_here`)."""
+    return run_main_here(study.main, ["tpp-study", *args])
 
 
 def test_wmt14_big_is_the_big_preset_trained_by_the_recipe(monkeypatch):
