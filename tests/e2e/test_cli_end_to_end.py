@@ -187,9 +187,7 @@ BEAM = ("--beam", "5", "--lenpen", "0.5", "--batch-size", "20")
 def generate_tagless(trained, tagless, *options):
     """fairseq-generate --task translation of the trained checkpoint on the tag-less
     test split, on the CPU."""
-    checkpoint = trained["save"] / "checkpoint_best.pt"
-    command = ["fairseq-generate", tagless, "--user-dir", PLUGIN_DIR, "--path", checkpoint]
-    return run([*command, "--task", "translation", "--gen-subset", "test", "--cpu", *options])
+    return generate_test_split(trained, "--task", "translation", *options, data=tagless)
 
 
 @pytest.fixture(scope="module")
@@ -211,10 +209,12 @@ def test_generate_needs_no_tags(translated):
     assert bleu > 5.0
 
 
-def generate_test_split(trained, *options, check=True):
-    """fairseq-generate of the trained checkpoint on the test split, on the CPU."""
+def generate_test_split(trained, *options, check=True, data=None):
+    """fairseq-generate of the trained checkpoint on the test split of its data (or of
+    ``data``), on the CPU."""
     checkpoint = trained["save"] / "checkpoint_best.pt"
-    command = ["fairseq-generate", trained["data"], "--user-dir", PLUGIN_DIR, "--path", checkpoint]
+    data = data or trained["data"]
+    command = ["fairseq-generate", data, "--user-dir", PLUGIN_DIR, "--path", checkpoint]
     return run([*command, "--gen-subset", "test", "--cpu", *options], check=check)
 
 
