@@ -87,9 +87,12 @@ def _check_files(idx, bin_, files, dictionary_size, dictionary_path) -> None:
         return
     largest = int(ids.max())
     if largest >= dictionary_size:
-        where = int(np.searchsorted(pointers, np.argmax(ids) * np.dtype(dtype).itemsize, "right"))
+        byte = np.argmax(ids) * np.dtype(dtype).itemsize
+        where = (
+            int(np.searchsorted(pointers, byte, "right")) - 1
+        )  # the sentence starting at or before it
         raise DataFileError(
-            f"{bin_}: sentence {where} holds id {largest}, but its dictionary "
+            f"{bin_}: sentence {where} (0-based) holds id {largest}, but its dictionary "
             f"{dictionary_path or ''} has {dictionary_size} entries: the data was binarized with "
             "another dictionary"
         )

@@ -184,6 +184,24 @@ def test_data_fairseq_reads_is_not_refused(tmp_path, impl, vocab):
             check_binarized(prefix, vocab - 1)
 
 
+@pytest.mark.parametrize("bad", [0, 1, 2])
+def test_an_id_beyond_the_dictionary_is_named_by_its_sentence(tmp_path, bad):
+    """The sentence named is fairseq's sentence id (0-based, as fairseq-generate's S-
+    lines number them): the one holding the id, whichever of three it is."""
+    import torch
+    from fairseq.data import indexed_dataset
+
+    from tpp_fairseq.data_files import DataFileError, check_binarized
+
+    prefix = str(tmp_path / "train.src-tgt.src")
+    builder = indexed_dataset.make_builder(prefix + ".bin", impl="mmap", vocab_size=50)
+    for sentence in range(3):
+        builder.add_item(torch.tensor([4, 40 if sentence == bad else 5, 2]))
+    builder.finalize(prefix + ".idx")
+    with pytest.raises(DataFileError, match=rf"sentence {bad} \(0-based\) holds id 40"):
+        check_binarized(prefix, 30)
+
+
 @pytest.mark.parametrize(
     "options, message",
     [
