@@ -69,6 +69,29 @@ def test_decoder_is_causal():
     assert (a[:, 6:] - b[:, 6:]).abs().max() > 1e-3, "later positions must see the change"
 
 
+def test_full_context_alignment_is_refused_where_the_conv_heads_stay_causal():
+    """fairseq's decoders drop the future mask when asked (``transformer_align``'s
+    alignment pass); the conv heads cannot: refused, unless the decoder has none."""
+    from tpp_pipeline.errors import OptionError
+
+    d = make_dictionary()
+    src, prev = random_tokens(d, 2, 6), random_tokens(d, 2, 5, seed=1)
+    for conv_heads in (2, 0):
+        model = build_model(dictionary=d, decoder_conv_heads=conv_heads).eval()
+        enc = model.encoder(src, src_lengths=torch.tensor([6, 6]))
+        if conv_heads:
+            with pytest.raises(
+                OptionError, match="full-context alignment .*--decoder-conv-heads 0"
+            ):
+                model.decoder(prev, encoder_out=enc, full_context_alignment=True)
+            continue
+        causal, _ = model.decoder(prev, encoder_out=enc)
+        changed = prev.clone()
+        changed[:, -1] = random_tokens(d, 2, 1, seed=2)[:, 0]
+        full, _ = model.decoder(changed, encoder_out=enc, full_context_alignment=True)
+        assert (full[:, 0] - causal[:, 0]).abs().max() > 1e-4  # the first position saw the last
+
+
 def test_encoder_output_is_independent_of_left_padding():
     torch.manual_seed(0)
     d = make_dictionary()

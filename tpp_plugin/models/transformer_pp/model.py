@@ -136,6 +136,33 @@ class TransformerPPDecoder(TransformerDecoderBase):
         )
         return wrap_layer(layer, cfg)
 
+    def extract_features_scriptable(
+        self,
+        prev_output_tokens,
+        encoder_out,
+        incremental_state=None,
+        full_context_alignment: bool = False,
+        alignment_layer=None,
+        alignment_heads=None,
+    ):
+        """fairseq's, refusing ``full_context_alignment`` (no future mask, as
+        ``transformer_align``'s alignment pass asks) where the conv heads are causal
+        whatever the mask."""
+        if full_context_alignment and self.conv.conv_heads > 0:
+            raise OptionError(
+                "full-context alignment (every target position attending to every other, "
+                "as transformer_align asks) is not supported with convolution heads in the "
+                "decoder's self-attention (--decoder-conv-heads 0 allows it)"
+            )
+        return super().extract_features_scriptable(
+            prev_output_tokens,
+            encoder_out,
+            incremental_state,
+            full_context_alignment,
+            alignment_layer,
+            alignment_heads,
+        )
+
     def buffered_future_mask(self, tensor):
         """No future mask for hybrid self-attention: it is causal by construction and
         runs the fused causal kernel (an explicit ``T x T`` mask would rule that out).
