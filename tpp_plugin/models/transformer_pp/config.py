@@ -49,17 +49,23 @@ def add_args(parser) -> None:
     # fmt: off
     parser.add_argument('--encoder-conv-heads', type=int, metavar='N',
                         help='convolution-attention heads per encoder self-attention '
-                             '(the rest are dot-product heads; 0 = plain Transformer)')
+                             '(the rest are dot-product heads; 0 = plain Transformer; '
+                             'default: half the heads)')
     parser.add_argument('--decoder-conv-heads', type=int, metavar='N',
-                        help='convolution-attention heads per decoder self-attention')
+                        help='convolution-attention heads per decoder self-attention '
+                             '(default: half the heads)')
     parser.add_argument('--encoder-conv-kernel-sizes', type=str, metavar='F1,F2,...',
-                        help='LocalConv kernel width of each encoder layer')
+                        help='LocalConv kernel width of each encoder layer (default: the '
+                             'paper\'s 3,5,7,11,15, the widest repeated for more layers)')
     parser.add_argument('--decoder-conv-kernel-sizes', type=str, metavar='F1,F2,...',
-                        help='LocalConv kernel width of each decoder layer')
+                        help='LocalConv kernel width of each decoder layer (default: the '
+                             'paper\'s widths, as for the encoder)')
     parser.add_argument('--encoder-conv-dilations', type=str, metavar='D1,D2,...',
-                        help='LocalConv dilation of each encoder layer')
+                        help='LocalConv dilation of each encoder layer (default: 1 for '
+                             'widths up to 5, 2 for wider ones)')
     parser.add_argument('--decoder-conv-dilations', type=str, metavar='D1,D2,...',
-                        help='LocalConv dilation of each decoder layer')
+                        help='LocalConv dilation of each decoder layer (default: 1 for '
+                             'widths up to 5, 2 for wider ones)')
     parser.add_argument('--encoder-conv-centered', type=_bool, metavar='BOOL',
                         help="centre the encoder's LocalConv window on the current position "
                              "(default False: causal, as the paper describes it)")
@@ -71,7 +77,8 @@ def add_args(parser) -> None:
                         help="the conv heads' Query pools with softmax(scores / T) (default 1: "
                              "the paper, which has no temperature)")
     parser.add_argument('--conv-weight-dropout', type=float, metavar='P',
-                        help='DropConnect probability on the normalised LocalConv kernels')
+                        help='DropConnect probability on the normalised LocalConv kernels '
+                             '(default: 0.1)')
     parser.add_argument('--conv-heads-impl', choices=CONV_HEADS_IMPLS, metavar='IMPL',
                         help="how the conv heads run on a GPU: 'triton' (Triton kernels: "
                              "LocalConv in one launch forward and two backward, a decoding step of "
@@ -82,7 +89,7 @@ def add_args(parser) -> None:
                              "Triton is not installed")
     parser.add_argument('--encoder-tag-layers', type=str, metavar='TAG:LAYER,...',
                         help='token classifiers on the base encoders: tag kind and the '
-                             '(1-based) encoder layer it reads, e.g. "pos:1,ner:2"; '
+                             '(1-based) encoder layer it reads (default: "pos:1,ner:2"); '
                              'empty for none')
     # fmt: on
 
@@ -149,7 +156,7 @@ class ConvHeadsConfig:
         positions = f"max_{'source' if side == 'encoder' else 'target'}_positions"
         longest = getattr(args, positions, None) or 1024  # (fairseq's default)
         for layer, (width, dilation) in enumerate(zip(self.kernel_sizes, self.dilations), 1):
-            if (width - 1) * dilation + 1 > longest:  # (a window of 10**20 taps was built)
+            if (width - 1) * dilation + 1 > longest:  # no sentence could fill it
                 raise OptionError(
                     f"--{opt}-kernel-sizes and --{opt}-dilations: layer {layer}'s window, "
                     f"{width} taps {dilation} apart, spans {(width - 1) * dilation + 1} "
