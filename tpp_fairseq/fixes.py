@@ -128,7 +128,8 @@ def batch_by_size_keeping_remainder(
     required_batch_size_multiple=1,
     fixed_shapes=None,
 ):
-    """``data_utils.batch_by_size`` as upstream fairseq has it (same arguments)."""
+    """``data_utils.batch_by_size`` as fairseq's 0.12.2 release has it, the last batch
+    kept (same arguments)."""
     if fixed_shapes is not None or required_batch_size_multiple <= 1:
         return _original_batch_by_size(
             indices,
