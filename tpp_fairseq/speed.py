@@ -8,7 +8,9 @@ one against fairseq's own behaviour (``benchmarks/gpu_suite.sh``; docs/gpu.md).
   search meet one almost every step, for any architecture). Default.
 - ``flat-bf16``: ``--bf16``'s float32 master copy kept flat on one GPU, as fairseq keeps
   ``--fp16``'s (one tensor for Adam and the gradient norm instead of hundreds). Default.
-  Checkpoints of either layout resume with the other whatever the speed-ups
+  Its checkpoints hold the optimizer state one tensor per parameter, as fairseq writes
+  ``--bf16``'s, so that they resume on a fairseq without the plugin; a flat state
+  (``--fp16``'s, or one an earlier version wrote) resumes in either layout
   (:func:`states_of_either_layout`, a correction :func:`tpp_fairseq.apply` always makes).
 - ``multi-tensor-sync``: a flat master copy (``--fp16``'s, ``--bf16``'s) synced with the
   model by multi-tensor copies instead of one copy per parameter tensor, the same values.
@@ -96,7 +98,9 @@ def build_optimizer(cls, cfg, params, **kwargs):
                 "tensor, as --fp16 keeps it (--fp16-no-flatten-grads: one per parameter)",
                 len(params),
             )
-            return cls(cfg, params, fp32_optimizer, fp32_params, **kwargs)
+            optimizer = cls(cfg, params, fp32_optimizer, fp32_params, **kwargs)
+            optimizer.state_dict = types.MethodType(per_parameter_state_dict, optimizer)
+            return optimizer
         del fp32_optimizer, fp32_params  # e.g. Adafactor: one tensor per parameter, as fairseq does
     return _original_build_optimizer(cls, cfg, params, **kwargs)
 
@@ -145,15 +149,17 @@ def _merge_states(states, numels):
     return merged
 
 
-def _split_state(state, params):
-    """The flat tensor's state -> one state per parameter (views reshaped to each)."""
+def _split_state(state, params, copy=True):
+    """The flat tensor's state -> one state per parameter (reshaped slices of it, copied
+    unless ``copy`` is false: views to save)."""
     total = sum(p.numel() for p in params)
     states = [{} for _ in params]
     for key, value in state.items():
         if _is_per_parameter(value, total):
             offset = 0
             for p, st in zip(params, states):
-                st[key] = value[offset : offset + p.numel()].view(p.shape).clone()
+                view = value[offset : offset + p.numel()].view(p.shape)
+                st[key] = view.clone() if copy else view
                 offset += p.numel()
         elif torch.is_tensor(value) and value.dim() > 0:
             raise RuntimeError(
@@ -199,36 +205,40 @@ def match_state_layout(optimizer, state_dict):
     return converted
 
 
-def _convert_state_layout(optimizer, state_dict):
-    """:func:`match_state_layout`'s conversion."""
+def _convert_state_layout(optimizer, state_dict, flat=None, saving=False):
+    """:func:`match_state_layout`'s conversion, to the layout of ``optimizer`` or to the
+    one ``flat`` says (``saving``: to write, the state's tensors sliced, not copied)."""
+    flat = optimizer.has_flat_params if flat is None else flat
     groups = optimizer.fp32_optimizer.optimizer.param_groups
     saved_groups = state_dict.get("param_groups") or []
     if len(groups) != 1 or len(saved_groups) != 1:
         return state_dict
     saved_ids = list(saved_groups[0]["params"])
-    count = len(groups[0]["params"])
     params = [p for p in optimizer.fp16_params if p.requires_grad]
     numels = [p.numel() for p in params]
+    count = len(params) if saving else len(groups[0]["params"])  # tensors of the layout wanted
     if count == len(params) == len(saved_ids) == 1:
-        return _reshaped_state(state_dict, params[0], optimizer.has_flat_params)
-    if optimizer.has_flat_params and count == 1 and len(saved_ids) == len(params) > 1:
+        return _reshaped_state(state_dict, params[0], flat)
+    if flat and count == 1 and len(saved_ids) == len(params) > 1:
         state = _merge_states([state_dict["state"].get(i, {}) for i in saved_ids], numels)
         new_ids = [0]
         new_state = {0: state} if state else {}
         layout = "one per parameter -> flat"
-    elif not optimizer.has_flat_params and count == len(params) > 1 and len(saved_ids) == 1:
+    elif not flat and count == len(params) > 1 and len(saved_ids) == 1:
         flat_state = state_dict["state"].get(saved_ids[0], {})
+        states = _split_state(flat_state, params, copy=not saving) if flat_state else []
         new_ids = list(range(len(params)))
-        new_state = dict(enumerate(_split_state(flat_state, params))) if flat_state else {}
+        new_state = dict(enumerate(states))
         layout = "flat -> one per parameter"
     else:
         return state_dict
-    _log_once(
-        "bf16_layout",
-        "optimizer state of the checkpoint converted (%s, %d parameter tensors)",
-        layout,
-        len(params),
-    )
+    if not saving:
+        _log_once(
+            "bf16_layout",
+            "optimizer state of the checkpoint converted (%s, %d parameter tensors)",
+            layout,
+            len(params),
+        )
     converted = dict(state_dict)
     converted["state"] = new_state
     converted["param_groups"] = [dict(saved_groups[0], params=new_ids)]
@@ -311,6 +321,12 @@ def sync_params(self):
     with torch.no_grad():  # in place on the parameters, as torch's optimizers write them
         for params, slices, _, _ in _flat_views(self).values():
             torch._foreach_copy_(params, slices)
+
+
+def per_parameter_state_dict(self):
+    """``FP16Optimizer.state_dict`` of a flat ``--bf16`` master copy in the layout fairseq
+    writes for ``--bf16`` (one state per parameter, slices of the flat state)."""
+    return _convert_state_layout(self, FP16Optimizer.state_dict(self), flat=False, saving=True)
 
 
 def load_state_dict(self, state_dict, optimizer_overrides=None):

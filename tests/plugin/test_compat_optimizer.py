@@ -133,22 +133,59 @@ def test_flat_and_per_parameter_copies_update_alike():
         assert torch.equal(p, q)
 
 
+def test_a_flat_copy_writes_the_state_fairseq_writes_for_bf16_and_fairseq_resumes_it():
+    """A checkpoint of the flat copy holds the optimizer state one tensor per parameter,
+    equal to the per-parameter copy's; fairseq's own optimizer, without the plugin's
+    changes, resumes it, and continues as the flat copy does; writing it changes nothing
+    in the flat copy (slices of it are written)."""
+    model, twin = module(), module()
+    flat, per_parameter = build(model), build(twin, "--fp16-no-flatten-grads")
+    train(model, flat, 3)
+    train(twin, per_parameter, 3)
+    written, expected = flat.state_dict(), per_parameter.state_dict()
+    assert flat.has_flat_params and written["param_groups"] == expected["param_groups"]
+    assert written["state"].keys() == expected["state"].keys() == set(range(6))
+    for i, state in expected["state"].items():
+        assert written["state"][i].keys() == state.keys()
+        for key, value in state.items():
+            assert torch.equal(torch.as_tensor(written["state"][i][key]), torch.as_tensor(value))
+
+    # resumed as fairseq resumes (the master copy rebuilt from the bfloat16 parameters)
+    stock_model, flat_model = copy.deepcopy(model), copy.deepcopy(model)
+    stock = speed._original_build_optimizer(FP16Optimizer, config(), list(stock_model.parameters()))
+    assert not stock.has_flat_params
+    speed._original_load_state_dict(stock, copy.deepcopy(written))
+    train(stock_model, stock, 3, seed=2)
+    resumed = build(flat_model)
+    resumed.load_state_dict(copy.deepcopy(written))
+    train(flat_model, resumed, 3, seed=2)
+    for p, q in zip(stock_model.parameters(), flat_model.parameters()):
+        assert torch.equal(p, q)
+    fresh_model = copy.deepcopy(model)
+    train(fresh_model, build(fresh_model), 3, seed=2)  # without the state: other parameters
+    assert not all(
+        torch.equal(p, q) for p, q in zip(flat_model.parameters(), fresh_model.parameters())
+    )
+
+
 @pytest.mark.parametrize(
     "saved_flags, other_flags",
     [
         (["--fp16-no-flatten-grads"], []),  # a per-parameter checkpoint resumed flat
-        ([], ["--fp16-no-flatten-grads"]),  # and the other way round
+        ([], ["--fp16-no-flatten-grads"]),  # and a flat one (--fp16's) per parameter
     ],
 )
 def test_state_of_either_layout_resumes_in_the_other(saved_flags, other_flags):
-    """3 updates, the state saved; resumed from it (the master copy rebuilt from the
-    bfloat16 parameters, as fairseq resumes) in the other layout, 3 more updates give
-    the parameters that 3 more give in the saved layout: Adam's moments and step count
+    """3 updates, the state saved in the optimizer's own layout (a flat one as --fp16's
+    copy writes it); resumed from it (the master copy rebuilt from the bfloat16
+    parameters, as fairseq resumes) in the other layout, 3 more updates give the
+    parameters that 3 more give in the saved layout: Adam's moments and step count
     carried over (without them the parameters differ)."""
     model = module()
     optimizer = build(model, *saved_flags)
     train(model, optimizer, 3)
-    state = copy.deepcopy(optimizer.state_dict())
+    state = copy.deepcopy(FP16Optimizer.state_dict(optimizer))
+    assert len(state["param_groups"][0]["params"]) == (6 if saved_flags else 1)
 
     def resume(flags, load=True):
         resumed_model = copy.deepcopy(model)
@@ -185,7 +222,7 @@ def test_the_state_of_a_model_that_trains_one_tensor_resumes_in_the_other_layout
     trained = [p for p in model.parameters() if p.requires_grad]
     optimizer = FP16Optimizer.build_optimizer(config(*saved_flags), trained)
     train(model, optimizer, 3)
-    state = copy.deepcopy(optimizer.state_dict())
+    state = copy.deepcopy(FP16Optimizer.state_dict(optimizer))  # its own layout
     results = []
     for flags in (saved_flags, other_flags):
         resumed_model = copy.deepcopy(model)
@@ -233,7 +270,7 @@ def test_a_state_of_other_parameters_is_refused_by_the_flat_copy_at_load(saved_f
     model = module()
     optimizer = build(model, *saved_flags)
     train(model, optimizer, 2)
-    state = copy.deepcopy(optimizer.state_dict())
+    state = copy.deepcopy(FP16Optimizer.state_dict(optimizer))  # its own layout
     torch.manual_seed(0)
     smaller = torch.nn.Sequential(
         torch.nn.Linear(6, 5), torch.nn.LayerNorm(5), torch.nn.Linear(5, 2)
